@@ -1,0 +1,712 @@
+"""The mechanism layer every endpoint inherits: schemas, the fetch context and `SiteTask`.
+
+An endpoint module is a page of business logic:
+
+    class Params(base_task.Params):
+        user_id: str
+
+    class User(base_task.Item):
+        item_type: ClassVar[str] = "demo.user"
+        key_fields: ClassVar[tuple[str, ...]] = ("user_id",)
+        user_id: str
+        name: str
+
+    @endpoint(Params, items=[User], resources=["user_agent"])
+    def user_info(ctx: Context, p: Params) -> Outputs:
+        data = ctx.get(f"{base_url()}/h5/api/user/{p.user_id}").json()
+        yield User(user_id=data["id"], name=data["name"])
+
+Everything else happens here, once: parameter validation, per-request and per-task deadlines
+(held on every pool), typed errors mapped to retry policies with backoff and jitter, resource
+providers around each request, redelivery caps, dead-lettering, metrics, and the atomic commit
+that hands items to the outbox and dispatches the chain's next steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+import traceback
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+import orjson
+from celery import Task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from chains.model import Chain, chain_from_dict, fan_out
+from chains.state import Kid, RunState
+from config import Settings, get_settings
+from exceptions import (
+    BannedError,
+    ChainCrawlError,
+    DeadlineExceeded,
+    ItemValidationError,
+    ParamsError,
+    Policy,
+    PoisonMessage,
+    RateLimited,
+    ResourceUnavailable,
+    error_for_status,
+    policy_for,
+)
+from external_interface.base import Outcome, OutgoingRequest, Provider, providers
+from external_interface.fetch import FetchRequest, Fetcher, RequestsFetcher, Response
+from monitor.deadletter import DeadLetter, DeadLetterStore
+from monitor.metrics import TaskMetrics
+from utils.redis import get_redis
+from utils.registry import Registry
+
+log = logging.getLogger("chaincrawl.task")
+
+MAX_WAITS = 200  # re-queues for an empty resource pool before the task gives up
+PROVIDER_ORDER = ("proxy", "device_id", "user_agent", "cookie", "sign")
+
+
+# --- schemas -----------------------------------------------------------------------------
+
+
+class Params(BaseModel):
+    """An endpoint's input. Unknown fields are rejected so a typo in a chain mapping shows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Item(BaseModel):
+    """An endpoint's output record. `item_type` names its collection; `key_fields` its identity
+    (sinks upsert by them, so a redelivered task never duplicates an item)."""
+
+    model_config = ConfigDict(extra="forbid")
+    item_type: ClassVar[str] = ""
+    key_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if not cls.item_type:
+            return  # an abstract intermediate class
+        missing = [k for k in cls.key_fields if k not in cls.model_fields]
+        if not cls.key_fields or missing:
+            raise TypeError(
+                f"Item {cls.__name__}: key_fields must name fields of the item (missing: {missing})"
+            )
+
+
+@dataclass
+class Follow:
+    """A follow-up of the same endpoint and step, e.g. the next page."""
+
+    params: dict[str, Any]
+
+
+Output = Union[Item, Follow]
+Outputs = Iterable[Output]
+
+
+# --- endpoint registry -------------------------------------------------------------------
+
+
+@dataclass
+class EndpointSpec:
+    name: str
+    site: str
+    platform: str
+    fn: Callable[..., Outputs | None]
+    params: type[Params]
+    item_types: tuple[type[Item], ...]
+    resources: dict[str, str]
+    max_retries: int | None = None
+    deadline: float | None = None
+    request_timeout: float | None = None
+    queue: str = ""
+    task: Any = None
+
+    def validate_params(self, data: Any) -> Params:
+        """Params or a ParamsError naming the task, the field and what is wrong."""
+        if isinstance(data, self.params):
+            return data
+        if not isinstance(data, Mapping):
+            raise ParamsError(f"{self.name}: parameters must be an object, got {type(data).__name__}")
+        try:
+            return self.params.model_validate(data)
+        except ValidationError as exc:
+            raise ParamsError(f"{self.name}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(root)"
+        parts.append(f"field {loc!r}: {e['msg']}")
+    return "; ".join(parts)
+
+
+ENDPOINTS: Registry[EndpointSpec] = Registry("task")
+_loaded = threading.Event()
+
+
+def get_endpoint(name: str) -> EndpointSpec:
+    """The endpoint spec by task name, importing every site module on first use."""
+    if name not in ENDPOINTS and not _loaded.is_set():
+        from sites import load_all
+
+        load_all()
+    return ENDPOINTS.get(name)
+
+
+def endpoint(
+    params: type[Params],
+    items: Sequence[type[Item]] = (),
+    *,
+    name: str | None = None,
+    resources: Sequence[str] | Mapping[str, str] = (),
+    max_retries: int | None = None,
+    deadline: float | None = None,
+    request_timeout: float | None = None,
+    queue: str | None = None,
+    **task_options: Any,
+) -> Callable[[Callable[..., Any]], Any]:
+    """Turn `fn(ctx, params) -> outputs` into a Celery task on SiteTask.
+
+    The task name defaults to the module path under `sites.` (`sites/demo/h5/feed.py` ->
+    `demo.h5.feed`); its site (the first part) names its queue and its resource defaults.
+    `resources` lists provider kinds (or kind -> provider name) lent to every request.
+    """
+
+    def deco(fn: Callable[..., Any]) -> Any:
+        tname = name or _name_from_module(fn.__module__)
+        parts = tname.split(".")
+        if len(parts) < 2:
+            raise ValueError(f"task name {tname!r} must look like site.platform.endpoint")
+        res = dict(resources) if isinstance(resources, Mapping) else {k: k for k in resources}
+        settings = get_settings()
+        dl = deadline or settings.task_deadline
+        spec = EndpointSpec(
+            name=tname,
+            site=parts[0],
+            platform=parts[1] if len(parts) > 2 else "common",
+            fn=fn,
+            params=params,
+            item_types=tuple(items),
+            resources=res,
+            max_retries=max_retries,
+            deadline=deadline,
+            request_timeout=request_timeout,
+            queue=queue or parts[0],
+        )
+        opts = {"soft_time_limit": dl + 5, "time_limit": dl + 15, **task_options}
+
+        def run(self: SiteTask, params: dict[str, Any], meta: dict[str, Any] | None = None) -> Any:
+            return self.execute(params, meta)
+
+        run.__name__ = fn.__name__
+        run.__doc__ = fn.__doc__
+        run.__module__ = fn.__module__
+        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec, **opts)(run)
+        spec.task = task
+        ENDPOINTS.add(tname, spec)
+        return task
+
+    return deco
+
+
+def _name_from_module(module: str) -> str:
+    if not module.startswith("sites."):
+        raise ValueError(f"endpoint in {module!r} is outside sites/: pass name='site.platform.x'")
+    return module[len("sites.") :]
+
+
+# --- the fetch context -------------------------------------------------------------------
+
+
+_fetcher: Fetcher | None = None
+_provider_cache: dict[tuple[str, str, str], Provider] = {}
+_provider_lock = threading.Lock()
+
+
+def get_fetcher() -> Fetcher:
+    global _fetcher
+    if _fetcher is None:
+        _fetcher = RequestsFetcher(max_redirects=get_settings().max_redirects)
+    return _fetcher
+
+
+def get_provider(name: str, site: str, platform: str) -> Provider:
+    key = (name, site, platform)
+    p = _provider_cache.get(key)
+    if p is None:
+        with _provider_lock:
+            p = _provider_cache.get(key)
+            if p is None:
+                p = providers.get(name)(site, platform)
+                _provider_cache[key] = p
+    return p
+
+
+class Context:
+    """What an endpoint sees: its parameters' context, `get/post`, `follow`, the deadline.
+
+    Satisfies `external_interface.base.TaskState` for providers.
+    """
+
+    def __init__(
+        self,
+        spec: EndpointSpec,
+        params: Params,
+        meta: Mapping[str, Any],
+        settings: Settings,
+        metrics: TaskMetrics,
+        task_id: str = "",
+    ) -> None:
+        self.spec = spec
+        self.params = params
+        self.meta = meta
+        self.settings = settings
+        self.metrics = metrics
+        self.task_id = task_id
+        self.site, self.platform, self.task_name = spec.site, spec.platform, spec.name
+        self.run_id: str = meta.get("run", "")
+        self.step: str = meta.get("step", "")
+        self.avoid: set[str] = set(meta.get("avoid", ()))
+        self.failed_leases: set[str] = set()
+        self.deadline = time.monotonic() + (spec.deadline or settings.task_deadline)
+        self.log = logging.getLogger(f"chaincrawl.site.{spec.name}")
+        kinds = sorted(spec.resources, key=lambda k: PROVIDER_ORDER.index(k) if k in PROVIDER_ORDER else 99)
+        self._providers = [get_provider(spec.resources[k], spec.site, spec.platform) for k in kinds]
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def check_deadline(self) -> None:
+        if self.remaining() <= 0:
+            raise DeadlineExceeded(f"{self.task_name}: task deadline passed")
+
+    def follow(self, **changes: Any) -> Follow:
+        """The same endpoint again with some parameters changed (next page, next cursor)."""
+        return Follow({**self.params.model_dump(mode="json"), **changes})
+
+    def get(self, url: str, **kw: Any) -> Response:
+        return self.request("GET", url, **kw)
+
+    def post(self, url: str, **kw: Any) -> Response:
+        return self.request("POST", url, **kw)
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        cookies: Mapping[str, str] | None = None,
+        data: Any = None,
+        json: Any = None,
+        ok_statuses: Iterable[int] = (),
+        allow_redirects: bool = True,
+        timeout: float | None = None,
+        resources: bool = True,
+    ) -> Response:
+        """Send a request through the providers; raise a typed error for failures.
+
+        A status >= 400 raises (404 -> NotFound, 429 -> RateLimited, 5xx -> ServerError...)
+        unless listed in `ok_statuses`. Providers may raise BannedError from their feedback.
+        """
+        remaining = self.remaining()
+        if remaining <= 0:
+            raise DeadlineExceeded(f"{self.task_name}: task deadline passed before {method} {url}")
+        out = OutgoingRequest(
+            method=method,
+            url=url,
+            params=dict(params or {}),
+            headers=dict(headers or {}),
+            cookies=dict(cookies or {}),
+            data=data,
+            json=json,
+        )
+        active = self._providers if resources else []
+        for p in active:
+            p.prepare(out, self)
+        s = self.settings
+        req = FetchRequest(
+            method=out.method,
+            url=out.url,
+            params=out.params or None,
+            headers=out.headers or None,
+            cookies=out.cookies or None,
+            data=out.data,
+            json=out.json,
+            proxy=out.proxy,
+            timeout=min(timeout or self.spec.request_timeout or s.request_timeout, remaining),
+            connect_timeout=s.connect_timeout,
+            max_bytes=s.max_response_bytes,
+            allow_redirects=allow_redirects,
+        )
+        start = time.monotonic()
+        try:
+            resp = get_fetcher().fetch(req)
+        except Exception as exc:
+            outcome = Outcome(elapsed=time.monotonic() - start, error=exc)
+            self.metrics.request(None, 0)
+            self._feedback(active, out, outcome)
+            self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+            raise
+        self.metrics.request(resp.status, len(resp.content))
+        outcome = Outcome(elapsed=resp.elapsed, status=resp.status, text_sample=resp.text[:2048])
+        try:
+            self._feedback(active, out, outcome)
+        except BannedError:
+            self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+            raise
+        if resp.status >= 400 and resp.status not in set(ok_statuses):
+            self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+            err = error_for_status(resp.status, url)
+            if isinstance(err, RateLimited):
+                err.retry_after = _retry_after(resp.headers.get("retry-after"))  # type: ignore[attr-defined]
+            raise err
+        return resp
+
+    def _feedback(self, active: Sequence[Provider], out: OutgoingRequest, outcome: Outcome) -> None:
+        """Every provider hears the outcome; the first ban any of them detects is raised."""
+        banned: BaseException | None = None
+        for p in active:
+            try:
+                p.feedback(out, outcome, self)
+            except BannedError as exc:
+                banned = banned or exc
+        if banned is not None:
+            raise banned
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+# --- the task base class -----------------------------------------------------------------
+
+
+_chain_cache: OrderedDict[str, Chain] = OrderedDict()
+_chain_lock = threading.Lock()
+
+
+def _run_chain(state: RunState, rid: str) -> Chain | None:
+    with _chain_lock:
+        ch = _chain_cache.get(rid)
+        if ch is not None:
+            _chain_cache.move_to_end(rid)
+            return ch
+    raw = state.chain_def(rid)
+    if raw is None:
+        return None
+    ch = chain_from_dict(orjson.loads(raw), validate=False)
+    with _chain_lock:
+        _chain_cache[rid] = ch
+        while len(_chain_cache) > 256:
+            _chain_cache.popitem(last=False)
+    return ch
+
+
+def broker_priority(prio: int, broker_url: str | None = None) -> int:
+    """Our scale is 0..9 with 9 most urgent. AMQP agrees; the Redis transport pops priority 0
+    first, so it gets the mirror image."""
+    prio = max(0, min(9, int(prio)))
+    url = broker_url or get_settings().broker_url
+    return 9 - prio if url.startswith(("redis", "rediss", "unix")) else prio
+
+
+def send_kid(app: Any, kid: Mapping[str, Any]) -> None:
+    meta = kid["meta"]
+    opts: dict[str, Any] = {"task_id": kid["id"]}
+    if "prio" in meta:
+        opts["priority"] = broker_priority(meta["prio"])
+    if meta.get("queue"):
+        opts["queue"] = meta["queue"]
+    app.send_task(kid["task"], args=(kid["params"], meta), **opts)
+
+
+class SiteTask(Task):
+    """Celery task base for endpoints: see the module docstring for what it adds."""
+
+    spec: EndpointSpec
+    acks_late = True
+    reject_on_worker_lost = True
+    ignore_result = True
+    typing = False  # arguments are checked by our schemas, with better messages
+
+    def execute(self, params: Any, meta: Mapping[str, Any] | None) -> str:
+        spec = self.spec
+        settings = get_settings()
+        r = get_redis()
+        state = RunState(r, settings)
+        meta = dict(meta or {})
+        tid = self.request.id or uuid.uuid4().hex
+        rid, step = meta.get("run", ""), meta.get("step", "")
+        metrics = TaskMetrics()
+        metrics.outcome("started")
+        started = time.monotonic()
+        committed, deliveries = state.begin(
+            rid, tid, self.request.retries or 0,
+            pipe_extra=lambda p: metrics.flush(p, spec.name, spec.site, settings),
+        )  # fmt: skip
+        if committed:
+            self._send_staged(state, tid)
+            return "duplicate"
+        ctx: Context | None = None
+        try:
+            if deliveries > settings.max_redeliveries + 1:
+                raise PoisonMessage(
+                    f"{spec.name}: delivered {deliveries} times without finishing "
+                    f"(cap {settings.max_redeliveries} redeliveries)"
+                )
+            p = spec.validate_params(params)
+            ctx = Context(spec, p, meta, settings, metrics, tid)
+            items, follows = self._collect(ctx, p)
+        except Exception as exc:
+            return self._handle_error(exc, params, meta, ctx, state, metrics, started)
+        entries = _outbox_entries(rid, step, spec.name, items)
+        kids = self._kids(state, rid, step, meta, items, follows)
+        metrics.outcome("succeeded")
+        metrics.counts["items"] += len(items)
+        metrics.latency(time.monotonic() - started)
+        state.commit(
+            rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(items),
+            entries=entries, kids=kids,
+            pipe_extra=lambda p: metrics.flush(p, spec.name, spec.site, settings),
+        )  # fmt: skip
+        self._send_staged(state, tid)
+        return f"{len(items)} items, {len(kids)} follow-ups"
+
+    # -- running the endpoint
+
+    def _collect(self, ctx: Context, p: Params) -> tuple[list[Item], list[Follow]]:
+        items: list[Item] = []
+        follows: list[Follow] = []
+        allowed = self.spec.item_types
+        try:
+            result = self.spec.fn(ctx, p)
+            for out in result or ():
+                if isinstance(out, Item):
+                    if allowed and not isinstance(out, allowed):
+                        raise ItemValidationError(
+                            f"{self.spec.name} yielded {type(out).__name__}, not declared in items="
+                        )
+                    items.append(out)
+                elif isinstance(out, Follow):
+                    follows.append(out)
+                else:
+                    raise ItemValidationError(
+                        f"{self.spec.name} yielded {type(out).__name__}; yield Item or ctx.follow()"
+                    )
+                ctx.check_deadline()
+        except ValidationError as exc:
+            raise ItemValidationError(f"{self.spec.name}: item invalid: {_describe(exc)}") from None
+        except SoftTimeLimitExceeded:
+            raise DeadlineExceeded(f"{self.spec.name}: soft time limit exceeded") from None
+        return items, follows
+
+    def _kids(
+        self,
+        state: RunState,
+        rid: str,
+        step: str,
+        meta: Mapping[str, Any],
+        items: list[Item],
+        follows: list[Follow],
+    ) -> list[Kid]:
+        base = {k: meta[k] for k in ("run", "prio") if k in meta}
+        kids: list[Kid] = []
+        chain = _run_chain(state, rid) if rid else None
+        node = chain.steps.get(step) if chain else None
+        page = int(meta.get("page", 1))
+        max_pages = node.options.max_pages if node else None
+        if follows and (max_pages is None or page < max_pages):
+            for f in follows:
+                kids.append(
+                    Kid(
+                        step=step,
+                        task=self.name,
+                        params=f.params,
+                        meta={**base, "step": step, "page": page + 1, **_queue(meta)},
+                        task_id=uuid.uuid4().hex,
+                    )
+                )
+        if node is None or not node.children:
+            return kids
+        pairs = [(it.item_type, it.model_dump(mode="json")) for it in items]
+        for child in node.children:
+            cmeta = {**base, "step": child.id}
+            if child.options.priority is not None:
+                cmeta["prio"] = child.options.priority
+            if child.options.queue:
+                cmeta["queue"] = child.options.queue
+            for params in fan_out(child, pairs):
+                uniq = _fingerprint(params) if child.options.unique else ""
+                kids.append(Kid(child.id, child.task, params, dict(cmeta), uuid.uuid4().hex, uniq))
+        return kids
+
+    def _send_staged(self, state: RunState, tid: str) -> None:
+        staged = state.staged_kids(tid)
+        for kid in staged:
+            send_kid(self.app, kid)
+        if staged:
+            state.clear_kids(tid)
+
+    # -- failure paths
+
+    def _handle_error(
+        self,
+        exc: Exception,
+        params: Any,
+        meta: dict[str, Any],
+        ctx: Context | None,
+        state: RunState,
+        metrics: TaskMetrics,
+        started: float,
+    ) -> str:
+        if isinstance(exc, SoftTimeLimitExceeded):
+            exc = DeadlineExceeded(f"{self.spec.name}: soft time limit exceeded")
+        spec, settings = self.spec, get_settings()
+        policy = policy_for(exc)
+        err = type(exc).__name__
+        rid, step = meta.get("run", ""), meta.get("step", "")
+        waits = int(meta.get("waits", 0))
+        retries_used = (self.request.retries or 0) - waits
+        max_retries = spec.max_retries if spec.max_retries is not None else settings.max_retries
+        metrics.latency(time.monotonic() - started)
+        r = state.r
+
+        if policy is Policy.WAIT and waits < MAX_WAITS:
+            meta["waits"] = waits + 1
+            countdown = getattr(exc, "retry_after", 2.0)
+            metrics.outcome("waited", err)
+            pipe = r.pipeline(transaction=False)
+            metrics.flush(pipe, spec.name, spec.site, settings)
+            pipe.execute()
+            raise self._retry_later(params, meta, countdown, exc)
+
+        if policy in (Policy.RETRY, Policy.ROTATE) and retries_used < max_retries:
+            if policy is Policy.ROTATE and ctx is not None and ctx.failed_leases:
+                meta["avoid"] = sorted(set(meta.get("avoid", ())) | ctx.failed_leases)[-32:]
+            countdown = backoff(retries_used, settings)
+            hint = getattr(exc, "retry_after", None)
+            if hint:
+                countdown = max(countdown, min(float(hint), _countdown_cap(settings)))
+            metrics.outcome("retried", err)
+            pipe = r.pipeline(transaction=False)
+            state.count_retry(rid, step, pipe)
+            metrics.flush(pipe, spec.name, spec.site, settings)
+            pipe.execute()
+            log.info("%s retry %d/%d in %.1fs after %s: %s",
+                     spec.name, retries_used + 1, max_retries, countdown, err, _safe(exc))  # fmt: skip
+            raise self._retry_later(params, meta, countdown, exc)
+
+        # final failure: dead-letter it, count it, let the run move on
+        tid = self.request.id or ""
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:]
+        dl = DeadLetter(
+            id=tid,
+            task=spec.name,
+            params=params if isinstance(params, dict) else {"_raw": repr(params)[:500]},
+            meta=meta,
+            error_type=err,
+            error=_safe(exc),
+            traceback=tb,
+            retries=retries_used,
+        )
+        metrics.outcome("failed", err)
+        dls = DeadLetterStore(r, settings)
+
+        def extra(pipe: Any) -> None:
+            dls.add(dl, pipe)
+            metrics.flush(pipe, spec.name, spec.site, settings)
+
+        state.commit(
+            rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
+            pipe_extra=extra,
+        )  # fmt: skip
+        log.warning("%s failed for good after %d retries (%s: %s); dead-lettered as %s",
+                    spec.name, retries_used, err, _safe(exc), tid)  # fmt: skip
+        return f"failed: {err}"
+
+    def _retry_later(self, params: Any, meta: dict[str, Any], countdown: float, exc: Exception) -> Exception:
+        opts: dict[str, Any] = {}
+        if "prio" in meta:
+            opts["priority"] = broker_priority(meta["prio"])
+        if meta.get("queue"):
+            opts["queue"] = meta["queue"]
+        return self.retry(
+            args=(params, meta), kwargs={}, countdown=countdown, max_retries=None, exc=exc, **opts
+        )
+
+
+def _queue(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {"queue": meta["queue"]} if meta.get("queue") else {}
+
+
+def _countdown_cap(s: Settings) -> float:
+    """Countdown retries wait inside the worker unacknowledged: stay under the visibility timeout."""
+    return max(1.0, min(s.retry_backoff_max, s.visibility_timeout * 0.5))
+
+
+def backoff(attempt: int, s: Settings | None = None) -> float:
+    """Exponential backoff with equal jitter: half the step fixed, half random."""
+    s = s or get_settings()
+    step = min(_countdown_cap(s), s.retry_backoff * (2**attempt))
+    return step / 2 + random.uniform(0, step / 2)
+
+
+def _fingerprint(params: Mapping[str, Any]) -> str:
+    return hashlib.blake2b(orjson.dumps(params, option=orjson.OPT_SORT_KEYS), digest_size=12).hexdigest()
+
+
+def _safe(exc: BaseException) -> str:
+    """Error text for logs and dead letters; URLs lose their credentials."""
+    import re
+
+    return re.sub(r"//[^/@\s]+@", "//***@", str(exc))[:500]
+
+
+def _outbox_entries(rid: str, step: str, task: str, items: list[Item]) -> list[dict[str, Any]]:
+    by_type: dict[type[Item], list[dict[str, Any]]] = {}
+    for it in items:
+        by_type.setdefault(type(it), []).append(it.model_dump(mode="json"))
+    return [
+        {
+            "run": rid,
+            "step": step,
+            "task": task,
+            "type": cls.item_type,
+            "key": orjson.dumps(list(cls.key_fields)),
+            "items": orjson.dumps(rows),
+        }
+        for cls, rows in by_type.items()
+    ]
+
+
+def iter_endpoints() -> Iterator[EndpointSpec]:
+    for n in ENDPOINTS.names():
+        yield ENDPOINTS.get(n)
+
+
+__all__ = [
+    "ChainCrawlError",
+    "Context",
+    "EndpointSpec",
+    "Follow",
+    "Item",
+    "Outputs",
+    "Params",
+    "ResourceUnavailable",
+    "SiteTask",
+    "endpoint",
+    "get_endpoint",
+]

@@ -1,0 +1,32 @@
+"""Chains: endpoint tasks linked into crawl pipelines, run with an id and exact progress.
+
+    from chains import run
+    handle = run("demo_social", seeds=[{}], priority=7)
+    handle.progress(); handle.wait(timeout=300)
+
+Chain definitions live in `chains/defs/` (one module per business chain, imported by
+`load_all()`), or in YAML/JSON files loaded with `load_chain_file`.
+"""
+
+from __future__ import annotations
+
+from chains.model import Chain, Step, StepOptions, chain_from_dict, load_chain_file, step
+from chains.registry import define, get_chain, load_all, names, register
+from chains.runner import RunHandle, get_run, run
+
+__all__ = [
+    "Chain",
+    "RunHandle",
+    "Step",
+    "StepOptions",
+    "chain_from_dict",
+    "define",
+    "get_chain",
+    "get_run",
+    "load_all",
+    "load_chain_file",
+    "names",
+    "register",
+    "run",
+    "step",
+]

@@ -1,0 +1,1 @@
+"""One module per business chain; each calls `chains.define(name, root_step)`."""

@@ -1,0 +1,146 @@
+"""Starting chain runs and watching them: `run(...)` returns a `RunHandle`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from chains.model import Chain, chain_from_dict
+from chains.registry import get_chain
+from chains.state import COUNTERS, RunState, step_counters
+from config import get_settings
+from exceptions import ParamsError, UnknownChainError
+from utils.redis import get_redis
+
+
+@dataclass
+class Progress:
+    run_id: str
+    chain: str
+    status: str  # running | done
+    steps: dict[str, dict[str, int]]
+    totals: dict[str, int]
+    outstanding: int
+    created: float
+    finished: float | None
+    tasks: dict[str, str] = field(default_factory=dict)  # step id -> task name
+
+    @property
+    def complete(self) -> bool:
+        """Every dispatched task finished and every item it produced is durably stored."""
+        return self.status == "done" and self.totals["stored"] >= self.totals["items"]
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.time()) - self.created
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "chain": self.chain,
+            "status": self.status,
+            "complete": self.complete,
+            "outstanding": self.outstanding,
+            "elapsed": round(self.elapsed, 3),
+            "totals": self.totals,
+            "steps": {s: {"task": self.tasks.get(s, ""), **c} for s, c in self.steps.items()},
+        }
+
+
+class RunHandle:
+    def __init__(self, run_id: str, chain: Chain, state: RunState | None = None) -> None:
+        self.run_id = run_id
+        self.chain = chain
+        self.state = state or RunState(get_redis())
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.chain.name!r}, run_id={self.run_id!r})"
+
+    def progress(self) -> Progress:
+        info = self.state.info(self.run_id)
+        c = self.state.counters(self.run_id)
+        return Progress(
+            run_id=self.run_id,
+            chain=self.chain.name,
+            status=info.get("status", "unknown"),
+            steps=step_counters(c, list(self.chain.steps)),
+            totals={k: c.get(k, 0) for k in COUNTERS},
+            outstanding=c.get("outstanding", 0),
+            created=float(info.get("created", 0) or 0),
+            finished=float(info["finished"]) if info.get("finished") else None,
+            tasks={s.id: s.task for s in self.chain.root.walk()},
+        )
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        poll: float = 0.2,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Progress:
+        """Block until the run is complete (tasks finished, items stored); TimeoutError if not."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            p = self.progress()
+            if on_progress:
+                on_progress(p)
+            if p.complete:
+                return p
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"run {self.run_id} ({self.chain.name}) not complete after {timeout}s: "
+                    f"{p.outstanding} tasks outstanding, {p.totals['stored']}/{p.totals['items']} items stored"
+                )
+            time.sleep(poll)
+
+
+def run(
+    chain: str | Chain,
+    seeds: Iterable[Mapping[str, Any]] | None = None,
+    priority: int | None = None,
+    *,
+    run_id: str | None = None,
+) -> RunHandle:
+    """Start a run: validate the seeds against the root step's Params, record the run and
+    its chain definition in Redis, and send the root tasks. Returns at once."""
+    from base_task import get_endpoint, send_kid
+    from worker import app
+
+    ch = chain if isinstance(chain, Chain) else get_chain(chain)
+    settings = get_settings()
+    prio = settings.default_priority if priority is None else int(priority)
+    if not 0 <= prio <= 9:
+        raise ParamsError(f"priority must be 0..9 (9 = most urgent), got {priority}")
+    seed_list = list(seeds) if seeds is not None else [{}]
+    if not seed_list:
+        raise ParamsError(f"chain {ch.name!r}: no seeds given")
+    spec = get_endpoint(ch.root.task)
+    params = []
+    for i, s in enumerate(seed_list):
+        try:
+            params.append(spec.validate_params({**ch.root.const, **s}).model_dump(mode="json"))
+        except ParamsError as exc:
+            raise ParamsError(f"seed {i}: {exc}") from None
+    rid = run_id or uuid.uuid4().hex[:16]
+    state = RunState(get_redis(), settings)
+    state.create_run(rid, ch.name, ch.to_json(), prio)
+    state.add_dispatched(rid, ch.root.id, len(params))
+    meta: dict[str, Any] = {"run": rid, "step": ch.root.id, "prio": prio}
+    if ch.root.options.queue:
+        meta["queue"] = ch.root.options.queue
+    for p in params:
+        send_kid(app, {"id": uuid.uuid4().hex, "task": ch.root.task, "params": p, "meta": meta})
+    return RunHandle(rid, ch, state)
+
+
+def get_run(run_id: str) -> RunHandle:
+    """A handle on an existing run (from any process), using the definition stored with it."""
+    state = RunState(get_redis())
+    raw = state.chain_def(run_id)
+    if raw is None:
+        raise UnknownChainError(f"no run {run_id!r} in {get_settings().redis_url.split('@')[-1]}")
+    return RunHandle(run_id, chain_from_dict(orjson.loads(raw), validate=False), state)

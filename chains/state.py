@@ -1,0 +1,285 @@
+"""Run records and exact completion counters in Redis.
+
+Keys (prefix `cc` by default):
+    run:{rid}            hash  chain, status (running|done), created, finished, priority, def
+    run:{rid}:counters   hash  outstanding, dispatched, succeeded, failed, retried, items, stored,
+                               and per step `{step}:{counter}`
+    run:{rid}:done       set   task ids that have committed (makes commit idempotent)
+    run:{rid}:uniq:{step} set  parameter fingerprints of `unique` steps
+    kids:{tid}           list  child messages a committed task still has to send
+    runs:active          set   run ids not yet done
+    outbox               stream items handed off for storage (drained by external_interface.outbox)
+
+A task's whole result is committed in one Lua script: its items go to the outbox, its children
+are staged in `kids:{tid}`, the counters move, and `outstanding` drops by one. The script runs
+at most once per task id (the `done` set), so a redelivered or duplicated message can neither
+store items twice nor count twice. Children are sent after the commit and the staging list
+deleted; a redelivered task that finds itself committed only re-sends what is still staged.
+A run is complete exactly when `outstanding` reaches zero, whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+
+from config import Settings, get_settings
+
+RUN_TTL = 7 * 24 * 3600  # run records and done sets outlive the run for a week
+
+COUNTERS = ("dispatched", "succeeded", "failed", "retried", "items", "stored")
+
+_COMMIT = """
+-- KEYS: 1 done set|key, 2 counters, 3 run hash, 4 outbox, 5 kids list, 6 active runs
+-- ARGV: 1 tid, 2 run, 3 step, 4 outcome, 5 n_items, 6 now, 7 ttl, 8 uniq key prefix,
+--       9 n_entries, then per entry: n_fields, fields...; then n_kids, per kid: step, uniq, json
+local tid, run, step, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local ttl = tonumber(ARGV[7])
+if run == '' then
+  if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl) then return 0 end
+else
+  if redis.call('SADD', KEYS[1], tid) == 0 then return 0 end
+  redis.call('EXPIRE', KEYS[1], ttl)
+end
+local i = 9
+local n_entries = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n_entries do
+  local nf = tonumber(ARGV[i]); i = i + 1
+  local fields = {}
+  for f = 1, nf do fields[f] = ARGV[i]; i = i + 1 end
+  redis.call('XADD', KEYS[4], '*', unpack(fields))
+end
+local n_kids = tonumber(ARGV[i]); i = i + 1
+local per_step = {}
+local total = 0
+for _ = 1, n_kids do
+  local kstep, uniq, msg = ARGV[i], ARGV[i + 1], ARGV[i + 2]; i = i + 3
+  local fresh = 1
+  if uniq ~= '' and run ~= '' then
+    local ukey = ARGV[8] .. kstep
+    fresh = redis.call('SADD', ukey, uniq)
+    redis.call('EXPIRE', ukey, ttl)
+  end
+  if fresh == 1 then
+    redis.call('RPUSH', KEYS[5], msg)
+    per_step[kstep] = (per_step[kstep] or 0) + 1
+    total = total + 1
+  end
+end
+if total > 0 then redis.call('EXPIRE', KEYS[5], ttl) end
+if run == '' then return 1 end
+local n_items = tonumber(ARGV[5])
+redis.call('HINCRBY', KEYS[2], step .. ':' .. outcome, 1)
+redis.call('HINCRBY', KEYS[2], outcome, 1)
+if n_items > 0 then
+  redis.call('HINCRBY', KEYS[2], step .. ':items', n_items)
+  redis.call('HINCRBY', KEYS[2], 'items', n_items)
+end
+for s, c in pairs(per_step) do
+  redis.call('HINCRBY', KEYS[2], s .. ':dispatched', c)
+end
+if total > 0 then redis.call('HINCRBY', KEYS[2], 'dispatched', total) end
+local left = redis.call('HINCRBY', KEYS[2], 'outstanding', total - 1)
+if left <= 0 then
+  redis.call('HSET', KEYS[3], 'status', 'done', 'finished', ARGV[6])
+  redis.call('SREM', KEYS[6], run)
+end
+return 1
+"""
+
+_DISPATCH = """
+-- KEYS: 1 counters, 2 run hash, 3 active; ARGV: 1 run, 2 step, 3 n
+local n = tonumber(ARGV[3])
+redis.call('HINCRBY', KEYS[1], ARGV[2] .. ':dispatched', n)
+redis.call('HINCRBY', KEYS[1], 'dispatched', n)
+redis.call('HINCRBY', KEYS[1], 'outstanding', n)
+redis.call('HSET', KEYS[2], 'status', 'running')
+redis.call('HDEL', KEYS[2], 'finished')
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+"""
+
+
+@dataclass
+class Kid:
+    """A child task staged by a commit: sent to the broker right after it."""
+
+    step: str
+    task: str
+    params: dict[str, Any]
+    meta: dict[str, Any]
+    task_id: str
+    uniq: str = ""
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {"id": self.task_id, "task": self.task, "params": self.params, "meta": self.meta}
+        )
+
+
+class RunState:
+    """All run bookkeeping against one Redis; cheap to build, thread-safe."""
+
+    def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
+        self.r = client
+        self.s = settings or get_settings()
+        self._commit = client.register_script(_COMMIT)
+        self._dispatch = client.register_script(_DISPATCH)
+
+    # keys
+    def run_key(self, rid: str) -> str:
+        return self.s.key("run", rid)
+
+    def counters_key(self, rid: str) -> str:
+        return self.s.key("run", rid, "counters")
+
+    def done_key(self, rid: str, tid: str) -> str:
+        return self.s.key("run", rid, "done") if rid else self.s.key("done", tid)
+
+    def kids_key(self, tid: str) -> str:
+        return self.s.key("kids", tid)
+
+    @property
+    def active_key(self) -> str:
+        return self.s.key("runs", "active")
+
+    @property
+    def outbox_key(self) -> str:
+        return self.s.key("outbox")
+
+    # run lifecycle
+    def create_run(self, rid: str, chain_name: str, chain_json: bytes, priority: int) -> None:
+        now = f"{time.time():.3f}"
+        pipe = self.r.pipeline()
+        pipe.hset(
+            self.run_key(rid),
+            mapping={
+                "chain": chain_name,
+                "status": "running",
+                "created": now,
+                "priority": priority,
+                "def": chain_json,
+            },
+        )
+        pipe.expire(self.run_key(rid), RUN_TTL)
+        pipe.hset(self.counters_key(rid), "outstanding", 0)
+        pipe.expire(self.counters_key(rid), RUN_TTL)
+        pipe.sadd(self.active_key, rid)
+        pipe.execute()
+
+    def add_dispatched(self, rid: str, step: str, n: int) -> None:
+        """Count tasks about to be sent by a client (seeds, replays) before sending them."""
+        self._dispatch(
+            keys=[self.counters_key(rid), self.run_key(rid), self.active_key], args=[rid, step, n]
+        )
+
+    def chain_def(self, rid: str) -> bytes | None:
+        return self.r.hget(self.run_key(rid), "def")
+
+    def info(self, rid: str) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(self.run_key(rid)).items() if k != b"def"}
+
+    def counters(self, rid: str) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}
+
+    def active_runs(self) -> list[str]:
+        return sorted(m.decode() for m in self.r.smembers(self.active_key))
+
+    # task lifecycle
+    def begin(self, rid: str, tid: str, retries: int, pipe_extra: Any = None) -> tuple[bool, int]:
+        """(already committed?, deliveries of this attempt) in one round trip."""
+        deliv_key = self.s.key("deliv", tid, retries)
+        pipe = self.r.pipeline(transaction=False)
+        if rid:
+            pipe.sismember(self.done_key(rid, tid), tid)
+        else:
+            pipe.exists(self.done_key(rid, tid))
+        pipe.incr(deliv_key)
+        pipe.expire(deliv_key, 2 * 24 * 3600)
+        if pipe_extra is not None:
+            pipe_extra(pipe)
+        res = pipe.execute()
+        return bool(res[0]), int(res[1])
+
+    def commit(
+        self,
+        *,
+        rid: str,
+        tid: str,
+        step: str,
+        outcome: str,
+        n_items: int,
+        entries: Sequence[Mapping[str, Any]],
+        kids: Sequence[Kid],
+        pipe_extra: Any = None,
+    ) -> bool:
+        """Atomically record a finished task; False if it had already committed."""
+        args: list[Any] = [
+            tid,
+            rid,
+            step,
+            outcome,
+            n_items,
+            f"{time.time():.3f}",
+            RUN_TTL,
+            self.s.key("run", rid, "uniq", ""),
+            len(entries),
+        ]
+        for e in entries:
+            args.append(2 * len(e))
+            for k, v in e.items():
+                args.extend((k, v))
+        args.append(len(kids))
+        for k in kids:
+            args.extend((k.step, k.uniq, k.encode()))
+        keys = [
+            self.done_key(rid, tid),
+            self.counters_key(rid) if rid else self.s.key("norun"),
+            self.run_key(rid) if rid else self.s.key("norun"),
+            self.outbox_key,
+            self.kids_key(tid),
+            self.active_key,
+        ]
+        if pipe_extra is None:
+            return bool(self._commit(keys=keys, args=args))
+        pipe = self.r.pipeline(transaction=False)
+        self._commit(keys=keys, args=args, client=pipe)
+        pipe_extra(pipe)
+        return bool(pipe.execute()[0])
+
+    def staged_kids(self, tid: str) -> list[dict[str, Any]]:
+        return [orjson.loads(m) for m in self.r.lrange(self.kids_key(tid), 0, -1)]
+
+    def clear_kids(self, tid: str) -> None:
+        self.r.delete(self.kids_key(tid))
+
+    def count_retry(self, rid: str, step: str, pipe: Any) -> None:
+        if rid:
+            pipe.hincrby(self.counters_key(rid), f"{step}:retried", 1)
+            pipe.hincrby(self.counters_key(rid), "retried", 1)
+
+    def reopen_failed(self, rid: str, step: str) -> None:
+        """A dead-lettered task is replayed: it is outstanding again and no longer failed."""
+        pipe = self.r.pipeline()
+        ck = self.counters_key(rid)
+        pipe.hincrby(ck, f"{step}:failed", -1)
+        pipe.hincrby(ck, "failed", -1)
+        pipe.hincrby(ck, "outstanding", 1)
+        pipe.hset(self.run_key(rid), "status", "running")
+        pipe.sadd(self.active_key, rid)
+        pipe.execute()
+
+
+def step_counters(counters: Mapping[str, int], steps: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Reshape flat `{step}:{counter}` fields into {step: {counter: n}} in chain order."""
+    out = {s: dict.fromkeys(COUNTERS, 0) for s in steps}
+    for k, v in counters.items():
+        s, _, c = k.rpartition(":")
+        if s in out and c in out[s]:
+            out[s][c] = v
+    return out

@@ -1,0 +1,144 @@
+"""Settings for every chaincrawl process, read from the environment (and an optional `.env`).
+
+Every setting is an environment variable named `CHAINCRAWL_<FIELD>` (upper case); the
+common infrastructure URLs also accept their conventional names (`REDIS_URL`, `BROKER_URL`,
+`MONGO_URL`). One `Settings` object is built per process on first use; tests build their own
+with `Settings(...)` or by setting variables before starting a worker process.
+
+With no `REDIS_URL`, everything points at the embedded Redis that `control.sh` starts on
+`EMBEDDED_REDIS_PORT`, so a fresh clone works with nothing installed but Python.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ROOT = Path(__file__).resolve().parent
+EMBEDDED_REDIS_PORT = 16379
+
+
+def _env(name: str, *aliases: str) -> AliasChoices:
+    return AliasChoices(f"CHAINCRAWL_{name}", *aliases)
+
+
+class Settings(BaseSettings):
+    """All tunables with their defaults; the README's configuration table mirrors this class."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+
+    # --- infrastructure -------------------------------------------------------------------
+    redis_url: str = Field(
+        f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0",
+        validation_alias=_env("REDIS_URL", "REDIS_URL"),
+        description="State store (counters, pools, dedup, outbox). May carry a password.",
+    )
+    broker_url: str = Field(
+        "",
+        validation_alias=_env("BROKER_URL", "BROKER_URL"),
+        description="Celery broker; empty means the same Redis as REDIS_URL. amqp:// works too.",
+    )
+    key_prefix: str = Field(
+        "cc",
+        validation_alias=_env("KEY_PREFIX"),
+        description="Prefix of every Redis key we write, so deployments and tests can share a server.",
+    )
+    var_dir: Path = Field(
+        ROOT / "var",
+        validation_alias=_env("VAR_DIR"),
+        description="Runtime data: embedded Redis files, pid files, logs, JSONL items.",
+    )
+    extra_site_packages: str = Field(
+        "",
+        validation_alias=_env("EXTRA_SITE_PACKAGES"),
+        description="Comma-separated packages of endpoint modules imported besides `sites`.",
+    )
+    extra_chain_packages: str = Field(
+        "",
+        validation_alias=_env("EXTRA_CHAIN_PACKAGES"),
+        description="Comma-separated packages of chain modules imported besides `chains.defs`.",
+    )
+
+    # --- fetch layer ----------------------------------------------------------------------
+    connect_timeout: float = Field(5.0, validation_alias=_env("CONNECT_TIMEOUT"))
+    request_timeout: float = Field(
+        20.0,
+        validation_alias=_env("REQUEST_TIMEOUT"),
+        description="Whole-request deadline (connect + headers + body), enforced by our fetch layer.",
+    )
+    max_response_bytes: int = Field(
+        10 * 1024 * 1024, validation_alias=_env("MAX_RESPONSE_BYTES")
+    )
+    max_redirects: int = Field(10, validation_alias=_env("MAX_REDIRECTS"))
+
+    # --- task mechanism -------------------------------------------------------------------
+    task_deadline: float = Field(
+        120.0,
+        validation_alias=_env("TASK_DEADLINE"),
+        description="Per-task deadline in seconds, held by the fetch layer on every pool.",
+    )
+    max_retries: int = Field(4, validation_alias=_env("MAX_RETRIES"))
+    retry_backoff: float = Field(1.0, validation_alias=_env("RETRY_BACKOFF"))
+    retry_backoff_max: float = Field(
+        120.0,
+        validation_alias=_env("RETRY_BACKOFF_MAX"),
+        description="Cap on one retry countdown; kept below the broker visibility timeout.",
+    )
+    max_redeliveries: int = Field(
+        3,
+        validation_alias=_env("MAX_REDELIVERIES"),
+        description="Deliveries of one attempt (worker lost each time) before it is dead-lettered.",
+    )
+    visibility_timeout: int = Field(
+        3600,
+        validation_alias=_env("VISIBILITY_TIMEOUT"),
+        description="Redis broker: seconds before an unacknowledged message is redelivered.",
+    )
+    default_priority: int = Field(
+        5, validation_alias=_env("DEFAULT_PRIORITY"), description="0..9, 9 = most urgent."
+    )
+    prefetch_multiplier: int = Field(
+        1,
+        validation_alias=_env("PREFETCH_MULTIPLIER"),
+        description="Messages each worker slot reserves ahead; acks_late keeps them safe.",
+    )
+
+    # --- storage --------------------------------------------------------------------------
+    mongo_url: str = Field("", validation_alias=_env("MONGO_URL", "MONGO_URL"))
+    sinks: str = Field(
+        "jsonl",
+        validation_alias=_env("SINKS"),
+        description="Comma-separated sink names every item goes to (jsonl, mongo, http, kafka).",
+    )
+    outbox_batch: int = Field(500, validation_alias=_env("OUTBOX_BATCH"))
+    outbox_flush_interval: float = Field(0.5, validation_alias=_env("OUTBOX_FLUSH_INTERVAL"))
+
+    # --- flower ---------------------------------------------------------------------------
+    flower_port: int = Field(5555, validation_alias=_env("FLOWER_PORT"))
+    flower_address: str = Field("127.0.0.1", validation_alias=_env("FLOWER_ADDRESS"))
+    flower_user: str = Field("admin", validation_alias=_env("FLOWER_USER"))
+    flower_password: str = Field("", validation_alias=_env("FLOWER_PASSWORD"))
+
+    @model_validator(mode="after")
+    def _derive(self) -> Settings:
+        if not self.broker_url:
+            self.broker_url = self.redis_url
+        self.var_dir = Path(self.var_dir)
+        return self
+
+    def key(self, *parts: object) -> str:
+        """Redis key under our prefix: `key("run", rid)` -> `cc:run:<rid>`."""
+        return ":".join((self.key_prefix, *(str(p) for p in parts)))
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (tests that change the environment call this)."""
+    get_settings.cache_clear()

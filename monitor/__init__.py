@@ -1,0 +1,1 @@
+"""Metrics, dead letters, progress and status views, alerts."""

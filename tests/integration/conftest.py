@@ -1,0 +1,132 @@
+"""Integration fixtures: one private Redis, the test site, and real worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from config import ROOT, get_settings, reset_settings
+from tests.testsite.server import TestSite
+from utils.redis import reset_clients
+from utils.servers import RedisServer
+
+
+@pytest.fixture(scope="session")
+def test_site() -> Iterator[TestSite]:
+    site = TestSite().start()
+    try:
+        yield site
+    finally:
+        site.stop()
+
+
+@pytest.fixture(scope="session")
+def cc_env(
+    redis_server: RedisServer, test_site: TestSite, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """Point this process (and the workers it starts) at the private Redis and test site."""
+    var = tmp_path_factory.mktemp("var")
+    env = {
+        "CHAINCRAWL_REDIS_URL": redis_server.url,
+        "CHAINCRAWL_KEY_PREFIX": "it",
+        "CHAINCRAWL_EXTRA_SITE_PACKAGES": "tests.testsite",
+        "CHAINCRAWL_VAR_DIR": str(var),
+        "CHAINCRAWL_VISIBILITY_TIMEOUT": "6",
+        "CHAINCRAWL_RETRY_BACKOFF": "0.2",
+        "CHAINCRAWL_RETRY_BACKOFF_MAX": "1",
+        "CHAINCRAWL_MAX_RETRIES": "3",
+        "CHAINCRAWL_SINKS": "jsonl",
+        "CHAINCRAWL_OUTBOX_FLUSH_INTERVAL": "0.1",
+        "TESTSITE_URL": test_site.url,
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    reset_settings()
+    reset_clients()
+    import sites
+    import worker
+
+    sites.load_all()
+    worker.configure(get_settings())
+    try:
+        yield env
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        reset_settings()
+        reset_clients()
+
+
+class WorkerProc:
+    """A real `celery worker` process; the log file tells when it is ready."""
+
+    def __init__(self, env: dict[str, str], log: Path, pool: str, concurrency: int, name: str,
+                 queues: str = "testsite,resources,default") -> None:  # fmt: skip
+        self.log = log
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "worker", "worker",
+            "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", f"{name}@%h",
+            "--without-gossip", "--without-mingle", "-E", "-l", "INFO",
+        ]  # fmt: skip
+        self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 60) -> WorkerProc:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if b" ready." in self.log.read_bytes():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.text()[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker not ready in {timeout}s:\n{self.text()[-3000:]}")
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (prefork children too)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.fh.close()
+
+
+@pytest.fixture
+def start_worker(
+    cc_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., WorkerProc]]:
+    procs: list[WorkerProc] = []
+
+    def start(pool: str = "threads", concurrency: int = 8, name: str = "w", **env: str) -> WorkerProc:
+        w = WorkerProc({**cc_env, **env}, tmp_path / f"{name}{len(procs)}.log", pool, concurrency,
+                       f"{name}{len(procs)}")  # fmt: skip
+        procs.append(w)
+        return w.wait_ready()
+
+    try:
+        yield start
+    finally:
+        for w in procs:
+            w.stop()

@@ -1,0 +1,120 @@
+"""Issue 2 end to end: real workers, a real Redis, a real HTTP site."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import chains
+from chains.state import RunState
+from config import get_settings
+from monitor.deadletter import DeadLetterStore
+from tests.testsite import chains as tchains
+from tests.testsite.server import PAGES, PER_PAGE, REVIEW_PAGES, REVIEWS_PER_PAGE
+from utils.redis import get_redis
+
+pytestmark = pytest.mark.integration
+
+ENTRIES = PAGES * PER_PAGE
+
+
+def expect_deep(p: chains.runner.Progress) -> None:
+    s = p.steps
+    assert s["local.listing"]["dispatched"] == PAGES
+    assert s["local.listing"]["succeeded"] == PAGES
+    assert s["local.listing"]["items"] == ENTRIES
+    assert s["local.detail"]["dispatched"] == ENTRIES
+    assert s["local.detail"]["items"] == ENTRIES
+    assert s["local.reviews"]["dispatched"] == ENTRIES * REVIEW_PAGES
+    assert s["local.reviews"]["succeeded"] == ENTRIES * REVIEW_PAGES
+    assert s["local.reviews"]["items"] == ENTRIES * REVIEW_PAGES * REVIEWS_PER_PAGE
+    total_tasks = PAGES + ENTRIES + ENTRIES * REVIEW_PAGES
+    assert p.totals["dispatched"] == total_tasks
+    assert p.totals["succeeded"] == total_tasks
+    assert p.totals["failed"] == 0
+    assert p.outstanding == 0
+    assert p.totals["stored"] == p.totals["items"] == ENTRIES * (2 + REVIEW_PAGES * REVIEWS_PER_PAGE)
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork", "gevent"])
+def test_three_step_chain_with_fanout_and_pagination(start_worker, pool) -> None:
+    start_worker(pool=pool, concurrency=4)
+    run = chains.run(tchains.deep(), seeds=[{"page": 1}])
+    p = run.wait(timeout=90)
+    assert p.complete
+    expect_deep(p)
+
+
+def test_retryable_error_is_retried_then_succeeds(start_worker, test_site) -> None:
+    start_worker()
+    run = chains.run(tchains.probe("/flaky/{entry_id}?fails=2"), seeds=[{}])
+    p = run.wait(timeout=60)
+    probe = p.steps["local.probe"]
+    assert probe["dispatched"] == PER_PAGE
+    assert probe["succeeded"] == PER_PAGE
+    assert probe["retried"] == 2 * PER_PAGE
+    assert probe["failed"] == 0
+    for i in range(PER_PAGE):
+        assert test_site.hits[f"flaky:e1-{i}"] == 3
+
+
+def test_always_failing_step_is_dead_lettered_and_run_completes(start_worker, test_site) -> None:
+    start_worker()
+    run = chains.run(tchains.probe("/status/500?e={entry_id}"), seeds=[{}])
+    p = run.wait(timeout=60)
+    probe = p.steps["local.probe"]
+    assert probe["failed"] == PER_PAGE and probe["succeeded"] == 0
+    assert probe["retried"] == 2 * PER_PAGE  # the probe endpoint allows 2 retries
+    assert p.totals["failed"] == PER_PAGE and p.status == "done"
+    dls = [d for d in DeadLetterStore(get_redis()).list(1000) if d.meta.get("run") == run.run_id]
+    assert len(dls) == PER_PAGE
+    assert {d.error_type for d in dls} == {"ServerError"}
+    assert all(d.params["path"].startswith("/status/500") and d.traceback for d in dls)
+
+
+def test_not_found_fails_at_once_without_retries(start_worker) -> None:
+    start_worker()
+    run = chains.run(tchains.probe("/status/404?e={entry_id}"), seeds=[{}])
+    p = run.wait(timeout=60)
+    assert p.steps["local.probe"]["failed"] == PER_PAGE
+    assert p.steps["local.probe"]["retried"] == 0
+
+
+def test_replay_of_dead_letters_reopens_the_run(start_worker, test_site) -> None:
+    from cli.deadletter import replay
+
+    start_worker()
+    run = chains.run(tchains.probe("/flaky/{entry_id}?fails=5"), seeds=[{}])
+    p = run.wait(timeout=60)
+    assert p.steps["local.probe"]["failed"] == PER_PAGE
+    ids = [d.id for d in DeadLetterStore(get_redis()).list(1000) if d.meta.get("run") == run.run_id]
+    assert replay(ids) == PER_PAGE  # the 4th..6th attempts: fails=5 lets the 6th through
+    p = run.wait(timeout=60)
+    assert p.steps["local.probe"]["failed"] == 0
+    assert p.steps["local.probe"]["succeeded"] == PER_PAGE
+
+
+def test_worker_killed_mid_run_loses_no_task(start_worker) -> None:
+    w1 = start_worker(concurrency=8)
+    run = chains.run(tchains.three_step(delay=0.4), seeds=[{"page": 1}])
+    state = RunState(get_redis(), get_settings())
+    deadline = time.monotonic() + 30
+    while state.counters(run.run_id).get("succeeded", 0) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    w1.kill()  # SIGKILL: tasks in flight are neither finished nor acknowledged
+    assert run.progress().status == "running"
+    start_worker(concurrency=8)
+    p = run.wait(timeout=120)
+    s = p.steps
+    assert s["local.listing"]["succeeded"] == PAGES
+    assert s["local.detail"]["succeeded"] == ENTRIES
+    assert s["local.reviews"]["succeeded"] == ENTRIES * REVIEW_PAGES
+    assert p.totals["failed"] == 0
+    assert p.totals["stored"] == p.totals["items"]
+
+
+def test_bad_seed_is_rejected_at_trigger_time(cc_env) -> None:
+    with pytest.raises(chains.model.ChainDefinitionError.__mro__[1]) as ei:  # ChainCrawlError
+        chains.run(tchains.deep(), seeds=[{"page": "not-a-number"}])
+    assert "page" in str(ei.value) and "seed 0" in str(ei.value)

@@ -1,0 +1,133 @@
+"""The test site: a paged listing, details, paged reviews, and pages that fail on purpose.
+
+Runs in a background thread of the test process (aiohttp on its own loop), so tests can read
+its request counters directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+from aiohttp import web
+
+from utils.servers import free_port, wait_for_port
+
+PAGES = 3  # listing pages
+PER_PAGE = 4  # entries per listing page
+REVIEW_PAGES = 2
+REVIEWS_PER_PAGE = 3
+
+
+class TestSite:
+    __test__ = False  # a server, not a test class
+
+    def __init__(self, pages: int = PAGES, per_page: int = PER_PAGE) -> None:
+        self.pages, self.per_page = pages, per_page
+        self.hits: Counter[str] = Counter()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/list", self.listing)
+        app.router.add_get("/detail/{id}", self.detail)
+        app.router.add_get("/reviews/{id}", self.reviews)
+        app.router.add_get("/flaky/{key}", self.flaky)
+        app.router.add_get("/status/{code}", self.status)
+        app.router.add_get("/slow", self.slow)
+        app.router.add_get("/drip", self.drip)
+        app.router.add_get("/big", self.big)
+        app.router.add_get("/redirect-loop", self.redirect_loop)
+        app.router.add_get("/gbk", self.gbk)
+        return app
+
+    async def listing(self, req: web.Request) -> web.Response:
+        page = int(req.query.get("page", "1"))
+        self.hits[f"list:{page}"] += 1
+        entries = [{"id": f"e{page}-{i}", "n": i} for i in range(self.per_page)]
+        nxt = page + 1 if page < self.pages else None
+        return web.json_response({"entries": entries, "next": nxt})
+
+    async def detail(self, req: web.Request) -> web.Response:
+        eid = req.match_info["id"]
+        self.hits[f"detail:{eid}"] += 1
+        return web.json_response({"id": eid, "title": f"Title {eid}"})
+
+    async def reviews(self, req: web.Request) -> web.Response:
+        eid = req.match_info["id"]
+        page = int(req.query.get("page", "1"))
+        self.hits[f"reviews:{eid}:{page}"] += 1
+        delay = float(req.query.get("delay", "0"))
+        if delay:
+            await asyncio.sleep(delay)
+        rows = [{"id": f"{eid}-r{page}-{i}", "text": "ok"} for i in range(REVIEWS_PER_PAGE)]
+        return web.json_response({"reviews": rows, "next": page + 1 if page < REVIEW_PAGES else None})
+
+    async def flaky(self, req: web.Request) -> web.Response:
+        key = req.match_info["key"]
+        fails = int(req.query.get("fails", "2"))
+        self.hits[f"flaky:{key}"] += 1
+        if self.hits[f"flaky:{key}"] <= fails:
+            return web.Response(status=503, text="try later")
+        return web.json_response({"key": key, "value": "finally"})
+
+    async def status(self, req: web.Request) -> web.Response:
+        code = int(req.match_info["code"])
+        self.hits[f"status:{code}"] += 1
+        return web.Response(status=code, text=f"status {code}")
+
+    async def slow(self, req: web.Request) -> web.Response:
+        await asyncio.sleep(float(req.query.get("s", "1")))
+        return web.json_response({"slow": True})
+
+    async def drip(self, req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(req)
+        for _ in range(int(req.query.get("n", "100"))):
+            await resp.write(b"x")
+            await asyncio.sleep(float(req.query.get("every", "0.2")))
+        return resp
+
+    async def big(self, req: web.Request) -> web.Response:
+        return web.Response(body=b"a" * int(req.query.get("n", str(2 * 1024 * 1024))))
+
+    async def redirect_loop(self, req: web.Request) -> web.Response:
+        raise web.HTTPFound("/redirect-loop")
+
+    async def gbk(self, req: web.Request) -> web.Response:
+        html = '<html><head><meta charset="gbk"></head><body><p class="t">中文标题</p></body></html>'
+        return web.Response(body=html.encode("gbk"), content_type="text/html")
+
+    # lifecycle
+    def start(self) -> TestSite:
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            self._runner = web.AppRunner(self.app(), access_log=None)
+            loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            loop.run_until_complete(site.start())
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, daemon=True, name="testsite")
+        self._thread.start()
+        ready.wait(10)
+        wait_for_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from base_task import Item, Params, backoff, broker_priority, get_endpoint
+from config import Settings
+from exceptions import ParamsError
+from utils.registry import UnknownNameError
+
+
+def test_bad_parameter_is_rejected_naming_the_field() -> None:
+    spec = get_endpoint("testsite.local.reviews")
+    with pytest.raises(ParamsError) as ei:
+        spec.validate_params({"entry_id": "e1", "page": "two"})
+    msg = str(ei.value)
+    assert "testsite.local.reviews" in msg and "'page'" in msg
+
+
+def test_missing_and_unknown_parameters_are_named() -> None:
+    spec = get_endpoint("testsite.local.reviews")
+    with pytest.raises(ParamsError, match="'entry_id'"):
+        spec.validate_params({})
+    with pytest.raises(ParamsError, match="'pgae'"):
+        spec.validate_params({"entry_id": "e1", "pgae": 2})
+    with pytest.raises(ParamsError, match="must be an object"):
+        spec.validate_params(["e1"])
+
+
+def test_endpoint_spec_derives_site_platform_queue() -> None:
+    spec = get_endpoint("testsite.local.listing")
+    assert (spec.site, spec.platform, spec.queue) == ("testsite", "local", "testsite")
+    assert spec.task.name == "testsite.local.listing"
+    assert spec.task.acks_late and spec.task.reject_on_worker_lost
+
+
+def test_unknown_task_suggests_the_closest_name() -> None:
+    with pytest.raises(UnknownNameError, match="did you mean 'testsite.local.listing'"):
+        get_endpoint("testsite.local.listin")
+
+
+def test_item_requires_key_fields_that_exist() -> None:
+    with pytest.raises(TypeError, match="key_fields"):
+
+        class Bad(Item):
+            item_type: ClassVar[str] = "x.bad"
+            key_fields: ClassVar[tuple[str, ...]] = ("nope",)
+            a: int
+
+
+def test_params_forbid_unknown_fields() -> None:
+    class P(Params):
+        a: int
+
+    with pytest.raises(ValueError):
+        P(a=1, b=2)
+
+
+def test_backoff_grows_with_jitter_and_stays_under_visibility_timeout() -> None:
+    s = Settings(retry_backoff=1.0, retry_backoff_max=300, visibility_timeout=60)
+    samples = [backoff(0, s) for _ in range(200)]
+    assert all(0.5 <= x <= 1.0 for x in samples) and len(set(samples)) > 100
+    assert all(4 <= backoff(3, s) <= 8 for _ in range(50))
+    assert all(backoff(20, s) <= 30 for _ in range(50))  # half the visibility timeout
+
+
+def test_priority_is_mirrored_for_redis_only() -> None:
+    assert broker_priority(9, "redis://x") == 0 and broker_priority(0, "redis://x") == 9
+    assert broker_priority(9, "amqp://x") == 9
+    assert broker_priority(42, "amqp://x") == 9
