@@ -54,6 +54,7 @@ from exceptions import (
     PoisonMessage,
     RateLimited,
     ResourceUnavailable,
+    Throttled,
     error_for_status,
     policy_for,
 )
@@ -61,6 +62,7 @@ from external_interface.base import Outcome, OutgoingRequest, Provider, provider
 from external_interface.fetch import FetchRequest, Fetcher, RequestsFetcher, Response
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
+from scheduling.gate import get_gate
 from utils.redis import get_redis
 from utils.registry import Registry
 
@@ -330,6 +332,7 @@ class Context:
             data=data,
             json=json,
         )
+        get_gate().before_request(self.site, self.task_name)
         active = self._providers if resources else []
         for p in active:
             p.prepare(out, self)
@@ -461,6 +464,8 @@ class SiteTask(Task):
             self._send_staged(state, tid)
             return "duplicate"
         ctx: Context | None = None
+        gate = get_gate()
+        admitted = False
         try:
             if deliveries > settings.max_redeliveries + 1:
                 raise PoisonMessage(
@@ -468,10 +473,17 @@ class SiteTask(Task):
                     f"(cap {settings.max_redeliveries} redeliveries)"
                 )
             p = spec.validate_params(params)
+            wait = gate.admit(spec.site, spec.name, tid)
+            if wait > 0:
+                raise Throttled(f"{spec.name}: over its shared limit", retry_after=wait)
+            admitted = True
             ctx = Context(spec, p, meta, settings, metrics, tid)
             items, follows = self._collect(ctx, p)
         except Exception as exc:
             return self._handle_error(exc, params, meta, ctx, state, metrics, started)
+        finally:
+            if admitted:
+                gate.release(spec.site, spec.name, tid)
         entries = _outbox_entries(rid, step, spec.name, items)
         kids = self._kids(state, rid, step, meta, items, follows)
         metrics.outcome("succeeded")
@@ -584,9 +596,9 @@ class SiteTask(Task):
         metrics.latency(time.monotonic() - started)
         r = state.r
 
-        if policy is Policy.WAIT and waits < MAX_WAITS:
+        if policy is Policy.WAIT and (waits < MAX_WAITS or isinstance(exc, Throttled)):
             meta["waits"] = waits + 1
-            countdown = getattr(exc, "retry_after", 2.0)
+            countdown = min(getattr(exc, "retry_after", 2.0), _countdown_cap(settings))
             metrics.outcome("waited", err)
             pipe = r.pipeline(transaction=False)
             metrics.flush(pipe, spec.name, spec.site, settings)

@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     default_priority: int = Field(
         5, validation_alias=_env("DEFAULT_PRIORITY"), description="0..9, 9 = most urgent."
     )
+    run_max_in_flight: int = Field(
+        2000,
+        validation_alias=_env("RUN_MAX_IN_FLIGHT"),
+        description="Backpressure: a run's tasks in the broker at once; more wait in Redis (0 = no cap).",
+    )
     prefetch_multiplier: int = Field(
         1,
         validation_alias=_env("PREFETCH_MULTIPLIER"),

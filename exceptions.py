@@ -28,6 +28,7 @@
         │   ├── LoginRequired
         │   └── CaptchaRequired
         ├── ResourceUnavailable ................ wait   (pool empty: re-queue, not a failure)
+        │   └── Throttled ...................... wait   (a shared rate limit / concurrency cap)
         ├── DeadlineExceeded ................... retry  (the per-task deadline ran out)
         ├── ParseError ......................... retry  (then dead-letter: layout changed?)
         ├── ItemValidationError ................ fail   (parsed data fails the Item schema)
@@ -189,6 +190,10 @@ class ResourceUnavailable(CrawlError):
     def __init__(self, message: str, retry_after: float = 2.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Throttled(ResourceUnavailable):
+    """A shared rate limit or concurrency cap says not yet; waits are not capped."""
 
 
 class DeadlineExceeded(CrawlError):

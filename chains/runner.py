@@ -26,6 +26,7 @@ class Progress:
     steps: dict[str, dict[str, int]]
     totals: dict[str, int]
     outstanding: int
+    waiting: int  # children held back by the run's cap (backpressure)
     created: float
     finished: float | None
     tasks: dict[str, str] = field(default_factory=dict)  # step id -> task name
@@ -46,6 +47,7 @@ class Progress:
             "status": self.status,
             "complete": self.complete,
             "outstanding": self.outstanding,
+            "waiting": self.waiting,
             "elapsed": round(self.elapsed, 3),
             "totals": self.totals,
             "steps": {s: {"task": self.tasks.get(s, ""), **c} for s, c in self.steps.items()},
@@ -71,6 +73,7 @@ class RunHandle:
             steps=step_counters(c, list(self.chain.steps)),
             totals={k: c.get(k, 0) for k in COUNTERS},
             outstanding=c.get("outstanding", 0),
+            waiting=self.state.waiting(self.run_id),
             created=float(info.get("created", 0) or 0),
             finished=float(info["finished"]) if info.get("finished") else None,
             tasks={s.id: s.task for s in self.chain.root.walk()},
@@ -104,6 +107,7 @@ def run(
     priority: int | None = None,
     *,
     run_id: str | None = None,
+    max_in_flight: int | None = None,
 ) -> RunHandle:
     """Start a run: validate the seeds against the root step's Params, record the run and
     its chain definition in Redis, and send the root tasks. Returns at once."""
@@ -125,15 +129,23 @@ def run(
             params.append(spec.validate_params({**ch.root.const, **s}).model_dump(mode="json"))
         except ParamsError as exc:
             raise ParamsError(f"seed {i}: {exc}") from None
+    cap = settings.run_max_in_flight if max_in_flight is None else int(max_in_flight)
     rid = run_id or uuid.uuid4().hex[:16]
     state = RunState(get_redis(), settings)
-    state.create_run(rid, ch.name, ch.to_json(), prio)
-    state.add_dispatched(rid, ch.root.id, len(params))
+    state.create_run(rid, ch.name, ch.to_json(), prio, cap)
     meta: dict[str, Any] = {"run": rid, "step": ch.root.id, "prio": prio}
     if ch.root.options.queue:
         meta["queue"] = ch.root.options.queue
-    for p in params:
-        send_kid(app, {"id": uuid.uuid4().hex, "task": ch.root.task, "params": p, "meta": meta})
+    msgs = [
+        orjson.dumps({"id": uuid.uuid4().hex, "task": ch.root.task, "params": p, "meta": meta})
+        for p in params
+    ]
+    staging = settings.key("kids", f"client-{rid}")
+    state.enqueue_and_release(rid, ch.root.id, msgs, staging)
+    r = state.r
+    for raw in r.lrange(staging, 0, -1):
+        send_kid(app, orjson.loads(raw))
+    r.delete(staging)
     return RunHandle(rid, ch, state)
 
 

@@ -6,6 +6,7 @@ Keys (prefix `cc` by default):
                                and per step `{step}:{counter}`
     run:{rid}:done       set   task ids that have committed (makes commit idempotent)
     run:{rid}:uniq:{step} set  parameter fingerprints of `unique` steps
+    run:{rid}:pending    list  children waiting behind the run's cap (backpressure)
     kids:{tid}           list  child messages a committed task still has to send
     runs:active          set   run ids not yet done
     outbox               stream items handed off for storage (drained by external_interface.outbox)
@@ -16,6 +17,11 @@ at most once per task id (the `done` set), so a redelivered or duplicated messag
 store items twice nor count twice. Children are sent after the commit and the staging list
 deleted; a redelivered task that finds itself committed only re-sends what is still staged.
 A run is complete exactly when `outstanding` reaches zero, whatever the number of workers.
+
+Backpressure: a run may have a `cap` on tasks in the broker (`inflight`). Children beyond it
+wait in `run:{rid}:pending` (still counted as dispatched and outstanding); every commit frees
+one slot and moves waiting children into the committing task's staging list, in the same
+script, so the broker never holds more than the cap of one run's tasks.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ RUN_TTL = 7 * 24 * 3600  # run records and done sets outlive the run for a week
 COUNTERS = ("dispatched", "succeeded", "failed", "retried", "items", "stored")
 
 _COMMIT = """
--- KEYS: 1 done set|key, 2 counters, 3 run hash, 4 outbox, 5 kids list, 6 active runs
+-- KEYS: 1 done set|key, 2 counters, 3 run hash, 4 outbox, 5 kids list, 6 active runs, 7 pending
 -- ARGV: 1 tid, 2 run, 3 step, 4 outcome, 5 n_items, 6 now, 7 ttl, 8 uniq key prefix,
 --       9 n_entries, then per entry: n_fields, fields...; then n_kids, per kid: step, uniq, json
 local tid, run, step, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -46,6 +52,8 @@ else
   if redis.call('SADD', KEYS[1], tid) == 0 then return 0 end
   redis.call('EXPIRE', KEYS[1], ttl)
 end
+local cap = 0
+if run ~= '' then cap = tonumber(redis.call('HGET', KEYS[3], 'cap') or '0') end
 local i = 9
 local n_entries = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n_entries do
@@ -54,6 +62,9 @@ for _ = 1, n_entries do
   for f = 1, nf do fields[f] = ARGV[i]; i = i + 1 end
   redis.call('XADD', KEYS[4], '*', unpack(fields))
 end
+-- children: straight to this task's staging list, or (with a cap) to the run's waiting list
+local target = KEYS[5]
+if cap > 0 then target = KEYS[7] end
 local n_kids = tonumber(ARGV[i]); i = i + 1
 local per_step = {}
 local total = 0
@@ -66,13 +77,28 @@ for _ = 1, n_kids do
     redis.call('EXPIRE', ukey, ttl)
   end
   if fresh == 1 then
-    redis.call('RPUSH', KEYS[5], msg)
+    redis.call('RPUSH', target, msg)
     per_step[kstep] = (per_step[kstep] or 0) + 1
     total = total + 1
   end
 end
-if total > 0 then redis.call('EXPIRE', KEYS[5], ttl) end
+if total > 0 then redis.call('EXPIRE', target, ttl) end
 if run == '' then return 1 end
+-- backpressure: this task leaves the broker; release waiting children up to the cap
+if cap > 0 then
+  local inflight = redis.call('HINCRBY', KEYS[2], 'inflight', -1)
+  local moved = 0
+  while inflight + moved < cap do
+    local m = redis.call('LPOP', KEYS[7])
+    if not m then break end
+    redis.call('RPUSH', KEYS[5], m)
+    moved = moved + 1
+  end
+  if moved > 0 then
+    redis.call('HINCRBY', KEYS[2], 'inflight', moved)
+    redis.call('EXPIRE', KEYS[5], ttl)
+  end
+end
 local n_items = tonumber(ARGV[5])
 redis.call('HINCRBY', KEYS[2], step .. ':' .. outcome, 1)
 redis.call('HINCRBY', KEYS[2], outcome, 1)
@@ -90,6 +116,24 @@ if left <= 0 then
   redis.call('SREM', KEYS[6], run)
 end
 return 1
+"""
+
+_RELEASE = """
+-- KEYS: 1 counters, 2 run hash, 3 pending, 4 staging; moves waiting tasks up to the cap
+local cap = tonumber(redis.call('HGET', KEYS[2], 'cap') or '0')
+local inflight = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+local moved = 0
+while cap == 0 or inflight + moved < cap do
+  local m = redis.call('LPOP', KEYS[3])
+  if not m then break end
+  redis.call('RPUSH', KEYS[4], m)
+  moved = moved + 1
+end
+if moved > 0 then
+  redis.call('HINCRBY', KEYS[1], 'inflight', moved)
+  redis.call('EXPIRE', KEYS[4], 86400)
+end
+return moved
 """
 
 _DISPATCH = """
@@ -130,6 +174,7 @@ class RunState:
         self.s = settings or get_settings()
         self._commit = client.register_script(_COMMIT)
         self._dispatch = client.register_script(_DISPATCH)
+        self._release = client.register_script(_RELEASE)
 
     # keys
     def run_key(self, rid: str) -> str:
@@ -144,6 +189,9 @@ class RunState:
     def kids_key(self, tid: str) -> str:
         return self.s.key("kids", tid)
 
+    def pending_key(self, rid: str) -> str:
+        return self.s.key("run", rid, "pending")
+
     @property
     def active_key(self) -> str:
         return self.s.key("runs", "active")
@@ -153,7 +201,11 @@ class RunState:
         return self.s.key("outbox")
 
     # run lifecycle
-    def create_run(self, rid: str, chain_name: str, chain_json: bytes, priority: int) -> None:
+    def create_run(
+        self, rid: str, chain_name: str, chain_json: bytes, priority: int, cap: int = 0
+    ) -> None:
+        """Record a run. `cap` bounds the run's tasks in the broker at once (0 = no bound);
+        children beyond it wait in `run:{rid}:pending` and are released as tasks finish."""
         now = f"{time.time():.3f}"
         pipe = self.r.pipeline()
         pipe.hset(
@@ -164,6 +216,7 @@ class RunState:
                 "created": now,
                 "priority": priority,
                 "def": chain_json,
+                "cap": cap,
             },
         )
         pipe.expire(self.run_key(rid), RUN_TTL)
@@ -177,6 +230,20 @@ class RunState:
         self._dispatch(
             keys=[self.counters_key(rid), self.run_key(rid), self.active_key], args=[rid, step, n]
         )
+
+    def enqueue_and_release(self, rid: str, step: str, msgs: Sequence[bytes], staging: str) -> None:
+        """Client-side dispatch (seeds, replays): count, queue behind the cap, release what
+        fits into `staging` for the caller to send."""
+        self.add_dispatched(rid, step, len(msgs))
+        if msgs:
+            self.r.rpush(self.pending_key(rid), *msgs)
+            self.r.expire(self.pending_key(rid), RUN_TTL)
+        self._release(
+            keys=[self.counters_key(rid), self.run_key(rid), self.pending_key(rid), staging]
+        )
+
+    def waiting(self, rid: str) -> int:
+        return int(self.r.llen(self.pending_key(rid)))
 
     def chain_def(self, rid: str) -> bytes | None:
         return self.r.hget(self.run_key(rid), "def")
@@ -244,6 +311,7 @@ class RunState:
             self.outbox_key,
             self.kids_key(tid),
             self.active_key,
+            self.pending_key(rid) if rid else self.s.key("norun"),
         ]
         if pipe_extra is None:
             return bool(self._commit(keys=keys, args=args))
@@ -270,6 +338,7 @@ class RunState:
         pipe.hincrby(ck, f"{step}:failed", -1)
         pipe.hincrby(ck, "failed", -1)
         pipe.hincrby(ck, "outstanding", 1)
+        pipe.hincrby(ck, "inflight", 1)
         pipe.hset(self.run_key(rid), "status", "running")
         pipe.sadd(self.active_key, rid)
         pipe.execute()

@@ -85,7 +85,7 @@ def test_replay_of_dead_letters_reopens_the_run(start_worker, test_site) -> None
     from cli.deadletter import replay
 
     start_worker()
-    run = chains.run(tchains.probe("/flaky/{entry_id}?fails=5"), seeds=[{}])
+    run = chains.run(tchains.probe("/flaky/{entry_id}-replay?fails=5"), seeds=[{}])
     p = run.wait(timeout=60)
     assert p.steps["local.probe"]["failed"] == PER_PAGE
     ids = [d.id for d in DeadLetterStore(get_redis()).list(1000) if d.meta.get("run") == run.run_id]
@@ -118,3 +118,24 @@ def test_bad_seed_is_rejected_at_trigger_time(cc_env) -> None:
     with pytest.raises(chains.model.ChainDefinitionError.__mro__[1]) as ei:  # ChainCrawlError
         chains.run(tchains.deep(), seeds=[{"page": "not-a-number"}])
     assert "page" in str(ei.value) and "seed 0" in str(ei.value)
+
+
+def test_backpressure_caps_a_runs_tasks_in_the_broker(start_worker, cc_env) -> None:
+    from cli.status import queue_depths
+
+    start_worker(concurrency=4)
+    cap = 3
+    run = chains.run(tchains.three_step(delay=0.05), seeds=[{"page": 1}], max_in_flight=cap)
+    state = RunState(get_redis(), get_settings())
+    peak_inflight = peak_queued = peak_waiting = 0
+    while not run.progress().complete:
+        c = state.counters(run.run_id)
+        peak_inflight = max(peak_inflight, c.get("inflight", 0))
+        peak_queued = max(peak_queued, queue_depths(get_settings(), ["testsite"])["testsite"])
+        peak_waiting = max(peak_waiting, state.waiting(run.run_id))
+        time.sleep(0.01)
+    p = run.wait(timeout=5)
+    assert peak_inflight <= cap and peak_queued <= cap
+    assert peak_waiting > 0  # children really waited in Redis
+    assert p.totals["succeeded"] == PAGES + ENTRIES + ENTRIES * REVIEW_PAGES
+    assert state.counters(run.run_id)["inflight"] == 0 and p.waiting == 0

@@ -1,0 +1,1 @@
+"""Scheduling across workers: shared rate limits and concurrency caps, periodic chains."""
