@@ -33,8 +33,8 @@ import traceback
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import orjson
 from celery import Task, shared_task
@@ -50,8 +50,8 @@ from exceptions import (
     DeadlineExceeded,
     ItemValidationError,
     ParamsError,
-    Policy,
     PoisonMessage,
+    Policy,
     RateLimited,
     ResourceUnavailable,
     Throttled,
@@ -59,7 +59,7 @@ from exceptions import (
     policy_for,
 )
 from external_interface.base import Outcome, OutgoingRequest, Provider, providers
-from external_interface.fetch import FetchRequest, Fetcher, RequestsFetcher, Response
+from external_interface.fetch import Fetcher, FetchRequest, RequestsFetcher, Response
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
 from scheduling.gate import get_gate
@@ -108,7 +108,7 @@ class Follow:
     params: dict[str, Any]
 
 
-Output = Union[Item, Follow]
+Output = Item | Follow
 Outputs = Iterable[Output]
 
 
@@ -135,7 +135,9 @@ class EndpointSpec:
         if isinstance(data, self.params):
             return data
         if not isinstance(data, Mapping):
-            raise ParamsError(f"{self.name}: parameters must be an object, got {type(data).__name__}")
+            raise ParamsError(
+                f"{self.name}: parameters must be an object, got {type(data).__name__}"
+            )
         try:
             return self.params.model_validate(data)
         except ValidationError as exc:
@@ -266,8 +268,12 @@ class Context:
         settings: Settings,
         metrics: TaskMetrics,
         task_id: str = "",
+        fetcher: Fetcher | None = None,
+        use_providers: bool = True,
     ) -> None:
         self.spec = spec
+        self.fetcher = fetcher or get_fetcher()
+        self._online = use_providers  # offline (parser tests): no providers, no shared gate
         self.params = params
         self.meta = meta
         self.settings = settings
@@ -280,8 +286,14 @@ class Context:
         self.failed_leases: set[str] = set()
         self.deadline = time.monotonic() + (spec.deadline or settings.task_deadline)
         self.log = logging.getLogger(f"chaincrawl.site.{spec.name}")
-        kinds = sorted(spec.resources, key=lambda k: PROVIDER_ORDER.index(k) if k in PROVIDER_ORDER else 99)
-        self._providers = [get_provider(spec.resources[k], spec.site, spec.platform) for k in kinds]
+        kinds = sorted(
+            spec.resources, key=lambda k: PROVIDER_ORDER.index(k) if k in PROVIDER_ORDER else 99
+        )
+        self._providers = (
+            [get_provider(spec.resources[k], spec.site, spec.platform) for k in kinds]
+            if use_providers
+            else []
+        )
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -332,7 +344,8 @@ class Context:
             data=data,
             json=json,
         )
-        get_gate().before_request(self.site, self.task_name)
+        if self._online:
+            get_gate().before_request(self.site, self.task_name)
         active = self._providers if resources else []
         for p in active:
             p.prepare(out, self)
@@ -353,7 +366,7 @@ class Context:
         )
         start = time.monotonic()
         try:
-            resp = get_fetcher().fetch(req)
+            resp = self.fetcher.fetch(req)
         except Exception as exc:
             outcome = Outcome(elapsed=time.monotonic() - start, error=exc)
             self.metrics.request(None, 0)
@@ -649,7 +662,9 @@ class SiteTask(Task):
                     spec.name, retries_used, err, _safe(exc), tid)  # fmt: skip
         return f"failed: {err}"
 
-    def _retry_later(self, params: Any, meta: dict[str, Any], countdown: float, exc: Exception) -> Exception:
+    def _retry_later(
+        self, params: Any, meta: dict[str, Any], countdown: float, exc: Exception
+    ) -> Exception:
         opts: dict[str, Any] = {}
         if "prio" in meta:
             opts["priority"] = broker_priority(meta["prio"])
@@ -677,7 +692,9 @@ def backoff(attempt: int, s: Settings | None = None) -> float:
 
 
 def _fingerprint(params: Mapping[str, Any]) -> str:
-    return hashlib.blake2b(orjson.dumps(params, option=orjson.OPT_SORT_KEYS), digest_size=12).hexdigest()
+    return hashlib.blake2b(
+        orjson.dumps(params, option=orjson.OPT_SORT_KEYS), digest_size=12
+    ).hexdigest()
 
 
 def _safe(exc: BaseException) -> str:
@@ -702,6 +719,17 @@ def _outbox_entries(rid: str, step: str, task: str, items: list[Item]) -> list[d
         }
         for cls, rows in by_type.items()
     ]
+
+
+def run_endpoint(
+    name: str, params: Mapping[str, Any], fetcher: Fetcher, meta: Mapping[str, Any] | None = None
+) -> tuple[list[Item], list[Follow]]:
+    """Run one endpoint's code in-process with a given fetcher: no broker, no Redis, no
+    providers. For parser tests against saved pages (see external_interface/mock.py)."""
+    spec = get_endpoint(name)
+    p = spec.validate_params(params)
+    ctx = Context(spec, p, meta or {}, get_settings(), TaskMetrics(), "", fetcher, False)
+    return spec.task._collect(ctx, p)
 
 
 def iter_endpoints() -> Iterator[EndpointSpec]:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import enum
 
 
-class Policy(str, enum.Enum):
+class Policy(enum.StrEnum):
     RETRY = "retry"
     ROTATE = "rotate"
     FAIL = "fail"

@@ -143,7 +143,7 @@ class Chain:
                 if p not in s.map and p not in s.const:
                     raise MissingMappingError(
                         f"{where}: required parameter {p!r} of {s.task} has no mapping "
-                        f"from {parent.task}'s items (add {p}=\"<field>\")"
+                        f'from {parent.task}\'s items (add {p}="<field>")'
                     )
             pspec = get_endpoint(parent.task)
             types = pspec.item_types
@@ -177,9 +177,7 @@ def _check_consts(params: type[BaseModel], s: Step) -> str | None:
     """Constants must fit their field's type already at definition time."""
     for name, value in s.const.items():
         try:
-            params.__pydantic_validator__.validate_assignment(
-                params.model_construct(), name, value
-            )
+            params.__pydantic_validator__.validate_assignment(params.model_construct(), name, value)
         except ValidationError as exc:
             return f"constant {name}={value!r} is invalid: {exc.errors()[0]['msg']}"
     return None
@@ -192,7 +190,9 @@ def chain_from_dict(data: Mapping[str, Any], *, validate: bool = True) -> Chain:
     """Two shapes: a tree (`root: {task, map, then: [...]}`) or a graph of named steps
     (`steps: {id: {task, map, next: [ids]}}, root: id`), where cycles are possible and caught."""
     if not isinstance(data, Mapping):
-        raise ChainDefinitionError(f"a chain definition must be a mapping, got {type(data).__name__}")
+        raise ChainDefinitionError(
+            f"a chain definition must be a mapping, got {type(data).__name__}"
+        )
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ChainDefinitionError("chain definition has no 'name'")
@@ -241,7 +241,9 @@ def _graph_to_tree(chain: str, steps: Any, root: Any) -> Step:
     if not isinstance(steps, Mapping) or not steps:
         raise ChainDefinitionError(f"chain {chain!r}: 'steps' must be a non-empty mapping")
     if root not in steps:
-        raise ChainDefinitionError(f"chain {chain!r}: 'root' must name one of the steps {list(steps)}")
+        raise ChainDefinitionError(
+            f"chain {chain!r}: 'root' must name one of the steps {list(steps)}"
+        )
     for sid, d in steps.items():
         nxt = d.get("next", []) if isinstance(d, Mapping) else []
         for n in nxt:

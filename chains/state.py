@@ -249,7 +249,11 @@ class RunState:
         return self.r.hget(self.run_key(rid), "def")
 
     def info(self, rid: str) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(self.run_key(rid)).items() if k != b"def"}
+        return {
+            k.decode(): v.decode()
+            for k, v in self.r.hgetall(self.run_key(rid)).items()
+            if k != b"def"
+        }
 
     def counters(self, rid: str) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}

@@ -17,7 +17,9 @@ def _seeds(text: str | None) -> list[dict[str, Any]] | None:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"seeds are not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+        raise UserError(
+            f"seeds are not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
+        ) from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
@@ -33,7 +35,9 @@ def cmd_start(a: argparse.Namespace) -> None:
     queues = a.queues or ",".join(_all_queues())
     names = procs.start_workers(s, queues, a.pool, a.concurrency, a.workers, a.name)
     procs.wait_workers_ready(names, s)
-    print(f"workers ready: {', '.join(names)} (pool={a.pool}, concurrency={a.concurrency}, queues={queues})")
+    print(
+        f"workers ready: {', '.join(names)} (pool={a.pool}, concurrency={a.concurrency}, queues={queues})"
+    )
     print(f"logs: {s.var_dir / 'log'}")
 
 
@@ -98,7 +102,9 @@ def cmd_trigger(a: argparse.Namespace) -> None:
     procs.ensure_redis(s)
     result = runs.trigger(a.chain, _seeds(a.seeds), a.priority, not a.no_wait, a.timeout)
     if not a.no_wait and not result.complete:  # type: ignore[union-attr]
-        raise UserError(f"run not complete after {a.timeout}s (it goes on; see ./control.sh status)")
+        raise UserError(
+            f"run not complete after {a.timeout}s (it goes on; see ./control.sh status)"
+        )
 
 
 def cmd_deadletter(a: argparse.Namespace) -> None:

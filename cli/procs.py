@@ -170,7 +170,9 @@ def start_flower(s: Settings) -> tuple[str, str]:
     # the credentials travel in the environment, not on the command line (ps shows argv)
     env = {"FLOWER_BASIC_AUTH": f"{s.flower_user}:{flower_password(s)}"}
     start_bg("flower", cmd, s, env)
-    wait_for_port(s.flower_port, s.flower_address if s.flower_address != "0.0.0.0" else "127.0.0.1", 30)
+    wait_for_port(
+        s.flower_port, s.flower_address if s.flower_address != "0.0.0.0" else "127.0.0.1", 30
+    )
     return url, str(s.var_dir / "flower.secret") if not s.flower_password else "FLOWER_PASSWORD"
 
 

@@ -17,7 +17,17 @@ from chains.runner import Progress, RunHandle
 def progress_table(p: Progress) -> Table:
     """One row per step: a bar of finished/dispatched and the counters."""
     t = Table(title=f"run {p.run_id} · {p.chain} · {p.status}", title_justify="left", expand=False)
-    for col in ("step", "task", "progress", "done/sent", "ok", "failed", "retried", "items", "stored"):
+    for col in (
+        "step",
+        "task",
+        "progress",
+        "done/sent",
+        "ok",
+        "failed",
+        "retried",
+        "items",
+        "stored",
+    ):
         t.add_column(col, justify="right" if col not in ("step", "task", "progress") else "left")
     for sid, c in p.steps.items():
         finished = c["succeeded"] + c["failed"]
@@ -35,7 +45,9 @@ def progress_table(p: Progress) -> Table:
     return t
 
 
-def watch(handle: RunHandle, timeout: float | None = None, console: Console | None = None) -> Progress:
+def watch(
+    handle: RunHandle, timeout: float | None = None, console: Console | None = None
+) -> Progress:
     """Live view until complete (or timeout); returns the last progress."""
     console = console or Console()
     deadline = None if timeout is None else time.monotonic() + timeout

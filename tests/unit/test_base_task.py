@@ -36,7 +36,7 @@ def test_endpoint_spec_derives_site_platform_queue() -> None:
 
 
 def test_unknown_task_suggests_the_closest_name() -> None:
-    with pytest.raises(UnknownNameError, match="did you mean 'testsite.local.listing'"):
+    with pytest.raises(UnknownNameError, match=r"did you mean 'testsite.local.listing'"):
         get_endpoint("testsite.local.listin")
 
 

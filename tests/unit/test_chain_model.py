@@ -32,8 +32,11 @@ def test_valid_chain_gets_step_ids_and_round_trips() -> None:
 
 
 def test_unknown_task_is_named_with_a_suggestion() -> None:
-    with pytest.raises(UnknownTaskError, match="did you mean 'testsite.local.detail'"):
-        Chain("t", step("testsite.local.listing").then(step("testsite.local.detial", entry_id="entry_id")))
+    with pytest.raises(UnknownTaskError, match=r"did you mean 'testsite.local.detail'"):
+        Chain(
+            "t",
+            step("testsite.local.listing").then(step("testsite.local.detial", entry_id="entry_id")),
+        )
 
 
 def test_required_parameter_without_mapping() -> None:
@@ -43,12 +46,18 @@ def test_required_parameter_without_mapping() -> None:
 
 def test_mapping_from_a_field_the_parent_lacks() -> None:
     with pytest.raises(UnknownFieldError, match="'entry'"):
-        Chain("t", step("testsite.local.listing").then(step("testsite.local.detail", entry_id="entry")))
+        Chain(
+            "t",
+            step("testsite.local.listing").then(step("testsite.local.detail", entry_id="entry")),
+        )
 
 
 def test_mapping_to_a_parameter_the_child_lacks() -> None:
     with pytest.raises(ChainDefinitionError, match="no parameter 'post_id'"):
-        Chain("t", step("testsite.local.listing").then(step("testsite.local.detail", post_id="entry_id")))
+        Chain(
+            "t",
+            step("testsite.local.listing").then(step("testsite.local.detail", post_id="entry_id")),
+        )
 
 
 def test_bad_constant_type_is_caught_when_defined() -> None:
@@ -121,7 +130,10 @@ def test_yaml_and_json_files(tmp_path) -> None:
 def test_fan_out_maps_fields_and_adds_constants() -> None:
     ch = tree()
     reviews = ch.steps["local.reviews"]
-    items = [("testsite.entry", {"entry_id": "e1", "n": 0}), ("testsite.entry", {"entry_id": "e2", "n": 1})]
+    items = [
+        ("testsite.entry", {"entry_id": "e1", "n": 0}),
+        ("testsite.entry", {"entry_id": "e2", "n": 1}),
+    ]
     assert list(fan_out(reviews, items)) == [
         {"entry_id": "e1", "delay": 0.1},
         {"entry_id": "e2", "delay": 0.1},
@@ -130,5 +142,9 @@ def test_fan_out_maps_fields_and_adds_constants() -> None:
 
 def test_fan_out_skips_items_without_the_fields_and_honours_on() -> None:
     s = step("testsite.local.detail", entry_id="entry_id", options={"on": "testsite.entry"})
-    items = [("testsite.entry", {"entry_id": "e1"}), ("other", {"entry_id": "x"}), ("testsite.entry", {"n": 1})]
+    items = [
+        ("testsite.entry", {"entry_id": "e1"}),
+        ("other", {"entry_id": "x"}),
+        ("testsite.entry", {"n": 1}),
+    ]
     assert list(fan_out(s, items)) == [{"entry_id": "e1"}]

@@ -52,6 +52,8 @@ def test_every_error_has_a_policy(exc: BaseException, policy: Policy) -> None:
 
 def test_tree_in_docstring_names_every_error_class() -> None:
     doc = E.__doc__ or ""
-    classes = [n for n, v in vars(E).items() if isinstance(v, type) and issubclass(v, E.ChainCrawlError)]
+    classes = [
+        n for n, v in vars(E).items() if isinstance(v, type) and issubclass(v, E.ChainCrawlError)
+    ]
     missing = [n for n in classes if n not in doc]
     assert not missing, f"error classes missing from the tree in exceptions.py: {missing}"
