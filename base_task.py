@@ -58,7 +58,14 @@ from exceptions import (
     error_for_status,
     policy_for,
 )
-from external_interface.base import Outcome, OutgoingRequest, Provider, providers
+from external_interface.base import (
+    Outcome,
+    OutgoingRequest,
+    Provider,
+    load_providers,
+    provider_name,
+    providers,
+)
 from external_interface.fetch import Fetcher, FetchRequest, RequestsFetcher, Response
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
@@ -249,9 +256,21 @@ def get_provider(name: str, site: str, platform: str) -> Provider:
         with _provider_lock:
             p = _provider_cache.get(key)
             if p is None:
+                if name not in providers:
+                    load_providers()
                 p = providers.get(name)(site, platform)
                 _provider_cache[key] = p
     return p
+
+
+def resource_plan(spec: EndpointSpec, settings: Settings) -> list[tuple[str, str]]:
+    """(kind, provider name) in the order providers must run: proxy first, sign last."""
+    wanted = dict(spec.resources)
+    if spec.site in {x.strip() for x in settings.proxy_sites.split(",")}:
+        wanted.setdefault("proxy", "proxy")
+    plan = [(k, provider_name(spec.site, k, n, settings.providers)) for k, n in wanted.items()]
+    order = {k: i for i, k in enumerate(PROVIDER_ORDER)}
+    return sorted(plan, key=lambda kn: order.get(kn[0], 99))
 
 
 class Context:
@@ -286,11 +305,8 @@ class Context:
         self.failed_leases: set[str] = set()
         self.deadline = time.monotonic() + (spec.deadline or settings.task_deadline)
         self.log = logging.getLogger(f"chaincrawl.site.{spec.name}")
-        kinds = sorted(
-            spec.resources, key=lambda k: PROVIDER_ORDER.index(k) if k in PROVIDER_ORDER else 99
-        )
         self._providers = (
-            [get_provider(spec.resources[k], spec.site, spec.platform) for k in kinds]
+            [get_provider(n, spec.site, spec.platform) for _, n in resource_plan(spec, settings)]
             if use_providers
             else []
         )

@@ -69,10 +69,20 @@ class Settings(BaseSettings):
         validation_alias=_env("REQUEST_TIMEOUT"),
         description="Whole-request deadline (connect + headers + body), enforced by our fetch layer.",
     )
-    max_response_bytes: int = Field(
-        10 * 1024 * 1024, validation_alias=_env("MAX_RESPONSE_BYTES")
-    )
+    max_response_bytes: int = Field(10 * 1024 * 1024, validation_alias=_env("MAX_RESPONSE_BYTES"))
     max_redirects: int = Field(10, validation_alias=_env("MAX_REDIRECTS"))
+
+    providers: str = Field(
+        "",
+        validation_alias=_env("PROVIDERS"),
+        description="Provider overrides: `kind=name` or `site.kind=name`, comma-separated "
+        "(e.g. `cookie=noop,demo.user_agent=ua_static`).",
+    )
+    proxy_sites: str = Field(
+        "",
+        validation_alias=_env("PROXY_SITES"),
+        description="Sites whose requests go through the proxy pool (comma-separated).",
+    )
 
     # --- task mechanism -------------------------------------------------------------------
     task_deadline: float = Field(

@@ -80,3 +80,33 @@ class NoopProvider:
 # name -> factory(site: str, platform: str) -> Provider
 providers: Registry = Registry("resource provider")
 providers.add("noop", lambda site, platform: NoopProvider())
+
+# Modules that register providers when imported; missing ones are skipped.
+PROVIDER_MODULES = (
+    "external_interface.proxy",
+    "external_interface.user_agent",
+    "external_interface.device_id",
+    "external_interface.cookie",
+    "external_interface.sign",
+    "external_interface.captcha",
+)
+
+
+def load_providers() -> None:
+    import importlib
+
+    for mod in PROVIDER_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ImportError as exc:
+            if exc.name != mod:
+                raise
+
+
+def provider_name(site: str, kind: str, declared: str, overrides: str) -> str:
+    """Which provider serves `kind` for `site`: `site.kind=` beats `kind=` beats the
+    endpoint's declaration (CHAINCRAWL_PROVIDERS)."""
+    table = dict(
+        part.strip().split("=", 1) for part in overrides.split(",") if "=" in part
+    )
+    return table.get(f"{site}.{kind}") or table.get(kind) or declared

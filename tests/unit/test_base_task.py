@@ -69,3 +69,21 @@ def test_priority_is_mirrored_for_redis_only() -> None:
     assert broker_priority(9, "redis://x") == 0 and broker_priority(0, "redis://x") == 9
     assert broker_priority(9, "amqp://x") == 9
     assert broker_priority(42, "amqp://x") == 9
+
+
+def test_resource_plan_orders_kinds_and_applies_overrides() -> None:
+    from base_task import resource_plan
+
+    spec = get_endpoint("testsite.local.listing")
+    spec_res = dict(spec.resources)
+    try:
+        spec.resources = {"sign": "sign", "user_agent": "user_agent", "cookie": "cookie"}
+        s = Settings(providers="cookie=noop,testsite.user_agent=ua_static", proxy_sites="testsite")
+        assert resource_plan(spec, s) == [
+            ("proxy", "proxy"),
+            ("user_agent", "ua_static"),
+            ("cookie", "noop"),
+            ("sign", "sign"),
+        ]
+    finally:
+        spec.resources = spec_res
