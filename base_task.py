@@ -95,6 +95,7 @@ class Item(BaseModel):
     model_config = ConfigDict(extra="forbid")
     item_type: ClassVar[str] = ""
     key_fields: ClassVar[tuple[str, ...]] = ()
+    store: ClassVar[bool] = True  # False: feeds child steps only (e.g. a captcha challenge)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -513,18 +514,19 @@ class SiteTask(Task):
         finally:
             if admitted:
                 gate.release(spec.site, spec.name, tid)
-        entries = _outbox_entries(rid, step, spec.name, items)
+        stored = [it for it in items if it.store]
+        entries = _outbox_entries(rid, step, spec.name, stored)
         kids = self._kids(state, rid, step, meta, items, follows)
         metrics.outcome("succeeded")
-        metrics.counts["items"] += len(items)
+        metrics.counts["items"] += len(stored)
         metrics.latency(time.monotonic() - started)
         state.commit(
-            rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(items),
+            rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(stored),
             entries=entries, kids=kids,
             pipe_extra=lambda p: metrics.flush(p, spec.name, spec.site, settings),
         )  # fmt: skip
         self._send_staged(state, tid)
-        return f"{len(items)} items, {len(kids)} follow-ups"
+        return f"{len(stored)} items, {len(kids)} follow-ups"
 
     # -- running the endpoint
 

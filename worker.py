@@ -26,7 +26,6 @@ log = logging.getLogger("chaincrawl.worker")
 app = Celery("chaincrawl")
 
 
-
 def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> dict:
     """Endpoint tasks go to their site's queue, resource tasks to `resources`."""
     if name.startswith("resources."):

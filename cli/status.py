@@ -1,100 +1,252 @@
-"""`control.sh status`: processes, workers, queue depths, active runs, dead letters, backlog."""
+"""`control.sh status`: workers, queues, active runs with a bar per step, error rates, pools.
+
+`--json` prints one snapshot (monitor.status.snapshot) for scripts; `--watch` redraws it live.
+In watch mode the broadcast to workers (which waits `--inspect-timeout` seconds for replies)
+runs in a background thread, so the view keeps its refresh rate, and error rates are also
+shown over the last refresh (`recent`), not only since the counters began.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import threading
+import time
 from typing import Any
 
 from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
-from chains.runner import get_run
-from chains.state import RunState
-from cli import procs
-from config import Settings
-from monitor.deadletter import DeadLetterStore
-from utils.redis import get_redis
+from config import Settings, get_settings
+from monitor import status as ms
 
 
 def queue_depths(s: Settings, queues: list[str]) -> dict[str, int]:
-    """Messages waiting per queue on a Redis broker (all priority sub-lists)."""
-    if not s.broker_url.startswith("redis"):
-        return {}
-    r = get_redis(s.broker_url)
-    prefix = f"{s.key_prefix}:q:"
-    out = {}
-    for q in queues:
-        keys = [prefix + q] + [f"{prefix}{q}:{p}" for p in range(1, 10)]
-        pipe = r.pipeline(transaction=False)
-        for k in keys:
-            pipe.llen(k)
-        out[q] = sum(pipe.execute())
-    return out
+    """Messages waiting per queue on a Redis broker (kept for callers of the old module)."""
+    from utils.redis import get_redis
+
+    return ms.queue_depths(get_redis(s.broker_url), s, queues)
 
 
-def snapshot(s: Settings) -> dict[str, Any]:
-    import worker
-
-    r = get_redis()
-    state = RunState(r, s)
-    runs = []
-    for rid in state.active_runs()[:20]:
-        try:
-            runs.append(get_run(rid).progress().as_dict())
-        except Exception:  # a run record that expired under us
-            continue
-    backlog: dict[str, Any] = {}
-    try:
-        from external_interface.outbox import backlog as outbox_backlog
-
-        backlog = outbox_backlog(r, s)
-    except ImportError:
-        backlog = {"stream_length": r.xlen(state.outbox_key) if r.exists(state.outbox_key) else 0}
-    return {
-        "processes": procs.running("", s),
-        "queues": queue_depths(s, worker.queues()),
-        "active_runs": runs,
-        "dead_letters": DeadLetterStore(r, s).count(),
-        "outbox": backlog,
-    }
+def snapshot(s: Settings, workers_timeout: float | None = 1.0) -> dict[str, Any]:
+    return ms.snapshot(s, workers_timeout=workers_timeout)
 
 
-def render(snap: dict[str, Any]) -> Group:
-    from chains.runner import Progress  # noqa: F401 - type of the rows below
+# --- rendering ---------------------------------------------------------------------------------
 
-    parts: list[Any] = []
-    t = Table(title="processes", title_justify="left")
-    t.add_column("name")
-    t.add_column("pid", justify="right")
-    for name, pid in snap["processes"].items():
-        t.add_row(name, str(pid))
-    parts.append(t)
-    q = Table(title="queues", title_justify="left")
-    q.add_column("queue")
-    q.add_column("waiting", justify="right")
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f}ms" if x < 1 else f"{x:.2f}s"
+
+
+def _rate_style(x: float | None) -> str:
+    if x is None:
+        return ""
+    return "bold red" if x >= 0.2 else "yellow" if x >= 0.05 else "green"
+
+
+def _workers_table(snap: dict[str, Any]) -> Table:
+    t = Table(title="workers", title_justify="left")
+    for col in ("worker", "active", "running now"):
+        t.add_column(col, justify="right" if col == "active" else "left")
+    w = snap.get("workers")
+    if w is None:
+        t.add_row("(not inspected)" if "workers" in snap else "-", "", "")
+    elif not w:
+        t.add_row(Text("no worker answered", style="bold red"), "0", "")
+    for name, info in sorted((w or {}).items()):
+        names = sorted({x["name"] or "?" for x in info["tasks"]})
+        t.add_row(name, str(info["active"]), ", ".join(names)[:80])
+    procs = snap.get("processes") or {}
+    if procs:
+        t.caption = "started here: " + ", ".join(f"{n} ({p})" for n, p in procs.items())
+    return t
+
+
+def _queues_table(snap: dict[str, Any]) -> Table:
+    t = Table(title="queues", title_justify="left")
+    t.add_column("queue")
+    t.add_column("waiting", justify="right")
     for name, n in snap["queues"].items():
-        q.add_row(name, str(n))
-    parts.append(q)
-    runs = Table(title="active runs", title_justify="left")
-    for col in ("run", "chain", "outstanding", "done/sent", "failed", "items", "stored", "elapsed"):
-        runs.add_column(col)
-    for r in snap["active_runs"]:
-        tt = r["totals"]
-        runs.add_row(
-            r["run_id"], r["chain"], str(r["outstanding"]),
-            f"{tt['succeeded'] + tt['failed']}/{tt['dispatched']}", str(tt["failed"]),
-            str(tt["items"]), str(tt["stored"]), f"{r['elapsed']:.0f}s",
+        t.add_row(name, Text(str(n), style="bold" if n else "dim"))
+    if snap.get("unacked"):
+        t.caption = f"unacked (running or reserved): {snap['unacked']}"
+    return t
+
+
+def _run_table(r: dict[str, Any]) -> Table:
+    tt = r["totals"]
+    t = Table(
+        title=f"run {r['run_id']} · {r['chain']} · {r['status']} · {r['elapsed']:.0f}s",
+        title_justify="left",
+    )
+    for col in ("step", "task", "progress", "done/sent", "failed", "retried", "items", "stored"):
+        t.add_column(col, justify="left" if col in ("step", "task", "progress") else "right")
+    for sid, c in r["steps"].items():
+        done = c.get("succeeded", 0) + c.get("failed", 0)
+        sent = c.get("dispatched", 0)
+        t.add_row(
+            sid, c.get("task", ""), ProgressBar(total=max(sent, 1), completed=done, width=24),
+            f"{done}/{sent}", Text(str(c.get("failed", 0)), style="red" if c.get("failed") else ""),
+            str(c.get("retried", 0)), str(c.get("items", 0)), str(c.get("stored", 0)),
         )  # fmt: skip
-    parts.append(runs)
-    parts.append(f"dead letters: {snap['dead_letters']}   outbox: {snap['outbox']}")
+    t.caption = (
+        f"outstanding {r['outstanding']} · items stored {tt.get('stored', 0)}/{tt.get('items', 0)}"
+    )
+    return t
+
+
+def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None) -> Table:
+    t = Table(title="tasks (since counters began)", title_justify="left")
+    cols = ["task", "ok", "failed", "fail %", "retried", "retry %", "p95", "top errors"]
+    if recent is not None:
+        cols.insert(4, "fail % recent")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("task", "top errors") else "right")
+    for task, m in sorted(snap["tasks"].items()):
+        errs: dict[str, int] = {}
+        for breakdown in m["errors"].values():
+            for k, v in breakdown.items():
+                errs[k] = errs.get(k, 0) + v
+        top = ", ".join(f"{k} {v}" for k, v in sorted(errs.items(), key=lambda kv: -kv[1])[:3])
+        row: list[Any] = [
+            task, str(m["succeeded"]), str(m["failed"]),
+            Text(_pct(m["fail_rate"]), style=_rate_style(m["fail_rate"])),
+            str(m["retried"]), _pct(m["retry_rate"]), _secs(m["latency_p95"]), top,
+        ]  # fmt: skip
+        if recent is not None:
+            rr = (recent.get(task) or {}).get("fail_rate")
+            row.insert(4, Text(_pct(rr), style=_rate_style(rr)))
+        t.add_row(*row)
+    return t
+
+
+def _pools_table(snap: dict[str, Any]) -> Table:
+    t = Table(title="resource pools", title_justify="left")
+    for col in ("pool", "size", "banned", "produced", "reported"):
+        t.add_column(col, justify="left" if col == "pool" else "right")
+    for p in snap["pools"]:
+        size = Text(str(p["size"]), style="bold red" if p["size"] <= 0 else "")
+        when = "live" if p["source"] == "live" else f"{p['age']:.0f}s ago"
+        t.add_row(p["name"], size, str(p["bans"]), str(p["produced"]),
+                  Text(when, style="yellow" if p.get("stale") else ""))  # fmt: skip
+    return t
+
+
+def _footer(snap: dict[str, Any]) -> Text:
+    ob = snap.get("outbox") or {}
+    parts = [f"dead letters: {snap['dead_letters']}", f"outbox backlog: {ob.get('length', 0)}"]
+    if ob.get("oldest_entry_age"):
+        parts.append(f"oldest unstored: {ob['oldest_entry_age']:.0f}s")
+    if ob.get("errors"):
+        parts.append(f"failing sinks: {', '.join(ob['errors'])}")
+    if ob.get("dead"):
+        parts.append(f"refused items: {ob['dead']}")
+    return Text("   ".join(parts))
+
+
+def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None) -> Group:
+    parts: list[Any] = []
+    firing = snap.get("alerts") or []
+    stamp = time.strftime("%H:%M:%S", time.localtime(snap.get("time", time.time())))
+    head = Text(f"chaincrawl status {stamp}   ")
+    head.append(f"alerts firing: {len(firing)}", style="bold red" if firing else "green")
+    parts.append(head)
+    for a in firing:
+        parts.append(Text(f"  ! {a['rule']} {a['subject']} (value {a.get('value')})", style="red"))
+    parts.append(_workers_table(snap))
+    parts.append(_queues_table(snap))
+    runs = snap["active_runs"]
+    if runs:
+        parts.extend(_run_table(r) for r in runs)
+    else:
+        parts.append(Text("no active runs", style="dim"))
+    if snap.get("tasks"):
+        parts.append(_tasks_table(snap, recent))
+    if snap.get("pools"):
+        parts.append(_pools_table(snap))
+    parts.append(_footer(snap))
     return Group(*parts)
 
 
-def show(s: Settings, as_json: bool = False) -> dict[str, Any]:
-    snap = snapshot(s)
+def show(s: Settings, as_json: bool = False, workers_timeout: float | None = 1.0) -> dict[str, Any]:
+    snap = snapshot(s, workers_timeout)
     if as_json:
-        import json
-
         print(json.dumps(snap, indent=2, default=str))
     else:
         Console().print(render(snap))
     return snap
+
+
+# --- watch mode ----------------------------------------------------------------------------------
+
+
+def recent_rates(prev: dict[str, Any] | None, cur: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Failure rate per task between two snapshots (None where nothing finished)."""
+    out: dict[str, dict[str, Any]] = {}
+    for task, m in cur["tasks"].items():
+        old = (prev or {}).get("tasks", {}).get(task, {})
+        ok = m["succeeded"] - old.get("succeeded", 0)
+        failed = m["failed"] - old.get("failed", 0)
+        n = ok + failed
+        out[task] = {"finished": n, "fail_rate": failed / n if n > 0 else None}
+    return out
+
+
+class WorkerPoller:
+    """Broadcasts to workers in a thread; the view shows the latest answer."""
+
+    def __init__(self, timeout: float, every: float) -> None:
+        self.timeout, self.every = timeout, every
+        self.latest: dict[str, Any] | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="worker-poller")
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self.latest = ms.workers(self.timeout)
+            self.stop.wait(self.every)
+
+    def start(self) -> WorkerPoller:
+        self.thread.start()
+        return self
+
+
+def watch(s: Settings, interval: float = 1.0, inspect_timeout: float = 1.0, window: float = 30.0) -> None:
+    """Redraw until Ctrl-C; `recent` rates are over about `window` seconds."""
+    poller = WorkerPoller(inspect_timeout, max(interval, 2.0)).start()
+    history: list[dict[str, Any]] = []
+    try:
+        with Live(console=Console(), refresh_per_second=4, screen=False) as live:
+            while True:
+                snap = ms.snapshot(s, workers_timeout=None)
+                snap["workers"] = poller.latest
+                history.append(snap)
+                while len(history) > 2 and history[1]["time"] <= snap["time"] - window:
+                    history.pop(0)
+                base = history[0] if len(history) > 1 else None
+                live.update(render(snap, recent_rates(base, snap) if base else None))
+                time.sleep(interval)
+    finally:
+        poller.stop.set()
+
+
+def main(a: argparse.Namespace) -> None:
+    """Entry point for `control.sh status` (flags: --json, --watch, --interval, --inspect-timeout)."""
+    s = get_settings()
+    timeout = getattr(a, "inspect_timeout", 1.0)
+    if getattr(a, "no_workers", False):
+        timeout = None
+    if a.watch and not a.json:
+        watch(s, a.interval, timeout or 1.0)
+    else:
+        show(s, a.json, timeout)

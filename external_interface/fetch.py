@@ -152,7 +152,9 @@ class RequestsFetcher:
         except requests.exceptions.ProxyError as exc:
             raise ProxyError(f"proxy failed for {req.url}: {type(exc).__name__}") from None
         except requests.exceptions.TooManyRedirects:
-            raise TooManyRedirects(f"more than {self.max_redirects} redirects from {req.url}") from None
+            raise TooManyRedirects(
+                f"more than {self.max_redirects} redirects from {req.url}"
+            ) from None
         except requests.exceptions.ConnectTimeout:
             raise FetchTimeout(f"connect timeout for {req.url}") from None
         except requests.exceptions.ReadTimeout:

@@ -15,7 +15,11 @@ class UnknownNameError(KeyError, LookupError):
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         hint = difflib.get_close_matches(name, known, n=1)
         msg = f"unknown {kind} {name!r}"
-        msg += f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(sorted(known)) or 'none'}"
+        msg += (
+            f"; did you mean {hint[0]!r}?"
+            if hint
+            else f"; known: {', '.join(sorted(known)) or 'none'}"
+        )
         super().__init__(msg)
         self.kind, self.name = kind, name
 

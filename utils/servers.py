@@ -92,7 +92,9 @@ class RedisServer:
 
     def start(self, timeout: float = 15.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         try:
             wait_for_port(self.port, self.host, timeout)
         except TimeoutError:

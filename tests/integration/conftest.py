@@ -114,12 +114,12 @@ class WorkerProc:
 
 
 @pytest.fixture
-def start_worker(
-    cc_env: dict[str, str], tmp_path: Path
-) -> Iterator[Callable[..., WorkerProc]]:
+def start_worker(cc_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProc]]:
     procs: list[WorkerProc] = []
 
-    def start(pool: str = "threads", concurrency: int = 8, name: str = "w", **env: str) -> WorkerProc:
+    def start(
+        pool: str = "threads", concurrency: int = 8, name: str = "w", **env: str
+    ) -> WorkerProc:
         w = WorkerProc({**cc_env, **env}, tmp_path / f"{name}{len(procs)}.log", pool, concurrency,
                        f"{name}{len(procs)}")  # fmt: skip
         procs.append(w)

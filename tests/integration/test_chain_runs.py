@@ -34,7 +34,9 @@ def expect_deep(p: chains.runner.Progress) -> None:
     assert p.totals["succeeded"] == total_tasks
     assert p.totals["failed"] == 0
     assert p.outstanding == 0
-    assert p.totals["stored"] == p.totals["items"] == ENTRIES * (2 + REVIEW_PAGES * REVIEWS_PER_PAGE)
+    assert (
+        p.totals["stored"] == p.totals["items"] == ENTRIES * (2 + REVIEW_PAGES * REVIEWS_PER_PAGE)
+    )
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork", "gevent"])

@@ -66,7 +66,9 @@ class TestSite:
         if delay:
             await asyncio.sleep(delay)
         rows = [{"id": f"{eid}-r{page}-{i}", "text": "ok"} for i in range(REVIEWS_PER_PAGE)]
-        return web.json_response({"reviews": rows, "next": page + 1 if page < REVIEW_PAGES else None})
+        return web.json_response(
+            {"reviews": rows, "next": page + 1 if page < REVIEW_PAGES else None}
+        )
 
     async def flaky(self, req: web.Request) -> web.Response:
         key = req.match_info["key"]
@@ -100,7 +102,9 @@ class TestSite:
         raise web.HTTPFound("/redirect-loop")
 
     async def gbk(self, req: web.Request) -> web.Response:
-        html = '<html><head><meta charset="gbk"></head><body><p class="t">中文标题</p></body></html>'
+        html = (
+            '<html><head><meta charset="gbk"></head><body><p class="t">中文标题</p></body></html>'
+        )
         return web.Response(body=html.encode("gbk"), content_type="text/html")
 
     # lifecycle
