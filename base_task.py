@@ -637,7 +637,7 @@ class SiteTask(Task):
             raise self._retry_later(params, meta, countdown, exc)
 
         if policy in (Policy.RETRY, Policy.ROTATE) and retries_used < max_retries:
-            if policy is Policy.ROTATE and ctx is not None and ctx.failed_leases:
+            if ctx is not None and ctx.failed_leases:  # a retry never reuses what just failed
                 meta["avoid"] = sorted(set(meta.get("avoid", ())) | ctx.failed_leases)[-32:]
             countdown = backoff(retries_used, settings)
             hint = getattr(exc, "retry_after", None)

@@ -32,9 +32,13 @@ class Settings(BaseSettings):
 
     # --- infrastructure -------------------------------------------------------------------
     redis_url: str = Field(
-        f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0",
+        "",
         validation_alias=_env("REDIS_URL", "REDIS_URL"),
-        description="State store (counters, pools, dedup, outbox). May carry a password.",
+        description="State store (counters, pools, dedup, outbox); may carry a password. "
+        "Empty: the embedded Redis on EMBEDDED_REDIS_PORT that control.sh starts.",
+    )
+    embedded_redis_port: int = Field(
+        EMBEDDED_REDIS_PORT, validation_alias=_env("EMBEDDED_REDIS_PORT")
     )
     broker_url: str = Field(
         "",
@@ -139,6 +143,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _derive(self) -> Settings:
+        if not self.redis_url:
+            self.redis_url = f"redis://127.0.0.1:{self.embedded_redis_port}/0"
         if not self.broker_url:
             self.broker_url = self.redis_url
         self.var_dir = Path(self.var_dir)

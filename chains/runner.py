@@ -33,8 +33,10 @@ class Progress:
 
     @property
     def complete(self) -> bool:
-        """Every dispatched task finished and every item it produced is durably stored."""
-        return self.status == "done" and self.totals["stored"] >= self.totals["items"]
+        """Every dispatched task finished and every item it produced reached the sinks (stored,
+        or refused by a sink as invalid and dead-lettered in the outbox: `store_failed`)."""
+        t = self.totals
+        return self.status == "done" and t["stored"] + t["store_failed"] >= t["items"]
 
     @property
     def elapsed(self) -> float:

@@ -38,7 +38,7 @@ from config import Settings, get_settings
 
 RUN_TTL = 7 * 24 * 3600  # run records and done sets outlive the run for a week
 
-COUNTERS = ("dispatched", "succeeded", "failed", "retried", "items", "stored")
+COUNTERS = ("dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed")
 
 _COMMIT = """
 -- KEYS: 1 done set|key, 2 counters, 3 run hash, 4 outbox, 5 kids list, 6 active runs, 7 pending

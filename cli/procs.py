@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from cli import UserError
-from config import EMBEDDED_REDIS_PORT, ROOT, Settings, get_settings
+from config import ROOT, Settings, get_settings
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
 
 
@@ -79,7 +79,7 @@ def running(prefix: str, s: Settings) -> dict[str, int]:
 
 def uses_embedded_redis(s: Settings) -> bool:
     u = urlparse(s.redis_url)
-    return u.hostname in ("127.0.0.1", "localhost") and u.port == EMBEDDED_REDIS_PORT
+    return u.hostname in ("127.0.0.1", "localhost") and u.port == s.embedded_redis_port
 
 
 def port_open(host: str, port: int) -> bool:
@@ -98,10 +98,10 @@ def ensure_redis(s: Settings) -> str:
         return "running"
     if not uses_embedded_redis(s):
         raise UserError(f"Redis at {host}:{port} (REDIS_URL) is not reachable")
-    server = RedisServer(s.var_dir / "redis", port=EMBEDDED_REDIS_PORT, appendonly=True)
+    server = RedisServer(s.var_dir / "redis", port=s.embedded_redis_port, appendonly=True)
     server.data_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(server.command(daemonize=True), check=True, cwd=ROOT)
-    wait_for_port(EMBEDDED_REDIS_PORT, timeout=20)
+    wait_for_port(s.embedded_redis_port, timeout=20)
     return "started"
 
 

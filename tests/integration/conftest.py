@@ -44,6 +44,7 @@ def cc_env(
         "CHAINCRAWL_MAX_RETRIES": "3",
         "CHAINCRAWL_SINKS": "jsonl",
         "CHAINCRAWL_OUTBOX_FLUSH_INTERVAL": "0.1",
+        "CHAINCRAWL_OUTBOX_CLAIM_IDLE": "2",
         "TESTSITE_URL": test_site.url,
     }
     old = {k: os.environ.get(k) for k in env}

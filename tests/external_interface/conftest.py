@@ -1,0 +1,11 @@
+"""Fixtures shared by the external_interface tests."""
+
+from __future__ import annotations
+
+from tests.external_interface.proxy_fixtures import (  # noqa: F401 - fixtures
+    pool,
+    proxies,
+    proxy_farm,
+    proxy_settings,
+    target_site,
+)

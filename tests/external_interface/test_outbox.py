@@ -1,0 +1,321 @@
+"""The outbox drainer: store, acknowledge and count every entry exactly once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from config import Settings
+from external_interface.outbox import (
+    Drainer,
+    OutboxEntry,
+    backlog,
+    counters_key,
+    dead_key,
+    outbox_entry_fields,
+    requeue_dead,
+    stream_key,
+    xadd_entry,
+)
+from external_interface.sinks.jsonl import JsonlSink, iter_records, read_items
+from external_interface.storage import PermanentSinkError, SinkError
+
+T = "demo.post"
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def counters(rds: redis.Redis, prefix: str, run: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in rds.hgetall(counters_key(prefix, run)).items()}
+
+
+def add_posts(rds: redis.Redis, prefix: str, n: int, per_entry: int = 2, run: str = "r1") -> int:
+    """n entries of `per_entry` posts each, unique post ids; -> items added."""
+    for e in range(n):
+        items = [{"post_id": e * per_entry + i, "likes": e} for i in range(per_entry)]
+        xadd_entry(rds, prefix, T, ["post_id"], items, run=run, step="feed", task="demo.h5.feed")
+    return n * per_entry
+
+
+class FlakySink:
+    """In-memory sink that can be switched down, or refuse items marked `bad`."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.down = False
+        self.writes: list[tuple[str, list[dict[str, Any]]]] = []
+
+    def write(self, item_type, key_fields, items, *, origins=None) -> None:
+        if self.down:
+            raise SinkError("flaky is down", self.name)
+        if any(i.get("bad") for i in items):
+            raise PermanentSinkError("flaky refuses bad items", self.name)
+        self.writes.append((item_type, items))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def jsonl(tmp_path: Path) -> JsonlSink:
+    return JsonlSink(tmp_path / "items", fsync=False)
+
+
+@pytest.fixture
+def drainers() -> Iterator[list[Drainer]]:
+    started: list[Drainer] = []
+    yield started
+    for d in started:
+        d.stop(timeout=15)
+
+
+def test_entry_fields_follow_the_contract() -> None:
+    f = outbox_entry_fields("r1", "feed", "demo.h5.feed", T, ["post_id"], [{"post_id": 1}])
+    assert f == {
+        "run": "r1",
+        "step": "feed",
+        "task": "demo.h5.feed",
+        "type": T,
+        "key": b'["post_id"]',
+        "items": b'[{"post_id":1}]',
+    }
+    assert orjson.loads(outbox_entry_fields("", "", "t", T, [], [], dedup={"k": 1})["dedup"]) == {
+        "k": 1
+    }
+    e = OutboxEntry.parse(
+        b"1-0", {k.encode(): v.encode() if isinstance(v, str) else v for k, v in f.items()}
+    )
+    assert (e.run, e.step, e.task, e.type, e.key_fields, e.items) == (
+        "r1",
+        "feed",
+        "demo.h5.feed",
+        T,
+        ["post_id"],
+        [{"post_id": 1}],
+    )
+    assert OutboxEntry.parse(b"1-0", {b"type": T.encode(), b"items": b"{oops"}).error
+
+
+def test_drain_stores_acks_and_counts_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
+) -> None:
+    n = add_posts(rds, key_prefix, 5)
+    xadd_entry(
+        rds, key_prefix, "demo.user", ["uid"], [{"uid": "u1"}], run="r1", step="user", task="t"
+    )
+    xadd_entry(rds, key_prefix, T, ["post_id"], [{"post_id": 999}])  # no run: stored, not counted
+    seen: list[tuple[str, int]] = []
+    d = Drainer(
+        rds,
+        key_prefix,
+        [jsonl],
+        batch=3,
+        interval=0.1,
+        hooks=[lambda t, items: seen.append((t, len(items)))],
+    )
+    assert d.drain_once() == 7
+    assert len(read_items(T, jsonl.root)) == n + 1
+    assert read_items("demo.user", jsonl.root) == [{"uid": "u1"}]
+    assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n + 1, "user:stored": 1}
+    assert rds.ttl(counters_key(key_prefix, "r1")) > 0  # a hash we create never lives forever
+    assert rds.xlen(stream_key(key_prefix)) == 0  # acknowledged entries are deleted
+    assert sum(c for t, c in seen if t == T) == n + 1  # hooks saw every stored item once
+    assert [c for t, c in seen if t == "demo.user"] == [1]
+    b = backlog(rds, Settings(key_prefix=key_prefix))  # the prefix or the settings
+    assert (b["length"], b["pending"], b["undelivered"], b["errors"], b["dead"]) == (0, 0, 0, {}, 0)
+    assert d.drain_once() == 0
+
+
+def test_racing_drainers_count_each_entry_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
+) -> None:
+    """A reads entries and stalls; B claims and stores them; A's late ack counts nothing."""
+    n = add_posts(rds, key_prefix, 4)
+    a = Drainer(rds, key_prefix, [jsonl], consumer="a", claim_idle=0.05)
+    b = Drainer(rds, key_prefix, [jsonl], consumer="b", claim_idle=0.05)
+    a.ensure_group()
+    taken = a.read(100, None)
+    assert len(taken) == 4
+    time.sleep(0.1)
+    claimed = b.claim(100)
+    assert [e.id for e in claimed] == [e.id for e in taken]
+    assert b.flush(claimed) == []
+    assert a.flush(taken) == []  # wrote again (idempotent), XACK returned 0: no count
+    assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}
+    assert len(list(iter_records(T, jsonl.root))) == n  # and the file holds one copy
+    assert (a.stats["stored"], b.stats["stored"]) == (4, 4)
+
+
+def test_concurrent_drainer_threads(
+    rds: redis.Redis, key_prefix: str, tmp_path: Path, drainers: list[Drainer]
+) -> None:
+    for i in range(3):
+        d = Drainer(rds, key_prefix, [JsonlSink(tmp_path / "items", fsync=False)], batch=7,
+                    interval=0.05, claim_idle=0.2)  # fmt: skip
+        d.start_thread(name=f"drainer-{i}")
+        drainers.append(d)
+    n = 0
+    for _ in range(5):
+        n += add_posts(rds, key_prefix, 30, per_entry=3)
+        time.sleep(0.05)
+    # post ids repeat across rounds: 150 entries, 90 distinct posts
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 20, "all stored")
+    time.sleep(0.3)
+    assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}
+    recs = list(iter_records(T, tmp_path / "items"))
+    assert len(recs) == n and len({r["entry"] for r in recs}) == 150
+    assert len(read_items(T, tmp_path / "items")) == 90
+    assert rds.xlen(stream_key(key_prefix)) == 0
+
+
+def test_sink_outage_keeps_everything_then_stores_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    flaky = FlakySink()
+    flaky.down = True
+    d = Drainer(
+        rds, key_prefix, [jsonl, flaky], batch=50, interval=0.05, backoff=0.05, max_backoff=0.2
+    )
+    d.start_thread()
+    drainers.append(d)
+    n = add_posts(rds, key_prefix, 10)
+    b = wait_until(
+        lambda: (x := backlog(rds, key_prefix))["errors"].get("flaky") and x, 10, "error"
+    )
+    assert "flaky is down" in b["errors"]["flaky"]["error"]
+    time.sleep(0.3)  # several retries
+    b = backlog(rds, key_prefix)
+    assert b["length"] == 10 and b["pending"] == 10 and b["oldest_pending_age"] >= 0.2
+    assert counters(rds, key_prefix, "r1") == {}
+    assert "jsonl" not in b["errors"]
+    flaky.down = False
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
+    assert sum(len(items) for _, items in flaky.writes) == n  # all delivered, once
+    assert len(list(iter_records(T, jsonl.root))) == n  # jsonl was retried too: still once
+    wait_until(lambda: backlog(rds, key_prefix)["errors"] == {}, 5, "errors cleared")
+    assert backlog(rds, key_prefix)["length"] == 0
+
+
+def test_dead_drainer_entries_are_claimed(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    n = add_posts(rds, key_prefix, 6)
+    dead = Drainer(rds, key_prefix, [jsonl], consumer="dead-one")
+    dead.ensure_group()
+    assert len(dead.read(100, None)) == 6  # read, then "killed": never acknowledged
+    assert backlog(rds, key_prefix)["consumers"] == {"dead-one": 6}
+    d = Drainer(rds, key_prefix, [jsonl], interval=0.05, claim_idle=0.3)
+    d.start_thread()
+    drainers.append(d)
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "claimed and stored")
+    assert d.stats["claimed"] == 6
+    assert len(read_items(T, jsonl.root)) == n
+
+
+def test_shutdown_flushes_the_last_partial_batch(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
+) -> None:
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0)
+    d.start_thread()
+    n = add_posts(rds, key_prefix, 3)
+    wait_until(lambda: backlog(rds, key_prefix)["pending"] == 3, 5, "read")
+    assert counters(rds, key_prefix, "r1") == {}  # neither size nor time is due
+    d.stop(timeout=10)
+    assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}
+    b = backlog(rds, key_prefix)
+    assert (b["length"], b["pending"], b["consumers"]) == (0, 0, {})
+
+
+def test_poison_entries_are_isolated_and_dead_lettered(rds: redis.Redis, key_prefix: str) -> None:
+    flaky = FlakySink()
+    add_posts(rds, key_prefix, 2)
+    xadd_entry(
+        rds,
+        key_prefix,
+        T,
+        ["post_id"],
+        [{"post_id": 50, "bad": True}, {"post_id": 51}],
+        run="r1",
+        step="feed",
+    )
+    add_posts(rds, key_prefix, 1, run="r2")
+    rds.xadd(stream_key(key_prefix), {"type": T, "items": "{not json", "run": "r1", "step": "feed"})
+    d = Drainer(rds, key_prefix, [flaky], batch=100)
+    assert d.drain_once() == 5
+    assert d.stats == {"stored": 3, "dead": 2, "failures": 0, "claimed": 0}
+    assert counters(rds, key_prefix, "r1") == {
+        "feed:stored": 4,
+        "stored": 4,
+        "feed:store_failed": 2,
+        "store_failed": 2,
+    }
+    assert counters(rds, key_prefix, "r2") == {"feed:stored": 2, "stored": 2}
+    dead = rds.xrange(dead_key(key_prefix))
+    refused = [f for _, f in dead if b"refuses bad items" in f[b"error"]]
+    malformed = [f for _, f in dead if f[b"error"].startswith(b"malformed")]
+    assert len(dead) == 2 and len(refused) == len(malformed) == 1
+    assert refused[0][b"sink"] == b"flaky" and orjson.loads(refused[0][b"items"])[0]["bad"] is True
+    assert backlog(rds, key_prefix)["dead"] == 2
+    # the receiver is fixed: requeue; the refused entry is stored, the malformed one dies again
+    assert requeue_dead(rds, key_prefix) == 2
+    assert counters(rds, key_prefix, "r1")["store_failed"] == 0
+    assert rds.xlen(dead_key(key_prefix)) == 0
+    accepting = FlakySink()
+    accepting.write = lambda t, k, items, origins=None: accepting.writes.append((t, items))  # type: ignore[method-assign]
+    assert Drainer(rds, key_prefix, [accepting], batch=100).drain_once() == 2
+    assert counters(rds, key_prefix, "r1") == {
+        "feed:stored": 6,
+        "stored": 6,
+        "feed:store_failed": 0,
+        "store_failed": 0,
+    }
+    assert rds.xlen(dead_key(key_prefix)) == 1
+
+
+def test_failing_hook_is_retried(rds: redis.Redis, key_prefix: str, jsonl: JsonlSink) -> None:
+    calls: list[int] = []
+
+    def hook(item_type: str, items: list[dict[str, Any]]) -> None:
+        calls.append(len(items))
+        if len(calls) == 1:
+            raise RuntimeError("dedup store down")
+
+    n = add_posts(rds, key_prefix, 2)
+    d = Drainer(rds, key_prefix, [jsonl], hooks=[hook])
+    assert d.drain_once() == 0  # sinks confirmed, but the hook failed: not acknowledged
+    assert backlog(rds, key_prefix)["errors"]["on_stored"]["error"].endswith("dedup store down")
+    assert d.drain_once() == 2  # own pending entries, again
+    assert calls == [n, n] and counters(rds, key_prefix, "r1")["stored"] == n
+    assert len(list(iter_records(T, jsonl.root))) == n
+    assert backlog(rds, key_prefix)["errors"] == {}
+
+
+def test_horizon_reaches_the_jsonl_sink(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
+) -> None:
+    add_posts(rds, key_prefix, 2)
+    first = rds.xrange(stream_key(key_prefix), count=1)[0][0].decode()
+    d = Drainer(rds, key_prefix, [jsonl])
+    d.update_horizon()
+    assert jsonl._horizon is not None
+    from external_interface.storage import entry_version
+
+    assert jsonl._horizon == entry_version(first)
+    d.drain_once()
+    d.update_horizon()  # empty stream: everything up to the last id is gone
+    assert jsonl._horizon >= entry_version(first)

@@ -1,0 +1,294 @@
+"""Per-site channel pools: exclusive leased checkout, exact use counts, isolation, the races."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+from external_interface.proxy_channel import ChannelPool, channels, settle
+from external_interface.proxy_config import ProxySettings
+from external_interface.proxy_models import Event, ProxyAddress
+from external_interface.proxy_pool import GlobalPool
+from external_interface.proxy_validate import purge_channels
+
+
+def fill(pool: GlobalPool, n: int, score: float = 8.0) -> list[str]:
+    """n validated members (fake addresses: the channel logic needs no network)."""
+    ids = [f"10.20.{i // 250}.{i % 250 + 1}:3128" for i in range(n)]
+    for pid in ids:
+        pool.admit(ProxyAddress.parse(pid), elapsed=0.05 + len(ids) * 0.001)
+        pool.rds.zadd(pool.keys.score, {pid: score})
+    return ids
+
+
+def test_checkout_is_exclusive_and_release_returns(pool: GlobalPool) -> None:
+    ids = fill(pool, 3)
+    ch = ChannelPool("a", pool)
+    leases = [ch.checkout() for _ in range(3)]
+    assert all(leases)
+    assert sorted(x.id for x in leases if x) == sorted(ids)
+    assert ch.checkout() is None  # everything is lent
+    assert sorted(ch.lent()) == sorted(ids)
+    assert ch.release(leases[0]) == "returned"  # type: ignore[arg-type]
+    again = ch.checkout()
+    assert again is not None and again.id == leases[0].id  # type: ignore[union-attr]
+    assert again.uses == 1
+    assert again.url == f"http://{again.id}"
+    assert "http://" not in repr(again)  # the URL (maybe with credentials) stays out of repr
+
+
+def test_least_used_first_and_counts_exact(pool: GlobalPool) -> None:
+    fill(pool, 3)
+    ch = ChannelPool("a", pool)
+    used: Counter[str] = Counter()
+    for _ in range(30):
+        lease = ch.checkout()
+        assert lease is not None
+        used[lease.id] += 1
+        ch.release(lease)
+    assert sorted(used.values()) == [10, 10, 10]  # least used first spreads evenly
+    assert dict(ch.idle()) == dict(used) == {i: ch.uses(i) for i in used}
+
+
+def test_refill_never_re_adds_a_lent_proxy(pool: GlobalPool) -> None:
+    """Seed 001's race: thread 1 holds X; thread 2 finds the channel empty and refills from
+    the global pool, where X still is. X must not become idle a second time."""
+    [x] = fill(pool, 1)
+    ch1, ch2 = ChannelPool("a", pool), ChannelPool("a", pool)
+    held = ch1.checkout()
+    assert held is not None and held.id == x
+    assert ch2.refill() == 0
+    assert ch2.checkout() is None
+    ch1.release(held)
+    assert ch2.checkout() is not None
+
+
+def test_return_counts_are_exact_under_concurrency(pool: GlobalPool, redis_url: str) -> None:
+    fill(pool, 5)
+    rounds, threads = 40, 8
+
+    def worker() -> None:
+        ch = ChannelPool(
+            "a", GlobalPool(redis.Redis.from_url(redis_url), pool.prefix, pool.settings)
+        )
+        done = 0
+        while done < rounds:
+            lease = ch.checkout()
+            if lease is None:
+                time.sleep(0.001)
+                continue
+            ch.release(lease)
+            done += 1
+
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    ch = ChannelPool("a", pool)
+    idle = dict(ch.idle())
+    assert sum(idle.values()) == rounds * threads
+    assert idle == {pid: ch.uses(pid) for pid in idle}
+    assert ch.lent() == []
+
+
+def test_no_proxy_is_lent_twice_at_once(pool: GlobalPool, redis_url: str) -> None:
+    fill(pool, 6)
+    holders: dict[str, int] = {}
+    lock = threading.Lock()
+    violations: list[str] = []
+    checkouts = Counter[int]()
+    stop = time.monotonic() + 2.0
+
+    def worker(n: int) -> None:
+        rds = redis.Redis.from_url(redis_url)
+        ch = ChannelPool("a", GlobalPool(rds, pool.prefix, pool.settings))
+        while time.monotonic() < stop:
+            lease = ch.checkout()
+            if lease is None:
+                continue
+            with lock:
+                if lease.id in holders:
+                    violations.append(lease.id)
+                holders[lease.id] = n
+                checkouts[n] += 1
+            time.sleep(0.0005)
+            with lock:
+                del holders[lease.id]
+            ch.release(lease, Event.SUCCESS)
+        rds.close()
+
+    ts = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert violations == []
+    assert sum(checkouts.values()) > 100
+    assert len(checkouts) == 16  # every thread got proxies
+    ch = ChannelPool("a", pool)
+    assert sum(u for _, u in ch.idle()) == sum(checkouts.values())
+
+
+def test_lease_of_a_dead_client_comes_back(pool: GlobalPool) -> None:
+    [x] = fill(pool, 1)
+    ch = ChannelPool("a", pool)
+    orphan = ch.checkout(lease_ttl=0.3)  # its worker dies: never released
+    assert orphan is not None
+    assert ch.checkout() is None
+    time.sleep(0.4)
+    back = ch.checkout()
+    assert back is not None and back.id == x
+    assert back.uses == 1  # the orphaned checkout counts as a use
+    # the late return of the expired lease is fenced: it must not free the new holder's lease
+    assert ch.release(orphan) == "stale"
+    assert ch.lent() == [x]
+    assert ch.checkout() is None
+    assert ch.release(back) == "returned"
+    assert ch.uses(x) == 3  # orphan, late return, and back
+
+
+def test_reclaim_without_checkout(pool: GlobalPool) -> None:
+    fill(pool, 3)
+    ch = ChannelPool("a", pool)
+    for _ in range(3):
+        assert ch.checkout(lease_ttl=0.1)
+    time.sleep(0.2)
+    assert ch.reclaim() == 3
+    assert len(ch.idle()) == 3 and ch.lent() == []
+
+
+def test_renew_extends_a_lease(pool: GlobalPool) -> None:
+    fill(pool, 1)
+    ch = ChannelPool("a", pool)
+    lease = ch.checkout(lease_ttl=0.3)
+    assert lease is not None
+    time.sleep(0.2)
+    assert ch.renew(lease, lease_ttl=1.0)
+    time.sleep(0.2)
+    assert ch.checkout() is None  # still lent
+    assert ch.release(lease) == "returned"
+    late = ch.checkout(lease_ttl=0.05)
+    time.sleep(0.1)
+    assert late is not None and not ch.renew(late)
+
+
+def test_avoid_is_honoured(pool: GlobalPool) -> None:
+    x, y = fill(pool, 2)
+    ch = ChannelPool("a", pool)
+    lease = ch.checkout(avoid={x})
+    assert lease is not None and lease.id == y
+    ch.release(lease)
+    assert ch.checkout(avoid={x, y}) is None
+    assert {pid for pid, _ in ch.idle()} == {x, y}
+
+
+def test_a_ban_on_site_a_leaves_site_b_alone(pool: GlobalPool) -> None:
+    [x] = fill(pool, 1)
+    a, b = ChannelPool("a", pool), ChannelPool("b", pool)
+    lease_a = a.checkout()
+    lease_b = b.checkout()  # the same proxy, lent to both sites at once: channels are separate
+    assert lease_a is not None and lease_b is not None and lease_a.id == lease_b.id == x
+    settle(pool, a, lease_a, x, Event.BANNED, 0.2)
+    assert a.members() == set() and a.banned() == [x]
+    assert a.refill() == 0 and a.checkout() is None  # the ban keeps it out of A
+    assert pool.score(x) == 8  # the global pool does not care about one site's ban
+    settle(pool, b, lease_b, x, Event.SUCCESS, 0.2)
+    again = b.checkout()
+    assert again is not None and again.id == x
+    assert sorted(channels(pool)) == ["a", "b"]
+
+
+def test_a_dead_proxy_leaves_global_and_that_channel_only(pool: GlobalPool) -> None:
+    """Seed 001: the failing site drops it and deletes it globally; other channels keep their
+    copy (they drop it on their own failure), new channels can no longer draw it."""
+    [x] = fill(pool, 1)
+    a, b, c = (ChannelPool(s, pool) for s in "abc")
+    assert b.refill() == 1
+    lease = a.checkout()
+    assert lease is not None
+    settle(pool, a, lease, x, Event.DEAD, 0.01)
+    assert x not in pool
+    assert a.members() == set()
+    lease_b = b.checkout()
+    assert lease_b is not None and lease_b.id == x and lease_b.url == f"http://{x}"
+    assert c.checkout() is None
+
+
+def test_ban_expires(pool: GlobalPool, rds: redis.Redis, key_prefix: str) -> None:
+    settings = pool.settings.model_copy(update={"ban_ttl": 0.2})
+    short = GlobalPool(rds, key_prefix, settings)
+    [x] = fill(short, 1)
+    ch = ChannelPool("a", short)
+    lease = ch.checkout()
+    assert lease is not None
+    ch.release(lease, Event.BANNED)
+    assert ch.checkout() is None
+    time.sleep(0.3)
+    again = ch.checkout()
+    assert again is not None and again.id == x and again.uses == 0
+
+
+def test_timeouts_to_zero_drop_from_the_channel(pool: GlobalPool) -> None:
+    [x] = fill(pool, 1, score=1)
+    ch = ChannelPool("a", pool)
+    lease = ch.checkout()
+    assert lease is not None
+    settle(pool, ch, lease, x, Event.TIMEOUT, 10.0)
+    assert x not in pool and ch.members() == set()
+
+
+def test_validator_purge_reaches_every_channel(pool: GlobalPool) -> None:
+    x, y = fill(pool, 2)
+    for site in "ab":
+        ChannelPool(site, pool).refill()
+    held = ChannelPool("b", pool).checkout(avoid={y})
+    assert held is not None and held.id == x
+    assert purge_channels(pool, [x]) == 1  # idle in a; lent in b is left to fail on its own
+    assert ChannelPool("a", pool).members() == {y}
+    assert ChannelPool("b", pool).members() == {x, y}
+
+
+def test_refill_takes_new_proxies_only_and_in_batches(
+    rds: redis.Redis, key_prefix: str, proxy_settings: ProxySettings
+) -> None:
+    pool = GlobalPool(rds, key_prefix, proxy_settings.model_copy(update={"refill_batch": 4}))
+    fill(pool, 10)
+    ch = ChannelPool("a", pool)
+    assert ch.refill() == 4
+    assert ch.refill() == 4
+    assert ch.refill() == 2
+    assert ch.refill() == 0
+    assert len(ch.members()) == 10
+
+
+@pytest.mark.parametrize("n_threads", [32])
+def test_checkout_from_many_threads_with_refill_storm(
+    pool: GlobalPool, redis_url: str, n_threads: int
+) -> None:
+    """Every thread starts on an empty channel, so refills race each other and checkouts."""
+    fill(pool, 8)
+    got: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(n_threads)
+
+    def worker() -> None:
+        ch = ChannelPool(
+            "storm", GlobalPool(redis.Redis.from_url(redis_url), pool.prefix, pool.settings)
+        )
+        barrier.wait()
+        lease = ch.checkout()
+        if lease is not None:
+            with lock:
+                got.append(lease.id)
+
+    ts = [threading.Thread(target=worker) for _ in range(n_threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert len(got) == 8 and len(set(got)) == 8
