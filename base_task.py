@@ -70,6 +70,7 @@ from external_interface.fetch import Fetcher, FetchRequest, RequestsFetcher, Res
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
 from scheduling.gate import get_gate
+from utils.logsafe import mask
 from utils.redis import get_redis
 from utils.registry import Registry
 
@@ -458,7 +459,7 @@ def broker_priority(prio: int, broker_url: str | None = None) -> int:
 
 def send_kid(app: Any, kid: Mapping[str, Any]) -> None:
     meta = kid["meta"]
-    opts: dict[str, Any] = {"task_id": kid["id"]}
+    opts: dict[str, Any] = {"task_id": kid["id"], "argsrepr": repr(mask((kid["params"], meta)))}
     if "prio" in meta:
         opts["priority"] = broker_priority(meta["prio"])
     if meta.get("queue"):

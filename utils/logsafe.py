@@ -16,6 +16,22 @@ _PATTERNS = [
 ]  # fmt: skip
 
 
+_SECRET_KEYS = re.compile(
+    r"(?i)(cookie|session|passw|pwd|token|secret|auth|sign|credential|proxy_url)"
+)
+
+
+def mask(value: object) -> object:
+    """A copy of a JSON-like value with secret-looking keys' values replaced by '***'."""
+    if isinstance(value, dict):
+        return {k: "***" if _SECRET_KEYS.search(str(k)) else mask(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(mask(v) for v in value)
+    if isinstance(value, str):
+        return redact(value)
+    return value
+
+
 def redact(text: str) -> str:
     for pat, repl in _PATTERNS:
         text = pat.sub(repl, text)

@@ -87,3 +87,16 @@ def test_resource_plan_orders_kinds_and_applies_overrides() -> None:
         ]
     finally:
         spec.resources = spec_res
+
+
+def test_secrets_are_masked_in_displayed_arguments() -> None:
+    from utils.logsafe import mask, redact
+
+    shown = repr(
+        mask(({"post_id": "p1", "cookie": "sid=abc", "nested": {"password": "pw"}}, {"run": "r"}))
+    )
+    assert "p1" in shown and "sid=abc" not in shown and "pw'" not in shown
+    assert (
+        redact("via http://user:hunter2@127.0.0.2:8080/x") == "via http://***:***@127.0.0.2:8080/x"
+    )
+    assert "abc123" not in redact("Set-Cookie: session=abc123; Path=/")
