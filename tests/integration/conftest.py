@@ -119,10 +119,15 @@ def start_worker(cc_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..
     procs: list[WorkerProc] = []
 
     def start(
-        pool: str = "threads", concurrency: int = 8, name: str = "w", **env: str
+        pool: str = "threads",
+        concurrency: int = 8,
+        name: str = "w",
+        queues: str | None = None,
+        **env: str,
     ) -> WorkerProc:
+        """`queues` (comma-separated) replaces the default testsite,resources,default."""
         w = WorkerProc({**cc_env, **env}, tmp_path / f"{name}{len(procs)}.log", pool, concurrency,
-                       f"{name}{len(procs)}")  # fmt: skip
+                       f"{name}{len(procs)}", **({"queues": queues} if queues else {}))  # fmt: skip
         procs.append(w)
         return w.wait_ready()
 

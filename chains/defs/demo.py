@@ -1,0 +1,58 @@
+"""Chains over the local demo platform (sites/demo): the seed's business chain and friends.
+
+demo_social — seed 003's chain, spread over all three front ends:
+
+    h5.feed ─┬─> h5.user_info                                   (demo.user)
+             └─> h5.user_statuses ─> app.detail ─> pc.comment   (demo.post, demo.comment)
+
+demo_pc_sharded — pc only; the feed index is sharded (seed 004): page 1 tells the page count,
+so every index page is dispatched at once instead of walking "next" links one by one. The pc
+user page carries the profile, so user_statuses stores the users too:
+
+    pc.feed_index ─> pc.feed (one task per page) ─> pc.user_statuses ─> pc.detail ─> pc.comment
+
+demo_h5, demo_app — the same business chain on one front end each.
+
+Every step below a list is `unique`: if the same user or post is reached twice in a run (a
+feed that shifts while being paged), it is crawled once and the stored counts stay exact.
+Link items (feed entries, status entries, feed pages) are not stored, so a complete run
+stores exactly the site's users + posts + comments.
+"""
+
+from __future__ import annotations
+
+from chains import Step, define, step
+
+UNIQUE = {"unique": True}
+
+
+def _social(front: str, *, detail: str, comment: str) -> Step:
+    return step(f"demo.{front}.feed").then(
+        step(f"demo.{front}.user_info", user_id="user_id", options=UNIQUE),
+        step(f"demo.{front}.user_statuses", user_id="user_id", options=UNIQUE).then(
+            step(detail, post_id="post_id", options=UNIQUE).then(
+                step(comment, post_id="post_id", options=UNIQUE)
+            )
+        ),
+    )
+
+
+define("demo_social", _social("h5", detail="demo.app.detail", comment="demo.pc.comment"))
+define("demo_h5", _social("h5", detail="demo.h5.detail", comment="demo.h5.comment"))
+define("demo_app", _social("app", detail="demo.app.detail", comment="demo.app.comment"))
+
+define(
+    "demo_pc_sharded",
+    step("demo.pc.feed_index").then(
+        # max_pages=1: each shard fetches its own page only, no "next" link is followed
+        step("demo.pc.feed", page="page", options={"unique": True, "max_pages": 1}).then(
+            step("demo.pc.user_statuses", user_id="user_id", options=UNIQUE).then(
+                step(
+                    "demo.pc.detail",
+                    post_id="post_id",
+                    options={**UNIQUE, "on": "demo.status_entry"},
+                ).then(step("demo.pc.comment", post_id="post_id", options=UNIQUE))
+            )
+        )
+    ),
+)

@@ -1,0 +1,1 @@
+"""demo h5: the mobile JSON API, `{"ok": 1, "data": ...}`, cursor paging."""
