@@ -78,10 +78,23 @@ def configure(s: Settings) -> None:
         worker_hijack_root_logger=True,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
-    if app._pool is not None:  # drop connections to a previous broker
+    _forget_connections()
+
+
+def _forget_connections() -> None:
+    """Drop connections and cached routing built from a previous configuration, as a fresh
+    process would (kombu keeps closed pools registered; Celery caches its queue table)."""
+    from kombu import pools
+
+    if app._pool is not None:
         app._pool.force_close_all()
         app._pool = None
-        app.amqp._producer_pool = None
+    pools.reset()
+    amqp = app.amqp
+    amqp._producer_pool = None
+    for attr in ("queues", "default_queue", "router"):
+        amqp.__dict__.pop(attr, None)
+    amqp._rtable = None
 
 
 sites.load_all()
