@@ -471,6 +471,7 @@ class SiteTask(Task):
     """Celery task base for endpoints: see the module docstring for what it adds."""
 
     spec: EndpointSpec
+    max_retries = None  # our policy counts retries; Celery's default (3) would cut it short
     acks_late = True
     reject_on_worker_lost = True
     ignore_result = True

@@ -114,6 +114,21 @@ class Settings(BaseSettings):
     default_priority: int = Field(
         5, validation_alias=_env("DEFAULT_PRIORITY"), description="0..9, 9 = most urgent."
     )
+    limits: str = Field(
+        "",
+        validation_alias=_env("LIMITS"),
+        description="Shared rate limits and concurrency caps, e.g. `demo=20/s,8` (docs/scheduling.md).",
+    )
+    gate_max_sleep: float = Field(
+        1.0,
+        validation_alias=_env("GATE_MAX_SLEEP"),
+        description="Longest a request waits for its rate slot inside a task; longer waits re-queue.",
+    )
+    gate_retry: float = Field(
+        0.5,
+        validation_alias=_env("GATE_RETRY"),
+        description="Countdown for a task refused by a full concurrency cap.",
+    )
     run_max_in_flight: int = Field(
         2000,
         validation_alias=_env("RUN_MAX_IN_FLIGHT"),

@@ -21,6 +21,10 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
   restart                    stop, then start with the same options
   status [--json|--watch]    workers, queue depths, active runs, dead letters, backlog
   flower                     start Flower with basic auth
+  monitor                    Prometheus /metrics exporter and alert rules
+  beat [--schedule F] [--check|--status|--foreground]
+                             periodic chains from schedules.yaml (Celery beat)
+  limits [--json]            shared rate limits and concurrency caps, with live usage
   trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
   deadletter list|replay     tasks that failed for good
   chains                     list the defined chains

@@ -74,6 +74,7 @@ def configure(s: Settings) -> None:
             Queue(q, routing_key=q, queue_arguments={"x-max-priority": 10}) for q in queues()
         ],
         task_default_queue="default",
+        task_queue_max_priority=10,  # queues declared later (step options) get priorities too
         task_routes=(route,),
         worker_hijack_root_logger=True,
         worker_cancel_long_running_tasks_on_connection_loss=False,
@@ -100,7 +101,11 @@ def _forget_connections() -> None:
 sites.load_all()
 configure(settings)
 
-_optional_modules = ["external_interface.proxy_tasks", "external_interface.resource_tasks"]
+_optional_modules = [
+    "external_interface.proxy_tasks",
+    "external_interface.resource_tasks",
+    "scheduling.tasks",
+]
 for _mod in _optional_modules:
     try:
         __import__(_mod)

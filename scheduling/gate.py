@@ -62,7 +62,9 @@ def get_gate() -> Gate:
                 raise
         name = os.environ.get("CHAINCRAWL_GATE", "")
         if not name:
-            name = "redis" if "redis" in gates and os.environ.get("CHAINCRAWL_LIMITS") else "noop"
+            from config import get_settings
+
+            name = "redis" if "redis" in gates and get_settings().limits else "noop"
         _gate = gates.get(name)()
         _gate_pid = os.getpid()
     return _gate

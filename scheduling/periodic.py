@@ -1,0 +1,264 @@
+"""Periodic chains: a schedule file that Celery beat turns into chain runs.
+
+    schedules:
+      demo-hourly:                  # entry name: one run of it at a time
+        chain: demo_social
+        cron: "0 * * * *"           # or `every: 15m` (s, m, h, d); exactly one of the two
+        priority: 3                 # 0..9, 9 most urgent (default CHAINCRAWL_DEFAULT_PRIORITY)
+        seeds: [{}]                 # root parameters, one task each
+        only_if_reachable: ${DEMO_URL:-http://127.0.0.1:8700}/   # optional precondition
+
+Beat only sends `resources.schedule.trigger_chain` messages (to the `resources` queue); a
+worker decides there whether to start the run (scheduling/tasks.py), so a run that is still
+going is never started twice, however many triggers arrive. Start beat with
+`./control.sh beat [--schedule FILE]`; run exactly one beat per deployment.
+Full reference: docs/scheduling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from config import ROOT
+from exceptions import ConfigError
+
+TRIGGER_TASK = "resources.schedule.trigger_chain"
+DEFAULT_SCHEDULE = ROOT / "schedules.yaml"
+CRON_EXPIRES = 900.0  # a cron trigger nobody picked up within 15 min is dropped
+
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_EVERY = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
+_EVERY_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def parse_every(value: str | float) -> float:
+    """`90`, `90s`, `15m`, `1h`, `1d` -> seconds (> 0)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        m = _EVERY.match(str(value).strip())
+        if not m:
+            raise ValueError(f"{value!r} is not an interval like 90s, 15m, 1h or 1d")
+        seconds = float(m.group(1)) * _EVERY_UNIT[m.group(2) or "s"]
+    if seconds <= 0:
+        raise ValueError(f"interval {value!r} must be positive")
+    return seconds
+
+
+def parse_cron(expr: str) -> Any:
+    """A 5-field cron expression (minute hour day-of-month month day-of-week) or an alias
+    such as @hourly -> celery.schedules.crontab. Day of week 0 = Sunday, as in cron."""
+    from celery.schedules import crontab
+
+    text = _ALIASES.get(expr.strip().lower(), expr.strip())
+    fields = text.split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"cron {expr!r} needs 5 fields (minute hour day-of-month month day-of-week), "
+            f"got {len(fields)}"
+        )
+    minute, hour, dom, month, dow = fields
+    try:
+        return crontab(minute=minute, hour=hour, day_of_month=dom, month_of_year=month,
+                       day_of_week=dow)  # fmt: skip
+    except Exception as exc:  # celery raises ValueError / ParseException subclasses
+        raise ValueError(f"cron {expr!r}: {exc}") from None
+
+
+class ScheduleEntry(BaseModel):
+    """One periodic chain. `stale_after`: start anew even though the last run is still
+    going once it is this old (a run whose messages were lost would block forever).
+    `expires`: drop a trigger no worker picked up within this time (default: the interval,
+    15 min for cron)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    chain: str
+    cron: str | None = None
+    every: str | float | None = None
+    priority: int | None = Field(None, ge=0, le=9)
+    seeds: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
+    enabled: bool = True
+    only_if_reachable: str | None = None
+    stale_after: str | float | None = None
+    expires: str | float | None = None
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_cron(v)
+        return v
+
+    @field_validator("every", "stale_after", "expires")
+    @classmethod
+    def _interval(cls, v: str | float | None) -> str | float | None:
+        if v is not None:
+            parse_every(v)
+        return v
+
+    @field_validator("only_if_reachable")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> ScheduleEntry:
+        if (self.cron is None) == (self.every is None):
+            raise ValueError("give exactly one of `cron` or `every`")
+        return self
+
+    def schedule(self) -> Any:
+        return parse_cron(self.cron) if self.cron is not None else timedelta(seconds=self.interval)
+
+    @property
+    def interval(self) -> float:
+        return parse_every(self.every) if self.every is not None else 0.0
+
+    @property
+    def stale_seconds(self) -> float | None:
+        return parse_every(self.stale_after) if self.stale_after is not None else None
+
+    def expires_seconds(self) -> float:
+        if self.expires is not None:
+            return parse_every(self.expires)
+        return self.interval if self.every is not None else CRON_EXPIRES
+
+    def when(self) -> str:
+        return f"cron {self.cron!r}" if self.cron is not None else f"every {self.every}"
+
+
+class Schedule(BaseModel):
+    entries: list[ScheduleEntry]
+    timezone: str | None = None
+    source: str = ""
+
+
+def expand_env(value: Any) -> Any:
+    """`${NAME}` and `${NAME:-default}` in every string of the document."""
+    if isinstance(value, str):
+        return _ENV.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [expand_env(v) for v in value]
+    if isinstance(value, dict):
+        return {k: expand_env(v) for k, v in value.items()}
+    return value
+
+
+def load_schedule(path: str | Path | None = None) -> Schedule:
+    """Read and validate a schedule file; ConfigError names the file, entry and field."""
+    import yaml
+
+    p = Path(path) if path else DEFAULT_SCHEDULE
+    if not p.is_file():
+        raise ConfigError(f"schedule file not found: {p}")
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"schedule file {p}: invalid YAML: {exc}") from None
+    if not isinstance(doc, dict) or not set(doc) <= {"schedules", "timezone"}:
+        raise ConfigError(
+            f"schedule file {p}: expected top-level keys `schedules` (and `timezone`)"
+        )
+    raw = doc.get("schedules") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"schedule file {p}: `schedules` must map entry names to entries")
+    entries = []
+    for name, body in raw.items():
+        if not isinstance(body, dict):
+            raise ConfigError(f"schedule file {p}: entry {name!r} must be a mapping")
+        try:
+            entries.append(ScheduleEntry.model_validate({**expand_env(body), "name": str(name)}))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or 'entry'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
+            raise ConfigError(f"schedule file {p}: entry {name!r}: {problems}") from None
+    return Schedule(entries=entries, timezone=doc.get("timezone"), source=str(p))
+
+
+def beat_schedule(schedule: Schedule) -> dict[str, dict[str, Any]]:
+    """The enabled entries as Celery's `beat_schedule`: one trigger message per tick."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in schedule.entries:
+        if not e.enabled:
+            continue
+        out[f"chain:{e.name}"] = {
+            "task": TRIGGER_TASK,
+            "schedule": e.schedule(),
+            "args": (e.name, e.model_dump(mode="json", exclude={"name"})),
+            "options": {"queue": "resources", "expires": e.expires_seconds()},
+        }
+    return out
+
+
+def describe(schedule: Schedule) -> list[str]:
+    lines = []
+    for e in schedule.entries:
+        state = "" if e.enabled else "  (disabled)"
+        prio = "default" if e.priority is None else e.priority
+        lines.append(f"{e.name}: chain {e.chain}, {e.when()}, priority {prio}, "
+                     f"{len(e.seeds)} seed(s){state}")  # fmt: skip
+    return lines
+
+
+def run_beat(path: str | Path | None = None, loglevel: str = "INFO") -> None:
+    """Run Celery beat in this process with the schedule file's entries (blocks)."""
+    schedule = load_schedule(path)
+    from config import get_settings
+    from worker import app
+
+    s = get_settings()
+    run_dir = s.var_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    beats = beat_schedule(schedule)
+    try:  # the proxy pool's harvesters and validators run on the same beat
+        from external_interface.proxy_tasks import PROXY_BEAT_SCHEDULE
+
+        beats = {**PROXY_BEAT_SCHEDULE, **beats}
+    except ImportError:
+        pass
+    app.conf.beat_schedule = beats
+    if schedule.timezone:
+        app.conf.timezone = schedule.timezone
+    app.Beat(loglevel=loglevel, schedule=str(run_dir / "beat-schedule"), max_interval=60).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m scheduling.periodic", description="Celery beat for periodic chains"
+    )
+    ap.add_argument("--schedule", default=str(DEFAULT_SCHEDULE), help="schedule file (YAML)")
+    ap.add_argument("--loglevel", default="INFO")
+    a = ap.parse_args(argv)
+    try:
+        run_beat(a.schedule, a.loglevel)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The beat task: start a schedule entry's chain run unless its previous run is still going.
+
+Redis keys (under the key prefix):
+    sched:{entry}        hash  run (id of the entry's latest run), chain, started,
+                               last_check, last_outcome
+    sched:{entry}:lock   str   held while one trigger decides, so concurrent triggers
+                               (a redelivery, two beats by mistake) cannot both start a run
+
+"Still going" = the run id is in `runs:active` and its record says `running`; a run older
+than the entry's `stale_after` no longer blocks (its lost messages would block forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from celery import shared_task
+
+from chains.state import RunState
+from config import get_settings
+from exceptions import ChainCrawlError
+from scheduling.periodic import TRIGGER_TASK, ScheduleEntry
+from utils.redis import get_redis
+
+log = logging.getLogger("chaincrawl.schedule")
+
+LOCK_MS = 30_000
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass
+class Outcome:
+    status: str  # started | running | skipped
+    run_id: str = ""
+    reason: str = ""
+
+    def __str__(self) -> str:
+        tail = f" ({self.reason})" if self.reason else ""
+        return f"{self.status} {self.run_id}".rstrip() + tail
+
+
+def entry_key(name: str) -> str:
+    return get_settings().key("sched", name)
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    """Any HTTP answer counts: the point is that something is listening."""
+    import requests
+
+    try:
+        with requests.get(url, timeout=timeout, stream=True, allow_redirects=False):
+            return True
+    except requests.RequestException:
+        return False
+
+
+def trigger(entry: ScheduleEntry) -> Outcome:
+    """Start `entry`'s chain unless its last run is still going; never raises for a skip."""
+    import chains
+
+    r = get_redis()
+    state = RunState(r)
+    key = entry_key(entry.name)
+    token = uuid.uuid4().hex
+    if not r.set(f"{key}:lock", token, nx=True, px=LOCK_MS):
+        return _note(
+            r, entry.name, Outcome("running", reason="another trigger of this entry is deciding")
+        )
+    try:
+        current = (r.hget(key, "run") or b"").decode()
+        if current and r.sismember(state.active_key, current):
+            info = state.info(current)
+            age = time.time() - float(info.get("created") or 0)
+            stale = entry.stale_seconds
+            if info.get("status") == "running" and (stale is None or age < stale):
+                return _note(r, entry.name, Outcome("running", current, f"started {age:.0f}s ago"))
+            if info.get("status") == "running":
+                log.warning("schedule %s: run %s is %.0fs old (stale_after %s); starting anew",
+                            entry.name, current, age, entry.stale_after)  # fmt: skip
+        if entry.only_if_reachable and not _reachable(entry.only_if_reachable):
+            return _note(
+                r, entry.name, Outcome("skipped", reason=f"{entry.only_if_reachable} not reachable")
+            )
+        try:
+            handle = chains.run(entry.chain, seeds=entry.seeds, priority=entry.priority)
+        except ChainCrawlError as exc:  # unknown chain, bad seeds: a config problem, not a crash
+            log.error("schedule %s: cannot start chain %s: %s", entry.name, entry.chain, exc)
+            return _note(r, entry.name, Outcome("skipped", reason=f"{type(exc).__name__}: {exc}"))
+        r.hset(
+            key,
+            mapping={"run": handle.run_id, "chain": entry.chain, "started": f"{time.time():.3f}"},
+        )
+        log.info("schedule %s: started run %s of %s", entry.name, handle.run_id, entry.chain)
+        return _note(r, entry.name, Outcome("started", handle.run_id))
+    finally:
+        r.eval(_UNLOCK, 1, f"{key}:lock", token)
+
+
+def _note(r: Any, name: str, outcome: Outcome) -> Outcome:
+    fields = {"last_check": f"{time.time():.3f}", "last_outcome": str(outcome)}
+    r.hset(entry_key(name), mapping=fields)
+    if outcome.status != "started":
+        log.info("schedule %s: %s", name, outcome)
+    return outcome
+
+
+def check_limits() -> None:
+    """Fail at worker start, not in every task, when CHAINCRAWL_LIMITS is malformed."""
+    from scheduling.ratelimit import configured_limits, load_limits
+
+    if configured_limits():
+        load_limits()
+
+
+check_limits()  # this module is imported by worker.py: a bad setting stops the worker at once
+
+
+@shared_task(name=TRIGGER_TASK, ignore_result=True, acks_late=False)
+def trigger_chain(entry: str, spec: dict[str, Any]) -> str:
+    """Sent by beat for each tick of a schedule entry (args: its name and its settings)."""
+    return str(trigger(ScheduleEntry.model_validate({**spec, "name": entry})))

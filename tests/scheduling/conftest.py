@@ -1,0 +1,285 @@
+"""Scheduling fixtures: the private Redis, a timestamping test site, real workers and beat,
+and a private RabbitMQ vhost for the AMQP priority test.
+
+Every test gets its own key prefix (so its queues, run records and gate keys are its own)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from config import ROOT, get_settings, reset_settings
+from scheduling.gate import reset_gate
+from tests.scheduling.server import SchedSite
+from utils.redis import reset_clients
+from utils.servers import RedisServer
+
+QUEUES = "sched,resources,default"
+AMQP_URL = os.environ.get("CHAINCRAWL_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+@pytest.fixture(scope="session")
+def sched_site() -> Iterator[SchedSite]:
+    site = SchedSite().start()
+    try:
+        yield site
+    finally:
+        site.stop()
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    reset_settings()
+    reset_clients()
+    reset_gate()
+    import sites
+    import worker
+
+    sites.load_all()
+    worker.configure(get_settings())
+    # configure() leaves Celery's cached queue table as it was first computed (before this
+    # session loaded our site); a fresh process computes it anew, so do what it would do
+    for attr in ("queues", "default_queue", "router"):
+        worker.app.amqp.__dict__.pop(attr, None)
+    worker.app.amqp._rtable = None
+    if "tests.scheduling.schedsite" in get_settings().extra_site_packages:
+        # chains register once per process: other test packages may have loaded them already
+        importlib.import_module("tests.scheduling.schedchains.defs")
+
+
+@pytest.fixture
+def sched_env(
+    redis_server: RedisServer, sched_site: SchedSite, tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    """Point this process (and the workers it starts) at the private Redis and test site."""
+    env = {
+        "CHAINCRAWL_REDIS_URL": redis_server.url,
+        "CHAINCRAWL_BROKER_URL": "",
+        "CHAINCRAWL_KEY_PREFIX": f"s{uuid.uuid4().hex[:8]}",
+        "CHAINCRAWL_EXTRA_SITE_PACKAGES": "tests.scheduling.schedsite",
+        "CHAINCRAWL_EXTRA_CHAIN_PACKAGES": "tests.scheduling.schedchains",
+        "CHAINCRAWL_VAR_DIR": str(tmp_path / "var"),
+        "CHAINCRAWL_VISIBILITY_TIMEOUT": "30",
+        "CHAINCRAWL_RETRY_BACKOFF": "0.2",
+        "CHAINCRAWL_RETRY_BACKOFF_MAX": "1",
+        "CHAINCRAWL_MAX_RETRIES": "3",
+        "CHAINCRAWL_SINKS": "jsonl",
+        "CHAINCRAWL_OUTBOX_FLUSH_INTERVAL": "0.1",
+        "CHAINCRAWL_PREFETCH_MULTIPLIER": "1",
+        "CHAINCRAWL_LIMITS": "",
+        "SCHEDSITE_URL": sched_site.url,
+    }
+    old = {k: os.environ.get(k) for k in env}
+    _apply_env(env)
+    try:
+        yield env
+    finally:
+        _apply_env(old)  # type: ignore[arg-type]
+
+
+class Proc:
+    """A background process of ours (worker or beat) logging to a file."""
+
+    ready_marker = b" ready."
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 60) -> Proc:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready_marker in self.log.read_bytes():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.log.name} exited {self.proc.returncode}:\n{self.text()[-3000:]}"
+                )
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.log.name} not ready in {timeout}s:\n{self.text()[-3000:]}")
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no warm shutdown, nothing released."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 5) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.fh.close()
+
+
+def worker_cmd(name: str, pool: str, concurrency: int, queues: str) -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", "worker", "worker",
+        "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", f"{name}@%h",
+        "--include", "scheduling.tasks",
+        "--without-gossip", "--without-mingle", "-E", "-l", "INFO",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def start_workers(sched_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., list[Proc]]]:
+    """start_workers(n, pool=, concurrency=, **env): n worker processes, started in parallel."""
+    procs: list[Proc] = []
+
+    def start(
+        n: int = 1, pool: str = "threads", concurrency: int = 8, queues: str = QUEUES, **env: Any
+    ) -> list[Proc]:
+        batch = []
+        for _ in range(n):
+            name = f"w{len(procs)}"
+            p = Proc(worker_cmd(name, pool, concurrency, queues), {**sched_env, **env},
+                     tmp_path / f"{name}.log")  # fmt: skip
+            procs.append(p)
+            batch.append(p)
+        for p in batch:
+            p.wait_ready()
+        return batch
+
+    try:
+        yield start
+    finally:
+        for p in procs:  # warm shutdowns in parallel
+            if p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.stop()
+
+
+@pytest.fixture
+def start_beat(sched_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[Path], Proc]]:
+    procs: list[Proc] = []
+
+    def start(schedule: Path) -> Proc:
+        cmd = [sys.executable, "-m", "scheduling.periodic", "--schedule", str(schedule),
+               "--loglevel", "INFO"]  # fmt: skip
+        p = Proc(cmd, sched_env, tmp_path / f"beat{len(procs)}.log")
+        p.ready_marker = b"beat: Starting"
+        procs.append(p)
+        return p.wait_ready()
+
+    try:
+        yield start
+    finally:
+        for p in procs:
+            p.stop()
+
+
+# --- a private RabbitMQ vhost -------------------------------------------------------------
+
+
+def _add_vhost(vhost: str, user: str) -> list[str] | None:
+    """Create the vhost with rabbitmqctl (directly, else `sudo -n`); the command used, or None."""
+    exe = shutil.which("rabbitmqctl") or (
+        "/usr/sbin/rabbitmqctl" if Path("/usr/sbin/rabbitmqctl").exists() else None
+    )
+    if exe is None:
+        return None
+    for prefix in ([], ["sudo", "-n"]):
+        ctl = [*prefix, exe]
+        try:
+            r = subprocess.run([*ctl, "add_vhost", vhost], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0:
+            subprocess.run([*ctl, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"],
+                           check=True, capture_output=True, timeout=30)  # fmt: skip
+            return ctl
+    return None
+
+
+class _Mgmt:
+    """The RabbitMQ management HTTP API, where it is enabled (port 15672)."""
+
+    def __init__(self, base: str, auth: tuple[str, str]) -> None:
+        self.base, self.auth = base, auth
+
+    @classmethod
+    def find(cls) -> _Mgmt | None:
+        import requests
+
+        u = urlsplit(AMQP_URL)
+        m = cls(f"http://{u.hostname or '127.0.0.1'}:15672/api",
+                (u.username or "guest", u.password or "guest"))  # fmt: skip
+        try:
+            ok = requests.get(f"{m.base}/overview", auth=m.auth, timeout=3).status_code == 200
+        except requests.RequestException:
+            ok = False
+        return m if ok else None
+
+    def call(self, method: str, path: str, **kw: Any) -> None:
+        import requests
+
+        r = requests.request(method, f"{self.base}{path}", auth=self.auth, timeout=10, **kw)
+        if r.status_code >= 400 and not (method == "DELETE" and r.status_code == 404):
+            raise RuntimeError(
+                f"RabbitMQ management {method} {path}: HTTP {r.status_code} {r.text}"
+            )
+
+
+def _amqp_reachable() -> bool:
+    from kombu import Connection
+
+    try:
+        with Connection(AMQP_URL, connect_timeout=3) as c:
+            c.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def amqp_broker() -> Iterator[str]:
+    """The broker URL of a fresh vhost of our own, deleted afterwards (skips with the reason)."""
+    if not _amqp_reachable():
+        pytest.skip(f"RabbitMQ not reachable at {AMQP_URL.split('@')[-1]}")
+    user = urlsplit(AMQP_URL).username or "guest"
+    vhost = f"cc-test-{uuid.uuid4().hex[:10]}"
+    ctl = _add_vhost(vhost, user)
+    mgmt = None if ctl else _Mgmt.find()
+    if mgmt:
+        mgmt.call("PUT", f"/vhosts/{vhost}")
+        mgmt.call("PUT", f"/permissions/{vhost}/{user}",
+                  json={"configure": ".*", "write": ".*", "read": ".*"})  # fmt: skip
+    elif not ctl:
+        pytest.skip(
+            "RabbitMQ is reachable but neither rabbitmqctl nor the management API can create a "
+            "private vhost; refusing to use the shared vhost '/'"
+        )
+    try:
+        u = urlsplit(AMQP_URL)
+        yield f"{u.scheme}://{u.netloc}/{vhost}"
+    finally:
+        if ctl:
+            subprocess.run([*ctl, "delete_vhost", vhost], capture_output=True)
+        elif mgmt:
+            mgmt.call("DELETE", f"/vhosts/{vhost}")

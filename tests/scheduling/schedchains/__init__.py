@@ -1,0 +1,1 @@
+"""Named chains for the periodic-chain tests (CHAINCRAWL_EXTRA_CHAIN_PACKAGES)."""
