@@ -365,8 +365,15 @@ class Context:
         if self._online:
             get_gate().before_request(self.site, self.task_name)
         active = self._providers if resources else []
-        for p in active:
-            p.prepare(out, self)
+        for i, p in enumerate(active):
+            try:
+                p.prepare(out, self)
+            except BaseException:
+                for done in reversed(active[:i]):  # give back what was lent before the failure
+                    cancel = getattr(done, "cancel", None)
+                    if cancel is not None:
+                        cancel(out, self)
+                raise
         s = self.settings
         req = FetchRequest(
             method=out.method,

@@ -16,6 +16,7 @@ from kombu import Queue
 
 import sites
 from base_task import get_endpoint
+from external_interface.base import load_providers
 from config import Settings, get_settings
 from utils import logsafe
 from utils.registry import UnknownNameError
@@ -37,7 +38,7 @@ def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **k
 
 
 def queues() -> list[str]:
-    return [*sites.sites(), "resources", "default"]
+    return list(dict.fromkeys([*sites.sites(), "resources", "default"]))
 
 
 def configure(s: Settings) -> None:
@@ -99,9 +100,11 @@ def _forget_connections() -> None:
 
 
 sites.load_all()
+load_providers()  # providers register their tasks (production chains) on import
 configure(settings)
 
 _optional_modules = [
+    "external_interface.production",  # resource production chains (cookies, devices)
     "external_interface.proxy_tasks",
     "external_interface.resource_tasks",
     "scheduling.tasks",

@@ -63,6 +63,9 @@ class Provider(Protocol):
 
     def feedback(self, req: OutgoingRequest, outcome: Outcome, task: TaskState) -> None: ...
 
+    # Optional: `cancel(req, task)` returns what `prepare` lent when a later provider failed
+    # to prepare, so the request is never sent.
+
 
 class NoopProvider:
     """The default for every kind: lends nothing, hears nothing."""
@@ -106,7 +109,5 @@ def load_providers() -> None:
 def provider_name(site: str, kind: str, declared: str, overrides: str) -> str:
     """Which provider serves `kind` for `site`: `site.kind=` beats `kind=` beats the
     endpoint's declaration (CHAINCRAWL_PROVIDERS)."""
-    table = dict(
-        part.strip().split("=", 1) for part in overrides.split(",") if "=" in part
-    )
+    table = dict(part.strip().split("=", 1) for part in overrides.split(",") if "=" in part)
     return table.get(f"{site}.{kind}") or table.get(kind) or declared

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
+from http.cookiejar import DefaultCookiePolicy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -123,6 +124,9 @@ class RequestsFetcher:
             s = requests.Session()
             s.max_redirects = self.max_redirects
             s.trust_env = False  # never route through a proxy from the environment by accident
+            # cookies are lent per request by the cookie provider: a session shared by every
+            # task on this thread must not keep one task's Set-Cookie for the next
+            s.cookies.set_policy(_NoStore())
             adapter = requests.adapters.HTTPAdapter(
                 pool_connections=self.pool_size, pool_maxsize=self.pool_size, max_retries=0
             )
@@ -200,6 +204,11 @@ class RequestsFetcher:
                 raise FetchTimeout(f"read timeout for {req.url}") from None
             raise TruncatedResponse(f"body of {req.url} ended early ({name})") from None
         return b"".join(chunks)
+
+
+class _NoStore(DefaultCookiePolicy):
+    def set_ok(self, cookie: object, request: object) -> bool:
+        return False
 
 
 def _header_charset(content_type: str) -> str | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import struct
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ from external_interface.dedup import (
     decode_bucket,
     dedups,
     make_dedup,
+    marking_hook,
 )
 from utils.registry import UnknownNameError
 from utils.servers import RedisServer
@@ -201,17 +201,20 @@ def test_batch_is_one_round_trip(dd: RedisDedup, monkeypatch: pytest.MonkeyPatch
     dd.layout  # noqa: B018 - meta and script load happen once, before
     events: list[str] = []
     cls = redis.connection.Connection
-    send, read = cls.send_command, cls.read_response
+    send, read = cls.send_packed_command, cls.read_response
 
-    def spy_send(self: redis.connection.Connection, *a: object, **k: object) -> None:
-        events.append(f"send {a[0]!s}")
-        send(self, *a, **k)
+    def spy_send(
+        self: redis.connection.Connection, command: object, *a: object, **k: object
+    ) -> None:
+        first = command if isinstance(command, bytes) else b"".join(command)  # type: ignore
+        events.append("send EVALSHA" if b"EVALSHA" in first[:40] else "send other")
+        send(self, command, *a, **k)
 
     def spy_read(self: redis.connection.Connection, *a: object, **k: object) -> object:
         events.append("read")
         return read(self, *a, **k)
 
-    monkeypatch.setattr(cls, "send_command", spy_send)
+    monkeypatch.setattr(cls, "send_packed_command", spy_send)
     monkeypatch.setattr(cls, "read_response", spy_read)
     ids = [f"https://example.com/{i}" for i in range(3000)]
     res = dd.mark_many(ids, ids)
@@ -348,24 +351,31 @@ class Reference:
 
 
 def check_buckets(d: RedisDedup, rds: redis.Redis, model: Reference) -> None:
+    """Every bucket: sorted unique runs, consistent directory, exactly the model's records."""
     lay = d.layout
     found: dict[tuple[int, int, int], tuple[int, int]] = {}
-    nb = math.ceil(lay.subs / 16)
     for b in range(lay.buckets):
         raw = rds.get(d.bucket_key(b))
         if raw is None:
             continue
-        counts, recs = decode_bucket(raw, lay.subs)
-        assert sum(counts) == len(recs)
-        coarse = struct.unpack(f">{nb}I", raw[: 4 * nb])
-        assert list(coarse) == [sum(counts[: 16 * j]) for j in range(nb)]
+        assert len(raw) == lay.fixed_bytes() + 9 * sum(decode_bucket(raw, lay).counts)
+        bucket = decode_bucket(raw, lay)
+        assert sum(bucket.counts) == len(bucket.main)
+        assert bucket.coarse == [sum(bucket.counts[: 16 * j]) for j in range(len(bucket.coarse))]
         pos = 0
-        for s, c in enumerate(counts):
-            run = recs[pos : pos + c]
+        for s, c in enumerate(bucket.counts):
+            run = bucket.main[pos : pos + c]
             fps = [r[0] for r in run]
-            assert fps == sorted(fps) and len(set(fps)) == len(fps)  # sorted, unique
+            assert fps == sorted(set(fps))  # sorted, unique
             found.update({(b, s, fp): (hour, cfp) for fp, hour, cfp in run})
             pos += c
+        keys = [(s, fp) for s, fp, _, _ in bucket.pending]
+        assert keys == sorted(set(keys)) and len(keys) <= lay.pending
+        for s, fp, hour, cfp in bucket.pending:
+            assert (b, s, fp) not in found  # an id lives in main or in pending
+            found[b, s, fp] = (hour, cfp)
+        tail = raw[len(raw) - 11 * (lay.pending - len(bucket.pending)) :]
+        assert tail == bytes(len(tail))  # unused pending slots stay zero
     epoch = lay.epoch_hour or 0
     assert found == {k: (h - epoch, c) for k, (h, c) in model.rows.items()}
 
@@ -374,11 +384,11 @@ def check_buckets(d: RedisDedup, rds: redis.Redis, model: Reference) -> None:
     "layout",
     [
         Layout(buckets=3, subs=37, fp_bits=6),  # many collisions, several coarse blocks
-        Layout(buckets=2, subs=5, fp_bits=3),  # long runs per sub-bucket
-        Layout(buckets=4, subs=100, fp_bits=40),
-        Layout(buckets=1, subs=1, fp_bits=12),  # one sorted run
+        Layout(buckets=2, subs=5, pending=3, fp_bits=3),  # long runs, frequent merges
+        Layout(buckets=4, subs=100, pending=40, fp_bits=40),  # big pending area
+        Layout(buckets=1, subs=1, pending=0, fp_bits=12),  # one sorted run, no pending
     ],
-    ids=lambda lay: f"B{lay.buckets}S{lay.subs}f{lay.fp_bits}",
+    ids=lambda lay: f"B{lay.buckets}S{lay.subs}P{lay.pending}f{lay.fp_bits}",
 )
 def test_sorted_invariant_after_random_batches(
     rds: redis.Redis, key_prefix: str, clock: Clock, layout: Layout
@@ -468,3 +478,18 @@ def test_registry_and_factory(rds: redis.Redis, key_prefix: str) -> None:
     assert isinstance(red, RedisDedup) and red.meta_key == f"{key_prefix}:dedup:shop:item:meta"
     with pytest.raises(UnknownNameError, match="did you mean 'redis'"):
         make_dedup("shop", "item", impl="rediss")
+
+
+def test_marking_hook_marks_after_store(rds: redis.Redis, key_prefix: str) -> None:
+    stores: dict[str, RedisDedup] = {}
+
+    def store_for(item_type: str) -> RedisDedup:
+        return stores.setdefault(item_type, RedisDedup(item_type, rds, prefix=key_prefix))
+
+    hook = marking_hook(lambda it: it["id"], lambda it: it["body"], store_for=store_for)
+    items = [{"id": 1, "body": "a"}, {"id": 2, "body": "b"}]
+    hook("demo.post", items)
+    hook("demo.post", items)  # at-least-once delivery: harmless
+    d = stores["demo.post"]
+    assert statuses(d.check_many([1, 2, 3], ["a", "x", None])) == [UNCHANGED, CHANGED, NEW]
+    d.clear()

@@ -1,0 +1,349 @@
+--[[ Dedup buckets: check and mark hashed ids in one binary string per bucket.
+
+The layout and the arithmetic behind it are in external_interface/dedup.py and docs/dedup.md.
+A bucket string is (all integers big-endian)
+
+  [NB x uint32 coarse][S x uint16 ends][n x 9-byte main][uint16 count][P x 11-byte pending]
+
+  coarse[j]  main records in the sub-buckets before 16*j (block j starts there)
+  ends[s]    main records from block start through sub-bucket s, so sub-bucket s is
+             [coarse + ends[s-1], coarse + ends[s]) with ends[s-1] = 0 at a block start
+  main       fp:uint40 | first-seen hour:uint16 | content fp:uint16 (0 = none recorded),
+             sorted by (sub-bucket, fp): sub-bucket s is a contiguous, sorted run
+  pending    sub:uint16 | fp:uint40 | hour:uint16 | content fp:uint16, the first `count`
+             slots sorted by (sub-bucket, fp), the rest zero; an id lives in main or pending
+
+Why a pending area: Lua cannot edit a string in place, so inserting into the sorted main run
+means rebuilding the whole bucket, and the AOF then logs the whole bucket. New records go to
+the fixed-size pending area instead (one SETRANGE of the count and at most P*11 bytes; the
+string never changes length, so Redis never reallocates it) and are merged into main, with one
+SET, only when it is full: one rebuild per P inserts.
+
+KEYS[k]    bucket key
+ARGV[1]    mode: 0 check (read-only), 1 mark, 2 mark and restart the seen clock (refresh)
+ARGV[2]    now, in hours since the namespace epoch (0..65535)
+ARGV[3]    S, sub-buckets per bucket
+ARGV[4]    P, pending slots per bucket
+ARGV[4+k]  the n ops on KEYS[k]: n x uint64 (sub-bucket << 40 | fp), sorted (equal ones keep
+           the caller's order), then their n x uint16 content fps (0 = no value given)
+Returns one string per key, 3 bytes per op ">BH": status (0 new, 1 unchanged, 2 changed) and
+the stored first-seen hour before this op (0 for new).
+]]
+
+local mode = tonumber(ARGV[1])
+local now = tonumber(ARGV[2])
+local S = tonumber(ARGV[3])
+local P = tonumber(ARGV[4])
+local BLK = 16 -- sub-buckets per coarse sum
+local NB = math.floor((S + BLK - 1) / BLK)
+local CNT = 4 * NB -- byte offset (0-based) of ends[0]
+local DIR = CNT + 2 * S -- byte offset (0-based) of main record 0
+local REC, PREC = 9, 11
+local PLEN = P * PREC
+
+local sunpack, spack, ssub, srep = struct.unpack, struct.pack, string.sub, string.rep
+local floor, concat = math.floor, table.concat
+
+local hfmts = {}
+local function hfmt(m)
+  local f = hfmts[m]
+  if not f then
+    f = '>' .. srep('H', m)
+    hfmts[m] = f
+  end
+  return f
+end
+local cfmt = '>' .. srep('I4', NB)
+
+-- Append to parts the n fixed-size records at s[off+1 ..] with edits applied. An edit is
+-- {index, record, replace}: insert before old record `index`, or replace it. Edits are in
+-- index order, an insert before a replace at the same index.
+local function splice(parts, np, s, off, len, n, edits)
+  local cursor = 0
+  for _, e in ipairs(edits) do
+    local idx = e[1]
+    if idx > cursor then
+      np = np + 1
+      parts[np] = ssub(s, off + cursor * len + 1, off + idx * len)
+    end
+    np = np + 1
+    parts[np] = e[2]
+    if e[3] then
+      cursor = idx + 1
+    else
+      cursor = idx
+    end
+  end
+  if n > cursor then
+    np = np + 1
+    parts[np] = ssub(s, off + cursor * len + 1, off + n * len)
+  end
+  return np
+end
+
+-- Merge two edit lists, each in index order, into one (inserts first on a tie).
+local function merge_edits(x, y)
+  local out, i, j = {}, 1, 1
+  while i <= #x or j <= #y do
+    local e, f = x[i], y[j]
+    if f == nil or (e ~= nil and (e[1] < f[1] or (e[1] == f[1] and not e[3]))) then
+      out[#out + 1] = e
+      i = i + 1
+    else
+      out[#out + 1] = f
+      j = j + 1
+    end
+  end
+  return out
+end
+
+-- the bucket being worked on (set per key by run)
+local b, PO, npend
+
+-- [lo, hi): the main records of sub-bucket s
+local function sub_range(s)
+  local blk = floor(s / BLK)
+  local base = sunpack('>I4', b, blk * 4 + 1)
+  if s == blk * BLK then
+    return base, base + sunpack('>H', b, CNT + 2 * s + 1)
+  end
+  local e0, e1 = sunpack('>HH', b, CNT + 2 * s - 1)
+  return base + e0, base + e1
+end
+
+-- lower bound of fp among main records [lo, hi)
+local function main_bound(lo, hi, fp)
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if sunpack('>I5', b, DIR + mid * REC + 1) < fp then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return lo
+end
+
+-- lower bound of (s, fp) among the pending records
+local function pend_bound(s, fp)
+  local lo, hi = 0, npend
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    local s2, f2 = sunpack('>HI5', b, PO + mid * PREC + 1)
+    if s2 < s or (s2 == s and f2 < fp) then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return lo
+end
+
+-- The directory after adding incs[s] main records to each sub-bucket in subs (ascending).
+local function new_directory(key, subs, incs)
+  local coarse = { sunpack(cfmt, b, 1) }
+  local parts, np = { '' }, 1 -- parts[1]: the coarse sums, filled last
+  local added = {} -- records added per block
+  local nextblk, si = 0, 1 -- blocks before nextblk are done
+  while subs[si] do
+    local blk = floor(subs[si] / BLK)
+    if blk > nextblk then -- untouched blocks: copy
+      np = np + 1
+      parts[np] = ssub(b, CNT + 2 * BLK * nextblk + 1, CNT + 2 * BLK * blk)
+    end
+    local first = blk * BLK
+    local m = math.min(BLK, S - first)
+    local t = { sunpack(hfmt(m), b, CNT + 2 * first + 1) }
+    local run = 0
+    for j = 1, m do
+      if subs[si] == first + j - 1 then
+        run = run + incs[subs[si]]
+        si = si + 1
+      end
+      t[j] = t[j] + run
+      if t[j] > 65535 then
+        error('dedup: block overflow in ' .. key .. ': the store is far past its capacity')
+      end
+    end
+    np = np + 1
+    parts[np] = spack(hfmt(m), unpack(t, 1, m))
+    added[blk + 1] = run
+    nextblk = blk + 1
+  end
+  if nextblk < NB then
+    np = np + 1
+    parts[np] = ssub(b, CNT + 2 * BLK * nextblk + 1, DIR)
+  end
+  local acc = 0
+  for j = 1, NB do
+    coarse[j] = coarse[j] + acc
+    acc = acc + (added[j] or 0)
+  end
+  parts[1] = spack(cfmt, unpack(coarse, 1, NB))
+  return parts, np
+end
+
+local function run(key, ops)
+  local nops = #ops / 10
+  local CF = 8 * nops + 1 -- 1-based position of the first content fp
+  b = redis.call('GET', key)
+  local fresh = not b
+  if fresh then
+    if mode == 0 then
+      return srep('\0\0\0', nops)
+    end
+    b = srep('\0', DIR + 2 + PLEN)
+  end
+  PO = #b - PLEN -- byte offset (0-based) of pending slot 0; the count is just before
+  npend = sunpack('>H', b, PO - 1)
+  local nmain = (PO - 2 - DIR) / REC
+
+  local res, nres = {}, 0
+  local mm, pm, ins = {}, {}, {} -- main edits, pending edits, new records {s, fp, hour, cfp, pj}
+  local i = 0
+  while i < nops do
+    local s, fp = sunpack('>HI5', ops, i * 8 + 2)
+    local cfp = sunpack('>H', ops, CF + 2 * i)
+    local lo, hi = sub_range(s)
+    local a = main_bound(lo, hi, fp)
+    local where, pj, hour, scfp = nil, nil, 0, 0
+    if a < hi then
+      local f2, h2, c2 = sunpack('>I5HH', b, DIR + a * REC + 1)
+      if f2 == fp then
+        where, hour, scfp = 'main', h2, c2
+      end
+    end
+    if where == nil then
+      pj = pend_bound(s, fp)
+      if pj < npend then
+        local s2, f2, h2, c2 = sunpack('>HI5HH', b, PO + pj * PREC + 1)
+        if s2 == s and f2 == fp then
+          where, hour, scfp = 'pend', h2, c2
+        end
+      end
+    end
+
+    -- every op on this (sub-bucket, fp), in order: each sees the ones before it
+    local exists, dirty = where ~= nil, false
+    while true do
+      local st = 0
+      if exists then
+        if cfp == 0 or cfp == scfp then
+          st = 1
+        else
+          st = 2
+        end
+      end
+      nres = nres + 1
+      res[nres] = spack('>BH', st, hour)
+      if mode > 0 then
+        if not exists then
+          exists, hour, scfp, dirty = true, now, cfp, true
+        else
+          if st == 2 then
+            scfp, dirty = cfp, true
+          end
+          if mode == 2 and hour ~= now then
+            hour, dirty = now, true
+          end
+        end
+      end
+      i = i + 1
+      if i >= nops then
+        break
+      end
+      local s2, fp2 = sunpack('>HI5', ops, i * 8 + 2)
+      if s2 ~= s or fp2 ~= fp then
+        break
+      end
+      cfp = sunpack('>H', ops, CF + 2 * i)
+    end
+
+    if dirty then
+      if where == 'main' then
+        mm[#mm + 1] = { a, spack('>I5HH', fp, hour, scfp), true }
+      elseif where == 'pend' then
+        pm[#pm + 1] = { pj, spack('>HI5HH', s, fp, hour, scfp), true }
+      else
+        ins[#ins + 1] = { s, fp, hour, scfp, pj }
+      end
+    end
+  end
+
+  if #ins == 0 then
+    for _, e in ipairs(mm) do
+      redis.call('SETRANGE', key, DIR + e[1] * REC, e[2])
+    end
+    for _, e in ipairs(pm) do
+      redis.call('SETRANGE', key, PO + e[1] * PREC, e[2])
+    end
+  elseif npend + #ins <= P then
+    -- room in pending: rewrite the count and the used slots in place, one SETRANGE
+    local used
+    if #ins == 1 and #pm == 0 then -- the common case, without the tables
+      local r = ins[1]
+      local cut = PO + r[5] * PREC
+      used = ssub(b, PO + 1, cut)
+        .. spack('>HI5HH', r[1], r[2], r[3], r[4])
+        .. ssub(b, cut + 1, PO + npend * PREC)
+    else
+      local adds = {}
+      for j, r in ipairs(ins) do
+        adds[j] = { r[5], spack('>HI5HH', r[1], r[2], r[3], r[4]), false }
+      end
+      local parts = {}
+      splice(parts, 0, b, PO, PREC, npend, merge_edits(adds, pm))
+      used = concat(parts)
+    end
+    used = spack('>H', npend + #ins) .. used
+    if fresh then
+      redis.call('SET', key, ssub(b, 1, PO - 2) .. used .. srep('\0', PLEN + 2 - #used))
+    else
+      redis.call('SETRANGE', key, PO - 2, used)
+    end
+    for _, e in ipairs(mm) do
+      redis.call('SETRANGE', key, DIR + e[1] * REC, e[2])
+    end
+  else
+    -- pending full: merge it and the new records into main, rebuild the bucket
+    local extra, k, q = {}, 1, 1
+    for j = 0, npend - 1 do
+      local s, fp, hour, cfp = sunpack('>HI5HH', b, PO + j * PREC + 1)
+      if pm[q] and pm[q][1] == j then
+        s, fp, hour, cfp = sunpack('>HI5HH', pm[q][2], 1)
+        q = q + 1
+      end
+      while ins[k] and (ins[k][1] < s or (ins[k][1] == s and ins[k][2] < fp)) do
+        extra[#extra + 1] = ins[k]
+        k = k + 1
+      end
+      extra[#extra + 1] = { s, fp, hour, cfp }
+    end
+    while ins[k] do
+      extra[#extra + 1] = ins[k]
+      k = k + 1
+    end
+    local adds, incs, subs = {}, {}, {}
+    for j, r in ipairs(extra) do
+      local s = r[1]
+      local lo, hi = sub_range(s)
+      adds[j] = { main_bound(lo, hi, r[2]), spack('>I5HH', r[2], r[3], r[4]), false }
+      if not incs[s] then
+        incs[s] = 0
+        subs[#subs + 1] = s -- ascending: extra is sorted
+      end
+      incs[s] = incs[s] + 1
+    end
+    local parts, np = new_directory(key, subs, incs)
+    np = splice(parts, np, b, DIR, REC, nmain, merge_edits(adds, mm))
+    parts[np + 1] = srep('\0', PLEN + 2)
+    redis.call('SET', key, concat(parts))
+  end
+  return concat(res)
+end
+
+local out = {}
+for k = 1, #KEYS do
+  out[k] = run(KEYS[k], ARGV[4 + k])
+end
+return out
