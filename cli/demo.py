@@ -33,7 +33,9 @@ def start_demo_site(s: Settings, a: argparse.Namespace) -> str:
         try:
             requests.get(f"{url}/healthz", timeout=2).raise_for_status()
         except requests.RequestException:
-            raise UserError(f"port {a.port} is taken by something that is not the demo site; use --port") from None
+            raise UserError(
+                f"port {a.port} is taken by something that is not the demo site; use --port"
+            ) from None
         return url
     cmd = [
         sys.executable, "-m", "demo", "--host", "127.0.0.1", "--port", str(a.port),
@@ -60,34 +62,55 @@ def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] |
     tt = progress.totals
     pages = tt["succeeded"] + tt["failed"] + tt["retried"]
     elapsed = max(progress.elapsed, 1e-6)
-    types = sorted({t.item_type for task in progress.tasks.values() for t in get_endpoint(task).item_types if t.store})
-    expected = requests.get(f"{site_url}/admin/config", timeout=5).json().get("expected", {})
-    exp_items = expected.get("items", {}) if isinstance(expected, dict) else {}
-    dls = [d for d in DeadLetterStore(get_redis(), s).list(10**6) if d.meta.get("run") == progress.run_id]
-    t = Table(title=f"demo crawl summary · run {progress.run_id}", title_justify="left", show_header=False)
+    types = sorted(
+        {
+            t.item_type
+            for task in progress.tasks.values()
+            for t in get_endpoint(task).item_types
+            if t.store
+        }
+    )
+    exp_items = requests.get(f"{site_url}/admin/config", timeout=5).json().get("expected", {})
+    dls = [
+        d
+        for d in DeadLetterStore(get_redis(), s).list(10**6)
+        if d.meta.get("run") == progress.run_id
+    ]
+    t = Table(
+        title=f"demo crawl summary · run {progress.run_id}", title_justify="left", show_header=False
+    )
     t.add_column(style="bold")
     t.add_column()
     t.add_row("chain", progress.chain)
-    t.add_row("pages fetched", f"{pages} ({tt['retried']} of them retries after soft failures or bans)")
+    t.add_row(
+        "pages fetched", f"{pages} ({tt['retried']} of them retries after soft failures or bans)"
+    )
     t.add_row("tasks", f"{tt['succeeded']} succeeded, {tt['failed']} failed (dead-lettered)")
     root = default_root()
     for typ in types:
         n = len(read_items(typ, root))
         short = typ.split(".")[-1] + "s"
         exp = exp_items.get(short)
-        t.add_row(f"items {typ}", f"{n}" + (f" (the demo site has {exp})" if exp is not None else ""))
+        t.add_row(
+            f"items {typ}", f"{n}" + (f" (the demo site has {exp})" if exp is not None else "")
+        )
     t.add_row("items stored this run", f"{tt['stored']} of {tt['items']} produced")
     if dls:
         errs: dict[str, int] = {}
         for d in dls:
             errs[d.error_type] = errs.get(d.error_type, 0) + 1
-        t.add_row("errors", ", ".join(f"{k}: {v}" for k, v in errs.items()) + "  (./control.sh deadletter list)")
+        t.add_row(
+            "errors",
+            ", ".join(f"{k}: {v}" for k, v in errs.items()) + "  (./control.sh deadletter list)",
+        )
     else:
         t.add_row("errors", "none")
     t.add_row("elapsed", f"{elapsed:.1f}s")
     t.add_row("throughput", f"{pages / elapsed:.1f} pages/s")
     t.add_row("items are in", f"{root}/<type>/*.jsonl (JSON Lines; sinks: {s.sinks})")
-    t.add_row("look at them", f"head -n 3 {root}/demo_post/*.jsonl   or   ./control.sh items demo.post")
+    t.add_row(
+        "look at them", f"head -n 3 {root}/demo_post/*.jsonl   or   ./control.sh items demo.post"
+    )
     if flower:
         t.add_row("flower", f"{flower[0]}  (user {s.flower_user!r}, password in {flower[1]})")
     t.add_row("stop everything", "./control.sh stop")
@@ -108,7 +131,9 @@ def cmd_demo(a: argparse.Namespace) -> None:
     else:
         import worker
 
-        names = procs.start_workers(s, ",".join(worker.queues()), "threads", a.concurrency, a.workers)
+        names = procs.start_workers(
+            s, ",".join(worker.queues()), "threads", a.concurrency, a.workers
+        )
         procs.wait_workers_ready(names, s)
         console.print(f"[bold]workers[/bold]: {len(names)} x threads({a.concurrency})")
     flower = None
@@ -116,9 +141,12 @@ def cmd_demo(a: argparse.Namespace) -> None:
         flower = procs.start_flower(s)
         console.print(f"[bold]flower[/bold]: {flower[0]}")
     progress = runs.trigger(a.chain, None, a.priority, True, a.timeout)
+    console.print()
     console.print(summary(s, progress, url, flower))
     if not progress.complete:
-        raise UserError(f"the run did not complete within {a.timeout}s; it goes on (./control.sh status)")
+        raise UserError(
+            f"the run did not complete within {a.timeout}s; it goes on (./control.sh status)"
+        )
 
 
 def cmd_items(a: argparse.Namespace) -> None:
