@@ -70,7 +70,7 @@ from external_interface.fetch import Fetcher, FetchRequest, RequestsFetcher, Res
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
 from scheduling.gate import get_gate
-from utils.logsafe import mask
+from utils.logsafe import task_argsrepr
 from utils.redis import get_redis
 from utils.registry import Registry
 
@@ -466,7 +466,11 @@ def broker_priority(prio: int, broker_url: str | None = None) -> int:
 
 def send_kid(app: Any, kid: Mapping[str, Any]) -> None:
     meta = kid["meta"]
-    opts: dict[str, Any] = {"task_id": kid["id"], "argsrepr": repr(mask((kid["params"], meta)))}
+    opts: dict[str, Any] = {
+        "task_id": kid["id"],
+        "argsrepr": task_argsrepr(kid["params"], meta),
+        "kwargsrepr": "{}",
+    }
     if "prio" in meta:
         opts["priority"] = broker_priority(meta["prio"])
     if meta.get("queue"):
@@ -698,7 +702,14 @@ class SiteTask(Task):
         if meta.get("queue"):
             opts["queue"] = meta["queue"]
         return self.retry(
-            args=(params, meta), kwargs={}, countdown=countdown, max_retries=None, exc=exc, **opts
+            args=(params, meta),
+            kwargs={},
+            countdown=countdown,
+            max_retries=None,
+            exc=exc,
+            argsrepr=task_argsrepr(params, meta),
+            kwargsrepr="{}",
+            **opts,
         )
 
 

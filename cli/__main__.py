@@ -60,23 +60,12 @@ def cmd_stop(a: argparse.Namespace) -> None:
 
 
 def cmd_status(a: argparse.Namespace) -> None:
-    import time
-
-    from rich.console import Console
-    from rich.live import Live
-
     from cli import procs, status
 
     s = procs.settings()
     if not procs.port_open(*_redis_hostport(s)):
         raise UserError("Redis is not running: start it with ./control.sh start")
-    if a.json or not a.watch:
-        status.show(s, a.json)
-        return
-    with Live(console=Console(), refresh_per_second=2) as live:
-        while True:
-            live.update(status.render(status.snapshot(s)))
-            time.sleep(a.interval)
+    status.main(a)
 
 
 def _redis_hostport(s: Any) -> tuple[str, int]:
@@ -159,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_argument("--json", action="store_true", help="machine-readable snapshot")
     ss.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
     ss.add_argument("--interval", type=float, default=1.0)
+    ss.add_argument("--inspect-timeout", type=float, default=1.0,
+                    help="seconds to wait for workers to answer")  # fmt: skip
+    ss.add_argument("--no-workers", action="store_true", help="skip asking the workers")
     ss.set_defaults(fn=cmd_status)
 
     fl = sub.add_parser("flower", help="start Flower (basic auth on)")
@@ -188,7 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("action", choices=["start", "stop"])
     rd.set_defaults(fn=cmd_redis)
 
-    for mod in ("cli.demo", "cli.newsite", "cli.ops"):  # command groups added by other issues
+    for mod in (
+        "cli.demo",
+        "cli.newsite",
+        "cli.ops",
+        "cli.monitoring",
+    ):  # command groups added by other issues
         try:
             __import__(mod)
         except ImportError as exc:

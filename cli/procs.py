@@ -155,6 +155,7 @@ def flower_password(s: Settings) -> str:
         return s.flower_password
     f = s.var_dir / "flower.secret"
     if not f.exists():
+        f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(secrets.token_urlsafe(12))
         f.chmod(0o600)
     return f.read_text().strip()
@@ -166,6 +167,7 @@ def start_flower(s: Settings) -> tuple[str, str]:
         sys.executable, "-m", "celery", "-A", "worker", "flower",
         f"--address={s.flower_address}", f"--port={s.flower_port}",
         "--persistent=False", "--purge_offline_workers=60",
+        "--tasks_columns=name,uuid,state,args,received,started,runtime,retries,worker",
     ]  # fmt: skip
     # the credentials travel in the environment, not on the command line (ps shows argv)
     env = {"FLOWER_BASIC_AUTH": f"{s.flower_user}:{flower_password(s)}"}

@@ -28,7 +28,7 @@ def queue_depths(s: Settings, queues: list[str]) -> dict[str, int]:
     """Messages waiting per queue on a Redis broker (kept for callers of the old module)."""
     from utils.redis import get_redis
 
-    return ms.queue_depths(get_redis(s.broker_url), s, queues)
+    return ms.queue_depths(ms.broker_client(get_redis(s.redis_url), s), s, queues)
 
 
 def snapshot(s: Settings, workers_timeout: float | None = 1.0) -> dict[str, Any]:
@@ -101,6 +101,7 @@ def _run_table(r: dict[str, Any]) -> Table:
         )  # fmt: skip
     t.caption = (
         f"outstanding {r['outstanding']} · items stored {tt.get('stored', 0)}/{tt.get('items', 0)}"
+        + (f" · waiting {r['waiting']}" if r.get("waiting") else "")
     )
     return t
 
@@ -221,7 +222,9 @@ class WorkerPoller:
         return self
 
 
-def watch(s: Settings, interval: float = 1.0, inspect_timeout: float = 1.0, window: float = 30.0) -> None:
+def watch(
+    s: Settings, interval: float = 1.0, inspect_timeout: float = 1.0, window: float = 30.0
+) -> None:
     """Redraw until Ctrl-C; `recent` rates are over about `window` seconds."""
     poller = WorkerPoller(inspect_timeout, max(interval, 2.0)).start()
     history: list[dict[str, Any]] = []

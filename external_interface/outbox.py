@@ -188,13 +188,15 @@ class OutboxEntry:
 _ACK = """
 -- KEYS: 1 stream, 2 dead-letter stream, 3.. counters hashes
 -- ARGV: 1 group, 2 counters ttl, 3 dead maxlen, then per entry:
---       id, counters key index (0: no run), step, n items, counter field, n dead fields, fields...
+--       id, counters key index (0: no run), step, n items, counter field,
+--       task metrics key index, site metrics key index, n dead fields, fields...
 local group, ttl, maxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local i, won = 4, 0
 while i <= #ARGV do
-  local id, kidx, step, n, cfield, nf = ARGV[i], tonumber(ARGV[i+1]), ARGV[i+2],
-    tonumber(ARGV[i+3]), ARGV[i+4], tonumber(ARGV[i+5])
-  local first = i + 6
+  local id, kidx, step, n, cfield = ARGV[i], tonumber(ARGV[i+1]), ARGV[i+2],
+    tonumber(ARGV[i+3]), ARGV[i+4]
+  local tidx, sidx, nf = tonumber(ARGV[i+5]), tonumber(ARGV[i+6]), tonumber(ARGV[i+7])
+  local first = i + 8
   i = first + nf
   if redis.call('XACK', KEYS[1], group, id) == 1 then
     won = won + 1
@@ -208,6 +210,10 @@ while i <= #ARGV do
       redis.call('HINCRBY', ck, step .. ':' .. cfield, n)
       redis.call('HINCRBY', ck, cfield, n)
       if fresh then redis.call('EXPIRE', ck, ttl) end
+    end
+    if n > 0 and tidx > 0 then
+      redis.call('HINCRBY', KEYS[tidx], cfield, n)
+      redis.call('HINCRBY', KEYS[sidx], cfield, n)
     end
   end
 end
@@ -638,17 +644,27 @@ class Drainer:
         index: dict[str, int] = {}
         args: list[Any] = [self.group, COUNTERS_TTL, DEAD_MAXLEN]
 
+        def key_index(key: str) -> int:
+            if key not in index:
+                keys.append(key)
+                index[key] = len(keys)  # Lua indexes from 1
+            return index[key]
+
         def kidx(run: str) -> int:
-            if not run:
-                return 0
-            ck = counters_key(self.prefix, run)
-            if ck not in index:
-                keys.append(ck)
-                index[ck] = len(keys)  # Lua indexes from 1
-            return index[ck]
+            return key_index(counters_key(self.prefix, run)) if run else 0
+
+        def midx(task: str) -> list[int]:
+            """Per-task and per-site metric hashes (monitor/metrics.py) count stored items."""
+            if not task:
+                return [0, 0]
+            site = task.split(".", 1)[0]
+            return [
+                key_index(f"{self.prefix}:metrics:task:{task}"),
+                key_index(f"{self.prefix}:metrics:site:{site}"),
+            ]
 
         for e in stored:
-            args += [e.id, kidx(e.run), e.step, len(e.items), "stored", 0]
+            args += [e.id, kidx(e.run), e.step, len(e.items), "stored", *midx(e.task), 0]
         for e, error, sink in dead:
             extra: list[Any] = []
             for k, v in e.fields.items():
@@ -664,7 +680,8 @@ class Drainer:
                 "at",
                 f"{time.time():.3f}",
             ]
-            args += [e.id, kidx(e.run), e.step, len(e.items), "store_failed", len(extra), *extra]
+            args += [e.id, kidx(e.run), e.step, len(e.items), "store_failed", *midx(e.task),
+                     len(extra), *extra]  # fmt: skip
             log.error("outbox: entry %s (%s) dead-lettered: %s", e.id, e.type, error)
         pipe = self.r.pipeline(transaction=False)
         if stored or dead:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
+from typing import Any
 
 _PATTERNS = [
     (re.compile(r"(//)[^/@\s:]+:[^/@\s]+@"), r"\1***:***@"),
@@ -16,20 +18,41 @@ _PATTERNS = [
 ]  # fmt: skip
 
 
-_SECRET_KEYS = re.compile(
-    r"(?i)(cookie|session|passw|pwd|token|secret|auth|sign|credential|proxy_url)"
-)
+SECRET_KEY_PARTS = (
+    "cookie", "passw", "pwd", "token", "secret", "proxy", "proxies", "authorization",
+    "session", "apikey", "api_key", "credential", "signature",
+)  # fmt: skip
+SECRET_KEY_NAMES = {"sign", "auth", "sid", "pass"}  # too short to match inside other names
+MASK = "***"
 
 
-def mask(value: object) -> object:
-    """A copy of a JSON-like value with secret-looking keys' values replaced by '***'."""
-    if isinstance(value, dict):
-        return {k: "***" if _SECRET_KEYS.search(str(k)) else mask(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(mask(v) for v in value)
+def is_secret_key(key: object) -> bool:
+    k = str(key).lower().replace("-", "_")
+    return any(p in k for p in SECRET_KEY_PARTS) or bool(SECRET_KEY_NAMES & set(k.split("_")))
+
+
+def mask(value: Any, _depth: int = 0) -> Any:
+    """A copy with values under secret-looking keys replaced and URL credentials redacted."""
+    if _depth > 8:
+        return "..."
+    if isinstance(value, Mapping):
+        return {
+            k: (MASK if is_secret_key(k) and v not in (None, "") else mask(v, _depth + 1))
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(mask(v, _depth + 1) for v in value)
     if isinstance(value, str):
         return redact(value)
     return value
+
+
+def task_argsrepr(params: object, meta: object = None, maxsize: int = 1024) -> str:
+    """What Celery shows of an endpoint message `(params, meta)` (Flower, events, inspect):
+    readable, with secrets masked, capped in size."""
+    from celery.utils.saferepr import saferepr
+
+    return redact(saferepr((mask(params), mask(meta)), maxsize))
 
 
 def redact(text: str) -> str:

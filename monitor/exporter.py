@@ -1,0 +1,397 @@
+"""Prometheus exporter: `/metrics` in the text format, read from Redis on every scrape.
+
+A custom collector turns the counters every worker already keeps in Redis (monitor.metrics,
+run counters, pools, outbox, dead letters, alert state) into metric families, so the numbers
+are cluster-wide, survive worker restarts, and any number of exporters agree. Metric names
+and labels are listed in docs/monitoring.md; they are a stable interface.
+
+Auth: bound to a loopback address, `/metrics` is open unless a password is configured; bound
+to anything else, HTTP basic auth is required, with `CHAINCRAWL_MONITOR_PASSWORD` or a password
+generated once into `var/monitor.secret` (0600). `/healthz` is always open and says nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from config import Settings, get_settings
+from monitor import alerts, health
+from monitor import status as st
+
+log = logging.getLogger("chaincrawl.exporter")
+
+TASK_LABELS = ["site", "task"]
+RUN_COUNTERS = ("dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed")
+
+
+class MonitorSettings(BaseSettings):
+    """`CHAINCRAWL_MONITOR_*` variables (kept apart from config.Settings like the proxy ones)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CHAINCRAWL_MONITOR_", env_file=".env", extra="ignore"
+    )
+
+    address: str = Field("127.0.0.1", description="Where /metrics listens; not loopback => auth.")
+    port: int = Field(9808, description="Port of /metrics.")
+    user: str = Field("metrics", description="Basic-auth user.")
+    password: str = Field("", description="Basic-auth password; generated into var/ if needed.")
+    runs_limit: int = Field(50, description="Active runs exported per scrape (label cardinality).")
+
+
+class ChaincrawlCollector(Collector):
+    """Reads Redis at each `collect()`; never raises (a dead Redis shows as chaincrawl_up 0)."""
+
+    def __init__(
+        self, client: Any = None, settings: Settings | None = None, runs_limit: int = 50
+    ) -> None:
+        self.s = settings or get_settings()
+        self._client = client
+        self.runs_limit = runs_limit
+
+    @property
+    def r(self) -> Any:
+        if self._client is None:
+            from utils.redis import get_redis
+
+            self._client = get_redis(self.s.redis_url)
+        return self._client
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not scrape Redis
+
+    def collect(self) -> Iterator[Metric]:
+        t0 = time.perf_counter()
+        families: list[Metric] = []
+        up = 1
+        parts = (self._tasks, self._queues, self._storage, self._pools, self._runs, self._alerts)
+        try:
+            self.r.ping()
+        except Exception as exc:  # Redis down: say so at once instead of failing every part
+            log.warning("scrape: Redis unreachable: %s", exc)
+            up, parts = 0, ()
+        for part in parts:
+            try:
+                families.extend(part())
+            except Exception as exc:  # one unreadable part must not hide the others
+                up = 0
+                log.warning("scrape: %s failed: %s", part.__name__, exc)
+        yield from families
+        yield GaugeMetricFamily(
+            "chaincrawl_up", "1 if every part of the last scrape read Redis", value=up
+        )
+        yield GaugeMetricFamily(
+            "chaincrawl_scrape_duration_seconds",
+            "Time this scrape took",
+            value=time.perf_counter() - t0,
+        )
+
+    # -- per task (and so per site: the site label) ----------------------------------------------
+    def _tasks(self) -> list[Metric]:
+        tasks = CounterMetricFamily(
+            "chaincrawl_tasks", "Task attempts by outcome", labels=[*TASK_LABELS, "outcome"]
+        )
+        retries = CounterMetricFamily(
+            "chaincrawl_retries", "Retries by error type", labels=[*TASK_LABELS, "reason"]
+        )
+        failures = CounterMetricFamily(
+            "chaincrawl_failures",
+            "Tasks failed for good by error type",
+            labels=[*TASK_LABELS, "reason"],
+        )
+        waits = CounterMetricFamily(
+            "chaincrawl_waits",
+            "Tasks put back to wait (rate limits, pools)",
+            labels=[*TASK_LABELS, "reason"],
+        )
+        requests = CounterMetricFamily(
+            "chaincrawl_http_requests", "HTTP requests made, answered or not", labels=TASK_LABELS
+        )
+        responses = CounterMetricFamily(
+            "chaincrawl_http_responses", "HTTP responses by status", labels=[*TASK_LABELS, "status"]
+        )
+        nbytes = CounterMetricFamily(
+            "chaincrawl_response_bytes", "Response body bytes downloaded", labels=TASK_LABELS
+        )
+        items = CounterMetricFamily(
+            "chaincrawl_items", "Items produced and validated by tasks", labels=TASK_LABELS
+        )
+        stored = CounterMetricFamily(
+            "chaincrawl_items_stored", "Items durably stored by the outbox", labels=TASK_LABELS
+        )
+        store_failed = CounterMetricFamily(
+            "chaincrawl_items_store_failed", "Items refused by a sink", labels=TASK_LABELS
+        )
+        latency = HistogramMetricFamily(
+            "chaincrawl_task_latency_seconds", "Task run time", labels=TASK_LABELS
+        )
+        for task, m in st.task_metrics(self.r, self.s).items():
+            lab = [st.site_of(task), task]
+            for o in st.OUTCOMES:
+                tasks.add_metric([*lab, o], m.get(o, 0))
+            for fam, prefix in ((retries, "retried"), (failures, "failed"), (waits, "waited")):
+                for reason, n in st.breakdown(m, prefix).items():
+                    fam.add_metric([*lab, reason], n)
+            requests.add_metric(lab, m.get("requests", 0))
+            for status, n in st.breakdown(m, "http").items():
+                responses.add_metric([*lab, status], n)
+            nbytes.add_metric(lab, m.get("bytes", 0))
+            items.add_metric(lab, m.get("items", 0))
+            if "stored" in m:
+                stored.add_metric(lab, m["stored"])
+            if "store_failed" in m:
+                store_failed.add_metric(lab, m["store_failed"])
+            buckets = [(floatToGoString(b), n) for b, n in st.latency_buckets(m)]
+            latency.add_metric(lab, buckets, sum_value=m.get("latency_ms_sum", 0) / 1000.0)
+        return [tasks, retries, failures, waits, requests, responses, nbytes, items, stored,
+                store_failed, latency]  # fmt: skip
+
+    # -- broker -------------------------------------------------------------------------------------
+    def _queues(self) -> list[Metric]:
+        broker = st.broker_client(self.r, self.s)
+        depth = GaugeMetricFamily(
+            "chaincrawl_queue_depth", "Messages waiting in a queue", labels=["queue"]
+        )
+        for q, n in st.queue_depths(broker, self.s).items():
+            depth.add_metric([q], n)
+        out: list[Metric] = [depth]
+        if st.is_redis_broker(self.s):
+            out.append(GaugeMetricFamily(
+                "chaincrawl_queue_unacked", "Messages delivered to workers, not yet acknowledged",
+                value=st.unacked(broker, self.s),
+            ))  # fmt: skip
+        seen = alerts.workers_seen(self.r, self.s)
+        if seen is not None:
+            out.append(GaugeMetricFamily(
+                "chaincrawl_workers", "Workers that answered the monitor's last ping",
+                value=len(seen.get("workers") or ()),
+            ))  # fmt: skip
+        return out
+
+    # -- dead letters and the outbox -----------------------------------------------------------------
+    def _storage(self) -> list[Metric]:
+        out: list[Metric] = [
+            GaugeMetricFamily("chaincrawl_dead_letters", "Tasks in the dead-letter store",
+                              value=st.dead_letters(self.r, self.s)),
+        ]  # fmt: skip
+        b = st.outbox(self.r, self.s)
+        out.append(GaugeMetricFamily("chaincrawl_outbox_backlog", "Outbox entries not yet stored",
+                                     value=b.get("length", 0)))  # fmt: skip
+        if "pending" in b:
+            out.append(GaugeMetricFamily("chaincrawl_outbox_pending",
+                                         "Outbox entries read by a drainer, not yet confirmed",
+                                         value=b["pending"]))  # fmt: skip
+        out.append(GaugeMetricFamily("chaincrawl_outbox_oldest_age_seconds",
+                                     "Age of the oldest entry waiting for storage",
+                                     value=b.get("oldest_entry_age") or 0))  # fmt: skip
+        if "dead" in b:
+            out.append(GaugeMetricFamily("chaincrawl_outbox_dead", "Outbox entries a sink refused",
+                                         value=b["dead"]))  # fmt: skip
+        if "errors" in b:
+            out.append(GaugeMetricFamily("chaincrawl_outbox_sink_errors", "Sinks failing right now",
+                                         value=len(b["errors"] or {})))  # fmt: skip
+        return out
+
+    # -- resource pools ----------------------------------------------------------------------------------
+    def _pools(self) -> list[Metric]:
+        labels = ["pool", "kind", "site"]
+        size = GaugeMetricFamily("chaincrawl_pool_size", "Pool members usable now", labels=labels)
+        bans = GaugeMetricFamily(
+            "chaincrawl_pool_banned", "Pool members banned or cooling down", labels=labels
+        )
+        produced = CounterMetricFamily(
+            "chaincrawl_pool_produced", "Pool members ever added", labels=labels
+        )
+        age = GaugeMetricFamily(
+            "chaincrawl_pool_report_age_seconds", "Age of a pushed pool report", labels=labels
+        )
+        for h in health.collect(self.r, self.s):
+            lab = [h.name, h.kind, h.site]
+            size.add_metric(lab, h.size)
+            bans.add_metric(lab, h.bans)
+            produced.add_metric(lab, h.produced)
+            if h.source == "report":
+                age.add_metric(lab, h.age)
+        return [size, bans, produced, age]
+
+    # -- runs -------------------------------------------------------------------------------------------
+    def _runs(self) -> list[Metric]:
+        recs = st.run_records(self.r, self.s, limit=self.runs_limit)
+        active = GaugeMetricFamily("chaincrawl_active_runs", "Chain runs not yet done",
+                                   value=int(self.r.scard(self.s.key("runs", "active"))))  # fmt: skip
+        steps = GaugeMetricFamily("chaincrawl_run_tasks", "Per-step counters of an active run",
+                                  labels=["run", "chain", "step", "counter"])  # fmt: skip
+        outstanding = GaugeMetricFamily("chaincrawl_run_outstanding", "Tasks of a run not finished",
+                                        labels=["run", "chain"])  # fmt: skip
+        age = GaugeMetricFamily("chaincrawl_run_age_seconds", "Seconds since a run started",
+                                labels=["run", "chain"])  # fmt: skip
+        for rec in recs:
+            rid, chain = rec["run_id"], rec["chain"]
+            outstanding.add_metric([rid, chain], rec["outstanding"])
+            if rec["age"] is not None:
+                age.add_metric([rid, chain], rec["age"])
+            for step, counters in sorted(rec["steps"].items()):
+                for c in RUN_COUNTERS:
+                    if c in counters:
+                        steps.add_metric([rid, chain, step, c], counters[c])
+        return [active, steps, outstanding, age]
+
+    # -- alerts -----------------------------------------------------------------------------------------
+    def _alerts(self) -> list[Metric]:
+        fam = GaugeMetricFamily(
+            "chaincrawl_alerts_firing", "Alert incidents open now", labels=["rule", "subject"]
+        )
+        for a in alerts.firing(self.r, self.s):
+            fam.add_metric([a["rule"], a["subject"]], 1)
+        return [fam]
+
+
+def make_registry(
+    client: Any = None, settings: Settings | None = None, runs_limit: int = 50
+) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ChaincrawlCollector(client, settings, runs_limit))
+    return reg
+
+
+# --- HTTP ------------------------------------------------------------------------------------------
+
+
+def is_loopback(address: str) -> bool:
+    if address in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def monitor_password(s: Settings, ms: MonitorSettings) -> tuple[str, str]:
+    """(password, where it comes from): configured, else generated once into var/monitor.secret."""
+    if ms.password:
+        return ms.password, "CHAINCRAWL_MONITOR_PASSWORD"
+    f = s.var_dir / "monitor.secret"
+    if not f.exists():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(secrets.token_urlsafe(12))
+        f.chmod(0o600)
+    return f.read_text().strip(), str(f)
+
+
+def auth_header(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+class MetricsHandler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry
+    expected_auth: str | None = None  # None: open
+    server_version = "chaincrawl-exporter"
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/healthz":
+            return self._send(200, b"ok\n", "text/plain; charset=utf-8")
+        if self.expected_auth is not None and not hmac.compare_digest(
+            (self.headers.get("Authorization") or "").encode(), self.expected_auth.encode()
+        ):
+            return self._send(
+                401, b"authentication required\n", "text/plain; charset=utf-8",
+                {"WWW-Authenticate": 'Basic realm="chaincrawl metrics", charset="UTF-8"'},
+            )  # fmt: skip
+        if path == "/":
+            return self._send(200, b'<a href="/metrics">/metrics</a>\n', "text/html; charset=utf-8")
+        if path != "/metrics":
+            return self._send(404, b"not found\n", "text/plain; charset=utf-8")
+        encoder, content_type = choose_encoder(self.headers.get("Accept") or "")
+        try:
+            body = encoder(self.registry)
+        except Exception as exc:  # the collector catches Redis errors; this is a bug guard
+            log.exception("scrape failed")
+            return self._send(500, f"scrape failed: {type(exc).__name__}\n".encode(), "text/plain")
+        return self._send(200, body, content_type)
+
+    def _send(
+        self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+class ExporterServer:
+    """The HTTP server in a daemon thread; `close()` stops it."""
+
+    def __init__(
+        self, address: str, port: int, registry: CollectorRegistry, auth: str | None
+    ) -> None:
+        handler = type("Handler", (MetricsHandler,), {"registry": registry, "expected_auth": auth})
+        self.httpd = ThreadingHTTPServer((address, port), handler)
+        self.httpd.daemon_threads = True
+        self.address, self.port = address, self.httpd.server_address[1]
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, name="exporter", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}/metrics"
+
+    def start(self) -> ExporterServer:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def serve(
+    s: Settings | None = None,
+    ms: MonitorSettings | None = None,
+    *,
+    address: str | None = None,
+    port: int | None = None,
+    client: Any = None,
+) -> tuple[ExporterServer, str]:
+    """Start the exporter; returns it and a line describing the auth in force."""
+    s = s or get_settings()
+    ms = ms or MonitorSettings()
+    address = address or ms.address
+    port = ms.port if port is None else port
+    auth: str | None = None
+    note = "no auth (loopback only)"
+    if ms.password or not is_loopback(address):
+        password, where = monitor_password(s, ms)
+        auth = auth_header(ms.user, password)
+        note = f"basic auth: user {ms.user!r}, password in {where}"
+    server = ExporterServer(address, port, make_registry(client, s, ms.runs_limit), auth).start()
+    return server, note

@@ -1,0 +1,327 @@
+"""What the cluster is doing, gathered from Redis (and the broker) for every monitoring view.
+
+The exporter, the alert evaluator and `control.sh status` all read through these functions,
+so a number means the same thing on a dashboard, in an alert and in the terminal. Nothing
+here renders; `cli/status.py` draws the snapshot with rich.
+
+Also here: `task_argsrepr`, the masked text Celery puts in a message's `argsrepr` header, which
+is what task events, Flower and `inspect active` show instead of the raw arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from config import Settings, get_settings
+from monitor.metrics import LATENCY_BUCKETS_MS
+from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("started", "succeeded", "failed", "retried", "waited")
+ERROR_OUTCOMES = ("failed", "retried", "waited")
+
+# masking lives in utils/logsafe.py; re-exported for the callers of these names
+
+
+# --- Redis readers -----------------------------------------------------------------------------
+
+
+def _hashes(client: Any, prefix: str) -> dict[str, dict[str, int]]:
+    keys = sorted(client.scan_iter(match=prefix + "*", count=1000))
+    if not keys:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.hgetall(k)
+    out: dict[str, dict[str, int]] = {}
+    for k, raw in zip(keys, pipe.execute(), strict=True):
+        vals: dict[str, int] = {}
+        for f, v in raw.items():
+            try:
+                vals[f.decode()] = int(v)
+            except ValueError:
+                continue
+        out[k.decode()[len(prefix) :]] = vals
+    return out
+
+
+def task_metrics(client: Any, s: Settings | None = None) -> dict[str, dict[str, int]]:
+    """Every `metrics:task:{task}` hash, pipelined (one round trip after the scan)."""
+    return _hashes(client, (s or get_settings()).key("metrics", "task", ""))
+
+
+def site_metrics(client: Any, s: Settings | None = None) -> dict[str, dict[str, int]]:
+    return _hashes(client, (s or get_settings()).key("metrics", "site", ""))
+
+
+def site_of(task: str) -> str:
+    return task.split(".", 1)[0]
+
+
+def is_redis_broker(s: Settings) -> bool:
+    return s.broker_url.startswith(("redis", "rediss", "unix"))
+
+
+def broker_client(client: Any, s: Settings) -> Any:
+    """A client on the broker's Redis: `client` itself unless BROKER_URL names another server."""
+    if not is_redis_broker(s) or s.broker_url == s.redis_url:
+        return client
+    from utils.redis import get_redis
+
+    return get_redis(s.broker_url)
+
+
+def queue_names() -> list[str]:
+    try:
+        import worker
+
+        return list(worker.queues())
+    except Exception:  # no sites importable here: the depths of known queues only
+        log.debug("worker queues unavailable", exc_info=True)
+        return ["default", "resources"]
+
+
+def queue_depths(
+    client: Any, s: Settings | None = None, queues: Iterable[str] | None = None
+) -> dict[str, int]:
+    """Messages waiting per queue on a Redis broker (the sum of its priority sub-lists).
+
+    Empty for other brokers (RabbitMQ shows its own queue depths in its management UI).
+    """
+    s = s or get_settings()
+    if not is_redis_broker(s):
+        return {}
+    prefix = f"{s.key_prefix}:q:"
+    if queues is not None:
+        qs = list(queues)
+    else:  # the configured queues, plus any other queue holding messages (a retired site)
+        found = set(queue_names())
+        for k in client.scan_iter(match=prefix + "*", count=1000, _type="list"):
+            name = k.decode()[len(prefix) :]
+            base, sep, p = name.rpartition(":")
+            found.add(base if sep and p.isdigit() else name)
+        qs = sorted(found)
+    pipe = client.pipeline(transaction=False)
+    for q in qs:
+        pipe.llen(prefix + q)
+        for p in range(1, 10):
+            pipe.llen(f"{prefix}{q}:{p}")
+    res = pipe.execute()
+    return {q: int(sum(res[i * 10 : i * 10 + 10])) for i, q in enumerate(qs)}
+
+
+def unacked(client: Any, s: Settings | None = None) -> int:
+    """Messages delivered to a worker and not yet acknowledged (running, prefetched, countdown)."""
+    s = s or get_settings()
+    if not is_redis_broker(s):
+        return 0
+    return int(client.hlen(f"{s.key_prefix}:q:unacked"))
+
+
+def outbox(client: Any, s: Settings | None = None) -> dict[str, Any]:
+    """Items waiting for storage (external_interface.outbox.backlog when deployed)."""
+    s = s or get_settings()
+    try:
+        from external_interface.outbox import backlog
+    except ImportError:
+        key = s.key("outbox")
+        return {"stream": key, "length": int(client.xlen(key)) if client.exists(key) else 0}
+    return backlog(client, s.key_prefix)
+
+
+def dead_letters(client: Any, s: Settings | None = None) -> int:
+    from monitor.deadletter import DeadLetterStore
+
+    return DeadLetterStore(client, s).count()
+
+
+def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Active runs, newest first: chain, age and flat counters, without parsing chain trees.
+
+    Cheap enough for every scrape: two pipelined reads per run, capped at `limit` runs.
+    """
+    s = s or get_settings()
+    rids = sorted(m.decode() for m in client.smembers(s.key("runs", "active")))
+    if not rids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for rid in rids:
+        pipe.hmget(s.key("run", rid), "chain", "created", "status", "priority")
+        pipe.hgetall(s.key("run", rid, "counters"))
+    res = pipe.execute()
+    now = time.time()
+    out = []
+    for i, rid in enumerate(rids):
+        chain, created, status, prio = (v.decode() if v else "" for v in res[2 * i])
+        counters = {k.decode(): int(v) for k, v in res[2 * i + 1].items()}
+        steps: dict[str, dict[str, int]] = {}
+        for k, v in counters.items():
+            step, sep, c = k.rpartition(":")
+            if sep:
+                steps.setdefault(step, {})[c] = v
+        out.append({
+            "run_id": rid, "chain": chain, "status": status or "unknown",
+            "priority": prio, "created": float(created or 0),
+            "age": round(now - float(created), 3) if created else None,
+            "outstanding": counters.get("outstanding", 0),
+            "totals": {k: v for k, v in counters.items() if ":" not in k},
+            "steps": steps,
+        })  # fmt: skip
+    out.sort(key=lambda r: r["created"], reverse=True)
+    return out[:limit]
+
+
+def active_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """Progress of the newest active runs (as `RunHandle.progress().as_dict()`, chain order)."""
+    import orjson
+
+    from chains.model import chain_from_dict
+    from chains.runner import RunHandle
+    from chains.state import RunState
+
+    state = RunState(client, s or get_settings())
+    out = []
+    for rec in run_records(client, s, limit):
+        try:
+            raw = state.chain_def(rec["run_id"])
+            chain = chain_from_dict(orjson.loads(raw), validate=False)  # type: ignore[arg-type]
+            out.append(RunHandle(rec["run_id"], chain, state).progress().as_dict())
+        except Exception:  # a run record that expired under us
+            continue
+    return out
+
+
+def workers(timeout: float = 1.0) -> dict[str, Any] | None:
+    """Workers answering a broadcast within `timeout`, with the tasks each is running.
+
+    None when the broker cannot be reached. Our pid files (`processes`) list what this machine
+    started; this lists what is alive anywhere on the broker.
+    """
+    try:
+        from worker import app
+
+        replies = app.control.inspect(timeout=timeout).active() or {}
+    except Exception as exc:
+        log.warning("inspecting workers failed: %s", exc)
+        return None
+    out: dict[str, Any] = {}
+    for name, tasks in sorted(replies.items()):
+        out[name] = {
+            "active": len(tasks or ()),
+            "tasks": [
+                {"id": t.get("id"), "name": t.get("name"), "args": t.get("args"),
+                 "started": t.get("time_start")}
+                for t in tasks or ()
+            ],
+        }  # fmt: skip
+    return out
+
+
+def processes(s: Settings | None = None) -> dict[str, int]:
+    """Processes `control.sh` started on this machine (pid files in var/run that are alive)."""
+    s = s or get_settings()
+    out: dict[str, int] = {}
+    for pidfile in sorted((s.var_dir / "run").glob("*.pid")):
+        try:
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            continue
+        out[pidfile.stem] = pid
+    return out
+
+
+# --- derived numbers -------------------------------------------------------------------------
+
+
+def latency_buckets(m: Mapping[str, int]) -> list[tuple[float, int]]:
+    """Cumulative (upper bound seconds, count) pairs, ending with +Inf."""
+    out = [(b / 1000.0, int(m.get(f"latency_le:{b}", 0))) for b in LATENCY_BUCKETS_MS]
+    out.append((float("inf"), int(m.get("latency_le:+Inf", m.get("latency_count", 0)))))
+    return out
+
+
+def bucket_quantile(q: float, buckets: list[tuple[float, int]]) -> float | None:
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding q."""
+    total = buckets[-1][1] if buckets else 0
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return prev_bound
+            width = count - prev_count
+            frac = (rank - prev_count) / width if width else 1.0
+            return prev_bound + (bound - prev_bound) * frac
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+def breakdown(m: Mapping[str, int], prefix: str) -> dict[str, int]:
+    p = prefix + ":"
+    return {k[len(p) :]: v for k, v in m.items() if k.startswith(p) and v}
+
+
+def summary(m: Mapping[str, int]) -> dict[str, Any]:
+    """Counters plus rates of one task or site hash, as status and alerts show them."""
+    ok, failed = m.get("succeeded", 0), m.get("failed", 0)
+    started, retried = m.get("started", 0), m.get("retried", 0)
+    finished = ok + failed
+    n_lat = m.get("latency_count", 0)
+    buckets = latency_buckets(m)
+    p95 = bucket_quantile(0.95, buckets)
+    return {
+        **{o: m.get(o, 0) for o in OUTCOMES},
+        "fail_rate": round(failed / finished, 4) if finished else None,
+        "retry_rate": round(retried / started, 4) if started else None,
+        "requests": m.get("requests", 0),
+        "bytes": m.get("bytes", 0),
+        "items": m.get("items", 0),
+        "stored": m.get("stored"),
+        "latency_avg": round(m.get("latency_ms_sum", 0) / n_lat / 1000, 4) if n_lat else None,
+        "latency_p95": round(p95, 4) if p95 is not None else None,
+        "http": breakdown(m, "http"),
+        "errors": {o: breakdown(m, o) for o in ERROR_OUTCOMES if breakdown(m, o)},
+    }
+
+
+# --- the whole picture -----------------------------------------------------------------------
+
+
+def snapshot(
+    s: Settings | None = None,
+    client: Any = None,
+    *,
+    workers_timeout: float | None = 1.0,
+    runs_limit: int = 20,
+) -> dict[str, Any]:
+    """Everything `control.sh status` shows, JSON-ready. `workers_timeout=None` skips the
+    broadcast to workers (which costs that many seconds)."""
+    from monitor import alerts, health
+    from utils.redis import get_redis
+
+    s = s or get_settings()
+    r = client if client is not None else get_redis(s.redis_url)
+    broker = broker_client(r, s)
+    tasks = task_metrics(r, s)
+    return {
+        "time": time.time(),
+        "processes": processes(s),
+        "workers": workers(workers_timeout) if workers_timeout is not None else None,
+        "queues": queue_depths(broker, s),
+        "unacked": unacked(broker, s),
+        "active_runs": active_runs(r, s, runs_limit),
+        "dead_letters": dead_letters(r, s),
+        "outbox": outbox(r, s),
+        "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
+        "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},
+        "pools": [h.as_dict() for h in health.collect(r, s)],
+        "alerts": alerts.firing(r, s),
+    }
