@@ -435,6 +435,18 @@ def _retry_after(value: str | None) -> float | None:
 # --- the task base class -----------------------------------------------------------------
 
 
+_states: dict[tuple[int, int], RunState] = {}
+
+
+def _run_state(client: Any, settings: Settings) -> RunState:
+    """One RunState per client and settings: building one hashes its Lua scripts."""
+    key = (id(client), id(settings))
+    st = _states.get(key)
+    if st is None:
+        st = _states[key] = RunState(client, settings)
+    return st
+
+
 _chain_cache: OrderedDict[str, Chain] = OrderedDict()
 _chain_lock = threading.Lock()
 
@@ -464,7 +476,7 @@ def broker_priority(prio: int, broker_url: str | None = None) -> int:
     return 9 - prio if url.startswith(("redis", "rediss", "unix")) else prio
 
 
-def send_kid(app: Any, kid: Mapping[str, Any]) -> None:
+def send_kid(app: Any, kid: Mapping[str, Any], producer: Any = None) -> None:
     meta = kid["meta"]
     opts: dict[str, Any] = {
         "task_id": kid["id"],
@@ -475,6 +487,8 @@ def send_kid(app: Any, kid: Mapping[str, Any]) -> None:
         opts["priority"] = broker_priority(meta["prio"])
     if meta.get("queue"):
         opts["queue"] = meta["queue"]
+    if producer is not None:
+        opts["producer"] = producer
     app.send_task(kid["task"], args=(kid["params"], meta), **opts)
 
 
@@ -492,7 +506,7 @@ class SiteTask(Task):
         spec = self.spec
         settings = get_settings()
         r = get_redis()
-        state = RunState(r, settings)
+        state = _run_state(r, settings)
         meta = dict(meta or {})
         tid = self.request.id or uuid.uuid4().hex
         rid, step = meta.get("run", ""), meta.get("step", "")
@@ -611,10 +625,12 @@ class SiteTask(Task):
 
     def _send_staged(self, state: RunState, tid: str) -> None:
         staged = state.staged_kids(tid)
-        for kid in staged:
-            send_kid(self.app, kid)
-        if staged:
-            state.clear_kids(tid)
+        if not staged:
+            return
+        with self.app.producer_or_acquire() as producer:  # one connection for all children
+            for kid in staged:
+                send_kid(self.app, kid, producer)
+        state.clear_kids(tid)
 
     # -- failure paths
 

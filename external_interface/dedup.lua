@@ -34,7 +34,7 @@ local mode = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
 local S = tonumber(ARGV[3])
 local P = tonumber(ARGV[4])
-local BLK = 16 -- sub-buckets per coarse sum
+local BLK = 16 -- sub-buckets per directory block
 local NB = math.floor((S + BLK - 1) / BLK)
 local CNT = 4 * NB -- byte offset (0-based) of ends[0]
 local DIR = CNT + 2 * S -- byte offset (0-based) of main record 0
@@ -102,7 +102,7 @@ local b, PO, npend
 
 -- [lo, hi): the main records of sub-bucket s
 local function sub_range(s)
-  local blk = floor(s / BLK)
+  local blk = (s - s % BLK) / BLK
   local base = sunpack('>I4', b, blk * 4 + 1)
   if s == blk * BLK then
     return base, base + sunpack('>H', b, CNT + 2 * s + 1)
@@ -114,7 +114,8 @@ end
 -- lower bound of fp among main records [lo, hi)
 local function main_bound(lo, hi, fp)
   while lo < hi do
-    local mid = floor((lo + hi) / 2)
+    local mid = lo + hi
+    mid = (mid - mid % 2) / 2 -- floor without a C call
     if sunpack('>I5', b, DIR + mid * REC + 1) < fp then
       lo = mid + 1
     else
@@ -128,7 +129,8 @@ end
 local function pend_bound(s, fp)
   local lo, hi = 0, npend
   while lo < hi do
-    local mid = floor((lo + hi) / 2)
+    local mid = lo + hi
+    mid = (mid - mid % 2) / 2 -- floor without a C call
     local s2, f2 = sunpack('>HI5', b, PO + mid * PREC + 1)
     if s2 < s or (s2 == s and f2 < fp) then
       lo = mid + 1
@@ -306,36 +308,71 @@ local function run(key, ops)
     end
   else
     -- pending full: merge it and the new records into main, rebuild the bucket
-    local extra, k, q = {}, 1, 1
-    for j = 0, npend - 1 do
-      local s, fp, hour, cfp = sunpack('>HI5HH', b, PO + j * PREC + 1)
-      if pm[q] and pm[q][1] == j then
-        s, fp, hour, cfp = sunpack('>HI5HH', pm[q][2], 1)
-        q = q + 1
-      end
-      while ins[k] and (ins[k][1] < s or (ins[k][1] == s and ins[k][2] < fp)) do
-        extra[#extra + 1] = ins[k]
-        k = k + 1
-      end
-      extra[#extra + 1] = { s, fp, hour, cfp }
-    end
-    while ins[k] do
-      extra[#extra + 1] = ins[k]
-      k = k + 1
-    end
-    local adds, incs, subs = {}, {}, {}
-    for j, r in ipairs(extra) do
-      local s = r[1]
+    local xa, xr, nx = {}, {}, 0 -- main insertion index and 9-byte record of each, in order
+    local incs, subs = {}, {}
+    local function add(s, fp, rec)
       local lo, hi = sub_range(s)
-      adds[j] = { main_bound(lo, hi, r[2]), spack('>I5HH', r[2], r[3], r[4]), false }
+      nx = nx + 1
+      xa[nx], xr[nx] = main_bound(lo, hi, fp), rec
       if not incs[s] then
         incs[s] = 0
-        subs[#subs + 1] = s -- ascending: extra is sorted
+        subs[#subs + 1] = s -- ascending: records come sorted
       end
       incs[s] = incs[s] + 1
     end
+    local k, q = 1, 1
+    for j = 0, npend - 1 do
+      local rec
+      if pm[q] and pm[q][1] == j then
+        rec = pm[q][2]
+        q = q + 1
+      else
+        rec = ssub(b, PO + j * PREC + 1, PO + (j + 1) * PREC)
+      end
+      local s, fp = sunpack('>HI5', rec, 1)
+      while ins[k] and (ins[k][1] < s or (ins[k][1] == s and ins[k][2] < fp)) do
+        local r = ins[k]
+        add(r[1], r[2], spack('>I5HH', r[2], r[3], r[4]))
+        k = k + 1
+      end
+      add(s, fp, ssub(rec, 3)) -- a pending record is its sub-bucket + a main record
+    end
+    while ins[k] do
+      local r = ins[k]
+      add(r[1], r[2], spack('>I5HH', r[2], r[3], r[4]))
+      k = k + 1
+    end
     local parts, np = new_directory(key, subs, incs)
-    np = splice(parts, np, b, DIR, REC, nmain, merge_edits(adds, mm))
+    -- main records with the inserts (xa) and replacements (mm) in index order, inserts first
+    local cursor, j, m = 0, 1, 1
+    while j <= nx or mm[m] do
+      local e = mm[m]
+      if j <= nx and (e == nil or xa[j] <= e[1]) then
+        local idx = xa[j]
+        if idx > cursor then
+          np = np + 1
+          parts[np] = ssub(b, DIR + cursor * REC + 1, DIR + idx * REC)
+          cursor = idx
+        end
+        np = np + 1
+        parts[np] = xr[j]
+        j = j + 1
+      else
+        local idx = e[1]
+        if idx > cursor then
+          np = np + 1
+          parts[np] = ssub(b, DIR + cursor * REC + 1, DIR + idx * REC)
+        end
+        np = np + 1
+        parts[np] = e[2]
+        cursor = idx + 1
+        m = m + 1
+      end
+    end
+    if nmain > cursor then
+      np = np + 1
+      parts[np] = ssub(b, DIR + cursor * REC + 1, DIR + nmain * REC)
+    end
     parts[np + 1] = srep('\0', PLEN + 2)
     redis.call('SET', key, concat(parts))
   end

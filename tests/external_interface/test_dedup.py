@@ -493,3 +493,29 @@ def test_marking_hook_marks_after_store(rds: redis.Redis, key_prefix: str) -> No
     d = stores["demo.post"]
     assert statuses(d.check_many([1, 2, 3], ["a", "x", None])) == [UNCHANGED, CHANGED, NEW]
     d.clear()
+
+
+def test_merge_applies_updates_and_inserts_of_one_call(
+    rds: redis.Redis, key_prefix: str, clock: Clock
+) -> None:
+    """One call that updates main and pending records and overflows pending (a rebuild)."""
+    lay = Layout(buckets=1, subs=3, pending=4)
+    d = RedisDedup("s:merge", rds, prefix=key_prefix, layout=lay, clock=clock)
+    model = Reference(d)
+    now = int(clock() // 3600)
+    first = [f"m{i}" for i in range(9)]  # 4 + 4 pending, merged, then 1 pending
+    model.apply(1, first, ["v"] * 9, now)
+    d.mark_many(first[:4], ["v"] * 4)
+    d.mark_many(first[4:8], ["v"] * 4)
+    d.mark_many(first[8:], ["v"])
+    bucket = decode_bucket(rds.get(d.bucket_key(0)), lay)
+    assert (len(bucket.main), len(bucket.pending)) == (8, 1)
+    clock.advance(hours=2)
+    ids = ["m0", "m8", "n1", "n2", "n3", "n4"]  # main update, pending update, 4 inserts
+    vals = ["w", "w", "x", "x", "x", "x"]
+    want = model.apply(2, ids, vals, now + 2)
+    assert d.mark_many(ids, vals, refresh=True) == want
+    bucket = decode_bucket(rds.get(d.bucket_key(0)), lay)
+    assert (len(bucket.main), len(bucket.pending)) == (13, 0)
+    check_buckets(d, rds, model)
+    d.clear()
