@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from config import ROOT, get_settings, reset_settings
+from config import get_settings, reset_settings
+from tests.procs import LoggedProc
 from tests.testsite.server import TestSite
 from utils.redis import reset_clients
 from utils.servers import RedisServer
@@ -68,50 +66,20 @@ def cc_env(
         reset_clients()
 
 
-class WorkerProc:
+class WorkerProc(LoggedProc):
     """A real `celery worker` process; the log file tells when it is ready."""
 
     def __init__(self, env: dict[str, str], log: Path, pool: str, concurrency: int, name: str,
                  queues: str = "testsite,resources,default") -> None:  # fmt: skip
-        self.log = log
         cmd = [
             sys.executable, "-m", "celery", "-A", "worker", "worker",
             "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", f"{name}@%h",
             "--without-gossip", "--without-mingle", "-E", "-l", "INFO",
         ]  # fmt: skip
-        self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-    def wait_ready(self, timeout: float = 60) -> WorkerProc:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if b" ready." in self.log.read_bytes():
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.text()[-3000:]}")
-            time.sleep(0.1)
-        raise TimeoutError(f"worker not ready in {timeout}s:\n{self.text()[-3000:]}")
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group (prefork children too)."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        super().__init__(cmd, env, log)
 
     def stop(self, timeout: float = 30) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.fh.close()
+        super().stop(timeout)
 
 
 @pytest.fixture

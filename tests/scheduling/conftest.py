@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,8 +19,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from config import ROOT, get_settings, reset_settings
+from config import get_settings, reset_settings
 from scheduling.gate import reset_gate
+from tests.procs import LoggedProc as Proc
 from tests.scheduling.server import SchedSite
 from utils.redis import reset_clients
 from utils.servers import RedisServer
@@ -91,50 +91,6 @@ def sched_env(
         yield env
     finally:
         _apply_env(old)  # type: ignore[arg-type]
-
-
-class Proc:
-    """A background process of ours (worker or beat) logging to a file."""
-
-    ready_marker = b" ready."
-
-    def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-    def wait_ready(self, timeout: float = 60) -> Proc:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ready_marker in self.log.read_bytes():
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.log.name} exited {self.proc.returncode}:\n{self.text()[-3000:]}"
-                )
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.log.name} not ready in {timeout}s:\n{self.text()[-3000:]}")
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: no warm shutdown, nothing released."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self, timeout: float = 5) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.fh.close()
 
 
 def worker_cmd(name: str, pool: str, concurrency: int, queues: str) -> list[str]:
