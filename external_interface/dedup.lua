@@ -3,19 +3,21 @@
 The layout and the arithmetic behind it are in external_interface/dedup.py and docs/dedup.md.
 A bucket string is (all integers big-endian)
 
-  [NB x uint32 coarse][S x uint16 ends][n x 9-byte main][uint16 count][P x 11-byte pending]
+  [NB x uint32 coarse][S x uint16 ends][n x 9-byte main][uint16 count][P x 14-byte pending]
 
   coarse[j]  main records in the sub-buckets before 16*j (block j starts there)
   ends[s]    main records from block start through sub-bucket s, so sub-bucket s is
              [coarse + ends[s-1], coarse + ends[s]) with ends[s-1] = 0 at a block start
   main       fp:uint40 | first-seen hour:uint16 | content fp:uint16 (0 = none recorded),
              sorted by (sub-bucket, fp): sub-bucket s is a contiguous, sorted run
-  pending    sub:uint16 | fp:uint40 | hour:uint16 | content fp:uint16, the first `count`
-             slots sorted by (sub-bucket, fp), the rest zero; an id lives in main or pending
+  pending    sub:uint16 | fp:uint40 | hour:uint16 | content fp:uint16 | at:uint24, the first
+             `count` slots sorted by (sub-bucket, fp), the rest zero. `at` is where the record
+             goes in main (main only changes at a merge, so it stays right until then); bytes
+             3..11 are its main record. An id lives in main or in pending, never both.
 
 Why a pending area: Lua cannot edit a string in place, so inserting into the sorted main run
 means rebuilding the whole bucket, and the AOF then logs the whole bucket. New records go to
-the fixed-size pending area instead (one SETRANGE of the count and at most P*11 bytes; the
+the fixed-size pending area instead (one SETRANGE of the count and at most P*14 bytes; the
 string never changes length, so Redis never reallocates it) and are merged into main, with one
 SET, only when it is full: one rebuild per P inserts.
 
@@ -38,22 +40,15 @@ local BLK = 16 -- sub-buckets per directory block
 local NB = math.floor((S + BLK - 1) / BLK)
 local CNT = 4 * NB -- byte offset (0-based) of ends[0]
 local DIR = CNT + 2 * S -- byte offset (0-based) of main record 0
-local REC, PREC = 9, 11
+local REC, PREC = 9, 14
 local PLEN = P * PREC
 
 local sunpack, spack, ssub, srep = struct.unpack, struct.pack, string.sub, string.rep
-local floor, concat = math.floor, table.concat
+local concat = table.concat
 
-local hfmts = {}
-local function hfmt(m)
-  local f = hfmts[m]
-  if not f then
-    f = '>' .. srep('H', m)
-    hfmts[m] = f
-  end
-  return f
-end
-local cfmt = '>' .. srep('I4', NB)
+local cfmt = '>' .. srep('I4', NB) -- the block starts
+local efmt = '>' .. srep('H', S) -- the in-block ends (S <= 4096: within Lua's C stack)
+local ZEROS = srep('\0', 2 + PLEN) -- an empty pending area with its count
 
 -- Append to parts the n fixed-size records at s[off+1 ..] with edits applied. An edit is
 -- {index, record, replace}: insert before old record `index`, or replace it. Edits are in
@@ -141,48 +136,30 @@ local function pend_bound(s, fp)
   return lo
 end
 
--- The directory after adding incs[s] main records to each sub-bucket in subs (ascending).
-local function new_directory(key, subs, incs)
+-- The directory after adding incs[s] main records to sub-bucket s, as two strings.
+local function new_directory(key, incs)
   local coarse = { sunpack(cfmt, b, 1) }
-  local parts, np = { '' }, 1 -- parts[1]: the coarse sums, filled last
-  local added = {} -- records added per block
-  local nextblk, si = 0, 1 -- blocks before nextblk are done
-  while subs[si] do
-    local blk = floor(subs[si] / BLK)
-    if blk > nextblk then -- untouched blocks: copy
-      np = np + 1
-      parts[np] = ssub(b, CNT + 2 * BLK * nextblk + 1, CNT + 2 * BLK * blk)
+  local ends = { sunpack(efmt, b, CNT + 1) }
+  local acc, run = 0, 0 -- records added before this block, and in it so far
+  for s = 0, S - 1 do
+    if s % BLK == 0 then
+      acc, run = acc + run, 0
+      local j = s / BLK + 1
+      coarse[j] = coarse[j] + acc
     end
-    local first = blk * BLK
-    local m = math.min(BLK, S - first)
-    local t = { sunpack(hfmt(m), b, CNT + 2 * first + 1) }
-    local run = 0
-    for j = 1, m do
-      if subs[si] == first + j - 1 then
-        run = run + incs[subs[si]]
-        si = si + 1
-      end
-      t[j] = t[j] + run
-      if t[j] > 65535 then
+    local inc = incs[s]
+    if inc then
+      run = run + inc
+    end
+    if run > 0 then
+      local e = ends[s + 1] + run
+      if e > 65535 then
         error('dedup: block overflow in ' .. key .. ': the store is far past its capacity')
       end
+      ends[s + 1] = e
     end
-    np = np + 1
-    parts[np] = spack(hfmt(m), unpack(t, 1, m))
-    added[blk + 1] = run
-    nextblk = blk + 1
   end
-  if nextblk < NB then
-    np = np + 1
-    parts[np] = ssub(b, CNT + 2 * BLK * nextblk + 1, DIR)
-  end
-  local acc = 0
-  for j = 1, NB do
-    coarse[j] = coarse[j] + acc
-    acc = acc + (added[j] or 0)
-  end
-  parts[1] = spack(cfmt, unpack(coarse, 1, NB))
-  return parts, np
+  return spack(cfmt, unpack(coarse, 1, NB)), spack(efmt, unpack(ends, 1, S))
 end
 
 local function run(key, ops)
@@ -194,7 +171,7 @@ local function run(key, ops)
     if mode == 0 then
       return srep('\0\0\0', nops)
     end
-    b = srep('\0', DIR + 2 + PLEN)
+    b = srep('\0', DIR) .. ZEROS
   end
   PO = #b - PLEN -- byte offset (0-based) of pending slot 0; the count is just before
   npend = sunpack('>H', b, PO - 1)
@@ -208,7 +185,7 @@ local function run(key, ops)
     local cfp = sunpack('>H', ops, CF + 2 * i)
     local lo, hi = sub_range(s)
     local a = main_bound(lo, hi, fp)
-    local where, pj, hour, scfp = nil, nil, 0, 0
+    local where, pj, at, hour, scfp = nil, nil, a, 0, 0
     if a < hi then
       local f2, h2, c2 = sunpack('>I5HH', b, DIR + a * REC + 1)
       if f2 == fp then
@@ -218,9 +195,9 @@ local function run(key, ops)
     if where == nil then
       pj = pend_bound(s, fp)
       if pj < npend then
-        local s2, f2, h2, c2 = sunpack('>HI5HH', b, PO + pj * PREC + 1)
+        local s2, f2, h2, c2, a2 = sunpack('>HI5HHI3', b, PO + pj * PREC + 1)
         if s2 == s and f2 == fp then
-          where, hour, scfp = 'pend', h2, c2
+          where, at, hour, scfp = 'pend', a2, h2, c2
         end
       end
     end
@@ -265,9 +242,9 @@ local function run(key, ops)
       if where == 'main' then
         mm[#mm + 1] = { a, spack('>I5HH', fp, hour, scfp), true }
       elseif where == 'pend' then
-        pm[#pm + 1] = { pj, spack('>HI5HH', s, fp, hour, scfp), true }
+        pm[#pm + 1] = { pj, spack('>HI5HHI3', s, fp, hour, scfp, at), true }
       else
-        ins[#ins + 1] = { s, fp, hour, scfp, pj }
+        ins[#ins + 1] = { s, fp, hour, scfp, pj, at }
       end
     end
   end
@@ -286,12 +263,12 @@ local function run(key, ops)
       local r = ins[1]
       local cut = PO + r[5] * PREC
       used = ssub(b, PO + 1, cut)
-        .. spack('>HI5HH', r[1], r[2], r[3], r[4])
+        .. spack('>HI5HHI3', r[1], r[2], r[3], r[4], r[6])
         .. ssub(b, cut + 1, PO + npend * PREC)
     else
       local adds = {}
       for j, r in ipairs(ins) do
-        adds[j] = { r[5], spack('>HI5HH', r[1], r[2], r[3], r[4]), false }
+        adds[j] = { r[5], spack('>HI5HHI3', r[1], r[2], r[3], r[4], r[6]), false }
       end
       local parts = {}
       splice(parts, 0, b, PO, PREC, npend, merge_edits(adds, pm))
@@ -299,7 +276,7 @@ local function run(key, ops)
     end
     used = spack('>H', npend + #ins) .. used
     if fresh then
-      redis.call('SET', key, ssub(b, 1, PO - 2) .. used .. srep('\0', PLEN + 2 - #used))
+      redis.call('SET', key, ssub(b, 1, PO - 2) .. used .. ssub(ZEROS, #used + 1))
     else
       redis.call('SETRANGE', key, PO - 2, used)
     end
@@ -309,40 +286,34 @@ local function run(key, ops)
   else
     -- pending full: merge it and the new records into main, rebuild the bucket
     local xa, xr, nx = {}, {}, 0 -- main insertion index and 9-byte record of each, in order
-    local incs, subs = {}, {}
-    local function add(s, fp, rec)
-      local lo, hi = sub_range(s)
+    local incs = {}
+    local function add(s, at, rec)
       nx = nx + 1
-      xa[nx], xr[nx] = main_bound(lo, hi, fp), rec
-      if not incs[s] then
-        incs[s] = 0
-        subs[#subs + 1] = s -- ascending: records come sorted
-      end
-      incs[s] = incs[s] + 1
+      xa[nx], xr[nx] = at, rec
+      incs[s] = (incs[s] or 0) + 1
     end
     local k, q = 1, 1
     for j = 0, npend - 1 do
-      local rec
+      local src, off = b, PO + j * PREC
       if pm[q] and pm[q][1] == j then
-        rec = pm[q][2]
+        src, off = pm[q][2], 0
         q = q + 1
-      else
-        rec = ssub(b, PO + j * PREC + 1, PO + (j + 1) * PREC)
       end
-      local s, fp = sunpack('>HI5', rec, 1)
+      local s, fp, _, _, at = sunpack('>HI5HHI3', src, off + 1)
       while ins[k] and (ins[k][1] < s or (ins[k][1] == s and ins[k][2] < fp)) do
         local r = ins[k]
-        add(r[1], r[2], spack('>I5HH', r[2], r[3], r[4]))
+        add(r[1], r[6], spack('>I5HH', r[2], r[3], r[4]))
         k = k + 1
       end
-      add(s, fp, ssub(rec, 3)) -- a pending record is its sub-bucket + a main record
+      add(s, at, ssub(src, off + 3, off + 11)) -- bytes 3..11: the main record
     end
     while ins[k] do
       local r = ins[k]
-      add(r[1], r[2], spack('>I5HH', r[2], r[3], r[4]))
+      add(r[1], r[6], spack('>I5HH', r[2], r[3], r[4]))
       k = k + 1
     end
-    local parts, np = new_directory(key, subs, incs)
+    local cstr, estr = new_directory(key, incs)
+    local parts, np = { cstr, estr }, 2
     -- main records with the inserts (xa) and replacements (mm) in index order, inserts first
     local cursor, j, m = 0, 1, 1
     while j <= nx or mm[m] do
@@ -373,7 +344,7 @@ local function run(key, ops)
       np = np + 1
       parts[np] = ssub(b, DIR + cursor * REC + 1, DIR + nmain * REC)
     end
-    parts[np + 1] = srep('\0', PLEN + 2)
+    parts[np + 1] = ZEROS
     redis.call('SET', key, concat(parts))
   end
   return concat(res)

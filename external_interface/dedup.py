@@ -74,10 +74,10 @@ Id = str | bytes | int
 Value = Any  # bytes / str are hashed as is; anything else as sorted-key JSON (orjson)
 
 REC_BYTES = 9  # main record: fp 40 | hour 16 | content 16
-PENDING_BYTES = 11  # pending record: sub-bucket 16 | fp 40 | hour 16 | content 16
+PENDING_BYTES = 14  # pending record: sub-bucket 16 | fp 40 | hour 16 | content 16 | at 24
 FP_BITS = 40  # stored id fingerprint width (the record field); Layout.fp_bits may use fewer
 HOUR_MAX = 0xFFFF
-MAX_SUBS = 0xFFFF  # sub-bucket numbers travel as uint16
+MAX_SUBS = 4096  # sub-buckets per key: uint16 on the wire, one Lua unpack at a merge
 LAYOUT_VERSION = 1  # bump when the bucket format changes
 BLOCK = 16  # sub-buckets per directory block (uint32 start, then uint16 in-block ends)
 SCRIPT = (Path(__file__).with_name("dedup.lua")).read_text()
@@ -312,7 +312,7 @@ class Bucket(NamedTuple):
     coarse: list[int]  # main records before sub-bucket 16*j (block starts)
     counts: list[int]  # main records per sub-bucket (from the in-block ends)
     main: list[tuple[int, int, int]]  # (fp, hour, content fp), sorted by (sub-bucket, fp)
-    pending: list[tuple[int, int, int, int]]  # (sub-bucket, fp, hour, content fp), sorted
+    pending: list[tuple[int, int, int, int, int]]  # (sub-bucket, fp, hour, content fp, at)
 
 
 def decode_bucket(raw: bytes, lay: Layout) -> Bucket:
@@ -329,6 +329,7 @@ def decode_bucket(raw: bytes, lay: Layout) -> Bucket:
             *struct.unpack(">H", raw[p : p + 2]),
             int.from_bytes(raw[p + 2 : p + 7], "big"),
             *struct.unpack(">HH", raw[p + 7 : p + 11]),
+            int.from_bytes(raw[p + 11 : p + 14], "big"),
         )
         for p in range(po, po + PENDING_BYTES * npend, PENDING_BYTES)
     ]
@@ -432,29 +433,20 @@ class RedisDedup(DedupBase):
         lay = self.layout
         epoch = lay.epoch_hour or 0
         now = min(max(int(self.clock() // 3600) - epoch, 0), HOUR_MAX)
-        # A bulk batch is grouped whole (most ops per bucket rebuild); a smaller one is cut in
-        # up to 4 slices, each sent as soon as it is packed, so Redis runs one while we hash
-        # the next. Either way it is one round trip: all calls go out before any reply is read.
-        step = n if n > 4 * self.max_ops_per_call else max(128, -(-n // 4))
-        calls: list[_Call] = []
-        todo = (c for lo in range(0, n, step) for c in self._pack(ids, vals, lo, min(n, lo + step)))
-        replies = self._send(todo, calls, mode, now, lay.subs, lay.pending)
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            self.client.script_load(SCRIPT)  # the server lost it (restart, SCRIPT FLUSH)
-            again = [c for c, r in zip(calls, replies, strict=True) if isinstance(r, Exception)]
-            redo = iter(self._send(iter(again), [], mode, now, lay.subs, lay.pending))
-            replies = [next(redo) if isinstance(r, Exception) else r for r in replies]
-        for r in replies:
-            if isinstance(r, Exception):
-                raise r
-
-        new, statuses, unpack = tuple.__new__, _STATUSES, _OP.iter_unpack
         out: list[Seen] = [_NEW] * n
-        for (_, _, order), reply in zip(calls, replies, strict=True):
-            for idx, data in zip(order, reply, strict=True):
-                for i, (st, hr) in zip(idx, unpack(data), strict=True):
-                    if st:
-                        out[i] = new(Seen, (statuses[st], epoch + hr))
+        # A bulk batch is grouped whole (most ops per bucket rebuild); a smaller one is cut in
+        # up to 8 slices, each sent as soon as it is packed, so Redis runs one while we hash
+        # the next and we decode one while it runs the next. Still one round trip: every call
+        # is written before the first reply is read.
+        step = n if n > 4 * self.max_ops_per_call else max(64, -(-n // 8))
+        todo = (c for lo in range(0, n, step) for c in self._pack(ids, vals, lo, min(n, lo + step)))
+        head = (mode, now, lay.subs, lay.pending)
+        failed = self._send(todo, head, out, epoch)
+        if failed and all(isinstance(e, redis.exceptions.NoScriptError) for _, e in failed):
+            self.client.script_load(SCRIPT)  # the server lost it (restart, SCRIPT FLUSH)
+            failed = self._send(iter([c for c, _ in failed]), head, out, epoch)
+        if failed:
+            raise failed[0][1]
         return out
 
     def _pack(self, ids: Sequence[Id], vals: Sequence[Value], lo: int, hi: int) -> Iterator[_Call]:
@@ -518,10 +510,15 @@ class RedisDedup(DedupBase):
         if keys:
             yield keys, args, order
 
-    def _send(self, todo: Iterator[_Call], sent: list[_Call], *head: int) -> list[Any]:
-        """Send every call, then read every reply (errors come back as exception objects)."""
+    def _send(
+        self, todo: Iterator[_Call], head: tuple[int, ...], out: list[Seen], epoch: int
+    ) -> list[tuple[_Call, Exception]]:
+        """Send every call, then read and decode every reply into `out`; return the failures."""
         pool = self.client.connection_pool
         conn = pool.get_connection()
+        sent: list[_Call] = []
+        failed: list[tuple[_Call, Exception]] = []
+        new, statuses, unpack = tuple.__new__, _STATUSES, _OP.iter_unpack
         try:
             for call in todo:
                 keys, args, _ = call
@@ -531,13 +528,17 @@ class RedisDedup(DedupBase):
                 else:  # skips redis-py's per-argument Python pass
                     conn.send_packed_command([_pack_command(cmd)])
                 sent.append(call)
-            replies: list[Any] = []
-            for _ in sent:
+            for call in sent:
                 try:
-                    replies.append(conn.read_response(disable_decoding=True))
+                    reply = conn.read_response(disable_decoding=True)
                 except redis.exceptions.ResponseError as e:
-                    replies.append(e)
-            return replies
+                    failed.append((call, e))
+                    continue
+                for idx, data in zip(call[2], reply, strict=True):
+                    for i, (st, hr) in zip(idx, unpack(data), strict=True):
+                        if st:
+                            out[i] = new(Seen, (statuses[st], epoch + hr))
+            return failed
         except BaseException:
             conn.disconnect()  # replies may be pending: never hand this socket to anyone
             raise

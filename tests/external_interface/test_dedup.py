@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Iterator
@@ -369,12 +370,15 @@ def check_buckets(d: RedisDedup, rds: redis.Redis, model: Reference) -> None:
             assert fps == sorted(set(fps))  # sorted, unique
             found.update({(b, s, fp): (hour, cfp) for fp, hour, cfp in run})
             pos += c
-        keys = [(s, fp) for s, fp, _, _ in bucket.pending]
+        keys = [(s, fp) for s, fp, *_ in bucket.pending]
         assert keys == sorted(set(keys)) and len(keys) <= lay.pending
-        for s, fp, hour, cfp in bucket.pending:
+        subs_of_main = [s for s, c in enumerate(bucket.counts) for _ in range(c)]
+        main_keys = [(s, r[0]) for s, r in zip(subs_of_main, bucket.main, strict=True)]
+        for s, fp, hour, cfp, at in bucket.pending:
             assert (b, s, fp) not in found  # an id lives in main or in pending
+            assert at == bisect.bisect_left(main_keys, (s, fp))  # where it goes at the merge
             found[b, s, fp] = (hour, cfp)
-        tail = raw[len(raw) - 11 * (lay.pending - len(bucket.pending)) :]
+        tail = raw[len(raw) - 14 * (lay.pending - len(bucket.pending)) :]
         assert tail == bytes(len(tail))  # unused pending slots stay zero
     epoch = lay.epoch_hour or 0
     assert found == {k: (h - epoch, c) for k, (h, c) in model.rows.items()}
