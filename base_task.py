@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 import threading
 import time
@@ -34,6 +35,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, ClassVar
 
 import orjson
@@ -553,6 +555,8 @@ class SiteTask(Task):
             pipe_extra=lambda p: metrics.flush(p, spec.name, spec.site, settings),
         )  # fmt: skip
         self._send_staged(state, tid)
+        if meta.get("dd"):  # crawled and handed off durably: remember it for skip_seen
+            _request_dedup(spec.name).mark_many([meta["dd"]], refresh=True)
         return f"{len(stored)} items, {len(kids)} follow-ups"
 
     # -- running the endpoint
@@ -618,9 +622,13 @@ class SiteTask(Task):
                 cmeta["prio"] = child.options.priority
             if child.options.queue:
                 cmeta["queue"] = child.options.queue
+            batch = []
             for params in fan_out(child, pairs):
                 uniq = _fingerprint(params) if child.options.unique else ""
-                kids.append(Kid(child.id, child.task, params, dict(cmeta), uuid.uuid4().hex, uniq))
+                batch.append(Kid(child.id, child.task, params, dict(cmeta), uuid.uuid4().hex, uniq))
+            if child.options.skip_seen_hours is not None and batch:
+                batch = _skip_seen(child.task, batch, child.options.skip_seen_hours)
+            kids.extend(batch)
         return kids
 
     def _send_staged(self, state: RunState, tid: str) -> None:
@@ -743,6 +751,34 @@ def backoff(attempt: int, s: Settings | None = None) -> float:
     s = s or get_settings()
     step = min(_countdown_cap(s), s.retry_backoff * (2**attempt))
     return step / 2 + random.uniform(0, step / 2)
+
+
+_dedup_stores: dict[tuple[str, int], Any] = {}
+
+
+def _request_dedup(task: str) -> Any:
+    """The dedup store of a task's requests (namespace `req:<task>`), one per process."""
+    from external_interface.dedup import RedisDedup
+
+    key = (task, os.getpid())
+    store = _dedup_stores.get(key)
+    if store is None:
+        store = _dedup_stores[key] = RedisDedup(f"req:{task}", get_redis())
+    return store
+
+
+def _skip_seen(task: str, kids: list[Kid], hours: float) -> list[Kid]:
+    """Drop children crawled within `hours`; the rest carry their dedup id so they mark it
+    once they have committed (marking after the durable hand-off, seed 002)."""
+    ids = [_fingerprint(k.params) for k in kids]
+    within = timedelta(hours=hours) if hours > 0 else None  # 0: skip if ever seen
+    todo = set(_request_dedup(task).filter_new(ids, within=within))
+    keep = []
+    for k, i in zip(kids, ids, strict=True):
+        if i in todo:
+            k.meta["dd"] = i
+            keep.append(k)
+    return keep
 
 
 def _fingerprint(params: Mapping[str, Any]) -> str:

@@ -34,6 +34,9 @@ class StepOptions(BaseModel):
     unique: bool = False  # dispatch each distinct parameter set once per run
     max_pages: int | None = None  # follow-ups (next pages) allowed per first page; None = all
     on: str | None = None  # only parent items of this item type feed this step
+    # dedup across runs: skip a task whose parameters were crawled within this many hours
+    # (0 = ever); re-crawled ones restart their period (external_interface/dedup.py)
+    skip_seen_hours: float | None = None
 
 
 @dataclass

@@ -141,3 +141,17 @@ def test_backpressure_caps_a_runs_tasks_in_the_broker(start_worker, cc_env) -> N
     assert peak_waiting > 0  # children really waited in Redis
     assert p.totals["succeeded"] == PAGES + ENTRIES + ENTRIES * REVIEW_PAGES
     assert state.counters(run.run_id)["inflight"] == 0 and p.waiting == 0
+
+
+def test_skip_seen_dedups_requests_across_runs(start_worker, test_site) -> None:
+    start_worker()
+    before = sum(v for k, v in test_site.hits.items() if k.startswith("detail:"))
+    first = chains.run(tchains.skip_seen(24), seeds=[{}]).wait(timeout=60)
+    assert first.steps["local.detail"]["succeeded"] == ENTRIES
+    second = chains.run(tchains.skip_seen(24), seeds=[{}]).wait(timeout=60)
+    assert second.steps["local.listing"]["succeeded"] == PAGES
+    assert second.steps["local.detail"]["dispatched"] == 0  # all seen within 24 h
+    after = sum(v for k, v in test_site.hits.items() if k.startswith("detail:"))
+    assert after - before == ENTRIES
+    third = chains.run(tchains.skip_seen(0), seeds=[{}]).wait(timeout=60)
+    assert third.steps["local.detail"]["dispatched"] == 0  # 0 = skip if ever seen

@@ -34,3 +34,13 @@ def probe(path: str) -> Chain:
             step("testsite.local.probe", entry_id="entry_id", const={"path": path})
         ),
     )
+
+
+def skip_seen(hours: float) -> Chain:
+    """listing -> detail, where details crawled within `hours` (across runs) are skipped."""
+    return Chain(
+        "testsite_skip_seen",
+        step("testsite.local.listing").then(
+            step("testsite.local.detail", entry_id="entry_id", options={"skip_seen_hours": hours})
+        ),
+    )
