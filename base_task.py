@@ -39,8 +39,9 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import orjson
+import redis
 from celery import Task, shared_task
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from chains.model import Chain, chain_from_dict, fan_out
@@ -505,6 +506,16 @@ class SiteTask(Task):
     typing = False  # arguments are checked by our schemas, with better messages
 
     def execute(self, params: Any, meta: Mapping[str, Any] | None) -> str:
+        try:
+            return self._execute(params, meta)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            # Our state store is unreachable: nothing was committed (the commit is one
+            # script), so the message must not be acknowledged. Requeue it; the commit's
+            # idempotency makes a second run harmless.
+            log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
+            raise Reject(exc, requeue=True) from None
+
+    def _execute(self, params: Any, meta: Mapping[str, Any] | None) -> str:
         spec = self.spec
         settings = get_settings()
         r = get_redis()

@@ -16,8 +16,8 @@ from kombu import Queue
 
 import sites
 from base_task import get_endpoint
-from external_interface.base import load_providers
 from config import Settings, get_settings
+from external_interface.base import load_providers
 from utils import logsafe
 from utils.registry import UnknownNameError
 
@@ -67,6 +67,9 @@ def configure(s: Settings) -> None:
             # sweep for messages abandoned by a killed worker a few times per visibility timeout
             "unacked_restore_interval": max(1, min(10, s.visibility_timeout // 4)),
             "unacked_restore_throttle": 1,
+            # a worker killed inside a sweep leaves kombu's restore lock behind: let it
+            # expire within the visibility timeout, not after kombu's default 300 s
+            "unacked_mutex_expire": max(5, min(300, s.visibility_timeout // 2)),
             "socket_timeout": 30,
             "socket_connect_timeout": 5,
             **({"global_keyprefix": f"{s.key_prefix}:q:"} if redis_broker else {}),

@@ -127,6 +127,8 @@ def run(
     spec = get_endpoint(ch.root.task)
     params = []
     for i, s in enumerate(seed_list):
+        if not isinstance(s, Mapping):
+            raise ParamsError(f"seed {i}: must be an object of parameters, got {type(s).__name__}")
         try:
             params.append(spec.validate_params({**ch.root.const, **s}).model_dump(mode="json"))
         except ParamsError as exc:

@@ -120,6 +120,17 @@ class ChannelProxyProvider:
         if lease is None:
             log.warning("proxy %s: feedback without a lease here; it returns on expiry", proxy_id)
 
+    def cancel(self, req: OutgoingRequest, task: TaskState) -> None:
+        """A later provider refused the request: it is never sent, so the proxy goes back
+        untouched (no score change)."""
+        proxy_id = req.leases.pop("proxy", None)
+        if not proxy_id:
+            return
+        lease = self._take_lease(proxy_id, req)
+        if lease is not None:
+            self.channel.release(lease, Event.NEUTRAL)
+        req.proxy = None
+
     def _take_lease(self, proxy_id: str, req: OutgoingRequest) -> Lease | None:
         """The lease `prepare` stored for this request (or for a copy of it)."""
         base = self.channel.base

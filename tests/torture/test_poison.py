@@ -1,0 +1,88 @@
+"""A task whose worker dies every time it runs it: capped, dead-lettered as PoisonMessage.
+
+`torture.local.die` takes its process down (`os._exit(3)`, or SIGKILL of itself) after
+hitting `/hit/{token}` on the bad-pages server, so the test counts the deliveries that ran.
+Every delivery of an attempt is counted in Redis before the endpoint runs
+(`deliv:{task id}:{retries}`); the one past `CHAINCRAWL_MAX_REDELIVERIES` (2 here) is
+dead-lettered as PoisonMessage without running the endpoint. So the task runs exactly
+1 + 2 times, the run completes with it failed, and it is never delivered again.
+
+- threads pool: the whole worker dies each time; a supervisor (as systemd or control.sh would)
+  starts another; the message comes back after the visibility timeout (8 s).
+- prefork pool: only the pool child dies; the worker lives, Celery sees WorkerLostError and
+  (reject_on_worker_lost) requeues the message at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import chains
+from chains import Chain, step
+from monitor.deadletter import DeadLetterStore
+from tests.torture.badsite import BadSite
+from tests.torture.conftest import report
+from tests.torture.harness import wait_complete
+from utils.redis import get_redis
+
+pytestmark = pytest.mark.timeout(300)
+SLOW = pytest.mark.slow  # the long run covers every combination, CI two of them
+
+CAP = 2  # CHAINCRAWL_MAX_REDELIVERIES
+
+
+@pytest.fixture
+def site() -> Iterator[BadSite]:
+    s = BadSite().start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize(
+    "pool, how",
+    [
+        pytest.param("threads", "exit", marks=pytest.mark.integration),
+        pytest.param("threads", "kill", marks=SLOW),
+        pytest.param("prefork", "exit", marks=SLOW),
+        pytest.param("prefork", "kill", marks=pytest.mark.integration),
+    ],
+)
+def test_task_that_kills_its_worker_is_dead_lettered_as_poison(
+    pool: str, how: str, site: BadSite, torture_factory: Any, fleets: Any,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    t = torture_factory(TORTURE_SITE_URL=site.url, CHAINCRAWL_MAX_REDELIVERIES=str(CAP))
+    fleet = fleets(t, queues="torture", pool=pool, concurrency=2)
+    (first,) = fleet.start(1)
+    fleet.supervise(1)
+    token = f"{pool}-{how}"
+    handle = chains.run(
+        Chain("torture_die", step("torture.local.die")), seeds=[{"how": how, "token": token}]
+    )
+    p = wait_complete(handle, timeout=150)
+    hits = site.hits[f"/hit/{token}"]
+
+    dls = [d for d in DeadLetterStore(get_redis()).list(100) if d.meta.get("run") == handle.run_id]
+    report(request.node.name, runs_of_the_task=hits, worker_deaths=len(fleet.deaths),
+           dead_letter=dls[0].error if dls else None)  # fmt: skip
+    assert p.complete and p.totals["failed"] == 1 and p.totals["succeeded"] == 0
+    assert len(dls) == 1
+    assert dls[0].error_type == "PoisonMessage"
+    assert f"delivered {CAP + 2} times" in dls[0].error and f"cap {CAP}" in dls[0].error
+    assert hits == CAP + 1  # the endpoint ran 1 + CAP times, the last delivery did not run it
+    if pool == "threads":
+        assert len(fleet.deaths) == CAP + 1
+    else:
+        assert fleet.deaths == [] and first.alive()  # only pool children died
+        assert "WorkerLostError" in first.text()
+    # never delivered again: past a visibility timeout and a restore sweep, nothing more
+    time.sleep(12)
+    assert site.hits[f"/hit/{token}"] == hits
+    r = get_redis()
+    assert r.hlen(f"{t.prefix}:q:unacked") == 0

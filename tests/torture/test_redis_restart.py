@@ -1,0 +1,126 @@
+"""The private Redis (broker, run state and outbox in one, append-only log on) restarted in the
+middle of a demo crawl: workers reconnect by themselves and the run completes with nothing lost.
+
+Redis runs with `appendonly yes`, `appendfsync everysec` (utils.servers.RedisServer). It is
+stopped, kept down for a few seconds, and started again on the same port and data dir.
+
+- `term` (SIGTERM, a clean shutdown): Redis writes and fsyncs the whole append-only log before
+  it exits, so every acknowledged write survives. Asserted: nothing lost AND nothing stored
+  twice: the same checks as the SIGKILL-workers torture.
+- `kill` (SIGKILL of redis-server): what Redis had written to the log is in the page cache and
+  survives a process crash; `everysec` only risks the last second on an OS crash or power
+  loss, or when a slow disk made Redis postpone a write. Asserted: nothing lost (every item,
+  every counter). Raw duplicates (an item written to the JSONL file again after Redis forgot
+  that it had been acknowledged) are reported, not asserted: with a real loss of the last
+  second the store keeps exactly-once per key only through `read_items` (latest per key).
+
+Workers are not restarted by the test; a supervisor (as systemd or a process manager would)
+replaces any that exits by itself, and those exits are a known bug (3) reported at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import chains
+from demo.testing import DemoServer
+from tests.torture.conftest import report, sizes
+from tests.torture.harness import (
+    KnownBug,
+    Resender,
+    SentLedger,
+    check_store,
+    counters,
+    demo_expected_ids,
+    raise_known_bugs,
+    restart_redis,
+    wait_complete,
+    wait_for,
+)
+from tests.torture.test_kill_workers import social_pages
+from utils.redis import get_redis
+
+
+@dataclass
+class Size:
+    users: int
+    at: tuple[float, ...]  # restart when this share of the pages has succeeded
+    down_for: float
+    timeout: float
+
+
+SHORT = Size(users=60, at=(0.4,), down_for=3.0, timeout=300)  # 723 pages
+LONG = Size(users=400, at=(0.2, 0.45, 0.7), down_for=10.0, timeout=1800)  # 4,820 pages
+
+
+@pytest.mark.xfail(
+    raises=KnownBug,
+    strict=False,
+    reason="bugs 2/3/4 (core, docs/reliability.md): a task failing on the Redis outage is acked "
+    "and lost, a drainer writes an entry twice, a worker may exit on the reconnect. Raised "
+    "after every other check passed.",
+)
+@pytest.mark.parametrize("how", ["term", "kill"])
+@pytest.mark.parametrize("size", sizes(SHORT, LONG))
+def test_redis_restart_mid_crawl_loses_nothing(
+    size: Size, how: str, torture_factory: Any, fleets: Any, request: pytest.FixtureRequest
+) -> None:
+    with DemoServer(
+        users=size.users, posts_per_user=5, comments_per_post=5, latency_ms=30,
+        latency_jitter_ms=30,
+    ) as demo:  # fmt: skip
+        t = torture_factory(DEMO_BASE_URL=demo.url)
+        fleet = fleets(t, queues="demo", concurrency=8)
+        fleet.start(2)
+        fleet.supervise(2)  # as a process manager would: bug 3 may take a worker down
+        exp = demo.expected()
+        pages = social_pages(exp)
+        items = exp["users"] + exp["posts"] + exp["comments"]
+        ledger = SentLedger(t.env["CHAINCRAWL_REDIS_URL"], t.prefix).start()
+        resender = Resender(ledger, t.prefix)
+        run = chains.run("demo_social", seeds=[{}])
+        downs = []
+        try:
+            for share in size.at:
+                wait_for(
+                    lambda s=share: (
+                        counters(get_redis(), t.prefix, run.run_id).get("succeeded", 0) >= s * pages
+                    ),
+                    timeout=size.timeout,
+                    what=f"{share:.0%} of the pages",
+                )
+                done_before = counters(get_redis(), t.prefix, run.run_id)["succeeded"]
+                downs.append((done_before, round(restart_redis(t.redis, how, size.down_for), 1)))
+            p = wait_complete(
+                run, timeout=size.timeout, on_poll=resender, progress_log=t.logs / "progress.log"
+            )
+        finally:
+            ledger.stop()
+
+        store = check_store(t.items, demo_expected_ids(exp), run.run_id)
+        figures = {
+            "how": how,
+            "restarts": [{"after_pages": d, "down_s": s} for d, s in downs],
+            "pages": pages,
+            "messages_lost_by_broker": resender.losses,
+            "workers_died": fleet.deaths,
+            **store.summary(),
+            "counters": p.totals,
+            "elapsed_s": round(p.elapsed, 1),
+        }
+        figures.pop("by_type")
+        report(request.node.name, **figures)
+
+        assert downs and all(before < pages for before, _ in downs)  # restarted mid-crawl
+        assert p.complete and p.outstanding == 0
+        assert p.totals["failed"] == 0, p.totals
+        assert p.totals["dispatched"] == p.totals["succeeded"] == pages, p.totals
+        assert p.totals["stored"] == p.totals["items"] == items, p.totals
+        assert store.missing == 0 and store.items_checked == items, store.summary()
+        assert store.dup_keys == 0, store.summary()  # no task committed twice
+        # raw rewrites of one entry (bug 2) are a known bug after SIGTERM; after SIGKILL a lost
+        # last second of the log could also cause them, so they are reported, not raised
+        raise_known_bugs(resender, store if how == "term" else None, fleet)
