@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 import threading
-from http.cookiejar import DefaultCookiePolicy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from http.cookiejar import DefaultCookiePolicy
 from typing import Any, Protocol
 
 import orjson
