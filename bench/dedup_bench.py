@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         r = redis.Redis.from_url(srv.url, socket_timeout=600)  # FLUSHALL of 10M takes a while
         # long scripts would land in SLOWLOG (argv copies: ~0.5 MB) and blur the delta
         r.config_set("slowlog-log-slower-than", -1)
+        r.config_set("auto-aof-rewrite-percentage", 0)  # a rewrite would reset the AOF size
         mem = r.info("memory")["mem_allocator"]
         print(f"redis-server {r.info('server')['redis_version']} ({mem}) on {srv.url}")
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

@@ -13,7 +13,7 @@ Layout (Redis): a 104-bit blake2b of the id; 64 bits pick a *cell*, one of B*S, 
 are the stored fp. The cell picks a bucket key (B of them) and a sub-bucket in it (S per key).
 A bucket is one binary string, handled only by `dedup.lua`:
 
-    [ceil(S/16) x u32 block starts][S x u16 in-block ends][n x 9 B main][u16 k][P x 11 B pending]
+    [ceil(S/16) x u32 block starts][S x u16 in-block ends][n x 9 B main][u16 k][P x 14 B pending]
 
 A main record is `fp:40 | first-seen hour:16 | content fp:16`, sorted by (sub-bucket, fp), so a
 sub-bucket is a contiguous sorted run, located by its block's start plus two in-block ends
@@ -21,15 +21,16 @@ and searched by bisection. Bucket and sub-bucket bits are implied by where a rec
 only the fp is stored. Lua cannot edit a string in place, so an insert into main would rebuild
 (and AOF-log) the whole bucket: new records go to the k used slots of a fixed-size, sorted
 pending area instead (one SETRANGE; the string never changes length, so no realloc), which is
-merged into main with one SET when full - one rebuild per P inserts.
+merged into main with one SET when full - one rebuild per P inserts. A pending record is
+`sub:16 | main record:72 | at:24`, `at` being its place in main (main only moves at a merge).
 
 Arithmetic (defaults: capacity C, 1024 records per bucket at C, headroom 100, 1e-9, P = 16):
   * false "seen": a new id is misreported when a stored record in its cell has its fp; with n
     records that has probability n / (B*S*2^40). The plan picks B*S >= 100*C / (1e-9 * 2^40),
     so the rate stays <= 1e-9 up to 100*C records. C = 10M: B = 9766, S = 94, log2(B*S) =
     19.8 implied bits + 40 stored = 59.8 bits; 1e9 records -> 9.9e-10. (1e9 / 1e-9 = 2^59.8.)
-  * bytes per record at C: 9 (record) + 390 / 1024 (directory 24 + 188, pending 2 + 176) +
-    ~95 / 1024 (Redis key, dict entry, object header) = ~9.47. Implied bits are cheap in the
+  * bytes per record at C: 9 (record) + 438 / 1024 (directory 24 + 188, pending 2 + 16*14) +
+    ~95 / 1024 (Redis key, dict entry, object header) = ~9.52. Implied bits are cheap in the
     directory (2 bytes per sub-bucket: 0.2 B/record buys 6.6 bits) and dear as keys (~95 bytes
     each: 0.09 B/record buys 13.3 bits only with 1024 records per key).
   * time: hours since a per-namespace epoch in 16 bits: 7.48 years, then it saturates.
@@ -206,8 +207,8 @@ class DedupBase:
     ) -> list[Id]:
         """The ids a step should (re)process, in order. Read-only: mark after storing.
 
-        Keeps NEW ids; CHANGED ones if `changed`; and UNCHANGED ones first seen `within` or
-        longer ago ("skip if seen within 7 days"). Ages are whole hours. With `mark_many(...,
+        Keeps NEW ids; CHANGED ones if `changed`; and any other seen id first seen `within`
+        or longer ago ("skip if seen within 7 days"). Ages are whole hours. With `mark_many(...,
         refresh=True)` the clock restarts at each mark, which makes `within` a re-crawl period.
         """
         now_h = int(self.clock() // 3600)
