@@ -1,0 +1,426 @@
+"""The chaincrawl side of the benchmark: the workload of `bench.workload` as a chain run on real
+worker processes against a private Redis.
+
+    .venv/bin/python -m bench.chaincrawl_bench --latency-ms 0 -c 16                # threads
+    .venv/bin/python -m bench.chaincrawl_bench --latency-ms 100 -c 256 -P gevent
+    .venv/bin/python -m bench.chaincrawl_bench --workers 2 --users 100
+    .venv/bin/python -m bench.chaincrawl_bench --app bench.tuned_worker   # prototypes on
+
+Chain `bench_pc` (built here, carried in the run record):
+
+    feed ─> user ─> post ─> comments          every step: task `benchsite.pc.page`
+                                              (bench/site/pc/page.py), `unique`, fed by the
+                                              parent's `benchsite.link` items; next pages are
+                                              follow-ups of the same step
+
+A full chain step per page: Celery message in, parameter validation, fetch (requests), parse
+(parsel CSS), items, the dedup check of unique children (SADD in the commit script), the commit
+Lua (items to the outbox stream, children staged, counters), child publish, ack; the outbox
+drainer thread writes items to the JSONL sink and counts them stored.
+
+Measured per run, after a warm-up run on the same workers:
+  * CPU: user+system of every worker process (and its children) from `psutil`, delta over the
+    run; also the private redis-server's CPU and the demo server's (reported apart, never
+    included in the per-page figure, as with Scrapy).
+  * wall: from `chains.run()` to the run being complete (tasks done, items stored).
+  * pages: requests the demo server counted (must equal the chain's succeeded tasks).
+  * peak RSS per worker: VmHWM from /proc.
+Workers are started as `control.sh start` starts them (`celery -A worker worker -P ... -E
+-l INFO --without-gossip`), with the app module replaceable by `--app`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil
+
+from bench.workload import expected_pages
+
+ROOT = Path(__file__).resolve().parent.parent
+QUEUE = "benchsite"
+
+
+def _flags(env: dict[str, str]) -> set[str]:
+    from bench.proto import flags
+
+    return flags(env.get("BENCH_PROTO", ""))
+
+
+def commandstats(url: str) -> dict[str, int]:
+    """Redis INFO commandstats: calls per command."""
+    import redis
+
+    info = redis.Redis.from_url(url).info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+
+
+def proc_cpu(pid: int) -> float:
+    """User+system CPU seconds of a process and its live children (prefork pool)."""
+    try:
+        p = psutil.Process(pid)
+        total = sum(p.cpu_times()[:2])
+        for c in p.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += sum(c.cpu_times()[:2])
+        return total
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM (peak resident set) of a process, in MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Worker:
+    """A real `celery worker` process (own session, so it can be stopped as a group)."""
+
+    def __init__(self, env: dict[str, str], log: Path, pool: str, concurrency: int, name: str,
+                 app: str = "worker", extra: list[str] | None = None,
+                 prefix: list[str] | None = None, queue: str = QUEUE,
+                 events: bool | None = None) -> None:  # fmt: skip
+        """`prefix` wraps the command (e.g. `py-spy record ... --`): `pid` is then its child."""
+        self.log = log
+        self.wrapped = bool(prefix)
+        cmd = [*(prefix or []),
+            sys.executable, "-m", "celery", "-A", app, "worker",
+            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h",
+            "-l", "INFO", "--without-gossip", *(extra or []),
+        ]  # fmt: skip
+        if events is None:
+            events = "noevents" not in _flags(env)
+        if events:
+            cmd.insert(cmd.index("-l"), "-E")  # as control.sh starts workers
+        self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        if not self.wrapped:
+            return self.proc.pid
+        for _ in range(100):
+            kids = psutil.Process(self.proc.pid).children()
+            if kids:
+                return kids[0].pid
+            time.sleep(0.05)
+        raise RuntimeError("wrapped worker has no child process")
+
+    def wait_ready(self, timeout: float = 90) -> Worker:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if b" ready." in self.log.read_bytes():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.text()[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker not ready in {timeout}s:\n{self.text()[-3000:]}")
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def cpu(self) -> float:
+        return proc_cpu(self.pid)
+
+    def peak_rss_mb(self) -> float:
+        return peak_rss_mb(self.pid)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            if self.wrapped:  # stop the worker; the wrapper (profiler) then writes and exits
+                with contextlib.suppress(ProcessLookupError, RuntimeError, psutil.Error):
+                    os.kill(self.pid, signal.SIGTERM)
+            else:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.fh.close()
+
+
+@dataclass
+class CrawlResult:
+    system: str
+    pages: int
+    items: int
+    wall_s: float
+    cpu_s: float
+    workers: int
+    pool: str
+    concurrency: int
+    peak_rss_mb: list[float]
+    redis_cpu_s: float
+    succeeded: int
+    failed: int
+    retried: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pages_per_s(self) -> float:
+        return self.pages / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_ms_per_page(self) -> float:
+        return 1000 * self.cpu_s / self.pages if self.pages else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["pages_per_s"] = self.pages_per_s
+        d["cpu_ms_per_page"] = self.cpu_ms_per_page
+        d["redis_cpu_ms_per_page"] = 1000 * self.redis_cpu_s / self.pages if self.pages else 0.0
+        return d
+
+
+class ChaincrawlBench:
+    """A private redis-server for the whole session; workers started per configuration."""
+
+    def __init__(self, workdir: Path | None = None, key_prefix: str = "bench") -> None:
+        from utils.servers import RedisServer
+
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="bench-cc-"))
+        self.redis = RedisServer(self.workdir / "redis").start()
+        self.key_prefix = key_prefix
+        self.env = {
+            "CHAINCRAWL_REDIS_URL": self.redis.url,
+            "CHAINCRAWL_KEY_PREFIX": key_prefix,
+            "CHAINCRAWL_EXTRA_SITE_PACKAGES": "bench.site",
+            "CHAINCRAWL_VAR_DIR": str(self.workdir / "var"),
+            "CHAINCRAWL_SINKS": "jsonl",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        self._client_ready = False
+        self.workers: list[Worker] = []
+
+    # -- the client side (this process): chain runs and progress
+    def _client(self) -> None:
+        if self._client_ready:
+            return
+        os.environ.update(self.env)
+        from config import get_settings, reset_settings
+        from utils.redis import reset_clients
+
+        reset_settings()
+        reset_clients()
+        import sites
+        import worker
+
+        sites.load_all()
+        worker.configure(get_settings())
+        self._client_ready = True
+
+    def chain(self) -> Any:
+        from chains import Chain, step
+
+        link = {"unique": True, "on": "benchsite.link"}
+        task = "benchsite.pc.page"
+        return Chain(
+            "bench_pc",
+            step(task, id="feed").then(
+                step(task, id="user", url="url", const={"kind": "user"}, options=link).then(
+                    step(task, id="post", url="url", const={"kind": "post"}, options=link).then(
+                        step(
+                            task, id="comments", url="url", const={"kind": "comments"}, options=link
+                        )
+                    )
+                )
+            ),
+        )
+
+    def run_chain(self, seeds: list[dict[str, str]], timeout: float) -> tuple[float, Any]:
+        from chains import run
+
+        self._client()
+        t0 = time.monotonic()
+        handle = run(self.chain(), seeds=seeds, priority=5)
+        progress = handle.wait(timeout=timeout, poll=0.05)
+        return time.monotonic() - t0, progress
+
+    # -- workers
+    def start_workers(self, n: int, pool: str, concurrency: int, app: str = "worker",
+                      env: dict[str, str] | None = None, extra: list[str] | None = None,
+                      prefix: list[str] | None = None) -> list[Worker]:  # fmt: skip
+        self.stop_workers()
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            name = f"bench{i + 1}-{int(time.time() * 1000) % 100000}"
+            self.workers.append(
+                Worker(
+                    {**self.env, **(env or {})},
+                    logs / f"{name}.log",
+                    pool,
+                    concurrency,
+                    name,
+                    app,
+                    extra,
+                    prefix,
+                )
+            )
+        for w in self.workers:
+            w.wait_ready()
+        return self.workers
+
+    def stop_workers(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.workers = []
+
+    def flush(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.redis.url).flushall()
+
+    def close(self) -> None:
+        self.stop_workers()
+        self.redis.stop()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ChaincrawlBench:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- one measured crawl
+    def crawl(self, demo: Any, *, pool: str = "threads", concurrency: int = 16, workers: int = 1,
+              app: str = "worker", env: dict[str, str] | None = None, warmup: bool = True,
+              timeout: float | None = None, label: str = "chaincrawl",
+              keep_workers: bool = False, prefix: list[str] | None = None
+              ) -> CrawlResult:  # fmt: skip
+        """Start workers (unless `keep_workers` and they run), warm up, crawl `demo`, measure."""
+        if not (keep_workers and self.workers):
+            self.flush()
+            self.start_workers(workers, pool, concurrency, app, env, prefix=prefix)
+        self._client()
+        cfg = demo.config
+        want = expected_pages(cfg.users, cfg.posts_per_user, cfg.comments_per_post)
+        if timeout is None:  # generous: 5 pages/s plus the latency chain of the tree
+            timeout = 60 + want / 5 + 20 * cfg.latency_ms / 1000
+        if warmup:  # one user's pages: every code path, pools and connections warmed
+            self.run_chain([{"url": demo.url_for("/pc/user/u1"), "kind": "user"}], timeout)
+        redis_pid = self.redis.proc.pid if self.redis.proc else 0
+        demo.reset()
+        cpu0 = [w.cpu() for w in self.workers]
+        rcpu0 = proc_cpu(redis_pid)
+        cmd0 = commandstats(self.redis.url)
+        wall, progress = self.run_chain([{"url": demo.url_for("/pc/feed?page=1"), "kind": "feed"}],
+                                        timeout)  # fmt: skip
+        cpu1 = [w.cpu() for w in self.workers]
+        rcpu1 = proc_cpu(redis_pid)
+        cmd1 = commandstats(self.redis.url)
+        stats = demo.stats(timestamps=True)
+        t = progress.totals
+        pages = int(stats["total"])
+        res = CrawlResult(
+            system=label,
+            pages=pages,
+            items=t["stored"],
+            wall_s=wall,
+            cpu_s=sum(cpu1) - sum(cpu0),
+            workers=workers,
+            pool=pool,
+            concurrency=concurrency,
+            peak_rss_mb=[round(w.peak_rss_mb(), 1) for w in self.workers],
+            redis_cpu_s=rcpu1 - rcpu0,
+            succeeded=t["succeeded"],
+            failed=t["failed"],
+            retried=t["retried"],
+            extra={
+                "expected_pages": want,
+                "per_worker_cpu_s": [b - a for a, b in zip(cpu0, cpu1, strict=True)],
+                "arrivals": _arrivals(stats),
+                "redis_calls": {
+                    k: v - cmd0.get(k, 0) for k, v in cmd1.items() if v - cmd0.get(k, 0) > 0
+                },
+            },
+        )
+        if pages != want or t["succeeded"] != want or t["stored"] != want:
+            res.extra["warning"] = (
+                f"expected {want} pages/tasks/items, got {pages} requests, "
+                f"{t['succeeded']} tasks, {t['stored']} items stored"
+            )
+        return res
+
+
+def _arrivals(stats: dict[str, Any]) -> list[float]:
+    out: list[float] = []
+    for entry in stats.get("recent", {}).get("by_ip", {}).values():
+        out += entry.get("timestamps", [])
+    return sorted(out)
+
+
+def steady_rate(arrivals: list[float], lo: float = 0.05, hi: float = 0.95) -> float:
+    """Requests/s between the lo and hi quantiles of arrival times (ramp-up and tail cut)."""
+    n = len(arrivals)
+    if n < 20:
+        return 0.0
+    i, j = int(n * lo), int(n * hi) - 1
+    span = arrivals[j] - arrivals[i]
+    return (j - i) / span if span > 0 else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.workload import site_for_pages
+    from demo.testing import DemoServer
+
+    ap = argparse.ArgumentParser(description="chaincrawl side of the crawl benchmark")
+    ap.add_argument("--latency-ms", type=int, default=0)
+    ap.add_argument("-P", "--pool", default="threads")
+    ap.add_argument("-c", "--concurrency", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--pages", type=int, default=2000, help="about this many pages")
+    ap.add_argument("--app", default="worker", help="Celery app module (bench.tuned_worker)")
+    ap.add_argument("--proto", default="", help="BENCH_PROTO for bench.tuned_worker")
+    ap.add_argument("--repeat", type=int, default=1)
+    a = ap.parse_args(argv)
+    users, posts, comments = site_for_pages(a.pages)
+    env = {"BENCH_PROTO": a.proto} if a.proto else {}
+    with (
+        DemoServer(
+            users=users,
+            posts_per_user=posts,
+            comments_per_post=comments,
+            latency_ms=a.latency_ms,
+            stats_window_s=3600,
+        ) as demo,  # fmt: skip
+        ChaincrawlBench() as b,
+    ):
+        for i in range(a.repeat):
+            r = b.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers,
+                        app=a.app, env=env, keep_workers=i > 0)  # fmt: skip
+            d = r.as_dict()
+            d["steady_pages_per_s"] = steady_rate(d["extra"].pop("arrivals"))
+            print(json.dumps(d, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

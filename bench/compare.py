@@ -1,0 +1,349 @@
+"""Scrapy vs chaincrawl on the demo platform, back to back in one run, one table of ratios.
+
+    .venv/bin/python -m bench.compare                 # every scenario, 2 repeats (~10 min)
+    .venv/bin/python -m bench.compare --quick         # smaller sites, 1 repeat (~3 min)
+    .venv/bin/python -m bench.compare --scenarios cpu,lat250 --repeat 3 --json out.json
+    .venv/bin/python -m bench.compare --proto all --proto all,batch   # adds rows with prototypes
+
+Scenarios (the issue's goals):
+  cpu         no added latency, 16 in flight: Scrapy (CONCURRENT_REQUESTS=16) vs a threads(16)
+              worker. Goal: chaincrawl CPU/page <= 0.8 x Scrapy's.
+  lat250      250 ms latency, 16 in flight: bound 16/0.25 = 64 pages/s. Goal >= 95 % of it.
+  lat100x256  100 ms latency, 256 in flight: Scrapy at 256 vs a gevent(256) worker; bound
+              min(2560 pages/s, CPU limit = 1000 / CPU ms per page). Goal >= 90 % of it.
+  scale       no latency, threads(16): two worker processes vs one. Goal >= 1.8x.
+
+Every run starts the demo server in its own process (and, for chaincrawl, a private
+redis-server and the worker processes): per-page CPU counts the crawler's processes only
+(Scrapy's one process; the chaincrawl workers), redis-server CPU is shown apart. CPU time, not
+wall time, is the per-page cost: the machine is shared. Each figure is the median of the
+repeats (the minimum CPU/page is shown too: contention only ever adds to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.chaincrawl_bench import ChaincrawlBench, steady_rate
+from bench.workload import expected_pages, site_for_pages
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRAPY_TUNED = ["CONCURRENT_ITEMS=16"]
+
+
+@dataclass
+class Scenario:
+    name: str
+    latency_ms: int
+    concurrency: int
+    pages: int
+    quick_pages: int
+    pool: str = "threads"
+    workers: int = 1
+    scrapy: bool = True
+    note: str = ""
+
+    def bound(self) -> float | None:
+        return self.concurrency * 1000 / self.latency_ms if self.latency_ms else None
+
+
+SCENARIOS = {
+    "cpu": Scenario("cpu", 0, 16, 2000, 600, note="CPU per page, 16 in flight, no latency"),
+    "lat250": Scenario("lat250", 250, 16, 1300, 420, note="250 ms latency, 16 in flight"),
+    "lat100x256": Scenario(
+        "lat100x256", 100, 256, 3000, 1000, pool="gevent", note="100 ms latency, 256 in flight"
+    ),
+    "scale": Scenario(
+        "scale",
+        0,
+        16,
+        2000,
+        600,
+        workers=2,
+        scrapy=False,
+        note="two worker processes vs one (cpu scenario)",
+    ),
+}
+
+
+@dataclass
+class Row:
+    scenario: str
+    system: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def med(self, key: str) -> float:
+        vals = [r[key] for r in self.runs if r.get(key) is not None]
+        return statistics.median(vals) if vals else float("nan")
+
+    def min(self, key: str) -> float:
+        vals = [r[key] for r in self.runs if r.get(key) is not None]
+        return min(vals) if vals else float("nan")
+
+
+def versions() -> dict[str, str]:
+    out = {
+        "python": platform.python_version(),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+    }
+    for pkg in ("scrapy", "twisted", "celery", "kombu", "redis", "hiredis", "requests", "urllib3",
+                "parsel", "lxml", "pydantic", "orjson", "gevent", "psutil"):  # fmt: skip
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "-"
+    try:
+        from utils.servers import redis_server_binary
+
+        v = subprocess.run([redis_server_binary(), "--version"], capture_output=True, text=True)
+        out["redis-server"] = v.stdout.split("v=")[1].split()[0] if "v=" in v.stdout else "?"
+    except Exception:
+        out["redis-server"] = "?"
+    return out
+
+
+def run_scrapy(demo: Any, concurrency: int, settings: list[str]) -> dict[str, Any]:
+    demo.reset()
+    load0 = os.getloadavg()[0]
+    sets = [x for kv in settings for x in ("-s", kv)]
+    cmd = [sys.executable, "-m", "bench.scrapy_spider", "--base", demo.url, "-c", str(concurrency),
+           "--json", "--log-level", "WARNING", *sets]  # fmt: skip
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    res = None
+    for line in out.stdout.splitlines():
+        if line.startswith("BENCH_RESULT "):
+            res = json.loads(line[len("BENCH_RESULT ") :])
+    if res is None:
+        raise RuntimeError(f"Scrapy run failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    stats = demo.stats(timestamps=True)
+    arrivals = sorted(t for e in stats["recent"]["by_ip"].values() for t in e.get("timestamps", []))
+    res["steady_pages_per_s"] = steady_rate(arrivals)
+    res["server_pages"] = stats["total"]
+    res["load"] = (load0 + os.getloadavg()[0]) / 2
+    res["peak_rss_mb_max"] = res["peak_rss_mb"]
+    res["cpu_util"] = res["cpu_s"] / res["wall_s"] if res["wall_s"] else 0.0
+    return res
+
+
+def run_chaincrawl(b: ChaincrawlBench, demo: Any, sc: Scenario, workers: int, proto: str,
+                   keep: bool) -> dict[str, Any]:  # fmt: skip
+    from bench.protos import _env
+
+    load0 = os.getloadavg()[0]
+    env = _env(proto)
+    proto = env.get("BENCH_PROTO", "")
+    r = b.crawl(demo, pool=sc.pool, concurrency=sc.concurrency, workers=workers, env=env,
+                app="bench.tuned_worker" if proto else "worker", keep_workers=keep)  # fmt: skip
+    d = r.as_dict()
+    d["steady_pages_per_s"] = steady_rate(d["extra"].pop("arrivals"))
+    d["load"] = (load0 + os.getloadavg()[0]) / 2
+    d["peak_rss_mb_max"] = max(r.peak_rss_mb) if r.peak_rss_mb else 0.0
+    d["cpu_util"] = r.cpu_s / r.wall_s if r.wall_s else 0.0
+    calls = d["extra"].pop("redis_calls", {})
+    d["redis_calls_per_page"] = (
+        sum(v for k, v in calls.items() if k not in ("hgetall", "llen", "info")) / r.pages
+        if r.pages else 0.0
+    )  # fmt: skip
+    return d
+
+
+def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrapy_defaults: bool,
+            log: Any = print, plain: bool = True) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
+    from demo.testing import DemoServer
+
+    rows: list[Row] = []
+    meta: dict[str, Any] = {"versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            "load_start": os.getloadavg(), "quick": quick, "repeat": repeat,
+                            "scrapy_settings": SCRAPY_TUNED, "proto": protos}  # fmt: skip
+    cc_names = {"chaincrawl": ""}
+    for proto in protos:
+        cc_names[f"cc+proto({proto})"] = proto
+    with ChaincrawlBench() as b:
+        for name in names:
+            sc = SCENARIOS[name]
+            pages = sc.quick_pages if quick else sc.pages
+            users, posts, comments = site_for_pages(pages)
+            log(f"-- {name}: {sc.note}; site U={users} P={posts} C={comments} "
+                f"({expected_pages(users, posts, comments)} pages)")  # fmt: skip
+            systems: list[tuple[str, Any]] = []
+            if sc.scrapy:
+                systems.append(
+                    ("scrapy", lambda d, sc=sc: run_scrapy(d, sc.concurrency, SCRAPY_TUNED))
+                )
+                if scrapy_defaults and name == "cpu":
+                    systems.append(
+                        ("scrapy (defaults)", lambda d, sc=sc: run_scrapy(d, sc.concurrency, []))
+                    )
+            if plain and name == "cpu":
+                for batch in (1, 20):
+                    systems.append((f"celery plain, {batch} page(s)/task",
+                                    lambda d, batch=batch, sc=sc: _plain(b, d, sc, batch)))  # fmt: skip
+            if name == "scale":
+                for label, pr in cc_names.items():
+                    for nw in (1, sc.workers):
+                        systems.append((f"{label} x{nw}", _cc(b, sc, nw, pr)))
+            else:
+                for label, pr in cc_names.items():
+                    systems.append((label, _cc(b, sc, sc.workers, pr)))
+            by_label = {label: Row(name, label) for label, _ in systems}
+            with DemoServer(users=users, posts_per_user=posts, comments_per_post=comments,
+                            latency_ms=sc.latency_ms, stats_window_s=3600) as demo:  # fmt: skip
+                # chaincrawl configurations keep their workers over repeats: group by config
+                for label, fn in systems:
+                    for i in range(repeat):
+                        t0 = time.monotonic()
+                        try:
+                            res = (
+                                fn(demo, i > 0)
+                                if label.startswith(("chaincrawl", "cc+"))
+                                else fn(demo)
+                            )
+                        except (TimeoutError, RuntimeError) as exc:
+                            log(f"   {label:<34} run {i + 1}: FAILED {str(exc)[:300]}")
+                            if label.startswith(("chaincrawl", "cc+")):
+                                b.stop_workers()
+                            continue
+                        by_label[label].runs.append(res)
+                        log(f"   {label:<34} run {i + 1}: {res['pages']} pages "
+                            f"{res['pages_per_s']:7.1f} p/s  {res['cpu_ms_per_page']:6.2f} ms CPU/page  "
+                            f"load {res['load']:.1f}  ({time.monotonic() - t0:.0f}s)"
+                            + (f"  WARNING {res['extra']['warning']}" if res.get("extra", {}).get("warning") else ""))  # fmt: skip
+                    if label.startswith(("chaincrawl", "cc+")):
+                        b.stop_workers()
+            rows += by_label.values()
+    meta["load_end"] = os.getloadavg()
+    return rows, meta
+
+
+def _plain(b: ChaincrawlBench, demo: Any, sc: Scenario, batch: int) -> dict[str, Any]:
+    from bench.plain_celery import crawl
+
+    load0 = os.getloadavg()[0]
+    res = crawl(b, demo, batch, sc.concurrency)
+    res["load"] = (load0 + os.getloadavg()[0]) / 2
+    res["peak_rss_mb_max"] = res["peak_rss_mb"]
+    res["cpu_util"] = res["cpu_s"] / res["wall_s"] if res["wall_s"] else 0.0
+    return res
+
+
+def _cc(b: ChaincrawlBench, sc: Scenario, workers: int, proto: str) -> Any:
+    return lambda demo, keep: run_chaincrawl(b, demo, sc, workers, proto, keep)
+
+
+def _f(x: float, width: int, prec: int = 1) -> str:
+    return f"{x:{width}.{prec}f}" if x == x else f"{'-':>{width}}"
+
+
+def table(rows: list[Row], meta: dict[str, Any]) -> str:
+    out = []
+    by_sc: dict[str, list[Row]] = {}
+    for r in rows:
+        by_sc.setdefault(r.scenario, []).append(r)
+    hdr = (f"{'scenario':<11} {'system':<34} {'pages/s':>8} {'steady':>7} {'CPU ms/pg':>9} "
+           f"{'(min)':>6} {'redis ms/pg':>11} {'peak RSS MB':>11} {'vs bound':>8} {'CPU vs scrapy':>13} "
+           f"{'p/s vs scrapy':>13} {'CPU util':>8} {'load':>5}")  # fmt: skip
+    out.append(hdr)
+    out.append("-" * len(hdr))
+    for name, rs in by_sc.items():
+        sc = SCENARIOS[name]
+        scrapy = next((r for r in rs if r.system == "scrapy"), None)
+        for r in rs:
+            cpu, pps = r.med("cpu_ms_per_page"), r.med("pages_per_s")
+            bound = sc.bound()
+            vs_bound = ""
+            if bound:
+                limit = min(bound, 1000 / cpu * sc.workers) if name == "lat100x256" else bound
+                vs_bound = f"{100 * pps / limit:6.1f}%"
+            rel_cpu = (
+                f"{cpu / scrapy.med('cpu_ms_per_page'):.2f}x" if scrapy and r is not scrapy else ""
+            )
+            rel_pps = (
+                f"{pps / scrapy.med('pages_per_s'):.2f}x" if scrapy and r is not scrapy else ""
+            )
+            if name == "scale" and not r.system.endswith(" x1"):
+                base = r.system.rsplit(" x", 1)[0] + " x1"
+                one = next((x for x in rs if x.system == base), None)
+                if one:
+                    rel_pps = f"{pps / one.med('pages_per_s'):.2f}x 1w"
+            redis_ms = r.med("redis_cpu_ms_per_page")
+            out.append(
+                f"{name:<11} {r.system[:34]:<34} {pps:8.1f} {_f(r.med('steady_pages_per_s'), 7)} "
+                f"{cpu:9.2f} {r.min('cpu_ms_per_page'):6.2f} "
+                f"{(f'{redis_ms:.2f}' if redis_ms == redis_ms else '-'):>11} "
+                f"{r.med('peak_rss_mb_max'):11.1f} {vs_bound:>8} {rel_cpu:>13} {rel_pps:>13} "
+                f"{100 * r.med('cpu_util'):7.0f}% {r.med('load'):5.1f}"
+            )
+        if sc.bound():
+            extra = (
+                " (or the CPU limit 1000/CPU-ms, whichever is lower)"
+                if name == "lat100x256"
+                else ""
+            )
+            out.append(
+                f"{'':<11} bound = {sc.concurrency} in flight / {sc.latency_ms} ms = {sc.bound():.0f} pages/s{extra}"
+            )
+    v = meta["versions"]
+    out.append("")
+    out.append("versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    out.append(f"load average (1/5/15 min): start {tuple(round(x, 2) for x in meta['load_start'])}, "
+               f"end {tuple(round(x, 2) for x in meta['load_end'])}; Scrapy settings: "
+               f"{', '.join(meta['scrapy_settings'])} (+ bench/scrapy_spider.py defaults)")  # fmt: skip
+    return "\n".join(out)
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sites, 1 repeat")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per system (2; --quick: 1)")
+    ap.add_argument("--scenarios", default="cpu,lat250,lat100x256,scale")
+    ap.add_argument("--proto", action="append", default=[],
+                    help="also run chaincrawl with these bench/proto.py flags (comma-separated, "
+                         "env:NAME=VALUE for worker settings); repeat for more rows")  # fmt: skip
+    ap.add_argument("--no-scrapy-defaults", action="store_true",
+                    help="skip the Scrapy-with-default-settings row of the cpu scenario")  # fmt: skip
+    ap.add_argument("--no-plain", action="store_true",
+                    help="skip the plain-Celery calibration rows of the cpu scenario")  # fmt: skip
+    ap.add_argument("--json", type=Path, default=None, help="write every run's numbers here")
+    a = ap.parse_args(argv)
+    names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
+    repeat = a.repeat or (1 if a.quick else 2)
+    signal.signal(signal.SIGTERM, _exit_on_term)  # workers and servers are stopped on the way out
+    rows, meta = run_all(names, a.quick, repeat, a.proto, not a.no_scrapy_defaults, log=_log,
+                         plain=not a.no_plain)  # fmt: skip
+    print()
+    print(table(rows, meta))
+    if a.json:
+        a.json.write_text(
+            json.dumps({"meta": meta, "rows": [r.__dict__ for r in rows]}, indent=1, default=str)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Where a chaincrawl worker's CPU goes per page: py-spy over a real crawl, grouped by phase.
+
+    .venv/bin/python -m bench.profile                       # ~2000 pages, threads(16), no latency
+    .venv/bin/python -m bench.profile --proto all           # with the prototypes of bench/proto.py
+    .venv/bin/python -m bench.profile --scrapy              # the Scrapy baseline, by library
+    .venv/bin/python -m bench.profile --analyze FILE.raw    # re-read a saved profile
+
+The worker runs under `py-spy record --gil --nonblocking -f raw` (spawned by py-spy: attaching
+with --pid does not find this interpreter's version). `--gil` keeps only samples of the thread
+holding the GIL, so samples are CPU time of Python code in any thread (plus C code called with
+the GIL held: lxml, hiredis, orjson, pydantic-core). Samples of worker start-up, imports and
+idle waiting (no task thread, consumer loop or outbox drainer on the stack) are left out; the
+phase shares are then scaled to the CPU ms/page measured with psutil over the crawl, so the
+table reads "ms of worker CPU per page". The raw file (collapsed stacks) opens in
+speedscope.app or flamegraph.pl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+PYSPY = str(Path(sys.executable).with_name("py-spy"))
+
+PROJECT = {"base_task", "config", "worker", "exceptions", "chains", "external_interface",
+           "monitor", "scheduling", "sites", "utils", "bench", "demo"}  # fmt: skip
+STDLIB_LABELS = {
+    "json": "json (stdlib)",
+    "logging": "logging",
+    "socket": "socket I/O",
+    "selectors": "socket I/O",
+    "ssl": "socket I/O",
+    "select": "socket I/O",
+    "http": "http.client",
+    "threading": "threads & locks",
+    "queue": "threads & locks",
+    "concurrent": "threads & locks",
+    "asyncio": "asyncio",
+}
+
+_FRAME = re.compile(r"^(?P<fn>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def parse_raw(path: Path) -> list[tuple[str, list[tuple[str, str]], int]]:
+    """[(thread name, [(function, file), ...root first], samples)] from py-spy raw output."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        stack, _, n = line.rpartition(" ")
+        parts = stack.split(";")
+        has_thread = parts[0].startswith("thread (")
+        thread = parts[0].partition(":")[2].strip() if has_thread else ""
+        frames = []
+        for f in parts[1:] if has_thread else parts:
+            m = _FRAME.match(f)
+            frames.append((m["fn"], m["file"]) if m else (f, ""))
+        out.append((thread, frames, int(n)))
+    return out
+
+
+def library(file: str) -> str:
+    top = file.split("/", 1)[0].removesuffix(".py")
+    if file.startswith("bench/proto.py"):
+        return "chaincrawl (prototype code)"
+    if top in PROJECT:
+        return "chaincrawl" if top not in ("bench", "demo") else "bench code"
+    if top.startswith("<"):
+        return "stdlib"
+    if "/" in file or top in _THIRD_PARTY:
+        return top if top in _THIRD_PARTY or not _is_stdlib(top) else "stdlib:" + top
+    return "stdlib:" + top
+
+
+_THIRD_PARTY = {"celery", "kombu", "redis", "requests", "urllib3", "parsel", "lxml", "pydantic",
+                "pydantic_core", "vine", "billiard", "click", "cssselect", "w3lib", "scrapy",
+                "twisted", "orjson", "hiredis", "charset_normalizer", "idna", "certifi",
+                "gevent", "itemadapter", "queuelib", "zope", "attr", "protego", "tldextract"}  # fmt: skip
+
+
+def _is_stdlib(top: str) -> bool:
+    return top in sys.stdlib_module_names
+
+
+def leaf_library(frames: list[tuple[str, str]]) -> str:
+    """The library a sample's CPU belongs to: the leaf's, or for generic stdlib leaves (not
+    json/logging/sockets/threads) the nearest caller outside the stdlib."""
+    for _fn, file in reversed(frames):
+        lib = library(file)
+        if not lib.startswith("stdlib"):
+            return lib
+        top = file.split("/", 1)[0].removesuffix(".py")
+        if top in STDLIB_LABELS:
+            return STDLIB_LABELS[top]
+    return "stdlib"
+
+
+def _has(frames: list[tuple[str, str]], *needles: str) -> bool:
+    return any(any(n in fn or n in file for n in needles) for fn, file in frames)
+
+
+Rule = tuple[str, Callable[[str, list[tuple[str, str]]], bool]]
+
+PHASES: list[Rule] = [
+    # the outbox drainer thread: items from the stream to the JSONL sink, counted stored
+    ("outbox drainer thread (XREADGROUP, JSONL sink, ack script)",
+     lambda t, f: _has(f, "outbox.py") and not _has(f, "_WorkItem.run", "asynloop")),
+    # consumer loop (MainThread)
+    ("consumer: task-received events", lambda t, f: _has(f, "asynloop") and _has(f, "EventDispatcher")),
+    ("consumer: 'Task received' log line", lambda t, f: _has(f, "asynloop") and _has(f, "logging/")),
+    ("consumer: hand-off to the thread pool",
+     lambda t, f: _has(f, "asynloop") and _has(f, "on_apply", "ThreadPoolExecutor.submit", "apply_async (celery/concurrency")),
+    ("consumer: receive + decode + QoS (BRPOP, JSON, base64, Request, unacked index)",
+     lambda t, f: _has(f, "asynloop") and _has(f, "on_readable", "_brpop_read", "_receive_callback", "on_task_received")),
+    ("consumer: ack (QoS pipeline: MULTI ZREM HDEL EXEC)",
+     lambda t, f: _has(f, "asynloop") and _has(f, "Message.ack", "basic_ack", "QoS.ack")),
+    ("consumer: event loop, timers, other", lambda t, f: _has(f, "asynloop")),
+    # the task thread
+    ("child dispatch: task-sent events",
+     lambda t, f: _has(f, "_send_staged") and _has(f, "EventDispatcher")),
+    ("child dispatch: read + clear staging list (LRANGE, DEL)",
+     lambda t, f: _has(f, "_send_staged") and _has(f, "staged_kids", "clear_kids")),
+    ("child dispatch: send_task + kombu publish (per child)", lambda t, f: _has(f, "_send_staged")),
+    ("fetch (requests / urllib3 / http.client)", lambda t, f: _has(f, "Fetcher.fetch")),
+    ("parse (decode, lxml tree, 3 CSS fields + links)",
+     lambda t, f: _has(f, "workload.py", "Response.selector", "Response.text", "Response.css")),
+    ("commit: SCRIPT EXISTS round trip (pipeline with a Script)",
+     lambda t, f: _has(f, "RunState.commit", "_patch_commit") and _has(f, "load_scripts")),
+    ("commit: Lua call + metrics in one pipeline", lambda t, f: _has(f, "RunState.commit", "_patch_commit")),
+    ("begin: redelivery check, delivery count, metrics pipeline", lambda t, f: _has(f, "RunState.begin")),
+    ("items -> outbox entries, children (model_dump, fan-out, orjson)",
+     lambda t, f: _has(f, "_outbox_entries", "SiteTask._kids", "_fingerprint")),
+    ("endpoint code: Item/Link models (pydantic), urljoin", lambda t, f: _has(f, "bench/site/")),
+    ("params validation (pydantic)", lambda t, f: _has(f, "validate_params")),
+    ("Context, gate, metrics objects", lambda t, f: _has(f, "Context.__init__", "get_gate", "TaskMetrics")),
+    ("tracer: task-started/succeeded events", lambda t, f: _has(f, "_WorkItem.run") and _has(f, "EventDispatcher", "send_event")),
+    ("tracer: 'Task succeeded' log line", lambda t, f: _has(f, "_WorkItem.run") and _has(f, "logging/")),
+    ("tracer: ack (QoS pipeline: ZREM/HDEL)",
+     lambda t, f: _has(f, "_WorkItem.run") and _has(f, "Message.ack", "basic_ack", "QoS.ack", "ack_log_error")),
+    ("tracer & task bookkeeping (celery)", lambda t, f: _has(f, "_WorkItem.run")),
+]  # fmt: skip
+
+
+def classify(stacks: Iterable[tuple[str, list[tuple[str, str]], int]], rules: list[Rule]
+             ) -> tuple[Counter[str], Counter[str], Counter[str], int]:  # fmt: skip
+    """(samples per phase, per library, per leaf function, samples left out as start-up/idle)."""
+    phases: Counter[str] = Counter()
+    libs: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    skipped = 0
+    for thread, frames, n in stacks:
+        for name, pred in rules:  # noqa: B007 - `name` is read after the loop
+            if pred(thread, frames):
+                break
+        else:
+            name = "-"
+        if name.startswith("-"):  # start-up, idle: not part of the per-page cost
+            skipped += n
+            continue
+        phases[name] += n
+        libs[leaf_library(frames)] += n
+        fn, file = frames[-1] if frames else ("?", "")
+        leaves[f"{fn} ({file})"] += n
+    return phases, libs, leaves, skipped
+
+
+SCRAPY_PHASES: list[Rule] = [
+    ("-start-up (imports, crawler set-up)", lambda t, f: _has(f, "_find_and_load", "create_crawler")),
+    ("parse (lxml tree, 3 CSS fields + links)", lambda t, f: _has(f, "workload.py", "TextResponse.selector", "TextResponse.text")),
+    ("spider output: items + requests (scraper, spider middlewares)", lambda t, f: _has(f, "scraper.py", "spidermw.py")),
+    ("feed export (JSON lines)", lambda t, f: _has(f, "feedexport.py", "exporters.py")),
+    ("download: HTTP/1.1 client (twisted.web, downloader middlewares)", lambda t, f: _has(f, "downloader/", "http11.py", "twisted/web")),
+    ("scheduler + dupefilter (fingerprints)", lambda t, f: _has(f, "scheduler.py", "dupefilters.py", "request_fingerprint", "fingerprint")),
+    ("engine + reactor/event loop (asyncio, twisted)", lambda t, f: _has(f, "engine.py", "asyncio", "twisted")),
+    ("other", lambda t, f: not _has(f, "_find_and_load")),
+]  # fmt: skip
+
+
+def report(raw: Path, cpu_ms_per_page: float | None, rules: list[Rule] = PHASES,
+           title: str = "chaincrawl worker") -> dict[str, Any]:  # fmt: skip
+    phases, libs, leaves, skipped = classify(parse_raw(raw), rules)
+    total = sum(phases.values())
+    scale = (cpu_ms_per_page or 0) / total if total else 0
+    out: dict[str, Any] = {"title": title, "samples": total, "skipped_samples": skipped,
+                           "cpu_ms_per_page": cpu_ms_per_page, "phases": [], "libraries": [],
+                           "leaves": []}  # fmt: skip
+    for key, counter in (("phases", phases), ("libraries", libs), ("leaves", leaves)):
+        for name, n in counter.most_common(40 if key == "leaves" else None):
+            out[key].append({"name": name, "share": n / total, "ms_per_page": n * scale})
+    return out
+
+
+def print_report(rep: dict[str, Any], top_leaves: int = 25) -> None:
+    ms = rep["cpu_ms_per_page"]
+    print(f"\n== {rep['title']}: {rep['samples']} samples in the crawl "
+          f"({rep['skipped_samples']} start-up/idle left out)"
+          + (f", {ms:.2f} ms CPU/page measured" if ms else ""))  # fmt: skip
+    for key, label in (
+        ("phases", "phase"),
+        ("libraries", "library (leaf)"),
+        ("leaves", "leaf function"),
+    ):
+        rows = rep[key][:top_leaves] if key == "leaves" else rep[key]
+        print(f"\n  {label:<78} {'share':>6} {'ms/page':>8}")
+        for r in rows:
+            print(f"  {r['name'][:78]:<78} {100 * r['share']:5.1f}% {r['ms_per_page']:8.3f}")
+
+
+def pyspy_prefix(out: Path, rate: int = 200) -> list[str]:
+    return [PYSPY, "record", "--gil", "--nonblocking", "-t", "-r", str(rate), "-f", "raw",
+            "-o", str(out), "--"]  # fmt: skip
+
+
+def profile_chaincrawl(pages: int, proto: str, outdir: Path, pool: str = "threads",
+                       concurrency: int = 16, latency_ms: int = 0) -> dict[str, Any]:  # fmt: skip
+    from bench.chaincrawl_bench import ChaincrawlBench
+    from bench.workload import site_for_pages
+    from demo.testing import DemoServer
+
+    users, posts, comments = site_for_pages(pages)
+    tag = proto.replace(",", "+") or "baseline"
+    raw = outdir / f"chaincrawl-{tag}.raw"
+    env = {"BENCH_PROTO": proto} if proto else {}
+    with (
+        DemoServer(
+            users=users,
+            posts_per_user=posts,
+            comments_per_post=comments,
+            latency_ms=latency_ms,
+            stats_window_s=3600,
+        ) as demo,  # fmt: skip
+        ChaincrawlBench() as b,
+    ):
+        res = b.crawl(demo, pool=pool, concurrency=concurrency, env=env,
+                      app="bench.tuned_worker" if proto else "worker",
+                      prefix=pyspy_prefix(raw))  # fmt: skip
+        b.stop_workers()  # py-spy writes the file when the worker exits
+    rep = report(raw, res.cpu_ms_per_page, title=f"chaincrawl worker ({tag})")
+    rep["raw"] = str(raw)
+    rep["run"] = {k: v for k, v in res.as_dict().items() if k != "extra"}
+    rep["run"]["redis_calls"] = res.extra.get("redis_calls", {})
+    return rep
+
+
+def profile_scrapy(pages: int, outdir: Path, concurrency: int = 16,
+                   settings: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    from bench.workload import site_for_pages
+    from demo.testing import DemoServer
+
+    users, posts, comments = site_for_pages(pages)
+    raw = outdir / "scrapy.raw"
+    sets = [x for kv in (settings or []) for x in ("-s", kv)]
+    with DemoServer(users=users, posts_per_user=posts, comments_per_post=comments) as demo:
+        cmd = [*pyspy_prefix(raw), sys.executable, "-m", "bench.scrapy_spider", "--base", demo.url,
+               "-c", str(concurrency), "--json", *sets]  # fmt: skip
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    res = _bench_result(out.stdout)
+    rep = report(raw, res.get("cpu_ms_per_page"), SCRAPY_PHASES, "scrapy")
+    rep["raw"] = str(raw)
+    rep["run"] = res
+    return rep
+
+
+def _bench_result(stdout: str) -> dict[str, Any]:
+    for line in stdout.splitlines():
+        if line.startswith("BENCH_RESULT "):
+            return json.loads(line[len("BENCH_RESULT ") :])
+    raise RuntimeError(f"no result from the Scrapy run:\n{stdout[-2000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="py-spy profile of the per-page CPU")
+    ap.add_argument("--pages", type=int, default=2000)
+    ap.add_argument("--proto", default="", help="BENCH_PROTO flags (bench/proto.py)")
+    ap.add_argument("--scrapy", action="store_true", help="profile the Scrapy baseline instead")
+    ap.add_argument("-s", "--set", action="append", default=["CONCURRENT_ITEMS=16"],
+                    help="Scrapy setting for --scrapy")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=None, help="directory for raw profiles + JSON")
+    ap.add_argument("--analyze", type=Path, default=None, help="only summarise a raw file")
+    ap.add_argument("--cpu-ms", type=float, default=None, help="with --analyze: ms/page to scale")
+    a = ap.parse_args(argv)
+    if a.analyze:
+        rules = SCRAPY_PHASES if "scrapy" in a.analyze.name else PHASES
+        print_report(report(a.analyze, a.cpu_ms, rules, a.analyze.stem))
+        return 0
+    outdir = a.out or Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    outdir.mkdir(parents=True, exist_ok=True)
+    if a.scrapy:
+        rep = profile_scrapy(a.pages, outdir, settings=a.set)
+    else:
+        rep = profile_chaincrawl(a.pages, a.proto, outdir)
+    print_report(rep)
+    if "redis_calls" in rep.get("run", {}):
+        pages = rep["run"]["pages"] or 1
+        calls = {k: v / pages for k, v in rep["run"]["redis_calls"].items()
+                 if k not in ("hgetall", "llen", "info")}  # fmt: skip
+        print(f"\n  Redis commands per page (progress polling excluded): {sum(calls.values()):.1f}")
+        print(
+            "  "
+            + ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v >= 0.05
+            )
+        )
+    (outdir / f"{Path(rep['raw']).stem}.json").write_text(json.dumps(rep, indent=1))
+    print(f"\n  raw profile: {rep['raw']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
