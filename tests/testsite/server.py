@@ -7,12 +7,11 @@ its request counters directly.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 
 from aiohttp import web
 
-from utils.servers import free_port, wait_for_port
+from tests.threaded_site import ThreadedSite
 
 PAGES = 3  # listing pages
 PER_PAGE = 4  # entries per listing page
@@ -20,17 +19,13 @@ REVIEW_PAGES = 2
 REVIEWS_PER_PAGE = 3
 
 
-class TestSite:
+class TestSite(ThreadedSite):
     __test__ = False  # a server, not a test class
 
     def __init__(self, pages: int = PAGES, per_page: int = PER_PAGE) -> None:
         self.pages, self.per_page = pages, per_page
         self.hits: Counter[str] = Counter()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
+        super().__init__()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -106,32 +101,3 @@ class TestSite:
             '<html><head><meta charset="gbk"></head><body><p class="t">中文标题</p></body></html>'
         )
         return web.Response(body=html.encode("gbk"), content_type="text/html")
-
-    # lifecycle
-    def start(self) -> TestSite:
-        ready = threading.Event()
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            self._runner = web.AppRunner(self.app(), access_log=None)
-            loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            loop.run_until_complete(site.start())
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, daemon=True, name="testsite")
-        self._thread.start()
-        ready.wait(10)
-        wait_for_port(self.port)
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)

@@ -7,15 +7,13 @@ counters directly. Every route counts its hits under a key given in the docstrin
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import random
-import threading
 from collections import Counter
 
 from aiohttp import web
 
-from utils.servers import free_port, wait_for_port
+from tests.threaded_site import ThreadedSite
 
 GBK_TITLE = "中文标题"
 HOSTILE_ATTRS = {
@@ -33,14 +31,10 @@ def _html(body: str) -> str:
     return f"<html><head><title>t</title></head><body>{body}</body></html>"
 
 
-class BadSite:
+class BadSite(ThreadedSite):
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
+        super().__init__()
         self.bomb = gzip.compress(b"\0" * (20 * 1024 * 1024), compresslevel=9)
 
     def app(self) -> web.Application:
@@ -179,32 +173,3 @@ class BadSite:
     async def hostile(self, req: web.Request) -> web.Response:
         hid = req.query.get("hid", "h")
         return web.json_response({"hid": hid, "attrs": HOSTILE_ATTRS, "tags": HOSTILE_TAGS})
-
-    # lifecycle
-    def start(self) -> BadSite:
-        ready = threading.Event()
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            self._runner = web.AppRunner(self.app(), access_log=None)
-            loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            loop.run_until_complete(site.start())
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, daemon=True, name="torture-badsite")
-        self._thread.start()
-        ready.wait(10)
-        wait_for_port(self.port)
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
