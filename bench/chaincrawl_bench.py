@@ -397,10 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-c", "--concurrency", type=int, default=16)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--pages", type=int, default=2000, help="about this many pages")
+    ap.add_argument("--json-arrivals", action="store_true", help="keep server arrival times")
     ap.add_argument("--app", default="worker", help="Celery app module (bench.tuned_worker)")
     ap.add_argument("--proto", default="", help="BENCH_PROTO for bench.tuned_worker")
     ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda s, f: (_ for _ in ()).throw(SystemExit(143)))
     users, posts, comments = site_for_pages(a.pages)
     env = {"BENCH_PROTO": a.proto} if a.proto else {}
     with (
@@ -417,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             r = b.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers,
                         app=a.app, env=env, keep_workers=i > 0)  # fmt: skip
             d = r.as_dict()
-            d["steady_pages_per_s"] = steady_rate(d["extra"].pop("arrivals"))
+            arrivals = d["extra"]["arrivals"] if a.json_arrivals else d["extra"].pop("arrivals")
+            d["steady_pages_per_s"] = steady_rate(arrivals)
             print(json.dumps(d, default=str))
     return 0
 

@@ -1,9 +1,9 @@
 """Where a chaincrawl worker's CPU goes per page: py-spy over a real crawl, grouped by phase.
 
-    .venv/bin/python -m bench.profile                       # ~2000 pages, threads(16), no latency
-    .venv/bin/python -m bench.profile --proto all           # with the prototypes of bench/proto.py
-    .venv/bin/python -m bench.profile --scrapy              # the Scrapy baseline, by library
-    .venv/bin/python -m bench.profile --analyze FILE.raw    # re-read a saved profile
+    .venv/bin/python -m bench.cpu_profile                       # ~2000 pages, threads(16), no latency
+    .venv/bin/python -m bench.cpu_profile --proto all           # with the prototypes of bench/proto.py
+    .venv/bin/python -m bench.cpu_profile --scrapy              # the Scrapy baseline, by library
+    .venv/bin/python -m bench.cpu_profile --analyze FILE.raw    # re-read a saved profile
 
 The worker runs under `py-spy record --gil --nonblocking -f raw` (spawned by py-spy: attaching
 with --pid does not find this interpreter's version). `--gil` keeps only samples of the thread
