@@ -24,14 +24,18 @@ that hands items to the outbox and dispatches the chain's next steps.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
+import math
 import os
 import random
+import socket
 import threading
 import time
 import traceback
 import uuid
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,10 +46,11 @@ import orjson
 import redis
 from celery import Task, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery.utils.saferepr import saferepr
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from chains.model import Chain, chain_from_dict, fan_out
-from chains.state import Kid, RunState
+from chains.state import Committed, Kid, RunState
 from config import Settings, get_settings
 from exceptions import (
     BannedError,
@@ -69,13 +74,13 @@ from external_interface.base import (
     provider_name,
     providers,
 )
-from external_interface.fetch import Fetcher, FetchRequest, RequestsFetcher, Response
+from external_interface.fetch import Fetcher, FetchRequest, Response, default_fetcher
 from monitor.deadletter import DeadLetter, DeadLetterStore
-from monitor.metrics import TaskMetrics
+from monitor.metrics import TaskMetrics, aggregator
 from scheduling.gate import get_gate
-from utils.logsafe import task_argsrepr
+from utils.logsafe import mask, redact, task_argsrepr
 from utils.redis import get_redis
-from utils.registry import Registry
+from utils.registry import Registry, UnknownNameError
 
 log = logging.getLogger("chaincrawl.task")
 
@@ -250,7 +255,8 @@ _provider_lock = threading.Lock()
 def get_fetcher() -> Fetcher:
     global _fetcher
     if _fetcher is None:
-        _fetcher = RequestsFetcher(max_redirects=get_settings().max_redirects)
+        s = get_settings()
+        _fetcher = default_fetcher(s.max_redirects, s.fetcher)
     return _fetcher
 
 
@@ -402,7 +408,8 @@ class Context:
             self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
             raise
         self.metrics.request(resp.status, len(resp.content))
-        outcome = Outcome(elapsed=resp.elapsed, status=resp.status, text_sample=resp.text[:2048])
+        outcome = Outcome(elapsed=resp.elapsed, status=resp.status, text_sample=resp.text[:2048],
+                          retry_after=_retry_after(resp.headers.get("retry-after")))  # fmt: skip
         try:
             self._feedback(active, out, outcome)
         except BannedError:
@@ -495,6 +502,248 @@ def send_kid(app: Any, kid: Mapping[str, Any], producer: Any = None) -> None:
     app.send_task(kid["task"], args=(kid["params"], meta), **opts)
 
 
+# --- sending children: batches, raw envelopes ---------------------------------------------
+
+BATCH_TASK = "chaincrawl.batch"  # args = [entries], each entry a `Kid.encode()` dict
+_worker_slots = 0
+
+
+def set_worker_slots(n: int) -> None:
+    """The worker's pool size (worker.py, at `celeryd_init`): sizes the batching threshold."""
+    global _worker_slots
+    _worker_slots = max(1, int(n))
+
+
+def batch_backlog(s: Settings) -> int:
+    """Outstanding tasks of a run from which its children go out `s.batch` to a message: with
+    fewer, one message per child, so ramp-up and tail still reach every slot."""
+    if s.batch_backlog > 0:
+        return s.batch_backlog
+    return (_worker_slots or 16) * max(1, s.batch)
+
+
+def _tail_backlog(s: Settings) -> int:
+    """Below this many outstanding tasks a run is in its tail: tasks write the pending metrics
+    with their commit, so a finished run's metrics are complete."""
+    return max(64, 2 * (_worker_slots or 16))
+
+
+_seen_outstanding: dict[str, int] = {}  # run id -> outstanding count at this process's last commit
+
+
+@dataclass
+class _Message:
+    task: str
+    id: str
+    args: list[Any]
+    queue: str
+    priority: int | None
+    argsrepr: str
+
+
+class Publisher:
+    """Sends committed children. On a Redis broker they are LPUSHed as ready Celery
+    protocol-2 messages in kombu's Redis transport format, all in one pipeline together with
+    the DEL of the staging lists: no `send_task`, no kombu client per publish, no task-sent
+    event. Other brokers go through kombu's producer batch."""
+
+    def __init__(self, app: Any, s: Settings) -> None:
+        self.app = app
+        self.s = s
+        self.redis_broker = s.broker_url.startswith(("redis", "rediss", "unix"))
+        opts = app.conf.broker_transport_options or {}
+        self.prefix = opts.get("global_keyprefix", "")
+        self.sep = opts.get("sep", "\x06\x16")
+        self.steps = sorted(opts.get("priority_steps") or (0, 3, 6, 9))
+        self.origin = f"gen{os.getpid()}@{socket.gethostname()}"
+        self._queues: dict[str, str] = {}
+
+    def queue_for(self, task: str) -> str:
+        q = self._queues.get(task)
+        if q is None:
+            from worker import route
+
+            q = self._queues[task] = route(task, (), {}, {})["queue"]
+        return q
+
+    def plan(self, kids: list[dict[str, Any]], outstanding: int) -> list[_Message]:
+        """One message per child while the run's backlog is shallow; else the children of
+        one (task, queue, priority) in messages of up to `batch` entries, evenly filled."""
+        size = max(1, self.s.batch)
+        deep = size > 1 and len(kids) > 1 and outstanding >= batch_backlog(self.s)
+        groups: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
+        for kid in kids:
+            meta = kid["meta"]
+            prio = broker_priority(meta["prio"], self.s.broker_url) if "prio" in meta else None
+            dest = (kid["task"], meta.get("queue") or self.queue_for(kid["task"]), prio)
+            groups.setdefault(dest, []).append(kid)
+        out: list[_Message] = []
+        for (task, queue, prio), group in groups.items():
+            per = math.ceil(len(group) / math.ceil(len(group) / size)) if deep else 1
+            for i in range(0, len(group), per):
+                chunk = group[i : i + per]
+                if len(chunk) == 1:
+                    k = chunk[0]
+                    args = [k["params"], k["meta"]]
+                    rep = task_argsrepr(k["params"], k["meta"])
+                    out.append(_Message(task, k["id"], args, queue, prio, rep))
+                else:
+                    rep = redact(saferepr(mask(chunk), 1024))
+                    out.append(_Message(BATCH_TASK, uuid.uuid4().hex, [chunk], queue, prio, rep))
+        return out
+
+    def publish(
+        self, state: RunState, groups: Sequence[tuple[list[bytes], str]], outstanding: int
+    ) -> None:
+        """Send the staged children of `groups` ((messages, staging key)), then drop the
+        staging lists. Anything raised leaves them staged for a redelivery to send."""
+        keys = [key for staged, key in groups if staged]
+        kids = [orjson.loads(m) for staged, _ in groups for m in staged]
+        if not kids:
+            return
+        msgs = self.plan(kids, outstanding)
+        if self.redis_broker:
+            broker = get_redis(self.s.broker_url)
+            pipe = broker.pipeline(transaction=False)
+            for m in msgs:
+                pipe.lpush(*self.envelope(m))
+            same = self.s.broker_url == self.s.redis_url
+            if same:
+                pipe.delete(*keys)
+            pipe.execute()
+            if not same:
+                state.r.delete(*keys)
+            return
+        with self.app.producer_or_acquire() as producer, producer.batch():
+            for m in msgs:
+                opts: dict[str, Any] = {"queue": m.queue}
+                if m.priority is not None:
+                    opts["priority"] = m.priority
+                self.app.send_task(m.task, args=m.args, task_id=m.id, argsrepr=m.argsrepr,
+                                   kwargsrepr="{}", producer=producer, **opts)  # fmt: skip
+        state.r.delete(*keys)
+
+    def envelope(self, m: _Message) -> tuple[str, bytes]:
+        """(queue key, message) as kombu's Redis transport LPUSHes a Celery protocol-2 task."""
+        body = orjson.dumps(
+            [m.args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+        )
+        pri = m.priority or 0
+        msg = {
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {
+                "lang": "py",
+                "task": m.task,
+                "id": m.id,
+                "shadow": None,
+                "eta": None,
+                "expires": None,
+                "group": None,
+                "group_index": None,
+                "retries": 0,
+                "timelimit": [None, None],
+                "root_id": m.id,
+                "parent_id": None,
+                "argsrepr": m.argsrepr,
+                "kwargsrepr": "{}",
+                "origin": self.origin,
+                "ignore_result": True,
+                "replaced_task_nesting": 0,
+                "stamped_headers": None,
+                "stamps": {},
+            },
+            "properties": {
+                "correlation_id": m.id,
+                "reply_to": "",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": m.queue},
+                "priority": pri,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+        step = self.steps[bisect_right(self.steps, pri) - 1] if self.steps else 0
+        queue = f"{m.queue}{self.sep}{step}" if step else m.queue
+        return f"{self.prefix}{queue}", orjson.dumps(msg)
+
+
+_publishers: dict[tuple[int, int, int], Publisher] = {}
+
+
+def publisher(app: Any, s: Settings) -> Publisher:
+    key = (id(app), id(s), os.getpid())
+    p = _publishers.get(key)
+    if p is None:
+        p = _publishers[key] = Publisher(app, s)
+    return p
+
+
+class _BatchRun:
+    """The entries of one batch message being run: their commits (sent in one round trip
+    after the last entry) and their children (published in one pipeline after that)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[Any], list[Any]]] = []
+        self.after: list[tuple[SiteTask, str, str]] = []  # (task, tid, dedup id) per call
+        self.groups: list[tuple[list[bytes], str]] = []
+        self.outstanding = 0
+
+    def add(self, staged: list[bytes], key: str, outstanding: int) -> None:
+        if staged:
+            self.groups.append((staged, key))
+        self.outstanding = max(self.outstanding, outstanding)
+
+
+_tls = threading.local()
+
+
+def _current_batch() -> _BatchRun | None:
+    return getattr(_tls, "batch", None)
+
+
+def _run_commits(
+    state: RunState, s: Settings, rid: str, calls: list[Any], pipe_extra: Any = None
+) -> list[Committed | None]:
+    """Commit calls in one round trip. While the run's backlog is shallow (its tail, or not
+    seen yet) this process's pending metrics go first in the same pipeline, so they are
+    written no later than the commit that may complete the run."""
+    agg = aggregator()
+    seen = _seen_outstanding.get(rid) if rid else 0
+    tail = _tail_backlog(s)
+    sync = seen is None or seen < tail
+    taken: dict[str, Any] = {}
+
+    def pre(pipe: Any) -> None:
+        taken.update(agg.drain_into(pipe))
+
+    try:
+        results = state.run_commits(calls, pipe_pre=pre if sync else None, pipe_extra=pipe_extra)
+    except Exception:
+        agg.restore(taken)
+        raise
+    done = [res for res in results if res is not None]
+    if rid and done:
+        n = max(res.outstanding for res in done)
+        if len(_seen_outstanding) > 1024:
+            _seen_outstanding.clear()
+        _seen_outstanding[rid] = n
+        if not sync and n < tail and agg.pending():  # entering the tail: write the sums now
+            try:
+                agg.flush(state.r)
+            except redis.exceptions.RedisError as exc:
+                log.warning("metrics flush failed (kept for the next try): %s", exc)
+    return results
+
+
+def _aggregate(metrics: TaskMetrics, spec: EndpointSpec, s: Settings) -> None:
+    """This task's metrics into the process's sums (written within the flush interval)."""
+    agg = aggregator()
+    agg.start(get_redis(), s.metrics_flush_interval)
+    metrics.aggregate(spec.name, spec.site, s)
+
+
 class SiteTask(Task):
     """Celery task base for endpoints: see the module docstring for what it adds."""
 
@@ -515,7 +764,11 @@ class SiteTask(Task):
             log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
             raise Reject(exc, requeue=True) from None
 
-    def _execute(self, params: Any, meta: Mapping[str, Any] | None) -> str:
+    def _execute(
+        self, params: Any, meta: Mapping[str, Any] | None, begun: tuple[bool, int] | None = None
+    ) -> str:
+        """One page: begin, run the endpoint, commit, send the children. Inside a batch
+        (`begun` from the batch's one begin round trip) the commit is deferred to the batch."""
         spec = self.spec
         settings = get_settings()
         r = get_redis()
@@ -526,11 +779,11 @@ class SiteTask(Task):
         metrics = TaskMetrics()
         metrics.outcome("started")
         started = time.monotonic()
-        committed, deliveries = state.begin(
-            rid, tid, self.request.retries or 0,
-            pipe_extra=lambda p: metrics.flush(p, spec.name, spec.site, settings),
-        )  # fmt: skip
-        if committed:
+        if begun is None:
+            begun = state.begin(rid, tid, self.request.retries or 0)
+        committed, deliveries = begun
+        _aggregate(metrics, spec, settings)
+        if committed:  # a redelivery of a committed task: send what is still staged
             self._send_staged(state, tid)
             return "duplicate"
         ctx: Context | None = None
@@ -560,15 +813,22 @@ class SiteTask(Task):
         metrics.outcome("succeeded")
         metrics.counts["items"] += len(stored)
         metrics.latency(time.monotonic() - started)
+        _aggregate(metrics, spec, settings)
+        summary = f"{len(stored)} items, {len(kids)} follow-ups"
+        batch = _current_batch()
+        calls: list[Any] = batch.calls if batch is not None else []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(stored),
-            entries=entries, kids=kids,
-            pipe_extra=lambda p: metrics.flush(p, spec.name, spec.site, settings),
+            entries=entries, kids=kids, defer=calls,
         )  # fmt: skip
-        self._send_staged(state, tid)
+        if batch is not None:
+            batch.after.append((self, tid, meta.get("dd", "")))
+            return summary
+        res = _run_commits(state, settings, rid, calls)[0]
+        self._send_staged(state, tid, res)
         if meta.get("dd"):  # crawled and handed off durably: remember it for skip_seen
             _request_dedup(spec.name).mark_many([meta["dd"]], refresh=True)
-        return f"{len(stored)} items, {len(kids)} follow-ups"
+        return summary
 
     # -- running the endpoint
 
@@ -642,14 +902,24 @@ class SiteTask(Task):
             kids.extend(batch)
         return kids
 
-    def _send_staged(self, state: RunState, tid: str) -> None:
-        staged = state.staged_kids(tid)
-        if not staged:
-            return
-        with self.app.producer_or_acquire() as producer:  # one connection for all children
-            for kid in staged:
-                send_kid(self.app, kid, producer)
-        state.clear_kids(tid)
+    def _send_staged(self, state: RunState, tid: str, res: Committed | None = None) -> None:
+        """Publish the children this task's commit staged (`res`; None: read them back, as a
+        redelivered committed task does). Inside a batch they wait for the batch's publish.
+        A failure after the commit requeues the message (bug 2): its redelivery finds the
+        task committed and sends what is still staged; acking it would strand the children."""
+        key = state.kids_key(tid)
+        try:
+            staged = res.staged if res is not None else state.r.lrange(key, 0, -1)
+            outstanding = res.outstanding if res is not None else 0
+            batch = _current_batch()
+            if batch is not None:
+                batch.add(staged, key, outstanding)
+            elif staged:
+                publisher(self.app, state.s).publish(state, [(staged, key)], outstanding)
+        except Exception as exc:
+            log.warning("%s: children of %s not sent (%s: %s); message requeued",
+                        self.name, tid, type(exc).__name__, _safe(exc))  # fmt: skip
+            raise Reject(exc, requeue=True) from None
 
     # -- failure paths
 
@@ -720,17 +990,22 @@ class SiteTask(Task):
             dls.add(dl, pipe)
             metrics.flush(pipe, spec.name, spec.site, settings)
 
+        calls: list[Any] = []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
-            pipe_extra=extra,
+            defer=calls,
         )  # fmt: skip
+        res = _run_commits(state, settings, rid, calls, pipe_extra=extra)[0]
         log.warning("%s failed for good after %d retries (%s: %s); dead-lettered as %s",
                     spec.name, retries_used, err, _safe(exc), tid)  # fmt: skip
+        if res is not None:  # backpressure may have released waiting children to this task
+            self._send_staged(state, tid, res)
         return f"failed: {err}"
 
     def _retry_later(
         self, params: Any, meta: dict[str, Any], countdown: float, exc: Exception
     ) -> Exception:
+        """A retry is its own message with the same task id (also for a batch entry)."""
         opts: dict[str, Any] = {}
         if "prio" in meta:
             opts["priority"] = broker_priority(meta["prio"])
@@ -746,6 +1021,126 @@ class SiteTask(Task):
             kwargsrepr="{}",
             **opts,
         )
+
+
+# --- the batch task ------------------------------------------------------------------------
+
+
+@shared_task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
+             ignore_result=True, typing=False, max_retries=None)  # fmt: skip
+def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
+    """Several pages in one message (`Publisher.plan`). Each entry runs as the task it names,
+    with its own task id: its own begin and commit (exactly once per id), its own retry
+    (a message of its own, same id) and its own dead letter. The entries' begins go in one
+    round trip, their commits in one, their children in one publish pipeline."""
+    try:
+        return _run_batch(self, entries)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
+        raise Reject(exc, requeue=True) from None
+
+
+def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
+    from celery.exceptions import Retry
+
+    settings = get_settings()
+    state = _run_state(get_redis(), settings)
+    todo: list[tuple[EndpointSpec, dict[str, Any]]] = []
+    for e in entries:
+        try:
+            todo.append((get_endpoint(e["task"]), e))
+        except UnknownNameError:
+            _dead_letter_unknown(state, settings, e)
+    begun = state.begin_many([(e["meta"].get("run", ""), e["id"], 0) for _, e in todo])
+    run = _BatchRun()
+    req = btask.request
+    events = settings.task_events
+    _tls.batch = run
+    try:
+        for (spec, e), b in zip(todo, begun, strict=True):
+            task: SiteTask = spec.task
+            params, meta = e["params"], e["meta"]
+            task.push_request(
+                id=e["id"], root_id=e["id"], parent_id=None, correlation_id=e["id"],
+                args=[params, meta], kwargs={}, retries=0, called_directly=False,
+                is_eager=False, hostname=req.hostname, delivery_info=req.delivery_info,
+                reply_to=None, ignore_result=True,
+            )  # fmt: skip
+            t0 = time.monotonic()
+            try:
+                if events:
+                    _entry_event(task, "task-received", name=spec.name, retries=0,
+                                 args=task_argsrepr(params, meta), kwargs="{}")  # fmt: skip
+                    _entry_event(task, "task-started")
+                result = task._execute(params, meta, begun=b)
+                if events:
+                    _entry_event(task, "task-succeeded", result=result,
+                                 runtime=time.monotonic() - t0)  # fmt: skip
+            except Retry as exc:  # already sent as its own message, same id
+                if events:
+                    _entry_event(task, "task-retried", exception=_safe(exc))
+            except (Reject, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                raise
+            except Exception as exc:  # as for a single message: logged, not committed
+                log.exception("%s[%s] raised inside %s", spec.name, e["id"], BATCH_TASK)
+                if events:
+                    _entry_event(task, "task-failed", exception=_safe(exc))
+            finally:
+                task.pop_request()
+    finally:
+        _tls.batch = None
+    rid = next((e["meta"].get("run", "") for _, e in todo), "")
+    results = _run_commits(state, settings, rid, run.calls) if run.calls else []
+    for (_task, tid, _dd), res in zip(run.after, results, strict=True):
+        key = state.kids_key(tid)
+        if res is None:  # committed meanwhile by another delivery: send what it staged
+            run.add(state.r.lrange(key, 0, -1), key, 0)
+        else:
+            run.add(res.staged, key, res.outstanding)
+    if run.groups:
+        try:
+            publisher(btask.app, settings).publish(state, run.groups, run.outstanding)
+        except Exception as exc:  # bug 2: committed entries re-send what is staged
+            log.warning("%s: children not sent (%s: %s); message requeued",
+                        BATCH_TASK, type(exc).__name__, _safe(exc))  # fmt: skip
+            raise Reject(exc, requeue=True) from None
+    marks: dict[str, list[str]] = {}
+    for task, _tid, dd in run.after:
+        if dd:
+            marks.setdefault(task.name, []).append(dd)
+    for name, ids in marks.items():  # crawled and handed off durably: skip_seen may skip them
+        _request_dedup(name).mark_many(ids, refresh=True)
+    return f"{len(entries)} pages"
+
+
+def _entry_event(task: Task, type_: str, **fields: Any) -> None:
+    """Task events for one entry of a batch, in its own id, so Flower lists every page."""
+    try:
+        task.send_event(type_, **fields)
+    except Exception as exc:  # monitoring never fails a page
+        log.debug("event %s not sent: %s", type_, exc)
+
+
+def _dead_letter_unknown(state: RunState, s: Settings, e: Mapping[str, Any]) -> None:
+    """An entry naming no registered task: dead-lettered and counted failed, so its run ends."""
+    meta = dict(e.get("meta") or {})
+    rid, step, tid = meta.get("run", ""), meta.get("step", ""), str(e.get("id", ""))
+    dl = DeadLetter(
+        id=tid,
+        task=str(e.get("task")),
+        params=e.get("params") if isinstance(e.get("params"), dict) else {},
+        meta=meta,
+        error_type="NotRegistered",
+        error=f"no task named {e.get('task')!r} in this worker",
+        traceback="",
+        retries=0,
+    )
+    dls = DeadLetterStore(state.r, s)
+    calls: list[Any] = []
+    state.commit(rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
+                 defer=calls)  # fmt: skip
+    state.run_commits(calls, pipe_extra=lambda pipe: dls.add(dl, pipe))
+    log.error("%s: entry %s names unknown task %r; dead-lettered", BATCH_TASK, tid, e.get("task"))
 
 
 def _queue(meta: Mapping[str, Any]) -> dict[str, Any]:

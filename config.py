@@ -75,6 +75,11 @@ class Settings(BaseSettings):
     )
     max_response_bytes: int = Field(10 * 1024 * 1024, validation_alias=_env("MAX_RESPONSE_BYTES"))
     max_redirects: int = Field(10, validation_alias=_env("MAX_REDIRECTS"))
+    fetcher: str = Field(
+        "urllib3",
+        validation_alias=_env("FETCHER"),
+        description="HTTP client of the fetch layer: urllib3 (default, leaner) or requests.",
+    )
 
     providers: str = Field(
         "",
@@ -138,6 +143,50 @@ class Settings(BaseSettings):
         1,
         validation_alias=_env("PREFETCH_MULTIPLIER"),
         description="Messages each worker slot reserves ahead; acks_late keeps them safe.",
+    )
+    sweep_stall: float = Field(
+        30.0,
+        validation_alias=_env("SWEEP_STALL"),
+        description="Redis broker: a run with no commit for this many seconds is checked for "
+        "tasks the broker lost (bug 1), which are re-sent (chains/sweeper.py); 0 = off.",
+    )
+    sweep_interval: float = Field(
+        5.0,
+        validation_alias=_env("SWEEP_INTERVAL"),
+        description="Seconds between two sweeps of the run ledgers (one worker sweeps at a time).",
+    )
+    task_events: bool = Field(
+        False,
+        validation_alias=_env("TASK_EVENTS"),
+        description="Celery task events (Flower's task list, `-E`). Off by default: they cost "
+        "~15% of a page's CPU and chaincrawl's own monitoring does not need them.",
+    )
+    task_log: bool = Field(
+        False,
+        validation_alias=_env("TASK_LOG"),
+        description="Celery's per-task 'received'/'succeeded' INFO lines in worker logs.",
+    )
+    broker_max_connections: int = Field(
+        0,
+        validation_alias=_env("BROKER_MAX_CONNECTIONS"),
+        description="Redis broker: connections kombu may open per worker; 0 = the worker's "
+        "concurrency + 16, at least 64 (kombu's 10 starves gevent pools).",
+    )
+    batch: int = Field(
+        20,
+        validation_alias=_env("BATCH"),
+        description="Pages per Celery message while a run's backlog is deep (1 = one per message).",
+    )
+    batch_backlog: int = Field(
+        0,
+        validation_alias=_env("BATCH_BACKLOG"),
+        description="A run's outstanding tasks from which children are batched; "
+        "0 = the worker's slots x BATCH, so every slot still gets a message.",
+    )
+    metrics_flush_interval: float = Field(
+        1.0,
+        validation_alias=_env("METRICS_FLUSH_INTERVAL"),
+        description="Seconds between writes of a worker's aggregated task metrics to Redis.",
     )
 
     # --- storage --------------------------------------------------------------------------

@@ -18,11 +18,13 @@ import sites
 from base_task import get_endpoint
 from config import Settings, get_settings
 from external_interface.base import load_providers
-from utils import logsafe
+from utils import kombu_guard, logsafe
 from utils.registry import UnknownNameError
 
 settings = get_settings()
 log = logging.getLogger("chaincrawl.worker")
+# a malformed queue payload or a channel closed after its connection must not end the consumer
+kombu_guard.apply()  # bugs 6 and 3 (docs/reliability.md); fails loudly if kombu changed
 
 app = Celery("chaincrawl")
 
@@ -55,8 +57,9 @@ def configure(s: Settings) -> None:
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=s.prefetch_multiplier,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # task events feed Flower's task list only; chaincrawl's monitoring reads Redis
+        worker_send_task_events=s.task_events,
+        task_send_sent_event=s.task_events,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         broker_transport_options={
@@ -72,6 +75,8 @@ def configure(s: Settings) -> None:
             "unacked_mutex_expire": max(5, min(300, s.visibility_timeout // 2)),
             "socket_timeout": 30,
             "socket_connect_timeout": 5,
+            # kombu's default pool (10) starves gevent pools: acks fail, messages strand
+            "max_connections": s.broker_max_connections or 512,
             **({"global_keyprefix": f"{s.key_prefix}:q:"} if redis_broker else {}),
         },
         task_queues=[
@@ -102,6 +107,42 @@ def _forget_connections() -> None:
     amqp._rtable = None
 
 
+def use_orjson() -> None:
+    """kombu's JSON (task bodies, events, the Redis transport's envelopes) through orjson,
+    several times faster than the stdlib. Types orjson does not handle natively, and payloads
+    carrying kombu's `__type__` markers, take kombu's own encoder/decoder."""
+    import orjson
+    from kombu.serialization import register
+    from kombu.transport import redis as kombu_redis
+    from kombu.utils import json as kjson
+
+    # datetimes and dataclasses go through kombu's encoder (its `__type__` markers), as before
+    opts = (
+        orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+    )
+    encoder = kjson.JSONEncoder()
+
+    def dumps(obj: Any, **kw: Any) -> str:
+        if not kw:
+            try:
+                return orjson.dumps(obj, default=encoder.default, option=opts).decode()
+            except TypeError:  # e.g. tuple subclasses, ints beyond 64 bits: the stdlib path
+                pass
+        return kjson.dumps(obj, **kw)
+
+    def loads(data: Any, **kw: Any) -> Any:
+        if isinstance(data, memoryview):
+            data = data.tobytes()
+        marker = '"__type__"' if isinstance(data, str) else b'"__type__"'
+        if kw or marker in data:
+            return kjson.loads(data, **kw)
+        return orjson.loads(data)
+
+    register("json", dumps, loads, content_type="application/json", content_encoding="utf-8")
+    kombu_redis.dumps, kombu_redis.loads = dumps, loads
+
+
+use_orjson()
 sites.load_all()
 load_providers()  # providers register their tasks (production chains) on import
 configure(settings)
@@ -130,6 +171,28 @@ _drainer_lock = threading.Lock()
 @signals.after_setup_task_logger.connect
 def _redact_logs(logger: logging.Logger, **kw: Any) -> None:
     logsafe.install(logger)
+    if not get_settings().task_log:  # two INFO lines per task, through the redaction filter
+        for name in ("celery.app.trace", "celery.worker.strategy", "celery.worker.request"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@signals.celeryd_init.connect
+def _size_for_pool(conf: Any = None, options: Any = None, **kw: Any) -> None:
+    """Size what depends on the pool once the worker's concurrency is known: kombu's broker
+    connection pool (acks and publishes need one each) and the batching threshold."""
+    import base_task
+
+    s = get_settings()
+    slots = int((options or {}).get("concurrency") or 0)
+    if slots <= 0:
+        import os
+
+        slots = os.cpu_count() or 1  # Celery's default concurrency
+    base_task.set_worker_slots(slots)
+    if conf is not None and not s.broker_max_connections:
+        opts = dict(conf.broker_transport_options or {})
+        opts["max_connections"] = max(64, slots + 16)
+        conf.broker_transport_options = opts
 
 
 @signals.worker_ready.connect
@@ -147,6 +210,23 @@ def _start_drainer(**kw: Any) -> None:
             _drainer.start_thread()
 
 
+_sweeper: Any = None
+
+
+@signals.worker_ready.connect
+def _start_sweeper(**kw: Any) -> None:
+    """Each worker process also sweeps the run ledgers for messages the Redis broker lost
+    (bug 1, chains/sweeper.py); a lock lets one process sweep at a time. Off on AMQP."""
+    global _sweeper
+    from chains.sweeper import Sweeper
+
+    with _drainer_lock:
+        if _sweeper is None:
+            _sweeper = Sweeper.for_app(app, get_settings())
+            if _sweeper is not None:
+                _sweeper.start_thread()
+
+
 @signals.worker_shutdown.connect
 def _stop_drainer(**kw: Any) -> None:
     """Warm shutdown flushes the last partial batch (seed 004: never lose the last batch)."""
@@ -155,3 +235,13 @@ def _stop_drainer(**kw: Any) -> None:
         if _drainer is not None:
             _drainer.stop()
             _drainer = None
+
+
+@signals.worker_shutdown.connect
+@signals.worker_process_shutdown.connect
+def _flush_metrics(**kw: Any) -> None:
+    """Warm shutdown writes the task metrics this process has not written yet."""
+    from monitor.metrics import aggregator
+    from utils.redis import get_redis
+
+    aggregator().stop(get_redis())

@@ -4,7 +4,7 @@ worker processes against a private Redis.
     .venv/bin/python -m bench.chaincrawl_bench --latency-ms 0 -c 16                # threads
     .venv/bin/python -m bench.chaincrawl_bench --latency-ms 100 -c 256 -P gevent
     .venv/bin/python -m bench.chaincrawl_bench --workers 2 --users 100
-    .venv/bin/python -m bench.chaincrawl_bench --app bench.tuned_worker   # prototypes on
+    .venv/bin/python -m bench.chaincrawl_bench --app bench.tuned_worker --proto nometrics
 
 Chain `bench_pc` (built here, carried in the run record):
 
@@ -13,9 +13,10 @@ Chain `bench_pc` (built here, carried in the run record):
                                               parent's `benchsite.link` items; next pages are
                                               follow-ups of the same step
 
-A full chain step per page: Celery message in, parameter validation, fetch (requests), parse
+A full chain step per page: Celery message in, parameter validation, fetch (urllib3), parse
 (parsel CSS), items, the dedup check of unique children (SADD in the commit script), the commit
-Lua (items to the outbox stream, children staged, counters), child publish, ack; the outbox
+Lua (items to the outbox stream, children staged and returned, counters), child publish
+(batched while the backlog is deep), ack; the outbox
 drainer thread writes items to the JSONL sink and counts them stored.
 
 Measured per run, after a warm-up run on the same workers:
@@ -25,8 +26,9 @@ Measured per run, after a warm-up run on the same workers:
   * wall: from `chains.run()` to the run being complete (tasks done, items stored).
   * pages: requests the demo server counted (must equal the chain's succeeded tasks).
   * peak RSS per worker: VmHWM from /proc.
-Workers are started as `control.sh start` starts them (`celery -A worker worker -P ... -E
--l INFO --without-gossip`), with the app module replaceable by `--app`.
+Workers are started as `control.sh start` starts them (`celery -A worker worker -P ...
+-l INFO --without-gossip`, `-E` only with CHAINCRAWL_TASK_EVENTS=1), with the app module
+replaceable by `--app`.
 """
 
 from __future__ import annotations
@@ -109,10 +111,11 @@ class Worker:
             "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h",
             "-l", "INFO", "--without-gossip", *(extra or []),
         ]  # fmt: skip
-        if events is None:
-            events = "noevents" not in _flags(env)
+        if events is None:  # as control.sh starts workers: -E only with CHAINCRAWL_TASK_EVENTS
+            raw = env.get("CHAINCRAWL_TASK_EVENTS", os.environ.get("CHAINCRAWL_TASK_EVENTS", ""))
+            events = raw.strip().lower() in ("1", "true", "yes", "on")
         if events:
-            cmd.insert(cmd.index("-l"), "-E")  # as control.sh starts workers
+            cmd.insert(cmd.index("-l"), "-E")
         self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,

@@ -7,6 +7,9 @@ Keys (prefix `cc` by default):
     run:{rid}:done       set   task ids that have committed (makes commit idempotent)
     run:{rid}:uniq:{step} set  parameter fingerprints of `unique` steps
     run:{rid}:pending    list  children waiting behind the run's cap (backpressure)
+    run:{rid}:ledger     hash  tid -> message of every task sent and not yet committed, so
+                               chains.sweeper can re-send what the broker lost (bug 1);
+                               `last` in the run hash is the time of the last commit
     kids:{tid}           list  child messages a committed task still has to send
     runs:active          set   run ids not yet done
     outbox               stream items handed off for storage (drained by external_interface.outbox)
@@ -38,10 +41,14 @@ from config import Settings, get_settings
 
 RUN_TTL = 7 * 24 * 3600  # run records and done sets outlive the run for a week
 
-COUNTERS = ("dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed")
+COUNTERS = (
+    "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed",
+    "resent",  # re-sent by the sweeper after the broker lost their message (bug 1)
+)  # fmt: skip
 
 _COMMIT = """
--- KEYS: 1 done set|key, 2 counters, 3 run hash, 4 outbox, 5 kids list, 6 active runs, 7 pending
+-- KEYS: 1 done set|key, 2 counters, 3 run hash, 4 outbox, 5 kids list, 6 active runs, 7 pending,
+--       8 ledger (tid -> message of every task sent and not yet committed: bug 1's sweeper)
 -- ARGV: 1 tid, 2 run, 3 step, 4 outcome, 5 n_items, 6 now, 7 ttl, 8 uniq key prefix,
 --       9 n_entries, then per entry: n_fields, fields...; then n_kids, per kid: step, uniq, json
 local tid, run, step, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -54,6 +61,7 @@ else
 end
 local cap = 0
 if run ~= '' then cap = tonumber(redis.call('HGET', KEYS[3], 'cap') or '0') end
+if run ~= '' then redis.call('HDEL', KEYS[8], tid) end
 local i = 9
 local n_entries = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n_entries do
@@ -78,12 +86,22 @@ for _ = 1, n_kids do
   end
   if fresh == 1 then
     redis.call('RPUSH', target, msg)
+    if run ~= '' then
+      local kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
+      redis.call('HSET', KEYS[8], kid_id, msg)
+    end
     per_step[kstep] = (per_step[kstep] or 0) + 1
     total = total + 1
   end
 end
 if total > 0 then redis.call('EXPIRE', target, ttl) end
-if run == '' then return 1 end
+-- reply: {outstanding tasks of the run (0 without a run), the staged child messages...},
+-- so the caller publishes them with no LRANGE round trip; 0 means "already committed"
+if run == '' then
+  local out = redis.call('LRANGE', KEYS[5], 0, -1); table.insert(out, 1, 0); return out
+end
+if total > 0 then redis.call('EXPIRE', KEYS[8], ttl) end
+redis.call('HSET', KEYS[3], 'last', ARGV[6])
 -- backpressure: this task leaves the broker; release waiting children up to the cap
 if cap > 0 then
   local inflight = redis.call('HINCRBY', KEYS[2], 'inflight', -1)
@@ -114,8 +132,11 @@ local left = redis.call('HINCRBY', KEYS[2], 'outstanding', total - 1)
 if left <= 0 then
   redis.call('HSET', KEYS[3], 'status', 'done', 'finished', ARGV[6])
   redis.call('SREM', KEYS[6], run)
+  redis.call('DEL', KEYS[8])
 end
-return 1
+local out = redis.call('LRANGE', KEYS[5], 0, -1)
+table.insert(out, 1, left)
+return out
 """
 
 _RELEASE = """
@@ -166,6 +187,21 @@ class Kid:
         )
 
 
+@dataclass
+class Committed:
+    """What a commit left: the run's outstanding tasks (0 without a run) and the child
+    messages staged in `kids:{tid}` (`Kid.encode()` form) that the task must now send."""
+
+    outstanding: int
+    staged: list[bytes]
+
+
+def _committed(reply: Any) -> Committed | None:
+    if not isinstance(reply, list):  # 0: this task id had already committed
+        return None
+    return Committed(int(reply[0]), list(reply[1:]))
+
+
 class RunState:
     """All run bookkeeping against one Redis; cheap to build, thread-safe."""
 
@@ -191,6 +227,9 @@ class RunState:
 
     def pending_key(self, rid: str) -> str:
         return self.s.key("run", rid, "pending")
+
+    def ledger_key(self, rid: str) -> str:
+        return self.s.key("run", rid, "ledger")
 
     @property
     def active_key(self) -> str:
@@ -235,12 +274,27 @@ class RunState:
         """Client-side dispatch (seeds, replays): count, queue behind the cap, release what
         fits into `staging` for the caller to send."""
         self.add_dispatched(rid, step, len(msgs))
+        self.ledger_add(rid, msgs)
         if msgs:
             self.r.rpush(self.pending_key(rid), *msgs)
             self.r.expire(self.pending_key(rid), RUN_TTL)
         self._release(
             keys=[self.counters_key(rid), self.run_key(rid), self.pending_key(rid), staging]
         )
+
+    def ledger_add(self, rid: str, msgs: Sequence[bytes]) -> None:
+        """Record tasks a client is about to send (seeds, replays) in the run's ledger, where
+        the sweeper finds them if the broker loses their message (bug 1); marks progress."""
+        pipe = self.r.pipeline(transaction=False)
+        if msgs:
+            pipe.hset(self.ledger_key(rid), mapping={orjson.loads(m)["id"]: m for m in msgs})
+            pipe.expire(self.ledger_key(rid), RUN_TTL)
+        pipe.hset(self.run_key(rid), "last", f"{time.time():.3f}")
+        pipe.execute()
+
+    def ledger(self, rid: str) -> dict[str, bytes]:
+        """tid -> message of the run's tasks sent and not yet committed."""
+        return {k.decode(): v for k, v in self.r.hgetall(self.ledger_key(rid)).items()}
 
     def waiting(self, rid: str) -> int:
         return int(self.r.llen(self.pending_key(rid)))
@@ -288,8 +342,11 @@ class RunState:
         entries: Sequence[Mapping[str, Any]],
         kids: Sequence[Kid],
         pipe_extra: Any = None,
-    ) -> bool:
-        """Atomically record a finished task; False if it had already committed."""
+        defer: list[tuple[list[Any], list[Any]]] | None = None,
+    ) -> Committed | None:
+        """Atomically record a finished task: the run's outstanding count and the staged
+        children to send, or None if it had already committed. With `defer` the call is only
+        appended there (None returned) for `run_commits`."""
         args: list[Any] = [
             tid,
             rid,
@@ -316,13 +373,70 @@ class RunState:
             self.kids_key(tid),
             self.active_key,
             self.pending_key(rid) if rid else self.s.key("norun"),
+            self.ledger_key(rid) if rid else self.s.key("norun"),
         ]
-        if pipe_extra is None:
-            return bool(self._commit(keys=keys, args=args))
+        if defer is not None:  # the caller sends it with others: run_commits(defer)
+            defer.append((keys, args))
+            return None
+        return self.run_commits([(keys, args)], pipe_extra=pipe_extra)[0]
+
+    def run_commits(
+        self,
+        calls: Sequence[tuple[list[Any], list[Any]]],
+        pipe_pre: Any = None,
+        pipe_extra: Any = None,
+    ) -> list[Committed | None]:
+        """Send commit calls (from `commit(defer=...)`) in one round trip; each stays its own
+        script call, so each task id still commits at most once. `pipe_pre` adds commands
+        before them, `pipe_extra` after. EVALSHA straight into the pipeline: a registered
+        `Script` would make redis-py send SCRIPT EXISTS in a round trip of its own first."""
         pipe = self.r.pipeline(transaction=False)
-        self._commit(keys=keys, args=args, client=pipe)
-        pipe_extra(pipe)
-        return bool(pipe.execute()[0])
+        if pipe_pre is not None:
+            pipe_pre(pipe)
+        first = len(pipe.command_stack)
+        sha = self._commit.sha
+        for keys, args in calls:
+            pipe.evalsha(sha, len(keys), *keys, *args)
+        if pipe_extra is not None:
+            pipe_extra(pipe)
+        res = pipe.execute(raise_on_error=False)
+        out: list[Committed | None] = []
+        error: Exception | None = None
+        for i, (keys, args) in enumerate(calls):
+            r = res[first + i]
+            if isinstance(r, redis.exceptions.NoScriptError):  # a restarted or flushed server
+                self.r.script_load(_COMMIT)
+                r = self.r.evalsha(sha, len(keys), *keys, *args)
+            elif isinstance(r, Exception):
+                error = error or r
+                out.append(None)
+                continue
+            out.append(_committed(r))
+        error = error or next(
+            (
+                r
+                for r in res
+                if isinstance(r, Exception) and not isinstance(r, redis.exceptions.NoScriptError)
+            ),
+            None,
+        )
+        if error is not None:
+            raise error
+        return out
+
+    def begin_many(self, calls: Sequence[tuple[str, str, int]]) -> list[tuple[bool, int]]:
+        """`begin` for several (rid, tid, retries) in one round trip (a batch's entries)."""
+        pipe = self.r.pipeline(transaction=False)
+        for rid, tid, retries in calls:
+            deliv_key = self.s.key("deliv", tid, retries)
+            if rid:
+                pipe.sismember(self.done_key(rid, tid), tid)
+            else:
+                pipe.exists(self.done_key(rid, tid))
+            pipe.incr(deliv_key)
+            pipe.expire(deliv_key, 2 * 24 * 3600)
+        res = pipe.execute()
+        return [(bool(res[3 * i]), int(res[3 * i + 1])) for i in range(len(calls))]
 
     def staged_kids(self, tid: str) -> list[dict[str, Any]]:
         return [orjson.loads(m) for m in self.r.lrange(self.kids_key(tid), 0, -1)]
@@ -335,8 +449,11 @@ class RunState:
             pipe.hincrby(self.counters_key(rid), f"{step}:retried", 1)
             pipe.hincrby(self.counters_key(rid), "retried", 1)
 
-    def reopen_failed(self, rid: str, step: str) -> None:
-        """A dead-lettered task is replayed: it is outstanding again and no longer failed."""
+    def reopen_failed(self, rid: str, step: str, msg: bytes | None = None) -> None:
+        """A dead-lettered task is replayed: it is outstanding again and no longer failed.
+        `msg` (the replayed message, `Kid.encode()` form) goes to the run's ledger."""
+        if msg is not None:
+            self.ledger_add(rid, [msg])
         pipe = self.r.pipeline()
         ck = self.counters_key(rid)
         pipe.hincrby(ck, f"{step}:failed", -1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -48,9 +49,10 @@ def replay(ids: list[str] | None = None, all_: bool = False, task: str | None = 
         if d is None:
             continue
         meta = {k: v for k, v in d.meta.items() if k not in ("waits", "avoid")}
-        if meta.get("run"):
-            state.reopen_failed(meta["run"], meta.get("step", ""))
-        send_kid(app, {"id": uuid.uuid4().hex, "task": d.task, "params": d.params, "meta": meta})
+        kid = {"id": uuid.uuid4().hex, "task": d.task, "params": d.params, "meta": meta}
+        if meta.get("run"):  # the run's ledger gets the message (bug 1: the sweeper re-sends)
+            state.reopen_failed(meta["run"], meta.get("step", ""), orjson.dumps(kid))
+        send_kid(app, kid)
         store.remove(dl_id)
         n += 1
     return n

@@ -116,8 +116,17 @@ def stop_redis(s: Settings) -> bool:
 
 
 def start_workers(
-    s: Settings, queues: str, pool: str, concurrency: int, workers: int, name: str = "w"
+    s: Settings,
+    queues: str,
+    pool: str,
+    concurrency: int,
+    workers: int,
+    name: str = "w",
+    supervise: bool = True,
 ) -> list[str]:
+    """Start worker processes, each under `cli.supervisor` (restarted when it exits by
+    itself, with back-off and a cap; the pid file holds the supervisor's pid, and SIGTERM to
+    it is a warm shutdown of the worker) unless `supervise` is False."""
     if pool not in ("threads", "prefork", "gevent", "solo"):
         raise UserError(f"--pool must be threads, prefork, gevent or solo, not {pool!r}")
     started = []
@@ -126,8 +135,13 @@ def start_workers(
         cmd = [
             sys.executable, "-m", "celery", "-A", "worker", "worker",
             "-P", pool, "-c", str(concurrency), "-Q", queues,
-            "-n", f"{name}{i}@%h", "-E", "-l", "INFO", "--without-gossip",
+            "-n", f"{name}{i}@%h", "-l", "INFO", "--without-gossip",
         ]  # fmt: skip
+        if s.task_events:  # Flower's task list; off by default (CHAINCRAWL_TASK_EVENTS)
+            cmd.insert(cmd.index("-l"), "-E")
+        if supervise:
+            cmd = [sys.executable, "-m", "cli.supervisor", "--name", wname,
+                   "--ready-marker", " ready.", "--", *cmd]  # fmt: skip
         start_bg(wname, cmd, s)
         started.append(wname)
     return started
@@ -175,7 +189,21 @@ def start_flower(s: Settings) -> tuple[str, str]:
     wait_for_port(
         s.flower_port, s.flower_address if s.flower_address != "0.0.0.0" else "127.0.0.1", 30
     )
+    if not s.task_events:
+        _enable_events()
     return url, str(s.var_dir / "flower.secret") if not s.flower_password else "FLOWER_PASSWORD"
+
+
+def _enable_events() -> None:
+    """Task events are off by default (CHAINCRAWL_TASK_EVENTS): switch them on in the running
+    workers so Flower's task list fills (`celery control enable_events`). Workers started
+    later need CHAINCRAWL_TASK_EVENTS=1."""
+    try:
+        from worker import app
+
+        app.control.enable_events(timeout=2)
+    except Exception:  # no worker running yet, or the broker is busy: Flower still starts
+        pass
 
 
 def settings() -> Settings:

@@ -39,6 +39,7 @@ class Outcome:
     status: int | None = None
     error: BaseException | None = None
     text_sample: str = ""  # first bytes of the body, for ban detection (login wall, captcha)
+    retry_after: float | None = None  # the answer's Retry-After (s): how long a ban holds
 
     @property
     def ok(self) -> bool:

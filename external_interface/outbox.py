@@ -56,6 +56,7 @@ from external_interface.storage import (
     Sink,
     SinkRouter,
     build_sinks,
+    entry_version,
     env_float,
 )
 
@@ -247,6 +248,20 @@ def default_consumer() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()}"
 
 
+def _merge(buffer: list[OutboxEntry], new: Iterable[OutboxEntry]) -> list[OutboxEntry]:
+    """Append to `buffer` the entries whose id it does not hold yet; -> `buffer`.
+
+    A drainer must never hold one entry twice: its own XAUTOCLAIM hands back the entries it
+    holds once they have been idle for `claim_idle` (after a Redis error, bug 2), and a batch
+    with an entry twice would write its items twice."""
+    held = {e.id for e in buffer}
+    for e in new:
+        if e.id not in held:
+            held.add(e.id)
+            buffer.append(e)
+    return buffer
+
+
 # --- the drainer -------------------------------------------------------------------------------
 
 
@@ -348,14 +363,16 @@ class Drainer:
                         started = True
                     now = time.monotonic()
                     if now >= next_horizon:
-                        self.update_horizon()
+                        self.update_horizon(buffer)
                         next_horizon = now + 5.0
                     if not retrying and now >= next_claim and len(buffer) < self.batch:
                         claimed = self.claim(self.batch - len(buffer))
                         next_claim = now + self.claim_every
                         if claimed and not buffer:
                             first_at = now
-                        buffer += claimed
+                        # XAUTOCLAIM also returns our own idle entries: after a Redis error
+                        # the ones we already hold come back (bug 2); keep each id once
+                        _merge(buffer, claimed)
                     if not retrying and len(buffer) < self.batch:
                         # short blocks: stop() is noticed quickly, socket timeouts never hit
                         wait = self.interval - (now - first_at) if buffer else self.interval
@@ -363,7 +380,7 @@ class Drainer:
                         new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))
                         if new and not buffer:
                             first_at = time.monotonic()
-                        buffer += new
+                        _merge(buffer, new)
                     due = time.monotonic() - first_at >= self.interval
                     if buffer and (len(buffer) >= self.batch or due or retrying):
                         buffer = self.flush(buffer)
@@ -380,6 +397,8 @@ class Drainer:
                         log.warning("outbox drainer: redis error %s; retrying", e)
                     else:
                         log.exception("outbox drainer: unexpected error; retrying")
+                    if buffer:  # keep our claim on what we hold while we back off
+                        self.heartbeat(buffer)
                     stop.wait(self._delay(errors))
             if started:
                 self._shutdown_flush(buffer)
@@ -425,10 +444,10 @@ class Drainer:
         before = self.stats["stored"] + self.stats["dead"]
         buffer = self.own_pending()
         if claim:
-            buffer += self.claim(self.batch)
+            _merge(buffer, self.claim(self.batch))
         while True:
             if len(buffer) < self.batch:
-                buffer += self.read(self.batch - len(buffer), None)
+                _merge(buffer, self.read(self.batch - len(buffer), None))
             if not buffer:
                 break
             left = self.flush(buffer)
@@ -522,8 +541,12 @@ class Drainer:
                 self.stream, self.group, self.consumer, 0, [e.id for e in entries], justid=True
             )
 
-    def update_horizon(self) -> None:
-        """Tell sinks the oldest entry id that can still be delivered (see module docstring)."""
+    def update_horizon(self, held: Sequence[OutboxEntry] = ()) -> None:
+        """Tell sinks the oldest entry id that can still be delivered (see module docstring).
+
+        That includes the entries this drainer holds: after a Redis error it retries its
+        buffer, whose entries may have been acknowledged and deleted already (the reply to the
+        ack script was lost). A sink that forgot them would write them a second time (bug 2)."""
         targets = [s for s in self.router.all() if hasattr(s, "horizon")]
         if not targets:
             return
@@ -535,6 +558,10 @@ class Drainer:
                 horizon = _s(self.r.xinfo_stream(self.stream)["last-generated-id"])
             except redis.ResponseError:  # no stream yet
                 return
+        if held:
+            oldest = min((e.id for e in held), key=entry_version)
+            if entry_version(oldest) < entry_version(horizon):
+                horizon = oldest
         for sink in targets:
             try:
                 sink.horizon(horizon)  # type: ignore[attr-defined]
@@ -544,10 +571,13 @@ class Drainer:
     # --- writing -----------------------------------------------------------------------------
 
     def flush(self, entries: Sequence[OutboxEntry]) -> list[OutboxEntry]:
-        """Write, hook, acknowledge and count. -> the entries to retry later (sink down)."""
+        """Write, hook, acknowledge and count. -> the entries to retry later (sink down).
+
+        Each entry id is written once per batch even if a caller passed it twice: the JSONL
+        sink only skips entries committed by *earlier* writes (bug 2)."""
         groups: dict[tuple[str, tuple[str, ...]], list[OutboxEntry]] = {}
         dead: list[tuple[OutboxEntry, str, str]] = []
-        for e in entries:
+        for e in _merge([], entries):
             if e.error:
                 dead.append((e, e.error, ""))
             else:

@@ -178,6 +178,12 @@ def add_rules(site: str, kind: str, *rules: Rule) -> None:
     _RULES.setdefault((site, kind), []).extend(rules)
 
 
+def site_rule(site: str, kind: str, outcome: Outcome) -> Rule | None:
+    """The first of the site's own rules for `kind` that matches (no generic rules): lets a
+    provider with its own default judgement (the proxy's `classify`) defer to the site."""
+    return next((r for r in _RULES.get((site, kind), ()) if r.matches(outcome)), None)
+
+
 def judge(site: str, kind: str, outcome: Outcome) -> tuple[str, Rule | None]:
     """The verdict on a lent member: the site's rules, then the generic ones, then by status."""
     for r in (*_RULES.get((site, kind), ()), *GENERIC_RULES.get(kind, ())):

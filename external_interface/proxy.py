@@ -15,6 +15,7 @@ into score changes and the lease's return. Only ids ("host:port") are logged or 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -22,6 +23,7 @@ import redis
 
 from exceptions import ResourceUnavailable
 from external_interface.base import Outcome, OutgoingRequest, Provider, TaskState, providers
+from external_interface.pool import Verdict, site_rule
 from external_interface.proxy_channel import ChannelPool, Lease, channels, settle
 from external_interface.proxy_config import ProxySettings, get_proxy_settings
 from external_interface.proxy_models import Event, ProxyAddress, classify, next_score, redact
@@ -42,8 +44,10 @@ __all__ = [
     "Selection",
     "Selector",
     "avoided_proxies",
+    "ban_hold",
     "channels",
     "classify",
+    "judge_outcome",
     "make_provider",
     "next_score",
     "redact",
@@ -62,6 +66,44 @@ def avoided_proxies(task: TaskState) -> set[str]:
         for r in getattr(task, "avoid", ()) or ()
         if r.startswith(AVOID_PREFIX)
     }
+
+
+_VERDICT_EVENT = {
+    Verdict.OK: Event.SUCCESS,
+    Verdict.NEUTRAL: Event.NEUTRAL,
+    Verdict.FAILED: Event.BANNED,
+    Verdict.BANNED: Event.BANNED,
+}
+_RETRY_AFTER_IN_BODY = re.compile(r"""retry[_-]after["']?\s*[:=]\s*["']?(\d+(?:\.\d+)?)""", re.I)
+
+
+def judge_outcome(site: str, outcome: Outcome) -> Event:
+    """What a request says about the proxy that carried it, for this site.
+
+    Transport failures (dead, timed out) are always the proxy's. An answer goes first to the
+    site's own proxy rules (`pool.add_rules(site, "proxy", ...)`), because a site's 401/403 is
+    often about something else that was lent (a session, a device, a user agent): blaming the
+    proxy for those benches healthy proxies until the channel runs dry. Without a rule,
+    `classify` decides (401/403/429 are bans).
+    """
+    event = classify(outcome.status, outcome.error)
+    if event in (Event.DEAD, Event.TIMEOUT):
+        return event
+    rule = site_rule(site, "proxy", outcome)
+    return _VERDICT_EVENT[rule.verdict] if rule is not None else event
+
+
+def ban_hold(outcome: Outcome, settings: ProxySettings) -> float | None:
+    """How long a ban keeps the proxy out of the channel: the site's Retry-After (header, or a
+    `retry_after` field in the body), else `throttle_ttl` for a 429, else None (`ban_ttl`).
+    A rate limit is over in seconds; benching the proxy for an hour would empty the channel."""
+    hint = outcome.retry_after
+    if hint is None and outcome.text_sample:
+        m = _RETRY_AFTER_IN_BODY.search(outcome.text_sample)
+        hint = float(m.group(1)) if m else None
+    if hint is not None:
+        return max(hint, 0.5)
+    return settings.throttle_ttl if outcome.status == 429 else None
 
 
 def _note_failure(task: TaskState, proxy_id: str, event: Event) -> None:
@@ -114,9 +156,10 @@ class ChannelProxyProvider:
         if not proxy_id:
             return
         lease = self._take_lease(proxy_id, req)
-        event = classify(outcome.status, outcome.error)
+        event = judge_outcome(self.site, outcome)
         _note_failure(task, proxy_id, event)
-        settle(self.pool, self.channel, lease, proxy_id, event, outcome.elapsed)
+        hold = ban_hold(outcome, self.pool.settings) if event is Event.BANNED else None
+        settle(self.pool, self.channel, lease, proxy_id, event, outcome.elapsed, hold)
         if lease is None:
             log.warning("proxy %s: feedback without a lease here; it returns on expiry", proxy_id)
 
@@ -184,7 +227,7 @@ class RotationProxyProvider:
         pid = req.leases.get("proxy")
         if not pid:
             return
-        event = classify(outcome.status, outcome.error)
+        event = judge_outcome(self.site, outcome)
         _note_failure(task, pid, event)
         if (
             event is not Event.BANNED

@@ -9,6 +9,7 @@ Keys of site S under `<p>:proxy:chan:S`:
     :lease  zset  id -> expiry (ms)   lent proxies; Redis server time, so worker clocks never matter
     :token  hash  id -> lease token   fences a late return from a lease that was already reclaimed
     :ban    zset  id -> until (ms)    proxies this site blocked; refills skip them until then
+    :stats  hash  banned dropped      how often this site benched or dropped a proxy (counters)
 
 Every state change is one Lua script, so each is atomic:
 
@@ -194,6 +195,7 @@ class ChannelPool:
         self.base = base
         self.k_idle, self.k_uses, self.k_url = f"{base}:idle", f"{base}:uses", f"{base}:url"
         self.k_lease, self.k_token, self.k_ban = f"{base}:lease", f"{base}:token", f"{base}:ban"
+        self.k_stats = f"{base}:stats"
         self._keys = [self.k_idle, self.k_uses, self.k_url, self.k_lease, self.k_token, self.k_ban]
         self._checkout = self.rds.register_script(_CHECKOUT)
         self._release = self.rds.register_script(_RELEASE)
@@ -223,18 +225,31 @@ class ChannelPool:
         pid, url, uses, exp, idle_left = res
         return Lease(self.site, _s(pid), token, int(uses), int(exp), _s(url)), int(idle_left)
 
-    def release(self, lease: Lease, event: Event = Event.SUCCESS) -> str:
+    def release(
+        self, lease: Lease, event: Event = Event.SUCCESS, ban_ttl: float | None = None
+    ) -> str:
         """Give a lease back. Success, timeout and neutral return it; dead drops it; banned
-        drops it and keeps it out of this channel for `ban_ttl`. Returns what happened."""
+        drops it and keeps it out of this channel for `ban_ttl` (default: the setting; a site
+        that says how long, e.g. a 429's retry-after, passes that). Returns what happened."""
         action = {Event.DEAD: "drop", Event.BANNED: "ban"}.get(event, "ok")
-        return self._call_release(lease, action)
+        state = self._call_release(lease, action, ban_ttl=ban_ttl)
+        if state == "dropped":
+            self.rds.hincrby(self.k_stats, "banned" if action == "ban" else "dropped", 1)
+        return state
 
     def renew(self, lease: Lease, lease_ttl: float | None = None) -> bool:
         """Extend a lease for a long request; False if it had already expired and gone back."""
         return self._call_release(lease, "renew", lease_ttl) == "renewed"
 
-    def _call_release(self, lease: Lease, action: str, lease_ttl: float | None = None) -> str:
+    def _call_release(
+        self,
+        lease: Lease,
+        action: str,
+        lease_ttl: float | None = None,
+        ban_ttl: float | None = None,
+    ) -> str:
         ttl = self.settings.lease_ttl if lease_ttl is None else lease_ttl
+        ban = self.settings.ban_ttl if ban_ttl is None else min(ban_ttl, self.settings.ban_ttl)
         res = self._release(
             keys=self._keys,
             args=[
@@ -242,7 +257,7 @@ class ChannelPool:
                 lease.id,
                 lease.token,
                 action,
-                int(self.settings.ban_ttl * 1000),
+                max(1, int(ban * 1000)),
                 int(ttl * 1000),
             ],
         )
@@ -310,8 +325,13 @@ class ChannelPool:
         return [_s(i) for i in self.rds.zrangebyscore(self.k_ban, now_ms, "+inf")]
 
     def clear(self) -> None:
-        self.rds.delete(*self._keys)
+        self.rds.delete(*self._keys, self.k_stats)
         self.rds.srem(self.pool.keys.channels, self.site)
+
+
+def channel_stats(channel: ChannelPool) -> dict[str, int]:
+    """Counters of one channel: `banned` (benched by the site), `dropped` (dead for it)."""
+    return {_s(k): int(v) for k, v in channel.rds.hgetall(channel.k_stats).items()}
 
 
 def channels(pool: GlobalPool) -> list[str]:
@@ -326,14 +346,16 @@ def settle(
     proxy_id: str,
     event: Event,
     elapsed: float | None,
+    ban_ttl: float | None = None,
 ) -> None:
     """Apply one request's outcome: global score (haipproxy rule), then the channel lease.
 
     A ban only concerns the site that banned: the global score is left alone, so other sites
-    keep using the proxy. A dead proxy leaves the global pool and this channel; other channels
-    keep their copy until their own requests fail (seed 001), or a validator purges it.
+    keep using the proxy, and this site benches it for `ban_ttl` (default: the setting). A dead
+    proxy leaves the global pool and this channel; other channels keep their copy until their
+    own requests fail (seed 001), or a validator purges it.
     """
     if event is not Event.BANNED and pool.record(proxy_id, event, elapsed).state == "removed":
         event = Event.DEAD  # e.g. a timeout took the score to 0: gone from this channel too
     if channel is not None and lease is not None:
-        channel.release(lease, event)
+        channel.release(lease, event, ban_ttl=ban_ttl)

@@ -49,6 +49,11 @@ class ProxySettings(BaseSettings):
     ban_ttl: float = Field(
         3600.0, description="Seconds a site-banned proxy is kept out of that channel."
     )
+    throttle_ttl: float = Field(
+        60.0,
+        description="Seconds a 429 without Retry-After benches a proxy in that channel "
+        "(an answer's Retry-After wins, capped by ban_ttl).",
+    )
     refill_batch: int = Field(50, description="Most proxies one refill copies into a channel.")
     refill_below: int = Field(5, description="Refill a channel when fewer idle proxies remain.")
     refill_interval: float = Field(

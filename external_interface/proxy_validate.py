@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import requests
 
+from external_interface.base import Outcome
 from external_interface.proxy_channel import ChannelPool, Lease, channels, settle
 from external_interface.proxy_models import Event, ProxyAddress, classify
 from external_interface.proxy_pool import GlobalPool
@@ -218,17 +219,21 @@ class SiteValidator:
                 break
             leases.append(lease)
         counts: Counter[str] = Counter(checked=len(leases))
-        for lease, (event, elapsed) in zip(
+        for lease, (event, elapsed, hold) in zip(
             leases,
             _parallel(self._try, leases, self.channel.settings.validate_workers),
             strict=True,
         ):
-            settle(self.channel.pool, self.channel, lease, lease.id, event, elapsed)
+            settle(self.channel.pool, self.channel, lease, lease.id, event, elapsed, hold)
             counts[event.value] += 1
         log.info("site validation for %s: %s", self.channel.site, dict(counts))
         return dict(counts)
 
-    def _try(self, lease: Lease) -> tuple[Event, float]:
+    def _try(self, lease: Lease) -> tuple[Event, float, float | None]:
+        """(event, elapsed, ban hold): judged like a crawl request, by the site's proxy rules
+        (a 403 about a missing session says nothing about the proxy) and its Retry-After."""
+        from external_interface.proxy import ban_hold, judge_outcome
+
         url = lease.url
         t0 = time.monotonic()
         try:
@@ -236,9 +241,17 @@ class SiteValidator:
                 r = s.get(self.url, proxies={"http": url, "https": url}, timeout=self.timeout)
                 body = r.text
         except (requests.RequestException, OSError) as exc:
-            return classify(None, exc), time.monotonic() - t0
+            return classify(None, exc), time.monotonic() - t0, None
         elapsed = time.monotonic() - t0
-        event = classify(r.status_code, None)
+        retry_after = r.headers.get("Retry-After", "")
+        outcome = Outcome(
+            elapsed,
+            status=r.status_code,
+            text_sample=body[:2048],
+            retry_after=float(retry_after) if retry_after.replace(".", "", 1).isdigit() else None,
+        )
+        event = judge_outcome(self.channel.site, outcome)
         if event is Event.SUCCESS and self.expect is not None and self.expect not in body:
             event = Event.BANNED  # a ban page or captcha served with 200
-        return event, elapsed
+        hold = ban_hold(outcome, self.channel.settings) if event is Event.BANNED else None
+        return event, elapsed, hold

@@ -10,7 +10,7 @@ transparency (adds X-Forwarded-For with the client address and Via) and Basic cr
 `/site/<name>` is a page that can ban addresses.
 
 `ProxyFarm` runs all of them on one event loop in a daemon thread. Run this module to serve a
-few proxies from the command line: `python -m tests.external_interface.proxy_servers`.
+few proxies from the command line: `python -m tests.external_interface.proxy_servers --help`.
 """
 
 from __future__ import annotations
@@ -344,18 +344,35 @@ def dead_address() -> tuple[str, int]:
     return host, free_port(host)
 
 
-def main() -> None:  # pragma: no cover - manual use
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - manual use
+    """Serve proxies until Ctrl-C: by default one healthy, one slow, one transparent and a
+    target site; `--healthy N` adds N healthy ones, `--list FILE` writes every proxy's
+    `host:port` to FILE (the demo's `--proxies-file`, so its `/proxies` page lists them)."""
+    import argparse
     import time
+    from pathlib import Path
 
+    ap = argparse.ArgumentParser(prog="python -m tests.external_interface.proxy_servers")
+    ap.add_argument("--healthy", type=int, default=1, help="healthy proxies (1)")
+    ap.add_argument("--slow", type=int, default=1, help="proxies adding 3 s (1)")
+    ap.add_argument("--transparent", type=int, default=1, help="leaky proxies (1)")
+    ap.add_argument("--dead", type=int, default=0, help="listed addresses nothing serves (0)")
+    ap.add_argument("--list", type=Path, help="write every proxy's host:port to this file")
+    a = ap.parse_args(argv)
     with ProxyFarm() as farm:
         site = farm.add_site()
-        good = farm.add_proxy()
-        slow = farm.add_proxy(delay=3)
-        leak = farm.add_proxy(transparent=True)
+        rows = [("healthy", farm.add_proxy().id) for _ in range(a.healthy)]
+        rows += [("slow", farm.add_proxy(delay=3).id) for _ in range(a.slow)]
+        rows += [("transparent", farm.add_proxy(transparent=True).id) for _ in range(a.transparent)]
+        rows += [("dead", "{}:{}".format(*dead_address())) for _ in range(a.dead)]
         print(f"target {site.url('/headers')}")
-        for name, p in (("healthy", good), ("slow", slow), ("transparent", leak)):
-            print(f"{name:12} {p.url}")
-        print("Ctrl-C to stop")
+        for name, ident in rows:
+            print(f"{name:12} http://{ident}")
+        if a.list:
+            a.list.parent.mkdir(parents=True, exist_ok=True)
+            a.list.write_text("".join(f"{ident}\n" for _, ident in rows))
+            print(f"listed in {a.list}")
+        print("Ctrl-C to stop", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(1)

@@ -1,9 +1,14 @@
-"""The fetch layer against a real local HTTP server."""
+"""The fetch layer against a real local HTTP server; every test runs against both fetchers
+(urllib3, the default, and requests): same contract, same typed errors."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -14,7 +19,7 @@ from exceptions import (
     ResponseTooLarge,
     TooManyRedirects,
 )
-from external_interface.fetch import FetchRequest, RequestsFetcher
+from external_interface.fetch import Fetcher, FetchRequest, RequestsFetcher, Urllib3Fetcher
 from tests.testsite.server import TestSite
 from utils.servers import free_port
 
@@ -26,9 +31,55 @@ def site() -> Iterator[TestSite]:
     s.stop()
 
 
-@pytest.fixture
-def fetcher() -> RequestsFetcher:
-    return RequestsFetcher(max_redirects=5)
+@pytest.fixture(params=["urllib3", "requests"])
+def fetcher(request: pytest.FixtureRequest) -> Fetcher:
+    if request.param == "requests":
+        return RequestsFetcher(max_redirects=5)
+    return Urllib3Fetcher(max_redirects=5)
+
+
+class Echo(BaseHTTPRequestHandler):
+    """Answers with what it received (request line, headers, body) as JSON; `/hop/N` redirects
+    N more times before landing on `/echo`; also serves as an HTTP proxy (absolute URIs)."""
+
+    def _answer(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = (
+            self.path.split("://", 1)[-1].partition("/")[2] if "://" in self.path else self.path[1:]
+        )
+        if path.startswith("hop/"):
+            n = int(path.split("/")[1].split("?")[0])
+            self.send_response(302)
+            self.send_header("Location", f"/hop/{n - 1}" if n > 1 else "/echo")
+            self.send_header("Set-Cookie", "stored=never; Path=/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        out = json.dumps({
+            "method": self.command, "path": self.path,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+            "body": body.decode("latin-1"),
+        }).encode()  # fmt: skip
+        self.send_response(int(self.headers.get("X-Status") or 200))
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
 
 
 def test_whole_request_deadline_holds_against_a_dripping_server(site, fetcher) -> None:
@@ -68,7 +119,78 @@ def test_invalid_json_is_a_parse_error(site, fetcher) -> None:
         r.json()
 
 
-def test_connections_are_reused_per_thread(site, fetcher) -> None:
-    s1 = fetcher.session()
-    fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))
-    assert fetcher.session() is s1
+def test_connections_are_reused(site, fetcher) -> None:
+    if isinstance(fetcher, RequestsFetcher):  # one pooled session per thread
+        s1 = fetcher.session()
+        fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))
+        assert fetcher.session() is s1
+        return
+    for _ in range(3):  # one PoolManager for the process: one connection for three requests
+        fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))
+    pool = fetcher.pm.connection_from_url(site.url)
+    assert pool.num_connections == 1 and pool.num_requests == 3
+
+
+def test_params_headers_and_cookies_are_sent(echo, fetcher) -> None:
+    r = fetcher.fetch(FetchRequest(
+        "GET", f"{echo}/echo?a=1", params={"b": "x y", "c": ["1", "2"]},
+        headers={"X-Test": "yes", "User-Agent": "ua/1"}, cookies={"sid": "s1", "k": "v"},
+    ))  # fmt: skip
+    seen = r.json()
+    assert r.status == 200 and seen["method"] == "GET"
+    assert seen["path"] == "/echo?a=1&b=x+y&c=1&c=2"
+    assert seen["headers"]["x-test"] == "yes" and seen["headers"]["user-agent"] == "ua/1"
+    assert seen["headers"]["cookie"] == "sid=s1; k=v"
+    assert "gzip" in seen["headers"]["accept-encoding"]
+
+
+def test_json_and_form_bodies(echo, fetcher) -> None:
+    r = fetcher.fetch(FetchRequest("POST", f"{echo}/echo", json={"a": [1, "é"]}))
+    seen = r.json()
+    assert seen["method"] == "POST" and json.loads(seen["body"].encode("latin-1")) == {
+        "a": [1, "é"]
+    }
+    assert seen["headers"]["content-type"] == "application/json"
+    r = fetcher.fetch(FetchRequest("POST", f"{echo}/echo", data={"u": "a b", "p": "&"}))
+    seen = r.json()
+    assert seen["body"] == "u=a+b&p=%26"
+    assert seen["headers"]["content-type"] == "application/x-www-form-urlencoded"
+
+
+def test_redirects_are_followed_with_history_and_cookies_not_kept(echo, fetcher) -> None:
+    r = fetcher.fetch(FetchRequest("GET", f"{echo}/hop/3"))
+    assert r.status == 200 and r.url == f"{echo}/echo"
+    assert r.history == [f"{echo}/hop/3", f"{echo}/hop/2", f"{echo}/hop/1"]
+    # a cookie set on the way is sent on within the chain (as a browser does), never kept
+    assert r.json()["headers"]["cookie"] == "stored=never"
+    again = fetcher.fetch(FetchRequest("GET", f"{echo}/echo"))
+    assert "cookie" not in again.json()["headers"]
+    with pytest.raises(TooManyRedirects):  # max_redirects=5
+        fetcher.fetch(FetchRequest("GET", f"{echo}/hop/7"))
+    r = fetcher.fetch(FetchRequest("GET", f"{echo}/hop/1", allow_redirects=False))
+    assert r.status == 302 and r.headers["location"] == "/echo" and r.history == []
+
+
+def test_error_statuses_are_responses(echo, fetcher) -> None:
+    r = fetcher.fetch(FetchRequest("GET", f"{echo}/echo", headers={"X-Status": "503"}))
+    assert r.status == 503  # typed errors for statuses are Context's job
+
+
+def test_proxy_with_credentials_in_its_url(echo, fetcher) -> None:
+    port = echo.rsplit(":", 1)[1]
+    r = fetcher.fetch(FetchRequest(
+        "GET", "http://example.invalid/x?q=1", proxy=f"http://us%40er:p%3Ass@127.0.0.1:{port}",
+    ))  # fmt: skip
+    seen = r.json()
+    assert seen["path"] == "http://example.invalid/x?q=1"  # sent to the proxy, absolute URI
+    import base64
+
+    assert (
+        seen["headers"]["proxy-authorization"]
+        == "Basic " + base64.b64encode(b"us@er:p:ss").decode()
+    )
+
+
+def test_slow_headers_hit_the_read_timeout(site, fetcher) -> None:
+    with pytest.raises(FetchTimeout):
+        fetcher.fetch(FetchRequest("GET", f"{site.url}/slow?s=3", timeout=0.5))

@@ -24,7 +24,7 @@ from external_interface.outbox import (
     xadd_entry,
 )
 from external_interface.sinks.jsonl import JsonlSink, iter_records, read_items
-from external_interface.storage import PermanentSinkError, SinkError
+from external_interface.storage import PermanentSinkError, SinkError, entry_version
 
 T = "demo.post"
 
@@ -319,3 +319,97 @@ def test_horizon_reaches_the_jsonl_sink(
     d.drain_once()
     d.update_horizon()  # empty stream: everything up to the last id is gone
     assert jsonl._horizon >= entry_version(first)
+
+
+# --- bug 2: an entry held twice after a Redis error ---------------------------------------------
+
+
+def test_an_entry_passed_twice_is_written_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
+) -> None:
+    n = add_posts(rds, key_prefix, 2)
+    d = Drainer(rds, key_prefix, [jsonl], hooks=[])
+    d.ensure_group()
+    taken = d.read(100, None)
+    assert d.flush([*taken, *taken, taken[0]]) == []
+    recs = list(iter_records(T, jsonl.root))
+    assert len(recs) == n and len({r["entry"] for r in recs}) == 2
+    assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}
+
+
+def test_entries_claimed_back_after_a_redis_error_are_held_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """During an outage even the heartbeat fails: the drainer's own XAUTOCLAIM hands back the
+    entries it holds. They must not be appended to its buffer a second time."""
+    seen = FlakySink()
+    d = Drainer(rds, key_prefix, [jsonl, seen], batch=100, interval=1.0, claim_idle=0.2,
+                claim_every=0.05, backoff=0.2, max_backoff=0.4, hooks=[])  # fmt: skip
+    n = add_posts(rds, key_prefix, 3)
+    real_read, calls = d.read, {"n": 0}
+
+    def read_through_an_outage(count: int, block_ms: int | None) -> Any:
+        calls["n"] += 1
+        if 2 <= calls["n"] <= 5:
+            raise redis.ConnectionError("Connection refused (simulated outage)")
+        return real_read(count, block_ms)
+
+    d.read = read_through_an_outage  # type: ignore[method-assign]
+    d.heartbeat = lambda entries: None  # type: ignore[method-assign]  # XCLAIM fails too
+    d.start_thread()
+    drainers.append(d)
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 20, "stored")
+    assert d.stats["claimed"] >= 3  # it did claim its own entries back
+    assert sum(len(items) for _, items in seen.writes) == n
+    assert len(list(iter_records(T, jsonl.root))) == n
+
+
+def test_a_refused_batch_is_retried_across_a_redis_error(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    flaky = FlakySink()
+    flaky.down = True
+    d = Drainer(rds, key_prefix, [jsonl, flaky], batch=50, interval=0.05, claim_idle=0.2,
+                claim_every=0.05, backoff=0.05, max_backoff=0.2, hooks=[])  # fmt: skip
+    real_flush, outage = d.flush, {"left": 0, "hit": 0}
+
+    def flush_through_an_outage(entries: Any) -> Any:
+        if outage["left"] > 0:
+            outage["left"] -= 1
+            outage["hit"] += 1
+            raise redis.ConnectionError("Connection refused (simulated outage)")
+        return real_flush(entries)
+
+    d.flush = flush_through_an_outage  # type: ignore[method-assign]
+    d.start_thread()
+    drainers.append(d)
+    n = add_posts(rds, key_prefix, 4)
+    wait_until(lambda: d.stats["failures"] >= 1, 10, "the sink to refuse the batch")
+    outage["left"] = 3
+    wait_until(lambda: outage["hit"] == 3, 10, "the Redis errors")
+    flaky.down = False
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
+    assert sum(len(items) for _, items in flaky.writes) == n
+    assert len(list(iter_records(T, jsonl.root))) == n
+    assert backlog(rds, key_prefix)["length"] == 0
+
+
+def test_an_entry_acked_before_a_lost_reply_is_not_written_again(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
+) -> None:
+    """Redis executes the ack script (XACK + XDEL) and goes away before the reply arrives:
+    the drainer keeps its buffer and retries it. The sink must still know the entries as
+    written although they left the stream: the horizon never passes an entry held."""
+    n = add_posts(rds, key_prefix, 3)
+    d = Drainer(rds, key_prefix, [jsonl], hooks=[])
+    d.ensure_group()
+    held = d.read(100, None)
+    assert d.flush(held) == []  # stored, acknowledged, deleted: the reply is "lost"
+    assert rds.xlen(stream_key(key_prefix)) == 0
+    add_posts(rds, key_prefix, 1, run="r2")  # the stream moves on
+    d.update_horizon(held)  # what the run loop does while it holds the buffer
+    assert d.flush(held) == []  # the retry after the error
+    assert len(list(iter_records(T, jsonl.root))) == n  # written once
+    assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}  # counted once
+    d.update_horizon()  # nothing held: the horizon moves past them, as before
+    assert jsonl._horizon is not None and jsonl._horizon > max(entry_version(e.id) for e in held)

@@ -147,7 +147,7 @@ def test_flower_shows_the_runs_tasks_behind_basic_auth(start_worker, flower, bro
     assert document_status(browser, f"{base}/tasks") == 401
     assert "testsite" not in browser.page_source
 
-    start_worker(concurrency=4, name="fl")
+    start_worker(concurrency=4, name="fl", CHAINCRAWL_TASK_EVENTS="1")  # off by default
 
     def worker_seen() -> bool:  # from the worker's events: Flower listens on our broker
         status = requests.get(f"{base}/api/workers?status=1", auth=auth, timeout=10).json()

@@ -1,13 +1,14 @@
 """Core bugs the torture suite found, each shown on its own, deterministically.
 
-Every test here asserts the behaviour the design promises and is marked
-`xfail(strict=True)`: it fails today because of the bug, and turns into an XPASS failure the
-day the bug is fixed, so the marker (and the `KnownBug` allowance of the torture tests) can go.
-docs/reliability.md describes each bug and a proposed fix.
+Every test here asserts the behaviour the design promises, on a reproduction of the exact
+failure the torture runs hit (a worker killed between BRPOP and `unacked`, a Redis error in the
+drainer, garbage in a queue, ...). All eight bugs are fixed; the tests keep them fixed.
+docs/reliability.md describes each bug and its fix.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -67,11 +68,6 @@ def pop_into_stopped_worker(r: redis.Redis, pid: int, send: Any, prefix: str) ->
     raise RuntimeError("could not catch the worker blocked in BRPOP")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug 1: a message popped by a worker that dies before kombu records it in "
-    "`unacked` is lost for good; the run never completes",
-)
 def test_bug1_message_popped_by_a_dying_worker_is_not_lost(
     torture_factory: Any, fleets: Any
 ) -> None:
@@ -83,7 +79,9 @@ def test_bug1_message_popped_by_a_dying_worker_is_not_lost(
 
     Here the window is made deterministic: the worker is stopped (SIGSTOP) while its BRPOP is
     blocked in Redis, a task is sent (Redis pops it and writes it to the stopped worker's
-    socket), the worker is SIGKILLed and a healthy one started."""
+    socket), the worker is SIGKILLed and a healthy one started. The message is in no queue and
+    not in `unacked`: only the run ledger knows it, and the sweeper re-sends it once the run
+    has stalled (`CHAINCRAWL_SWEEP_STALL`, 3 s here; chains/sweeper.py)."""
     t = torture_factory()
     fleet = fleets(t, queues="torture", concurrency=2)
     (w,) = fleet.start(1)
@@ -93,19 +91,17 @@ def test_bug1_message_popped_by_a_dying_worker_is_not_lost(
     )
     w.kill()  # SIGKILL while stopped: the message dies in its socket buffer
     fleet.start(1)
+    assert broker_holds(r, t.prefix, "torture") == 0  # lost by kombu: only the ledger has it
     # had it been in `unacked`: back after visibility timeout (8 s) + restore interval (2 s)
     p = wait_complete(handle, timeout=25)
     assert p.totals["succeeded"] == 1 and p.totals["stored"] == 1
+    assert p.totals["resent"] == 1  # by the sweeper, not by kombu's restore
+    assert not r.exists(f"{t.prefix}:run:{handle.run_id}:ledger")  # gone with the run
 
 
 # --- bug 2 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug 2: after a Redis error the drainer claims back entries it already holds and "
-    "writes them twice (JSONL gets the items twice)",
-)
 def test_bug2_drainer_writes_an_entry_once_across_a_redis_error(
     redis_url: str, key_prefix: str, tmp_path: Path
 ) -> None:
@@ -195,11 +191,6 @@ GARBAGE = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug 6: a malformed message in a queue takes the consuming worker down "
-    "(Unrecoverable error in kombu's _brpop_read / message decoding)",
-)
 @pytest.mark.parametrize("payload", list(GARBAGE.values()), ids=list(GARBAGE))
 def test_bug6_malformed_broker_message_does_not_kill_the_worker(
     torture_factory: Any, fleets: Any, payload: bytes
@@ -208,15 +199,29 @@ def test_bug6_malformed_broker_message_does_not_kill_the_worker(
     in the consumer's event loop with nothing around it: one corrupt or foreign payload in a
     queue raises out of the loop, Celery reports "Unrecoverable error" and the worker exits.
     The payload was already popped, so it is gone; but every worker that had taken such a
-    message is down, and under a process manager it would restart into the next one."""
+    message is down, and under a process manager it would restart into the next one.
+
+    Fixed by utils/kombu_guard.py: the payload is skipped, logged, kept for inspection in
+    `{prefix}:broker:malformed` and counted in `{prefix}:metrics:broker`."""
     t = torture_factory()
     fleet = fleets(t, queues="torture", concurrency=2)
     (w,) = fleet.start(1)
-    get_redis().lpush(f"{t.prefix}:q:torture", payload)
+    r = get_redis()
+    r.lpush(f"{t.prefix}:q:torture", payload)
+    wait_for(lambda: r.llen(f"{t.prefix}:q:torture") == 0, timeout=30, what="the payload popped")
     time.sleep(3)
     assert w.alive(), w.text()[-2000:]
     h = chains.run(one(), seeds=[{"n": 1}])
     assert wait_complete(h, timeout=30).totals["succeeded"] == 1
+    assert w.alive() and "Unrecoverable error" not in w.text()
+    kept = [json.loads(x) for x in r.lrange(f"{t.prefix}:broker:malformed", 0, -1)]
+    assert len(kept) == 1, kept
+    if payload.startswith((b"[", b"{")):
+        assert json.loads(kept[0]["payload"]) == json.loads(payload)
+    else:
+        assert kept[0]["payload"] == payload.decode(errors="replace")
+    assert r.hget(f"{t.prefix}:metrics:broker", "malformed") == b"1"
+    assert "skipped a malformed message" in w.text()
 
 
 # --- bug 7 ------------------------------------------------------------------------------------

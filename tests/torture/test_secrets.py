@@ -129,6 +129,8 @@ def test_secrets_never_reach_logs_messages_or_events(
             CHAINCRAWL_POOL_COOKIE_DEMO='{"low_water": 2, "target": 3, "produce_gap": 0.5}',
             CHAINCRAWL_PROXY_SITES="demo",
             CHAINCRAWL_MAX_RETRIES="8",
+            CHAINCRAWL_TASK_EVENTS="1",  # off by default: what Flower would show must be checked
+            CHAINCRAWL_TASK_LOG="1",  # the per-task log lines too
         )
         url = t.env["CHAINCRAWL_REDIS_URL"]
         assert REDIS_PW in url

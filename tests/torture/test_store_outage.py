@@ -27,7 +27,6 @@ from monitor.status import snapshot
 from tests.external_interface.mongo_server import MongoServer
 from tests.torture.conftest import report, sizes
 from tests.torture.harness import (
-    KnownBug,
     Resender,
     SentLedger,
     check_store,
@@ -75,9 +74,6 @@ class BacklogWatch(threading.Thread):
         self.join(5)
 
 
-@pytest.mark.xfail(
-    raises=KnownBug, strict=False, reason="core bugs in docs/reliability.md; raised last"
-)
 @pytest.mark.parametrize("size", sizes(SHORT, LONG))
 def test_store_down_mid_crawl_loses_nothing(
     size: Size,

@@ -80,6 +80,16 @@ add_rules(
     rule(Verdict.NEUTRAL, {401, 403}),
 )
 
+# Proxies: only the rate limit is about the client address (429 `rate_limited`, then 403
+# `banned` with Retry-After); every other 401/403 blames a session, device, UA or signature.
+add_rules(
+    SITE,
+    "proxy",
+    rule(Verdict.BANNED, {429}, reason="rate limited"),
+    rule(Verdict.BANNED, {403}, ['"banned"', "error-banned"], reason="IP banned"),
+    rule(Verdict.NEUTRAL, {401, 403}),
+)
+
 # Leases are exclusive, so `target` bounds how many comment (cookie) or app (device) requests
 # run at once; producing either costs the demo a few cheap requests.
 configure_pool("cookie", SITE, low_water=6, target=16, lease_ttl=60)

@@ -1,0 +1,274 @@
+"""The run-ledger sweeper: re-sends run tasks whose message the broker lost (bug 1).
+
+kombu's Redis transport pops a message (BRPOP) and only afterwards records it in `unacked`; a
+worker killed in between takes the message with it, and nothing would ever redeliver it. Every
+task of a run is therefore in the run's ledger (`run:{rid}:ledger`, tid -> message) from before
+it is sent until it commits (chains/state.py). A stalled run (no commit for `sweep_stall`
+seconds) whose ledger holds a task found nowhere in the broker - not in a queue list (priority
+sub-queues included), not in `unacked` (where messages being run, waiting for an ETA or
+prefetched are), not in the run's backpressure list - and not committed, has lost that message:
+the sweeper sends it again with its task id. A re-send of a message that was not in fact lost is
+harmless (the commit runs once per task id); the stall condition and a second look after
+`confirm` seconds keep that rare.
+
+Every worker process runs a sweeper thread; a Redis lock (SET NX EX) lets one of them sweep per
+interval. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
+gives it back when its consumer's connection dies, so it cannot lose a message this way (and
+its queues cannot be listed without consuming them, so lost and queued could not be told apart).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+import redis
+
+from chains.state import RunState
+from config import Settings, get_settings
+
+log = logging.getLogger("chaincrawl.sweeper")
+
+BATCH_TASK = "chaincrawl.batch"  # one broker message carrying several children (args[0])
+_CHUNK = 1000
+
+
+def is_redis_url(url: str) -> bool:
+    return url.startswith(("redis", "rediss", "unix"))
+
+
+def message_ids(raw: Any) -> list[str]:
+    """Task ids carried by one raw broker message: a queue entry (the kombu envelope as JSON)
+    or an `unacked` value (`[envelope, exchange, routing_key]`). The header `id`, and for a
+    `chaincrawl.batch` message also the `id` of every entry of its body (`[args, kwargs,
+    embed]`, args[0] the entries). Anything unreadable gives what could be read (or [])."""
+    try:
+        msg = orjson.loads(raw) if isinstance(raw, bytes | bytearray | memoryview | str) else raw
+        if isinstance(msg, list):  # an `unacked` value
+            msg = msg[0] if msg else None
+        if not isinstance(msg, Mapping):
+            return []
+        headers = msg.get("headers") or {}
+        ids = [str(headers["id"])] if headers.get("id") else []
+        if headers.get("task") == BATCH_TASK:
+            ids += _batch_ids(msg)
+        return ids
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
+def _batch_ids(msg: Mapping[str, Any]) -> list[str]:
+    try:
+        body: Any = msg.get("body")
+        if (msg.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = orjson.loads(body)[0]
+        entries = args[0] if args else []
+        return [str(e["id"]) for e in entries if isinstance(e, Mapping) and e.get("id")]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return []
+
+
+def broker_task_ids(client: redis.Redis, keyprefix: str) -> set[str]:
+    """Every task id in the Redis broker under `keyprefix` (kombu's `global_keyprefix`): all
+    lists (queues and their priority sub-queues, whatever the separator) and `unacked`."""
+    ids: set[str] = set()
+    for key in client.scan_iter(match=f"{keyprefix}*", count=1000, _type="list"):
+        start = 0
+        while True:
+            chunk = client.lrange(key, start, start + _CHUNK - 1)
+            for raw in chunk:
+                ids.update(message_ids(raw))
+            if len(chunk) < _CHUNK:
+                break
+            start += _CHUNK
+    for _tag, raw in client.hscan_iter(f"{keyprefix}unacked", count=1000):
+        ids.update(message_ids(raw))
+    return ids
+
+
+class Sweeper:
+    """Finds stalled runs and re-sends the ledger entries the broker no longer holds.
+
+    `send(kid)` publishes one message (`base_task.send_kid` with the worker's app)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        broker: redis.Redis,
+        broker_prefix: str,
+        send: Callable[[dict[str, Any]], None],
+        settings: Settings | None = None,
+        *,
+        interval: float | None = None,
+        stall: float | None = None,
+        confirm: float = 1.0,
+    ) -> None:
+        self.s = settings or get_settings()
+        self.r = client
+        self.broker = broker
+        self.broker_prefix = broker_prefix
+        self.send = send
+        self.state = RunState(client, self.s)
+        self.interval = self.s.sweep_interval if interval is None else interval
+        self.stall = self.s.sweep_stall if stall is None else stall
+        self.confirm = confirm
+        self.lock_key = self.s.key("sweeper", "lock")
+        self.resent = 0  # by this process
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_app(cls, app: Any, settings: Settings | None = None, **kw: Any) -> Sweeper | None:
+        """The sweeper of a worker process, or None when the broker is not Redis."""
+        from base_task import send_kid
+        from utils.redis import get_redis
+
+        s = settings or get_settings()
+        if not is_redis_url(s.broker_url) or s.sweep_stall <= 0:
+            return None
+        prefix = (app.conf.broker_transport_options or {}).get("global_keyprefix", "")
+        return cls(
+            get_redis(s.redis_url),
+            get_redis(s.broker_url),
+            prefix,
+            lambda kid: send_kid(app, kid),
+            s,
+            **kw,
+        )
+
+    # -- deciding
+
+    def stalled_runs(self, now: float | None = None) -> list[str]:
+        """Active runs with ledger entries and no commit for `stall` seconds."""
+        now = time.time() if now is None else now
+        rids = self.state.active_runs()
+        if not rids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hmget(self.state.run_key(rid), "last", "created")
+            pipe.hlen(self.state.ledger_key(rid))
+        res = pipe.execute()
+        out = []
+        for i, rid in enumerate(rids):
+            last, created = res[2 * i]
+            since = float(last or created or 0)
+            if res[2 * i + 1] and now - since >= self.stall:
+                out.append(rid)
+        return out
+
+    def _present(self, rids: Iterable[str]) -> set[str]:
+        """Task ids that will run without us: in the broker, in a run's waiting list, or staged
+        in `kids:{tid}` by a committed task whose own message is still in the broker (its
+        redelivery sends them). Children staged by a task whose message is gone are not."""
+        ids = broker_task_ids(self.broker, self.broker_prefix)
+        for rid in rids:
+            for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
+                ids.update(_kid_id(raw))
+        staging = self.s.key("kids", "")
+        for key in self.r.scan_iter(match=f"{staging}*", count=1000, _type="list"):
+            if key.decode()[len(staging) :] in ids:
+                for raw in self.r.lrange(key, 0, -1):
+                    ids.update(_kid_id(raw))
+        return ids
+
+    def lost(self, rids: list[str]) -> dict[str, dict[str, bytes]]:
+        """run -> {tid: message} of ledger entries found nowhere, twice `confirm` apart, in
+        runs that stayed stalled, and not committed."""
+        if not rids:
+            return {}
+        ledgers = {rid: self.state.ledger(rid) for rid in rids}
+        present = self._present(rids)
+        missing = {rid: set(lg) - present for rid, lg in ledgers.items()}
+        missing = {rid: m for rid, m in missing.items() if m}
+        if not missing:
+            return {}
+        if self.confirm > 0:
+            time.sleep(self.confirm)
+        still = set(self.stalled_runs())
+        present = self._present(missing)
+        out: dict[str, dict[str, bytes]] = {}
+        for rid, tids in missing.items():
+            if rid not in still:
+                continue
+            cand = sorted(tids - present)
+            if not cand:
+                continue
+            done = self.r.smismember(self.state.done_key(rid, ""), cand)
+            committed = [t for t, d in zip(cand, done, strict=True) if d]
+            if committed:  # committed but left in the ledger: nothing to send
+                self.r.hdel(self.state.ledger_key(rid), *committed)
+            lost = {t: ledgers[rid][t] for t, d in zip(cand, done, strict=True) if not d}
+            if lost:
+                out[rid] = lost
+        return out
+
+    # -- acting
+
+    def sweep_once(self) -> int:
+        """One pass over the stalled runs; -> messages re-sent."""
+        n = 0
+        for rid, lost in self.lost(self.stalled_runs()).items():
+            steps: Counter[str] = Counter()
+            for tid, raw in lost.items():
+                kid = orjson.loads(raw)
+                self.send(kid)
+                steps[kid.get("meta", {}).get("step", "")] += 1
+                log.warning("run %s: task %s (%s) lost by the broker; re-sent", rid, tid,
+                            kid.get("task"))  # fmt: skip
+            pipe = self.r.pipeline(transaction=False)
+            ck = self.state.counters_key(rid)
+            pipe.hincrby(ck, "resent", len(lost))
+            for step, c in steps.items():
+                if step:
+                    pipe.hincrby(ck, f"{step}:resent", c)
+            pipe.execute()
+            n += len(lost)
+        self.resent += n
+        return n
+
+    def try_sweep(self) -> int:
+        """Sweep if no other worker did within the interval (the lock expires by itself, so a
+        sweeper killed mid-sweep blocks nobody for longer than that)."""
+        token = uuid.uuid4().hex
+        ttl = max(1, round(self.interval))
+        if not self.r.set(self.lock_key, token, nx=True, ex=ttl):
+            return 0
+        return self.sweep_once()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        while not stop.wait(self.interval):
+            try:
+                self.try_sweep()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # Redis down: next time
+                log.warning("run ledger sweep skipped: %s", exc)
+            except Exception:  # a bug or a bad ledger entry: try again next interval
+                log.warning("run ledger sweep failed", exc_info=True)
+
+    def start_thread(self, name: str = "run-sweeper") -> threading.Thread:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, args=(self._stop,), name=name, daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+
+def _kid_id(raw: bytes) -> list[str]:
+    try:
+        return [str(orjson.loads(raw)["id"])]
+    except (ValueError, TypeError, KeyError):
+        return []

@@ -1,0 +1,60 @@
+"""Several pages per message (`chaincrawl.batch`) with real workers: every entry keeps its own
+task id, commit, retry and dead letter, and the run's counts stay exact. Batching is forced
+from the first child (CHAINCRAWL_BATCH_BACKLOG=1) with small batches."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import chains
+from monitor.deadletter import DeadLetterStore
+from tests.integration.test_chain_runs import expect_deep
+from tests.testsite import chains as tchains
+from tests.testsite.server import PER_PAGE
+from utils.redis import get_redis
+
+pytestmark = pytest.mark.integration
+
+BATCHED = {"CHAINCRAWL_BATCH": "3", "CHAINCRAWL_BATCH_BACKLOG": "1", "CHAINCRAWL_TASK_LOG": "1"}
+
+
+def batches_run(log: str) -> list[int]:
+    """Entries of every batch message the worker finished (from its 'succeeded' lines)."""
+    return [int(n) for n in re.findall(r"chaincrawl\.batch\[\w+\] succeeded in [\d.]+s: '(\d+) pages'", log)]
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_batched_run_is_exact(start_worker, pool) -> None:
+    w = start_worker(pool=pool, concurrency=4, **BATCHED)
+    run = chains.run(tchains.deep(), seeds=[{"page": 1}])
+    p = run.wait(timeout=90)
+    assert p.complete
+    expect_deep(p)
+    sizes = batches_run(w.log.read_text(errors="replace"))
+    assert sizes and max(sizes) <= 3 and min(sizes) >= 2
+
+
+def test_batch_entries_retry_and_dead_letter_one_by_one(start_worker, test_site) -> None:
+    w = start_worker(**BATCHED)
+    run = chains.run(tchains.probe("/status/500?e={entry_id}"), seeds=[{}])
+    p = run.wait(timeout=60)
+    probe = p.steps["local.probe"]
+    assert probe["failed"] == PER_PAGE and probe["succeeded"] == 0
+    assert probe["retried"] == 2 * PER_PAGE  # each entry its own 2 retries
+    dls = [d for d in DeadLetterStore(get_redis()).list(1000) if d.meta.get("run") == run.run_id]
+    assert len({d.id for d in dls}) == PER_PAGE  # one dead letter per entry, under its own id
+    log = w.log.read_text(errors="replace")
+    assert batches_run(log)
+    for d in dls:  # each retry went out alone, under the entry's id
+        assert log.count(f"testsite.local.probe[{d.id}] received") == 2
+
+
+def test_flaky_entries_succeed_after_their_own_retries(start_worker, test_site) -> None:
+    start_worker(**BATCHED)
+    run = chains.run(tchains.probe("/flaky/{entry_id}-b?fails=1"), seeds=[{}])
+    p = run.wait(timeout=60)
+    probe = p.steps["local.probe"]
+    assert probe["succeeded"] == PER_PAGE and probe["retried"] == PER_PAGE
+    assert all(test_site.hits[f"flaky:e1-{i}-b"] == 2 for i in range(PER_PAGE))

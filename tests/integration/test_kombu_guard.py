@@ -1,0 +1,133 @@
+"""utils.kombu_guard in one process: kombu's own consumer on a private Redis (no Celery).
+
+The worker-level tests are `test_bug6_...` (tests/torture/test_core_bugs.py) and the Redis
+restart torture (bug 3)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kombu import Connection, Consumer, Producer, Queue
+from kombu.transport import redis as kredis
+
+from config import reset_settings
+from utils import kombu_guard
+from utils.redis import reset_clients
+
+pytestmark = pytest.mark.integration
+
+GARBAGE = [
+    b"\x00\xffnot json",
+    b"[1, 2]",
+    b'{"hello": "world"}',
+    b'{"body": "", "properties": {"delivery_tag": "x"}}',  # no delivery_info
+    b'{"body": "!!not base64!!", "properties": {"delivery_tag": "y", "body_encoding": "base64", '
+    b'"delivery_info": {"exchange": "", "routing_key": "g"}}}',
+]
+
+
+@pytest.fixture
+def broker(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Connection]:
+    """A kombu connection as the worker configures it; the state store on the same Redis."""
+    monkeypatch.setenv("CHAINCRAWL_REDIS_URL", redis_url)
+    monkeypatch.setenv("CHAINCRAWL_KEY_PREFIX", key_prefix)
+    reset_settings()
+    reset_clients()
+    kombu_guard.apply()
+    conn = Connection(redis_url, transport_options={"global_keyprefix": f"{key_prefix}:q:"})
+    try:
+        yield conn
+    finally:
+        conn.release()
+        monkeypatch.undo()
+        reset_settings()
+        reset_clients()
+
+
+def consumer(conn: Connection, got: list[Any], ack: bool = True) -> Any:
+    ch = conn.channel()
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body)
+        if ack:
+            message.ack()
+
+    c = Consumer(ch, [Queue("g", routing_key="g")], callbacks=[on_message], accept=["json"])
+    c.consume()
+    return ch
+
+
+def drain_until(conn: Connection, cond: Any, rounds: int = 50) -> None:
+    for _ in range(rounds):
+        if cond():
+            return
+        with contextlib.suppress(TimeoutError):  # socket.timeout: nothing this round
+            conn.drain_events(timeout=0.2)
+    assert cond()
+
+
+def test_malformed_payloads_are_skipped_kept_and_counted(
+    broker: Connection, rds: redis.Redis, key_prefix: str
+) -> None:
+    got: list[Any] = []
+    ch = consumer(broker, got)
+    before = kombu_guard.counts["malformed"]
+    for g in GARBAGE:
+        rds.lpush(f"{key_prefix}:q:g", g)  # popped from the right: before the good one
+    Producer(ch).publish({"n": 1}, routing_key="g", serializer="json")
+    drain_until(broker, lambda: got)  # no exception out of the consumer's loop
+    assert got == [{"n": 1}]
+    assert kombu_guard.counts["malformed"] - before == len(GARBAGE)
+    kept = [json.loads(x) for x in reversed(rds.lrange(f"{key_prefix}:broker:malformed", 0, -1))]
+    assert [k["payload"] for k in kept] == [
+        GARBAGE[0].decode(errors="replace"),
+        *(json.dumps(json.loads(g)) for g in GARBAGE[1:]),
+    ]
+    assert kept[0]["queue"] == "?" and kept[0]["error"].startswith("not JSON")
+    assert all(k["queue"] == "g" and k["error"].startswith("not a message") for k in kept[1:])
+    metrics = rds.hgetall(f"{key_prefix}:metrics:broker")
+    assert metrics[b"malformed"] == b"5" and metrics[b"malformed:g"] == b"4"
+    assert rds.llen(f"{key_prefix}:q:g") == 0
+
+
+def test_closing_a_channel_after_its_connection_was_released_is_a_connection_error(
+    broker: Connection, rds: redis.Redis, key_prefix: str
+) -> None:
+    """Bug 3, deterministically: a channel holding an unacknowledged message is closed after
+    its transport lost its client (what Celery's reconnect does in some orders). kombu used to
+    raise AttributeError ('NoneType' has no attribute 'hostname'); now a connection error,
+    which `maybe_close_channel` ignores, and the message stays in `unacked`."""
+    got: list[Any] = []
+    ch = consumer(broker, got, ack=False)
+    Producer(ch).publish({"n": 2}, routing_key="g", serializer="json")
+    drain_until(broker, lambda: got)
+    assert rds.hlen(f"{key_prefix}:q:unacked") == 1
+    ch._disconnect_pools()  # as redis Channel.close does before restoring
+    ch.connection.client = None  # as Connection._do_close_transport does
+    with pytest.raises(redis.ConnectionError, match="already closed"):
+        ch._connparams()
+    broker.maybe_close_channel(ch)  # used to raise AttributeError: the worker exited
+    assert ch.closed
+    assert rds.hlen(f"{key_prefix}:q:unacked") == 1  # back after the visibility timeout
+
+
+def test_the_guard_checks_the_kombu_it_patches(monkeypatch: pytest.MonkeyPatch) -> None:
+    kombu_guard.apply()
+    kombu_guard._check()  # the installed kombu passes (through our wrappers)
+
+    def _connparams(self: Any, asynchronous: bool = False) -> dict[str, Any]:
+        return {}
+
+    monkeypatch.setattr(kredis.Channel, "_connparams", _connparams)
+    with pytest.raises(kombu_guard.KombuGuardError, match="_connparams no longer contains"):
+        kombu_guard._check()
+    monkeypatch.delattr(kredis.Channel, "_brpop_read")
+    with pytest.raises(kombu_guard.KombuGuardError, match="_brpop_read missing"):
+        kombu_guard._check()

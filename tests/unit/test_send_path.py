@@ -1,0 +1,165 @@
+"""The commit-to-publish path against a private Redis: the commit returns what it staged,
+EVALSHA survives a flushed script cache, children are planned into batches by backlog, the raw
+envelopes are real kombu messages, and a failed publish after a commit requeues (bug 2)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import Reject
+from kombu import Connection
+
+import base_task
+from base_task import BATCH_TASK, Publisher, SiteTask, get_endpoint
+from chains.state import Kid, RunState
+from chains.sweeper import message_ids
+from config import Settings
+
+TASK = "testsite.local.detail"
+
+
+@pytest.fixture
+def settings(redis_url: str, key_prefix: str) -> Settings:
+    return Settings(redis_url=redis_url, broker_url=redis_url, key_prefix=key_prefix, batch=4,
+                    batch_backlog=10)  # fmt: skip
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[Celery]:
+    """A Celery app with the workers' transport options (worker.configure)."""
+    a = Celery("send-path-test", set_as_current=False)
+    a.conf.update(
+        broker_url=settings.broker_url,
+        broker_transport_options={
+            "priority_steps": list(range(10)),
+            "sep": ":",
+            "queue_order_strategy": "priority",
+            "global_keyprefix": f"{settings.key_prefix}:q:",
+        },
+    )
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+def kid(n: int, queue: str = "testsite", prio: int | None = None, task: str = TASK) -> Kid:
+    meta: dict[str, Any] = {"run": "r1", "step": "s", "queue": queue}
+    if prio is not None:
+        meta["prio"] = prio
+    return Kid("s", task, {"entry_id": f"e{n}", "token": "SECRET"}, meta, uuid.uuid4().hex)
+
+
+def commit(state: RunState, tid: str, kids: list[Kid]) -> Any:
+    return state.commit(rid="r1", tid=tid, step="s", outcome="succeeded", n_items=0,
+                        entries=(), kids=kids)  # fmt: skip
+
+
+def test_commit_returns_its_staged_children_once(rds: redis.Redis, settings: Settings) -> None:
+    state = RunState(rds, settings)
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 1)
+    kids = [kid(i) for i in range(3)]
+    res = commit(state, "t1", kids)
+    assert res is not None and res.outstanding == 3  # 1 - 1 + 3
+    assert [orjson.loads(m)["id"] for m in res.staged] == [k.task_id for k in kids]
+    assert commit(state, "t1", kids) is None  # a second commit of the same task id: nothing
+    assert state.counters("r1")["outstanding"] == 3
+    rds.script_flush()  # a restarted Redis has no scripts: EVALSHA reloads and goes on
+    res = commit(state, "t2", [])
+    assert res is not None and res.outstanding == 2 and res.staged == []
+
+
+def test_deferred_commits_go_in_one_round_trip(rds: redis.Redis, settings: Settings) -> None:
+    state = RunState(rds, settings)
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 2)
+    calls: list[Any] = []
+    assert state.commit(rid="r1", tid="a", step="s", outcome="succeeded", n_items=0,
+                        entries=(), kids=[kid(1)], defer=calls) is None  # fmt: skip
+    state.commit(rid="r1", tid="a", step="s", outcome="succeeded", n_items=0, entries=(),
+                 kids=[kid(2)], defer=calls)  # fmt: skip
+    state.commit(rid="r1", tid="b", step="s", outcome="failed", n_items=0, entries=(), kids=(),
+                 defer=calls)  # fmt: skip
+    first, dup, other = state.run_commits(calls)
+    assert first is not None and len(first.staged) == 1
+    assert dup is None  # the same task id twice in one pipeline still commits once
+    assert other is not None and other.outstanding == 1
+    assert state.begin_many([("r1", "a", 0), ("r1", "zz", 0)]) == [(True, 1), (False, 1)]
+
+
+def test_plan_batches_only_a_deep_backlog(settings: Settings, app: Celery) -> None:
+    pub = Publisher(app, settings)
+    kids = [orjson.loads(kid(i).encode()) for i in range(10)]
+    shallow = pub.plan(kids, outstanding=9)
+    assert [m.task for m in shallow] == [TASK] * 10 and [m.id for m in shallow] == [
+        k["id"] for k in kids
+    ]
+    deep = pub.plan(kids, outstanding=10)
+    assert [m.task for m in deep] == [BATCH_TASK] * 3  # 10 in messages of <= 4
+    assert [len(m.args[0]) for m in deep] == [4, 4, 2]
+    assert [e for m in deep for e in m.args[0]] == kids  # entries are exactly Kid.encode()
+    assert all("SECRET" not in m.argsrepr and "***" in m.argsrepr for m in deep + shallow)
+    # children of different destinations never share a message
+    mixed = [orjson.loads(k.encode()) for k in (kid(1), kid(2, queue="q2"), kid(3, prio=9))]
+    assert [m.task for m in pub.plan(mixed, outstanding=100)] == [TASK] * 3
+
+
+def test_raw_envelopes_are_kombu_messages(
+    rds: redis.Redis, settings: Settings, app: Celery
+) -> None:
+    state = RunState(rds, settings)
+    pub = Publisher(app, settings)
+    kids = [kid(i, prio=2) for i in range(5)]
+    rds.rpush(state.kids_key("t"), *[k.encode() for k in kids])
+    pub.publish(state, [([k.encode() for k in kids], state.kids_key("t"))], outstanding=100)
+    assert not rds.exists(state.kids_key("t"))  # the staging list goes in the same pipeline
+    raw = rds.lrange(f"{settings.key_prefix}:q:testsite:{base_task.broker_priority(2)}", 0, -1)
+    assert {k.task_id for k in kids} <= {
+        i for m in raw for i in message_ids(m)
+    }  # the sweeper's view
+    opts = app.conf.broker_transport_options
+    with Connection(settings.broker_url, transport_options=opts) as conn:
+        q = conn.SimpleQueue("testsite")
+        got = []
+        for _ in range(2):  # 5 children, batches of <= 4: 3 + 2
+            m = q.get(timeout=5)
+            got.append(m)
+            m.ack()
+        q.close()
+    assert {m.headers["task"] for m in got} == {BATCH_TASK}
+    entries = [e for m in got for e in m.payload[0][0]]
+    assert sorted(e["id"] for e in entries) == sorted(k.task_id for k in kids)
+    assert all(m.properties["priority"] == base_task.broker_priority(2) for m in got)
+    assert all(m.headers["id"] == m.properties["correlation_id"] for m in got)
+
+
+def test_a_publish_failure_after_the_commit_requeues_and_keeps_the_children(
+    rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = RunState(rds, settings)
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 1)
+    res = commit(state, "t1", [kid(1), kid(2)])
+    task: SiteTask = get_endpoint(TASK).task
+
+    class Broken(Publisher):
+        def publish(self, *a: Any, **kw: Any) -> None:
+            raise OSError("broker connection pool exhausted")
+
+    monkeypatch.setattr(base_task, "publisher", lambda a, s: Broken(app, settings))
+    with pytest.raises(Reject) as info:
+        task._send_staged(state, "t1", res)
+    assert info.value.requeue is True
+    assert rds.llen(state.kids_key("t1")) == 2  # still staged for the redelivery
+    # the redelivery finds the task committed and sends what is staged (read back)
+    monkeypatch.setattr(base_task, "publisher", lambda a, s: Publisher(app, settings))
+    task._send_staged(state, "t1", None)
+    assert not rds.exists(state.kids_key("t1"))
+    assert rds.llen(f"{settings.key_prefix}:q:testsite") == 2

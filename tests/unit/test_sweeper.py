@@ -1,0 +1,317 @@
+"""The run ledger and its sweeper (bug 1): which messages count as lost, against a private Redis
+holding real kombu messages (published by a Celery app, as workers publish them)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import redis
+from celery import Celery
+
+from base_task import send_kid
+from chains.state import Kid, RunState
+from chains.sweeper import BATCH_TASK, Sweeper, broker_task_ids, message_ids
+from config import Settings
+
+
+@pytest.fixture
+def settings(redis_url: str, key_prefix: str) -> Settings:
+    return Settings(redis_url=redis_url, broker_url=redis_url, key_prefix=key_prefix)
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[Celery]:
+    """A producer like the workers' (worker.configure): same key prefix, priorities, separator."""
+    a = Celery("sweeper-test", set_as_current=False)
+    a.conf.update(
+        broker_url=settings.broker_url,
+        task_serializer="json",
+        broker_transport_options={
+            "priority_steps": list(range(10)),
+            "sep": ":",
+            "queue_order_strategy": "priority",
+            "global_keyprefix": f"{settings.key_prefix}:q:",
+        },
+    )
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+def queued(rds: redis.Redis, prefix: str) -> list[bytes]:
+    return [
+        m for k in rds.scan_iter(match=f"{prefix}:q:*", _type="list") for m in rds.lrange(k, 0, -1)
+    ]
+
+
+def deliver(rds: redis.Redis, prefix: str, tid: str) -> None:
+    """What kombu does when a worker takes a message: pop it, then record it in `unacked`."""
+    for k in rds.scan_iter(match=f"{prefix}:q:*", _type="list"):
+        for raw in rds.lrange(k, 0, -1):
+            if tid in message_ids(raw):
+                rds.lrem(k, 1, raw)
+                rds.hset(
+                    f"{prefix}:q:unacked", uuid.uuid4().hex, json.dumps([json.loads(raw), "", "x"])
+                )
+                return
+    raise AssertionError(f"{tid} not queued")
+
+
+def pop_and_lose(rds: redis.Redis, prefix: str, tid: str) -> None:
+    """Bug 1: popped by a worker killed before it recorded the message in `unacked`."""
+    deliver(rds, prefix, tid)
+    for tag, raw in rds.hgetall(f"{prefix}:q:unacked").items():
+        if tid in message_ids(raw):
+            rds.hdel(f"{prefix}:q:unacked", tag)
+
+
+# --- reading task ids out of raw broker messages -------------------------------------------------
+
+
+def test_message_ids_reads_plain_and_batch_messages_in_queues_and_unacked(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    p = settings.key_prefix
+    plain = uuid.uuid4().hex
+    send_kid(app, {"id": plain, "task": "demo.h5.feed", "params": {}, "meta": {"prio": 7}})
+    entries = [
+        {"id": uuid.uuid4().hex, "task": "demo.h5.user_info", "params": {"user_id": f"u{i}"},
+         "meta": {"run": "r", "step": "s"}}
+        for i in range(3)
+    ]  # fmt: skip
+    batch = uuid.uuid4().hex
+    app.send_task(BATCH_TASK, args=[entries], task_id=batch, queue="demo", priority=2)
+    raws = queued(rds, p)
+    assert len(raws) == 2
+    found = sorted(i for raw in raws for i in message_ids(raw))
+    assert found == sorted([plain, batch, *(e["id"] for e in entries)])
+    # the priority sub-queues (`demo:2`, `demo:7` with this separator) are read too
+    assert broker_task_ids(rds, f"{p}:q:") == set(found)
+    deliver(rds, p, batch)
+    assert broker_task_ids(rds, f"{p}:q:") == set(found)  # now in `unacked`
+    (value,) = rds.hvals(f"{p}:q:unacked")
+    assert sorted(message_ids(value)) == sorted([batch, *(e["id"] for e in entries)])
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"\x00\xffnot json", b"[1, 2]", b"{}", b'{"headers": {"task": "chaincrawl.batch"}, "body": "!!"}',
+     b"null", 42],
+)  # fmt: skip
+def test_message_ids_of_garbage_is_empty(raw: Any) -> None:
+    assert message_ids(raw) == []
+
+
+# --- the ledger --------------------------------------------------------------------------------------
+
+
+def start_run(state: RunState, app: Celery, rid: str, n: int = 1) -> list[str]:
+    """What chains.run does: record the run, queue the seeds, send what the cap lets through."""
+    state.create_run(rid, "c", b"{}", 5, cap=0)
+    msgs = [
+        orjson.dumps({"id": uuid.uuid4().hex, "task": "demo.h5.feed", "params": {"page": i},
+                      "meta": {"run": rid, "step": "root", "prio": 5}})
+        for i in range(n)
+    ]  # fmt: skip
+    staging = state.s.key("kids", f"client-{rid}")
+    state.enqueue_and_release(rid, "root", msgs, staging)
+    for raw in state.r.lrange(staging, 0, -1):
+        send_kid(app, orjson.loads(raw))
+    state.r.delete(staging)
+    return [orjson.loads(m)["id"] for m in msgs]
+
+
+def commit(state: RunState, rid: str, tid: str, n_kids: int = 0, send: Any = None) -> list[str]:
+    kids = [
+        Kid("child", "demo.h5.user_info", {"user_id": f"u{i}"}, {"run": rid, "step": "child"},
+            uuid.uuid4().hex)
+        for i in range(n_kids)
+    ]  # fmt: skip
+    state.commit(rid=rid, tid=tid, step="root" if n_kids else "child", outcome="succeeded",
+                 n_items=0, entries=(), kids=kids)  # fmt: skip
+    if send is not None:  # the task sends its staged children (SiteTask._send_staged)
+        for kid in state.staged_kids(tid):
+            send(kid)
+        state.clear_kids(tid)
+    return [k.task_id for k in kids]
+
+
+def test_ledger_holds_exactly_the_tasks_sent_and_not_committed(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (seed,) = start_run(state, app, rid)
+    assert set(state.ledger(rid)) == {seed}
+    assert orjson.loads(state.ledger(rid)[seed])["params"] == {"page": 0}
+    kids = commit(state, rid, seed, n_kids=3, send=lambda k: send_kid(app, k))
+    assert set(state.ledger(rid)) == set(kids)
+    assert orjson.loads(state.ledger(rid)[kids[0]])["task"] == "demo.h5.user_info"
+    assert rds.hget(state.run_key(rid), "last") is not None
+    for k in kids[:2]:
+        commit(state, rid, k)
+    assert set(state.ledger(rid)) == {kids[2]}
+    commit(state, rid, kids[2])
+    assert state.info(rid)["status"] == "done"
+    assert not rds.exists(state.ledger_key(rid))  # deleted with the run's completion
+
+
+def test_children_waiting_behind_the_cap_are_in_the_ledger(
+    rds: redis.Redis, settings: Settings
+) -> None:
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    state.create_run(rid, "c", b"{}", 5, cap=1)
+    seed = uuid.uuid4().hex
+    state.enqueue_and_release(
+        rid, "root",
+        [orjson.dumps({"id": seed, "task": "t", "params": {}, "meta": {"run": rid}})],
+        state.s.key("kids", "x"),
+    )  # fmt: skip
+    kids = commit(state, rid, seed, n_kids=4)
+    assert set(state.ledger(rid)) == set(kids)
+    assert state.waiting(rid) == 3  # one released into the staging list, three held back
+
+
+# --- the sweeper's decision ------------------------------------------------------------------------
+
+
+def sweeper(rds: redis.Redis, settings: Settings, sent: list[dict[str, Any]], **kw: Any) -> Sweeper:
+    return Sweeper(rds, rds, f"{settings.key_prefix}:q:", sent.append, settings,
+                   interval=1, stall=kw.pop("stall", 30), confirm=0, **kw)  # fmt: skip
+
+
+def stall(state: RunState, rid: str, seconds: float = 60) -> None:
+    """As if the run's last commit were `seconds` ago."""
+    import time
+
+    state.r.hset(state.run_key(rid), "last", f"{time.time() - seconds:.3f}")
+
+
+def test_sweeper_resends_only_what_is_nowhere_and_uncommitted_in_a_stalled_run(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    p = settings.key_prefix
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (seed,) = start_run(state, app, rid)
+    deliver(rds, p, seed)
+    # the seed commits two children; its worker dies before sending them: they stay staged in
+    # `kids:{seed}`, and the seed's message is lost too (only its redelivery would send them)
+    stranded = commit(state, rid, seed, n_kids=2)
+    for tag, raw in rds.hgetall(f"{p}:q:unacked").items():
+        if seed in message_ids(raw):
+            rds.hdel(f"{p}:q:unacked", tag)
+    (parent,) = start_run_more(state, app, rid)
+    deliver(rds, p, parent)
+    queued_kid, running_kid, lost_kid, done_kid = commit(
+        state, rid, parent, n_kids=4, send=lambda k: send_kid(app, k)
+    )
+    deliver(rds, p, running_kid)  # a worker runs it: in `unacked`
+    pop_and_lose(rds, p, lost_kid)  # bug 1
+    pop_and_lose(rds, p, done_kid)  # gone from the broker too, but it did commit (its
+    rds.sadd(state.done_key(rid, ""), done_kid)  # ledger entry left behind on purpose)
+    sent: list[dict[str, Any]] = []
+    sw = sweeper(rds, settings, sent)
+    assert sw.sweep_once() == 0, "a run that is making progress is left alone"
+    assert sent == []
+    stall(state, rid)
+    assert sw.sweep_once() == 3
+    assert sorted(k["id"] for k in sent) == sorted([lost_kid, *stranded])
+    lost_msg = next(k for k in sent if k["id"] == lost_kid)
+    assert lost_msg["task"] == "demo.h5.user_info" and lost_msg["meta"]["run"] == rid
+    assert done_kid not in state.ledger(rid)  # a committed entry is dropped, not re-sent
+    c = state.counters(rid)
+    assert c["resent"] == 3 and c["child:resent"] == 3
+    assert queued_kid in state.ledger(rid) and running_kid in state.ledger(rid)
+
+
+def start_run_more(state: RunState, app: Celery, rid: str) -> list[str]:
+    """One more root task of an existing run (as a replay adds one)."""
+    msg = orjson.dumps({"id": uuid.uuid4().hex, "task": "demo.h5.feed", "params": {"page": 9},
+                        "meta": {"run": rid, "step": "root"}})  # fmt: skip
+    state.ledger_add(rid, [msg])
+    send_kid(app, orjson.loads(msg))
+    return [orjson.loads(msg)["id"]]
+
+
+def test_sweeper_leaves_staged_children_of_a_task_that_will_be_redelivered(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    p = settings.key_prefix
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (seed,) = start_run(state, app, rid)
+    deliver(rds, p, seed)
+    commit(state, rid, seed, n_kids=2)  # died before sending; its message is still in unacked
+    stall(state, rid)
+    sent: list[dict[str, Any]] = []
+    assert sweeper(rds, settings, sent).sweep_once() == 0
+    assert sent == []
+
+
+def test_sweeper_leaves_children_waiting_behind_the_cap(
+    rds: redis.Redis, settings: Settings
+) -> None:
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    state.create_run(rid, "c", b"{}", 5, cap=1)
+    seed = uuid.uuid4().hex
+    state.ledger_add(rid, [orjson.dumps({"id": seed, "task": "t", "params": {}, "meta": {}})])
+    rds.rpush(
+        state.pending_key(rid), orjson.dumps({"id": "w1", "task": "t", "params": {}, "meta": {}})
+    )
+    state.ledger_add(rid, [orjson.dumps({"id": "w1", "task": "t", "params": {}, "meta": {}})])
+    stall(state, rid)
+    sent: list[dict[str, Any]] = []
+    assert sweeper(rds, settings, sent).sweep_once() == 1
+    assert [k["id"] for k in sent] == [seed]  # the waiting one is released by the seed's commit
+
+
+def test_a_second_look_spares_a_message_that_moved_meanwhile(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """A message between BRPOP and `unacked` on a live worker is nowhere for a moment: only an
+    entry missing at both looks, `confirm` apart, is re-sent."""
+    p = settings.key_prefix
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    start_run(state, app, rid)
+    stall(state, rid)
+    raw = queued(rds, p)[0]
+    rds.delete(*rds.scan_iter(match=f"{p}:q:*", _type="list"))  # popped ...
+    sw = sweeper(rds, settings, sent := [])
+    real = sw._present
+    looks = {"n": 0}
+
+    def present(rids: Any) -> set[str]:
+        looks["n"] += 1
+        if looks["n"] == 2:  # ... and recorded in unacked before the second look
+            rds.hset(f"{p}:q:unacked", "tag", json.dumps([json.loads(raw), "", "x"]))
+        return real(rids)
+
+    sw._present = present  # type: ignore[method-assign]
+    assert sw.sweep_once() == 0 and sent == [] and looks["n"] == 2
+
+
+def test_one_sweeper_per_interval_and_none_on_amqp(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    start_run(state, app, rid)
+    rds.delete(*rds.scan_iter(match=f"{settings.key_prefix}:q:*", _type="list"))  # lost
+    stall(state, rid)
+    a: list[dict[str, Any]] = []
+    b: list[dict[str, Any]] = []
+    assert sweeper(rds, settings, a, stall=5).try_sweep() == 1
+    assert sweeper(rds, settings, b, stall=5).try_sweep() == 0  # the lock is taken
+    assert len(a) == 1 and b == []
+    amqp = settings.model_copy(update={"broker_url": "amqp://127.0.0.1:1//"})
+    assert Sweeper.for_app(app, amqp) is None

@@ -1,0 +1,230 @@
+"""Two small patches to kombu's Redis transport that keep a consuming worker alive.
+
+Applied once by `worker.py` at import (`apply()`); every patched function is checked first and
+the import fails loudly when kombu no longer has it in the expected shape, rather than running
+a worker that silently lacks the protection. docs/reliability.md, bugs 3 and 6.
+
+Bug 6, a malformed payload in a queue: `Channel._brpop_read` decodes a popped message in the
+consumer's event loop with nothing around it: a payload that is not JSON (`loads`), a JSON
+value that is not a kombu envelope, or an envelope whose body is not base64 (`Message.__init__`,
+reached through `Transport._deliver`) raised out of the loop, and Celery shut the worker down
+("Unrecoverable error"). The guard follows one `_brpop_read` through its stages (reading ->
+decoded and handed to `_deliver` -> `Message` built, with the `delivery_info` the Redis QoS
+needs) and turns an error raised *before* the message was built into a skipped message: logged
+(a short preview only), kept in a capped list `{prefix}:broker:malformed` of the state Redis
+for inspection, counted in the hash
+`{prefix}:metrics:broker` (`malformed`, `malformed:{queue}`). Errors raised once the message
+exists (Celery's own handling, qos bookkeeping, the connection) propagate exactly as before.
+The payload had already left the queue (BRPOP), so nothing is lost that kombu would have kept.
+
+Bug 3, a worker exiting on a Redis restart: when the consumer's connection is closed, kombu
+clears `transport.client` (`Connection._do_close_transport`) while a channel of that transport
+may still be closed later; `Channel.close` -> `QoS.restore_unacked_once` needs a new client and
+`Channel._connparams` reads `self.connection.client.hostname`: an AttributeError on None, not
+one of kombu's connection errors, so Celery reported "Unrecoverable error". The guard raises
+`redis.ConnectionError` there instead: kombu's close paths ignore connection errors and Celery
+reconnects; the messages the channel held stay in `unacked` and come back after the
+visibility timeout.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import kombu
+import redis
+from kombu.transport import redis as kredis
+from kombu.transport import virtual
+from kombu.transport.virtual import base as vbase
+
+log = logging.getLogger("chaincrawl.kombu_guard")
+
+MALFORMED_KEEP = 1000  # payloads kept in {prefix}:broker:malformed (newest first)
+MALFORMED_MAX_BYTES = 64 * 1024  # per payload kept; the rest is cut off
+LOG_PREVIEW = 200  # payloads up to this size are shown in the log, longer ones only measured
+
+_applied = False
+_lock = threading.Lock()
+_stage = threading.local()  # what the current _brpop_read of this thread has reached
+counts = {"malformed": 0, "closed_connection": 0}  # this process, for tests and status
+
+
+class KombuGuardError(RuntimeError):
+    """kombu changed where the guard hooks in: review utils/kombu_guard.py before running."""
+
+
+def _check() -> None:
+    """Fail at import when a function we wrap is gone or no longer does what we rely on."""
+    wanted = {
+        "kombu.transport.redis.Channel._brpop_read": getattr(kredis.Channel, "_brpop_read", None),
+        "kombu.transport.redis.Channel._connparams": getattr(kredis.Channel, "_connparams", None),
+        "kombu.transport.virtual.Transport._deliver": getattr(virtual.Transport, "_deliver", None),
+        "kombu.transport.virtual.Message.__init__": vbase.Message.__dict__.get("__init__"),
+        "kombu.transport.virtual.Channel.basic_consume": getattr(
+            virtual.Channel, "basic_consume", None
+        ),
+    }
+    missing = [name for name, fn in wanted.items() if not callable(fn)]
+    if missing:
+        raise KombuGuardError(f"kombu {kombu.__version__}: {', '.join(missing)} missing")
+    # the stages the guard tracks: _brpop_read hands the decoded payload to _deliver, whose
+    # consumer callback builds the Message before anything else
+    expectations = [
+        (kredis.Channel._brpop_read, "self.connection._deliver("),
+        (virtual.Channel.basic_consume, "self.Message(raw_message"),
+        (kredis.Channel._connparams, "self.connection.client"),
+    ]
+    for fn, text in expectations:
+        fn = inspect.unwrap(fn)  # once applied, check what our wrappers wrap
+        try:
+            source = inspect.getsource(fn)
+        except (OSError, TypeError) as exc:
+            raise KombuGuardError(f"kombu {kombu.__version__}: no source for {fn}: {exc}") from exc
+        if text not in source:
+            raise KombuGuardError(
+                f"kombu {kombu.__version__}: {fn.__qualname__} no longer contains {text!r}"
+            )
+    if not issubclass(kredis.Channel.Message, vbase.Message):
+        raise KombuGuardError(f"kombu {kombu.__version__}: Channel.Message is not virtual.Message")
+
+
+def apply() -> None:
+    """Install the patches (idempotent)."""
+    global _applied
+    with _lock:
+        if _applied:
+            return
+        _check()
+        _patch_consumer()
+        _patch_connparams()
+        _applied = True
+        log.debug("kombu %s: consumer guard installed", kombu.__version__)
+
+
+# --- bug 6: malformed payloads ---------------------------------------------------------------
+
+
+def _patch_consumer() -> None:
+    brpop_read = kredis.Channel._brpop_read
+    deliver = virtual.Transport._deliver
+    message_init = vbase.Message.__init__
+
+    def _brpop_read(self: Any, **options: Any) -> Any:
+        outer = (getattr(_stage, "name", None), getattr(_stage, "queue", None),
+                 getattr(_stage, "payload", None))  # fmt: skip
+        _stage.name, _stage.queue, _stage.payload = "read", None, None
+        try:
+            return brpop_read(self, **options)
+        except Exception as exc:
+            found = _malformed(exc)
+            if found is None:
+                raise
+            quarantine(*found)
+            raise kredis.Empty() from None  # nothing delivered, as after an empty BRPOP
+        finally:
+            _stage.name, _stage.queue, _stage.payload = outer
+
+    def _deliver(self: Any, message: Any, queue: str) -> Any:
+        if getattr(_stage, "name", None) == "read":
+            _stage.name, _stage.queue, _stage.payload = "decoded", queue, message
+        return deliver(self, message, queue)
+
+    def __init__(self: Any, payload: Any, channel: Any = None, **kwargs: Any) -> None:
+        message_init(self, payload, channel=channel, **kwargs)
+        if getattr(_stage, "name", None) == "decoded":
+            info = self.delivery_info  # what the Redis QoS files the message under
+            if not isinstance(info, dict) or not {"exchange", "routing_key"} <= info.keys():
+                raise ValueError("delivery_info has no exchange and routing_key")
+            _stage.name = "delivered"  # from here on errors are not the payload's
+
+    for fn, orig in ((_brpop_read, brpop_read), (_deliver, deliver), (__init__, message_init)):
+        fn.__wrapped__ = orig  # type: ignore[attr-defined]
+        fn.__qualname__ = orig.__qualname__
+        fn.__doc__ = orig.__doc__
+    kredis.Channel._brpop_read = _brpop_read
+    virtual.Transport._deliver = _deliver
+    vbase.Message.__init__ = __init__
+
+
+def _malformed(exc: Exception) -> tuple[str, str, str | bytes | None] | None:
+    """(queue, error, raw payload) when `exc` is the payload's fault, else None."""
+    stage = getattr(_stage, "name", None)
+    error = f"{type(exc).__name__}: {exc}"[:500]
+    if stage == "read" and isinstance(exc, ValueError):
+        # raised after BRPOP answered and before _deliver: `loads` refused the payload
+        # (json.JSONDecodeError and orjson's both keep the document in `doc`)
+        return "?", f"not JSON: {error}", getattr(exc, "doc", None)
+    if stage == "decoded":  # decoded, but Message() failed: not a kombu envelope
+        payload = _stage.payload
+        try:
+            raw: str | None = json.dumps(payload, default=repr)
+        except (TypeError, ValueError):
+            raw = repr(payload)
+        return str(_stage.queue or "?"), f"not a message: {error}", raw
+    return None
+
+
+def quarantine(queue: str, error: str, raw: str | bytes | None) -> None:
+    """Log the payload, keep it (capped) and count it; never raise into the event loop."""
+    counts["malformed"] += 1
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    size = len(raw) if raw is not None else -1
+    shown = repr(raw) if raw is not None and size <= LOG_PREVIEW else f"<{size} chars>"
+    try:
+        from config import get_settings
+        from utils.redis import get_redis
+
+        s = get_settings()
+        key = s.key("broker", "malformed")
+        record = {
+            "at": round(time.time(), 3),
+            "queue": queue,
+            "error": error,
+            "size": size,
+            "payload": raw[:MALFORMED_MAX_BYTES] if raw is not None else None,
+            "truncated": size > MALFORMED_MAX_BYTES,
+        }
+        pipe = get_redis(s.redis_url).pipeline(transaction=False)
+        pipe.lpush(key, json.dumps(record))
+        pipe.ltrim(key, 0, MALFORMED_KEEP - 1)
+        pipe.hincrby(s.key("metrics", "broker"), "malformed", 1)
+        pipe.hincrby(s.key("metrics", "broker"), f"malformed:{queue}", 1)
+        pipe.execute()
+        kept = f"kept in {key}"
+    except Exception as e:  # the state store may be down: the log line is all we keep
+        kept = f"not kept ({type(e).__name__}: {e})"
+    log.error(
+        "broker: skipped a malformed message from queue %s: %s; payload %s; %s",
+        queue, error, shown, kept,
+    )  # fmt: skip
+
+
+# --- bug 3: a channel closed after its connection ------------------------------------------------
+
+
+def _patch_connparams() -> None:
+    connparams = kredis.Channel._connparams
+
+    def _connparams(self: Any, asynchronous: bool = False) -> Any:
+        transport = self.connection
+        if transport is None or getattr(transport, "client", None) is None:
+            counts["closed_connection"] += 1
+            log.warning(
+                "kombu: a channel of a closed broker connection needed a new Redis client; "
+                "raising a connection error so the consumer reconnects (bug 3)"
+            )
+            raise redis.ConnectionError(
+                "kombu: broker connection already closed (a channel needed a new Redis client "
+                "after its connection was released); reconnecting"
+            )
+        return connparams(self, asynchronous=asynchronous)
+
+    _connparams.__wrapped__ = connparams  # type: ignore[attr-defined]
+    _connparams.__qualname__ = connparams.__qualname__
+    kredis.Channel._connparams = _connparams
