@@ -514,12 +514,41 @@ def set_worker_slots(n: int) -> None:
     _worker_slots = max(1, int(n))
 
 
-def batch_backlog(s: Settings) -> int:
-    """Outstanding tasks of a run from which its children go out `s.batch` to a message: with
-    fewer, one message per child, so ramp-up and tail still reach every slot."""
+def batch_size(s: Settings, outstanding: int) -> int:
+    """Pages per message for children of a run with `outstanding` tasks.
+
+    With `CHAINCRAWL_BATCH_BACKLOG` set: `batch` from that backlog on, else 1. Auto (0): the
+    backlog must still make enough messages to keep the worker busy — two per slot while it has
+    CPU to spare (latency-bound: every slot needs work; ramp-up and tail stay one page per
+    message; a second worker gets its share), a quarter of that once it is CPU-bound (more
+    messages would not add throughput, only per-message cost)."""
+    size = max(1, s.batch)
+    if size == 1:
+        return 1
     if s.batch_backlog > 0:
-        return s.batch_backlog
-    return (_worker_slots or 16) * max(1, s.batch)
+        return size if outstanding >= s.batch_backlog else 1
+    slots = _worker_slots or 16
+    wanted = BATCH_SLOT_FACTOR * slots
+    if cpu_busy() >= BATCH_CPU_BOUND:
+        wanted = max(4, wanted // 4)
+    return max(1, min(size, outstanding // wanted))
+
+
+BATCH_SLOT_FACTOR = 2  # messages per worker slot the backlog must still make when batched
+BATCH_CPU_BOUND = 0.85  # share of a core used recently from which the worker counts as CPU-bound
+_cpu_window: list[float] = [0.0, 0.0, 0.0]  # wall and CPU time at the window's start, last share
+
+
+def cpu_busy() -> float:
+    """Share of one core this process used over the last quarter second or so (all threads);
+    0 after an idle spell (a window spanning it says nothing about the burst starting now)."""
+    now = time.monotonic()
+    w = _cpu_window
+    if now - w[0] >= 0.25:
+        cpu = time.process_time()
+        w[2] = (cpu - w[1]) / (now - w[0]) if now - w[0] < 0.75 else 0.0
+        w[0], w[1] = now, cpu
+    return w[2]
 
 
 def _tail_backlog(s: Settings) -> int:
@@ -567,10 +596,10 @@ class Publisher:
         return q
 
     def plan(self, kids: list[dict[str, Any]], outstanding: int) -> list[_Message]:
-        """One message per child while the run's backlog is shallow; else the children of
-        one (task, queue, priority) in messages of up to `batch` entries, evenly filled."""
-        size = max(1, self.s.batch)
-        deep = size > 1 and len(kids) > 1 and outstanding >= batch_backlog(self.s)
+        """The children of one (task, queue, priority) in messages of up to `batch_size`
+        entries, evenly filled; one message per child when that is 1."""
+        size = batch_size(self.s, outstanding) if len(kids) > 1 else 1
+        deep = size > 1
         groups: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
         for kid in kids:
             meta = kid["meta"]
@@ -579,9 +608,12 @@ class Publisher:
             groups.setdefault(dest, []).append(kid)
         out: list[_Message] = []
         for (task, queue, prio), group in groups.items():
-            per = math.ceil(len(group) / math.ceil(len(group) / size)) if deep else 1
-            for i in range(0, len(group), per):
-                chunk = group[i : i + per]
+            n_msgs = math.ceil(len(group) / size) if deep else len(group)
+            q, r = divmod(len(group), n_msgs)  # even sizes: 10 in 4 -> 3, 3, 2, 2
+            start = 0
+            for j in range(n_msgs):
+                chunk = group[start : start + q + (j < r)]
+                start += len(chunk)
                 if len(chunk) == 1:
                     k = chunk[0]
                     args = [k["params"], k["meta"]]

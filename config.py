@@ -180,8 +180,9 @@ class Settings(BaseSettings):
     batch_backlog: int = Field(
         0,
         validation_alias=_env("BATCH_BACKLOG"),
-        description="A run's outstanding tasks from which children are batched; "
-        "0 = the worker's slots x BATCH, so every slot still gets a message.",
+        description="A run's outstanding tasks from which children always go BATCH to a "
+        "message. 0 (auto): up to outstanding / (2 x the worker's slots) per message, so the "
+        "backlog still makes two messages per slot.",
     )
     metrics_flush_interval: float = Field(
         1.0,

@@ -1,7 +1,7 @@
 """Where a chaincrawl worker's CPU goes per page: py-spy over a real crawl, grouped by phase.
 
     .venv/bin/python -m bench.cpu_profile                       # ~2000 pages, threads(16), no latency
-    .venv/bin/python -m bench.cpu_profile --proto all           # with the prototypes of bench/proto.py
+    .venv/bin/python -m bench.cpu_profile --proto nometrics     # with bench/proto.py switches
     .venv/bin/python -m bench.cpu_profile --scrapy              # the Scrapy baseline, by library
     .venv/bin/python -m bench.cpu_profile --analyze FILE.raw    # re-read a saved profile
 
@@ -127,28 +127,28 @@ PHASES: list[Rule] = [
     ("consumer: ack (QoS pipeline: MULTI ZREM HDEL EXEC)",
      lambda t, f: _has(f, "asynloop") and _has(f, "Message.ack", "basic_ack", "QoS.ack")),
     ("consumer: event loop, timers, other", lambda t, f: _has(f, "asynloop")),
+    # background threads
+    ("metrics flush thread (aggregated HINCRBYs)", lambda t, f: _has(f, "Aggregator._loop")),
     # the task thread
-    ("child dispatch: task-sent events",
-     lambda t, f: _has(f, "_send_staged") and _has(f, "EventDispatcher")),
-    ("child dispatch: read + clear staging list (LRANGE, DEL)",
-     lambda t, f: _has(f, "_send_staged") and _has(f, "staged_kids", "clear_kids")),
-    ("child dispatch: send_task + kombu publish (per child)", lambda t, f: _has(f, "_send_staged")),
+    ("child dispatch: plan + raw envelopes + one pipeline", lambda t, f: _has(f, "Publisher.publish")),
+    ("child dispatch: other (staging list read back)", lambda t, f: _has(f, "_send_staged")),
     ("fetch (requests / urllib3 / http.client)", lambda t, f: _has(f, "Fetcher.fetch")),
     ("parse (decode, lxml tree, 3 CSS fields + links)",
      lambda t, f: _has(f, "workload.py", "Response.selector", "Response.text", "Response.css")),
-    ("commit: SCRIPT EXISTS round trip (pipeline with a Script)",
-     lambda t, f: _has(f, "RunState.commit", "_patch_commit") and _has(f, "load_scripts")),
-    ("commit: Lua call + metrics in one pipeline", lambda t, f: _has(f, "RunState.commit", "_patch_commit")),
-    ("begin: redelivery check, delivery count, metrics pipeline", lambda t, f: _has(f, "RunState.begin")),
+    ("commit: EVALSHA pipeline (a batch's commits together; tail: + metrics)",
+     lambda t, f: _has(f, "RunState.commit", "run_commits")),
+    ("begin: redelivery check, delivery count (one pipeline per batch)",
+     lambda t, f: _has(f, "RunState.begin")),
     ("items -> outbox entries, children (model_dump, fan-out, orjson)",
      lambda t, f: _has(f, "_outbox_entries", "SiteTask._kids", "_fingerprint")),
     ("endpoint code: Item/Link models (pydantic), urljoin", lambda t, f: _has(f, "bench/site/")),
     ("params validation (pydantic)", lambda t, f: _has(f, "validate_params")),
-    ("Context, gate, metrics objects", lambda t, f: _has(f, "Context.__init__", "get_gate", "TaskMetrics")),
+    ("Context, gate, metrics objects", lambda t, f: _has(f, "Context.__init__", "get_gate", "TaskMetrics", "_aggregate")),
     ("tracer: task-started/succeeded events", lambda t, f: _has(f, "_WorkItem.run") and _has(f, "EventDispatcher", "send_event")),
     ("tracer: 'Task succeeded' log line", lambda t, f: _has(f, "_WorkItem.run") and _has(f, "logging/")),
     ("tracer: ack (QoS pipeline: ZREM/HDEL)",
      lambda t, f: _has(f, "_WorkItem.run") and _has(f, "Message.ack", "basic_ack", "QoS.ack", "ack_log_error")),
+    ("batch task: entry bookkeeping (push_request, loop)", lambda t, f: _has(f, "_run_batch")),
     ("tracer & task bookkeeping (celery)", lambda t, f: _has(f, "_WorkItem.run")),
 ]  # fmt: skip
 

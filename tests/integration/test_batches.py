@@ -22,7 +22,10 @@ BATCHED = {"CHAINCRAWL_BATCH": "3", "CHAINCRAWL_BATCH_BACKLOG": "1", "CHAINCRAWL
 
 def batches_run(log: str) -> list[int]:
     """Entries of every batch message the worker finished (from its 'succeeded' lines)."""
-    return [int(n) for n in re.findall(r"chaincrawl\.batch\[\w+\] succeeded in [\d.]+s: '(\d+) pages'", log)]
+    return [
+        int(n)
+        for n in re.findall(r"chaincrawl\.batch\[\w+\] succeeded in [\d.]+s: '(\d+) pages'", log)
+    ]
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])

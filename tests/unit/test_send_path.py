@@ -94,7 +94,9 @@ def test_deferred_commits_go_in_one_round_trip(rds: redis.Redis, settings: Setti
     assert state.begin_many([("r1", "a", 0), ("r1", "zz", 0)]) == [(True, 1), (False, 1)]
 
 
-def test_plan_batches_only_a_deep_backlog(settings: Settings, app: Celery) -> None:
+def test_plan_batches_only_a_deep_backlog(
+    settings: Settings, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pub = Publisher(app, settings)
     kids = [orjson.loads(kid(i).encode()) for i in range(10)]
     shallow = pub.plan(kids, outstanding=9)
@@ -103,9 +105,20 @@ def test_plan_batches_only_a_deep_backlog(settings: Settings, app: Celery) -> No
     ]
     deep = pub.plan(kids, outstanding=10)
     assert [m.task for m in deep] == [BATCH_TASK] * 3  # 10 in messages of <= 4
-    assert [len(m.args[0]) for m in deep] == [4, 4, 2]
+    assert [len(m.args[0]) for m in deep] == [4, 3, 3]
     assert [e for m in deep for e in m.args[0]] == kids  # entries are exactly Kid.encode()
     assert all("SECRET" not in m.argsrepr and "***" in m.argsrepr for m in deep + shallow)
+    # auto sizing: never fewer than two messages per slot of the worker
+    auto = Settings(**{**settings.model_dump(), "batch_backlog": 0})
+    monkeypatch.setattr(base_task, "_worker_slots", 4)
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)  # latency-bound
+    assert [base_task.batch_size(auto, n) for n in (15, 16, 24, 1000)] == [1, 2, 3, 4]
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.95)  # CPU-bound: 4 messages suffice
+    assert [base_task.batch_size(auto, n) for n in (7, 8, 12, 1000)] == [1, 2, 3, 4]
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)
+    planned = Publisher(app, auto).plan(kids, 24)
+    assert [len(m.args[0]) for m in planned] == [3, 3, 2, 2]  # evenly filled
+    assert {m.task for m in planned} == {BATCH_TASK}
     # children of different destinations never share a message
     mixed = [orjson.loads(k.encode()) for k in (kid(1), kid(2, queue="q2"), kid(3, prio=9))]
     assert [m.task for m in pub.plan(mixed, outstanding=100)] == [TASK] * 3
