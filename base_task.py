@@ -1083,13 +1083,22 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
             todo.append((get_endpoint(e["task"]), e))
         except UnknownNameError:
             _dead_letter_unknown(state, settings, e)
-    begun = state.begin_many([(e["meta"].get("run", ""), e["id"], 0) for _, e in todo])
+    begun, deliveries = state.begin_many(
+        [(e["meta"].get("run", ""), e["id"], 0) for _, e in todo], batch_id=btask.request.id or ""
+    )
+    # A redelivered batch (its worker died, or it was requeued) runs entry by entry: each
+    # entry counts its own delivery as it starts and commits at once, so a poison entry is
+    # charged alone and the work done before a death is kept.
+    careful = deliveries > 1
     run = _BatchRun()
     req = btask.request
     events = settings.task_events
-    _tls.batch = run
+    _tls.batch = None if careful else run
     try:
         for (spec, e), b in zip(todo, begun, strict=True):
+            if careful:
+                done, n = state.begin(e["meta"].get("run", ""), e["id"], 0)
+                b = (done, n + 1)  # + the first delivery, as for a single message
             task: SiteTask = spec.task
             params, meta = e["params"], e["meta"]
             task.push_request(

@@ -424,19 +424,32 @@ class RunState:
             raise error
         return out
 
-    def begin_many(self, calls: Sequence[tuple[str, str, int]]) -> list[tuple[bool, int]]:
-        """`begin` for several (rid, tid, retries) in one round trip (a batch's entries)."""
+    def begin_many(
+        self, calls: Sequence[tuple[str, str, int]], batch_id: str = ""
+    ) -> tuple[list[tuple[bool, int]], int]:
+        """`begin` for several (rid, tid, retries) in one round trip (a batch's entries).
+
+        With `batch_id`, the entries' deliveries are not counted: the batch message's are
+        (the second element), and a redelivered batch runs its entries one by one, each
+        counted as it starts, so a worker death is charged to the entry that was running."""
         pipe = self.r.pipeline(transaction=False)
         for rid, tid, retries in calls:
-            deliv_key = self.s.key("deliv", tid, retries)
             if rid:
                 pipe.sismember(self.done_key(rid, tid), tid)
             else:
                 pipe.exists(self.done_key(rid, tid))
+            if not batch_id:
+                deliv_key = self.s.key("deliv", tid, retries)
+                pipe.incr(deliv_key)
+                pipe.expire(deliv_key, 2 * 24 * 3600)
+        if batch_id:
+            deliv_key = self.s.key("deliv", batch_id, 0)
             pipe.incr(deliv_key)
             pipe.expire(deliv_key, 2 * 24 * 3600)
         res = pipe.execute()
-        return [(bool(res[3 * i]), int(res[3 * i + 1])) for i in range(len(calls))]
+        if batch_id:
+            return [(bool(res[i]), 0) for i in range(len(calls))], int(res[len(calls)])
+        return [(bool(res[3 * i]), int(res[3 * i + 1])) for i in range(len(calls))], 0
 
     def staged_kids(self, tid: str) -> list[dict[str, Any]]:
         return [orjson.loads(m) for m in self.r.lrange(self.kids_key(tid), 0, -1)]

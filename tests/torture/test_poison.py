@@ -86,3 +86,43 @@ def test_task_that_kills_its_worker_is_dead_lettered_as_poison(
     assert site.hits[f"/hit/{token}"] == hits
     r = get_redis()
     assert r.hlen(f"{t.prefix}:q:unacked") == 0
+
+
+@pytest.mark.integration
+def test_poison_entry_of_a_batch_is_dead_lettered_alone(
+    site: BadSite, torture_factory: Any, fleets: Any, request: pytest.FixtureRequest
+) -> None:
+    """Seven pages in one `chaincrawl.batch` message, the fourth killing its worker. The first
+    delivery runs the three before it (their commits wait for the batch's end, so they are lost
+    with the worker); the redelivered batch runs entry by entry, committing each at once and
+    counting a delivery only for the entry it starts. So the pages before the poison run twice,
+    the ones after it once, and only the poison one is charged: it runs 1 + CAP times and is
+    dead-lettered alone."""
+    t = torture_factory(
+        TORTURE_SITE_URL=site.url, CHAINCRAWL_MAX_REDELIVERIES=str(CAP),
+        CHAINCRAWL_BATCH="20", CHAINCRAWL_BATCH_BACKLOG="1",
+    )  # fmt: skip
+    fleet = fleets(t, queues="torture", pool="threads", concurrency=2)
+    fleet.start(1)
+    fleet.supervise(1)
+    good = [f"ok-{i}" for i in range(6)]
+    ch = Chain(
+        "torture_batch_die",
+        step("torture.local.emit").then(step("torture.local.maybe_die", token="value")),
+    )
+    handle = chains.run(ch, seeds=[{"values": [*good[:3], "die-batch", *good[3:]]}])
+    p = wait_complete(handle, timeout=150)
+    hits = {tok: site.hits[f"/hit/{tok}"] for tok in [*good, "die-batch"]}
+    dls = [d for d in DeadLetterStore(get_redis()).list(100) if d.meta.get("run") == handle.run_id]
+    report(request.node.name, hits=hits, worker_deaths=len(fleet.deaths),
+           dead_letters=[d.error for d in dls])  # fmt: skip
+    assert p.complete
+    s = p.steps["local.maybe_die"]
+    assert s["dispatched"] == 7 and s["succeeded"] == 6 and s["failed"] == 1
+    assert s["items"] == 6
+    assert len(dls) == 1 and dls[0].error_type == "PoisonMessage"
+    assert dls[0].params == {"token": "die-batch"}
+    assert f"delivered {CAP + 2} times" in dls[0].error
+    assert hits["die-batch"] == CAP + 1
+    assert [hits[t] for t in good] == [2, 2, 2, 1, 1, 1]
+    assert len(fleet.deaths) == CAP + 1

@@ -33,3 +33,17 @@ def die(ctx: Context, p: DieParams) -> Outputs:
         os._exit(3)
     os.kill(os.getpid(), signal.SIGKILL)
     yield Never(token=p.token)  # not reached
+
+
+class MaybeDieParams(Params):
+    token: str
+
+
+@endpoint(MaybeDieParams, items=[Never], name="torture.local.maybe_die")
+def maybe_die(ctx: Context, p: MaybeDieParams) -> Outputs:
+    """Dies (`os._exit`) when its token starts with "die", else stores one item: a poison page
+    among good ones, for batches."""
+    ctx.get(f"{base_url()}/hit/{p.token}")
+    if p.token.startswith("die"):
+        os._exit(3)
+    yield Never(token=p.token)
