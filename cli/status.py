@@ -152,6 +152,8 @@ def _footer(snap: dict[str, Any]) -> Text:
         parts.append(f"failing sinks: {', '.join(ob['errors'])}")
     if ob.get("dead"):
         parts.append(f"refused items: {ob['dead']}")
+    if snap.get("malformed"):
+        parts.append(f"malformed broker messages: {snap['malformed']} (kept in broker:malformed)")
     return Text("   ".join(parts))
 
 

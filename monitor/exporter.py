@@ -43,7 +43,9 @@ from monitor import status as st
 log = logging.getLogger("chaincrawl.exporter")
 
 TASK_LABELS = ["site", "task"]
-RUN_COUNTERS = ("dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed")
+RUN_COUNTERS = (
+    "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed", "resent",
+)  # fmt: skip
 
 
 class MonitorSettings(BaseSettings):
@@ -195,6 +197,10 @@ class ChaincrawlCollector(Collector):
             GaugeMetricFamily("chaincrawl_dead_letters", "Tasks in the dead-letter store",
                               value=st.dead_letters(self.r, self.s)),
         ]  # fmt: skip
+        out.append(GaugeMetricFamily(
+            "chaincrawl_broker_malformed", "Undecodable broker messages skipped by workers",
+            value=st.malformed(self.r, self.s),
+        ))  # fmt: skip
         b = st.outbox(self.r, self.s)
         out.append(GaugeMetricFamily("chaincrawl_outbox_backlog", "Outbox entries not yet stored",
                                      value=b.get("length", 0)))  # fmt: skip

@@ -140,6 +140,12 @@ def dead_letters(client: Any, s: Settings | None = None) -> int:
     return DeadLetterStore(client, s).count()
 
 
+def malformed(client: Any, s: Settings | None = None) -> int:
+    """Broker payloads no worker could decode, skipped and kept aside (utils/kombu_guard.py)."""
+    s = s or get_settings()
+    return int(client.hget(s.key("metrics", "broker"), "malformed") or 0)
+
+
 def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Active runs, newest first: chain, age and flat counters, without parsing chain trees.
 
@@ -319,6 +325,7 @@ def snapshot(
         "unacked": unacked(broker, s),
         "active_runs": active_runs(r, s, runs_limit),
         "dead_letters": dead_letters(r, s),
+        "malformed": malformed(r, s),
         "outbox": outbox(r, s),
         "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
         "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},

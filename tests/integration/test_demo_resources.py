@@ -21,6 +21,7 @@ from config import get_settings
 from demo.testing import DemoServer
 from external_interface.pool import Pool, pool_stats
 from external_interface.sinks.jsonl import iter_records
+from monitor.deadletter import DeadLetterStore
 from monitor.health import collect
 from monitor.metrics import read, site_key
 from utils.redis import get_redis
@@ -83,7 +84,8 @@ def stored(run_id: str, item_type: str, key: str) -> list[str]:
 
 def check_complete(p: chains.runner.Progress, exp: dict[str, Any]) -> None:
     assert p.complete and p.outstanding == 0
-    assert p.totals["failed"] == 0
+    dls = [d for d in DeadLetterStore(get_redis()).list(50) if d.meta.get("run") == p.run_id]
+    assert p.totals["failed"] == 0, [(d.task, d.error_type, d.error, d.retries) for d in dls]
     assert p.totals["stored"] == p.totals["items"] == exp["users"] + exp["posts"] + exp["comments"]
     assert sorted(stored(p.run_id, "demo.user", "user_id")) == sorted(
         f"u{i}" for i in range(1, exp["users"] + 1)

@@ -53,12 +53,13 @@ class Size:
     users: int  # demo_social crawls 12.05 pages and stores 31 items per user (P=5, C=5)
     workers: int
     timeout: float
-    min_kills: int  # one kill per <= 5 s: the short crawl takes >= 15 s, the long >= 60 s
+    min_kills: int  # one kill per <= interval[1] s: the short crawl takes >= 15 s, the long >= 60 s
     latency_ms: int = 40
+    interval: tuple[float, float] = (2.0, 5.0)  # seconds between two kills (uniform)
 
 
 SHORT = Size(users=130, workers=2, timeout=420, min_kills=3)  # ~1,570 pages, 4,030 items
-LONG = Size(users=830, workers=3, timeout=3000, min_kills=12)  # ~10,000 pages, 25,730 items
+LONG = Size(users=830, workers=3, timeout=3000, min_kills=20, interval=(1.0, 3.0))  # ~10,000 pages
 
 
 def social_pages(exp: dict[str, Any]) -> int:
@@ -84,7 +85,7 @@ def test_random_sigkills_store_every_item_exactly_once(
         items = exp["users"] + exp["posts"] + exp["comments"]
 
         run = chains.run("demo_social", seeds=[{}])
-        killer = Killer(fleet, interval=(2.0, 5.0), seed=size.users)
+        killer = Killer(fleet, interval=size.interval, seed=size.users)
         killer.start()
         try:
             p = wait_complete(run, timeout=size.timeout, progress_log=t.logs / "progress.log")
