@@ -84,7 +84,6 @@ from utils.registry import Registry, UnknownNameError
 
 log = logging.getLogger("chaincrawl.task")
 
-MAX_WAITS = 200  # re-queues for an empty resource pool before the task gives up
 PROVIDER_ORDER = ("proxy", "device_id", "user_agent", "cookie", "sign")
 
 
@@ -977,8 +976,13 @@ class SiteTask(Task):
         metrics.latency(time.monotonic() - started)
         r = state.r
 
-        if policy is Policy.WAIT and (waits < MAX_WAITS or isinstance(exc, Throttled)):
+        now = time.time()
+        waiting_since = float(meta.get("wait_since") or now)
+        if policy is Policy.WAIT and (
+            isinstance(exc, Throttled) or now - waiting_since < settings.resource_wait_max
+        ):  # a contended pool is not a failure; a pool nobody refills for this long is
             meta["waits"] = waits + 1
+            meta["wait_since"] = round(waiting_since, 3)
             countdown = min(getattr(exc, "retry_after", 2.0), _countdown_cap(settings))
             metrics.outcome("waited", err)
             pipe = r.pipeline(transaction=False)
@@ -1094,8 +1098,15 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
     req = btask.request
     events = settings.task_events
     _tls.batch = None if careful else run
+    budget, t_batch = _batch_budget(settings), time.monotonic()
+    rest: list[dict[str, Any]] = []
     try:
-        for (spec, e), b in zip(todo, begun, strict=True):
+        for k, ((spec, e), b) in enumerate(zip(todo, begun, strict=True)):
+            if k and time.monotonic() - t_batch > budget:
+                # Slow pages: hand the entries not started to a new message rather than run
+                # towards the visibility timeout (a restore would run the batch twice).
+                rest = [x for _, x in todo[k:]]
+                break
             if careful:
                 done, n = state.begin(e["meta"].get("run", ""), e["id"], 0)
                 b = (done, n + 1)  # + the first delivery, as for a single message
@@ -1138,6 +1149,11 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
             run.add(state.r.lrange(key, 0, -1), key, 0)
         else:
             run.add(res.staged, key, res.outstanding)
+    if rest:
+        msgs = [orjson.dumps(x) for x in rest]
+        run.groups.append((msgs, state.kids_key(f"{btask.request.id}:rest")))
+        log.info("%s over its %.0fs budget: %d of %d pages handed to new messages",
+                 BATCH_TASK, budget, len(rest), len(entries))  # fmt: skip
     if run.groups:
         try:
             publisher(btask.app, settings).publish(state, run.groups, run.outstanding)
@@ -1151,7 +1167,16 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
             marks.setdefault(task.name, []).append(dd)
     for name, ids in marks.items():  # crawled and handed off durably: skip_seen may skip them
         _request_dedup(name).mark_many(ids, refresh=True)
+    if rest:
+        return f"{len(entries) - len(rest)} pages, {len(rest)} re-queued"
     return f"{len(entries)} pages"
+
+
+def _batch_budget(s: Settings) -> float:
+    """Seconds a batch may run before it hands its remaining pages to new messages: well under
+    the visibility timeout (a batch running past it would be restored and run twice) and short
+    enough that a worker's death loses little (a batch commits its pages at its end)."""
+    return max(1.0, min(30.0, 0.25 * s.visibility_timeout))
 
 
 def _entry_event(task: Task, type_: str, **fields: Any) -> None:

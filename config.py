@@ -184,6 +184,12 @@ class Settings(BaseSettings):
         "message. 0 (auto): up to outstanding / (2 x the worker's slots) per message, so the "
         "backlog still makes two messages per slot.",
     )
+    resource_wait_max: float = Field(
+        1800.0,
+        validation_alias=_env("RESOURCE_WAIT_MAX"),
+        description="Seconds a task may keep re-queueing for an empty resource pool (cookies, "
+        "devices, proxies) before it is dead-lettered; shared rate limits wait without limit.",
+    )
     metrics_flush_interval: float = Field(
         1.0,
         validation_alias=_env("METRICS_FLUSH_INTERVAL"),

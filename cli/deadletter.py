@@ -48,7 +48,7 @@ def replay(ids: list[str] | None = None, all_: bool = False, task: str | None = 
         d = store.get(dl_id)
         if d is None:
             continue
-        meta = {k: v for k, v in d.meta.items() if k not in ("waits", "avoid")}
+        meta = {k: v for k, v in d.meta.items() if k not in ("waits", "wait_since", "avoid")}
         kid = {"id": uuid.uuid4().hex, "task": d.task, "params": d.params, "meta": meta}
         if meta.get("run"):  # the run's ledger gets the message (bug 1: the sweeper re-sends)
             state.reopen_failed(meta["run"], meta.get("step", ""), orjson.dumps(kid))

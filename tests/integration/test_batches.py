@@ -61,3 +61,19 @@ def test_flaky_entries_succeed_after_their_own_retries(start_worker, test_site) 
     probe = p.steps["local.probe"]
     assert probe["succeeded"] == PER_PAGE and probe["retried"] == PER_PAGE
     assert all(test_site.hits[f"flaky:e1-{i}-b"] == 2 for i in range(PER_PAGE))
+
+
+def test_a_slow_batch_hands_its_remaining_pages_to_new_messages(start_worker, test_site) -> None:
+    """Four 0.8 s pages in one message, a 1.5 s budget (a quarter of the tests' 6 s visibility
+    timeout): the batch runs two, re-queues the other two instead of running on towards the
+    visibility timeout, and every page is still fetched once and counted once."""
+    w = start_worker(concurrency=1, **{**BATCHED, "CHAINCRAWL_BATCH": "20"})
+    run = chains.run(tchains.probe("/flaky/{entry_id}-slow?fails=0&delay=0.8"), seeds=[{}])
+    p = run.wait(timeout=60)
+    assert p.complete
+    probe = p.steps["local.probe"]
+    assert probe["succeeded"] == PER_PAGE and probe["failed"] == 0 and probe["retried"] == 0
+    assert all(test_site.hits[f"flaky:e1-{i}-slow"] == 1 for i in range(PER_PAGE))
+    log = w.log.read_text(errors="replace")
+    assert re.search(r"chaincrawl\.batch over its 2s budget: 2 of 4 pages handed", log), log[-3000:]
+    assert "'2 pages, 2 re-queued'" in log

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 import chains
@@ -143,7 +144,10 @@ def test_demo_chain_with_every_feature_on_through_rotating_proxies(
         # a third of the way in, one healthy proxy dies
         wait_for(lambda: run.progress().totals["stored"] >= exp["posts"] // 3, 90, "progress")
         farm["farm"][0].stop_proxy(victim)
-        p = run.wait(timeout=120)
+        try:
+            p = run.wait(timeout=120)
+        except TimeoutError as exc:  # say what the run is still waiting for
+            raise AssertionError(f"{exc}; {stuck_tasks(run.run_id)}") from None
         check_complete(p, exp)
         site = demo.stats()
         w.stop()
@@ -193,3 +197,25 @@ def test_demo_chain_with_every_feature_on_through_rotating_proxies(
         f"{devices['produced']} banned {devices['bans']}; task metrics "
         f"{ {k: v for k, v in m.items() if k.startswith(('waited', 'retried', 'failed'))} }"
     )
+
+
+def stuck_tasks(run_id: str) -> str:
+    """The run's tasks sent but not committed (its ledger), where each is in the broker, and
+    the pools' state: what a stalled run waits for."""
+    r, st = get_redis(), get_settings()
+    ledger = {k.decode(): orjson.loads(v) for k, v in
+              r.hgetall(st.key("run", run_id, "ledger")).items()}  # fmt: skip
+    where: dict[str, list[str]] = {tid: [] for tid in ledger}
+    for key in r.scan_iter(match=st.key_prefix + ":q:*", count=1000):
+        kind = r.type(key)
+        vals = r.lrange(key, 0, -1) if kind == b"list" else []
+        if kind == b"hash" and key.endswith(b"unacked"):
+            vals = list(r.hvals(key))
+        for v in vals:
+            for tid in where:
+                if tid.encode() in v:
+                    where[tid].append(key.decode(errors="replace"))
+    tasks = [
+        (e.get("task"), e.get("meta", {}).get("waits"), where[tid]) for tid, e in ledger.items()
+    ]
+    return f"not committed: {tasks[:10]}; pools: {pool_stats(r, st.key_prefix)}"

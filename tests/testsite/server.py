@@ -69,6 +69,9 @@ class TestSite(ThreadedSite):
         key = req.match_info["key"]
         fails = int(req.query.get("fails", "2"))
         self.hits[f"flaky:{key}"] += 1
+        delay = float(req.query.get("delay", "0"))
+        if delay:
+            await asyncio.sleep(delay)
         if self.hits[f"flaky:{key}"] <= fails:
             return web.Response(status=503, text="try later")
         return web.json_response({"key": key, "value": "finally"})
