@@ -6,7 +6,7 @@ task of a run is therefore in the run's ledger (`run:{rid}:ledger`, tid -> messa
 it is sent until it commits (chains/state.py). A stalled run (no commit for `sweep_stall`
 seconds) whose ledger holds a task found nowhere in the broker - not in a queue list (priority
 sub-queues included), not in `unacked` (where messages being run, waiting for an ETA or
-prefetched are), not in the run's backpressure list - and not committed, has lost that message:
+prefetched are; one held there for twice the visibility timeout counts as lost), not in the run's backpressure list - and not committed, has lost that message:
 the sweeper sends it again with its task id. A re-send of a message that was not in fact lost is
 harmless (the commit runs once per task id); the stall condition and a second look after
 `confirm` seconds keep that rare.
@@ -76,10 +76,21 @@ def _batch_ids(msg: Mapping[str, Any]) -> list[str]:
         return []
 
 
-def broker_task_ids(client: redis.Redis, keyprefix: str) -> set[str]:
+def broker_task_ids(
+    client: redis.Redis, keyprefix: str, stale_after: float | None = None
+) -> set[str]:
     """Every task id in the Redis broker under `keyprefix` (kombu's `global_keyprefix`): all
-    lists (queues and their priority sub-queues, whatever the separator) and `unacked`."""
+    lists (queues and their priority sub-queues, whatever the separator) and `unacked`.
+
+    With `stale_after`, an `unacked` message delivered longer ago than that (its
+    `unacked_index` score) does not count: kombu should have restored it after the visibility
+    timeout, and one seen stuck there (an ETA retry a live worker never ran) would otherwise
+    hold its run forever. Re-sending it is safe: the commit runs once per task id."""
     ids: set[str] = set()
+    stale: set[bytes] = set()
+    if stale_after is not None:
+        cutoff = time.time() - stale_after
+        stale = set(client.zrangebyscore(f"{keyprefix}unacked_index", "-inf", cutoff))
     for key in client.scan_iter(match=f"{keyprefix}*", count=1000, _type="list"):
         start = 0
         while True:
@@ -89,8 +100,9 @@ def broker_task_ids(client: redis.Redis, keyprefix: str) -> set[str]:
             if len(chunk) < _CHUNK:
                 break
             start += _CHUNK
-    for _tag, raw in client.hscan_iter(f"{keyprefix}unacked", count=1000):
-        ids.update(message_ids(raw))
+    for tag, raw in client.hscan_iter(f"{keyprefix}unacked", count=1000):
+        if tag not in stale:
+            ids.update(message_ids(raw))
     return ids
 
 
@@ -169,7 +181,9 @@ class Sweeper:
         """Task ids that will run without us: in the broker, in a run's waiting list, or staged
         in `kids:{tid}` by a committed task whose own message is still in the broker (its
         redelivery sends them). Children staged by a task whose message is gone are not."""
-        ids = broker_task_ids(self.broker, self.broker_prefix)
+        ids = broker_task_ids(
+            self.broker, self.broker_prefix, stale_after=2 * self.s.visibility_timeout
+        )
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))

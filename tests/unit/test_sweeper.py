@@ -4,6 +4,7 @@ holding real kombu messages (published by a Celery app, as workers publish them)
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -315,3 +316,18 @@ def test_one_sweeper_per_interval_and_none_on_amqp(
     assert len(a) == 1 and b == []
     amqp = settings.model_copy(update={"broker_url": "amqp://127.0.0.1:1//"})
     assert Sweeper.for_app(app, amqp) is None
+
+
+def test_a_message_stuck_in_unacked_past_twice_the_visibility_timeout_counts_as_lost(
+    rds: redis.Redis,
+) -> None:
+    """kombu restores an unacknowledged message after the visibility timeout; one still in
+    `unacked` long after it (seen: an ETA retry a live worker never ran) is not counted as
+    present, so the sweeper re-sends it."""
+    p = f"stuck{uuid.uuid4().hex[:6]}"
+    rds.hset(f"{p}:q:unacked", "tag-old", json.dumps([{"headers": {"id": "old"}}, "", "x"]))
+    rds.hset(f"{p}:q:unacked", "tag-new", json.dumps([{"headers": {"id": "new"}}, "", "x"]))
+    now = time.time()
+    rds.zadd(f"{p}:q:unacked_index", {"tag-old": now - 100, "tag-new": now - 1})
+    assert broker_task_ids(rds, f"{p}:q:") == {"old", "new"}
+    assert broker_task_ids(rds, f"{p}:q:", stale_after=50) == {"new"}
