@@ -197,7 +197,7 @@ class RequestsFetcher:
         except requests.exceptions.RequestException as exc:
             raise TransportError(f"request failed for {req.url}: {_short(exc)}") from None
         try:
-            content = self._read_body(resp, req, deadline)
+            content = _read_stream(resp.raw, req, deadline)  # requests streams urllib3's body
         finally:
             resp.close()
         return Response(
@@ -209,30 +209,6 @@ class RequestsFetcher:
             declared_encoding=_header_charset(resp.headers.get("content-type", "")),
             history=[r.url for r in resp.history],
         )
-
-    @staticmethod
-    def _read_body(resp: requests.Response, req: FetchRequest, deadline: float) -> bytes:
-        declared = resp.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > req.max_bytes:
-            raise ResponseTooLarge(f"{req.url} declares {declared} bytes > limit {req.max_bytes}")
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            for chunk in resp.raw.stream(_CHUNK, decode_content=True):
-                size += len(chunk)
-                if size > req.max_bytes:
-                    raise ResponseTooLarge(f"{req.url} body exceeds limit {req.max_bytes} bytes")
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise FetchTimeout(f"body of {req.url} not read within {req.timeout:.1f}s")
-        except (ResponseTooLarge, FetchTimeout):
-            raise
-        except Exception as exc:  # urllib3 ProtocolError, IncompleteRead, ReadTimeoutError...
-            name = type(exc).__name__
-            if "Timeout" in name:
-                raise FetchTimeout(f"read timeout for {req.url}") from None
-            raise TruncatedResponse(f"body of {req.url} ended early ({name})") from None
-        return b"".join(chunks)
 
 
 class Urllib3Fetcher:
