@@ -316,20 +316,9 @@ class RunState:
         return sorted(m.decode() for m in self.r.smembers(self.active_key))
 
     # task lifecycle
-    def begin(self, rid: str, tid: str, retries: int, pipe_extra: Any = None) -> tuple[bool, int]:
+    def begin(self, rid: str, tid: str, retries: int) -> tuple[bool, int]:
         """(already committed?, deliveries of this attempt) in one round trip."""
-        deliv_key = self.s.key("deliv", tid, retries)
-        pipe = self.r.pipeline(transaction=False)
-        if rid:
-            pipe.sismember(self.done_key(rid, tid), tid)
-        else:
-            pipe.exists(self.done_key(rid, tid))
-        pipe.incr(deliv_key)
-        pipe.expire(deliv_key, 2 * 24 * 3600)
-        if pipe_extra is not None:
-            pipe_extra(pipe)
-        res = pipe.execute()
-        return bool(res[0]), int(res[1])
+        return self.begin_many([(rid, tid, retries)])[0][0]
 
     def commit(
         self,
