@@ -78,6 +78,7 @@ from external_interface.fetch import Fetcher, FetchRequest, Response, default_fe
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics, aggregator
 from scheduling.gate import get_gate
+from utils.ids import new_id
 from utils.logsafe import mask, redact, task_argsrepr
 from utils.redis import get_redis
 from utils.registry import Registry, UnknownNameError
@@ -273,14 +274,38 @@ def get_provider(name: str, site: str, platform: str) -> Provider:
     return p
 
 
+_plans: dict[str, tuple[Settings, list[tuple[str, str]]]] = {}  # per endpoint, per settings
+
+
 def resource_plan(spec: EndpointSpec, settings: Settings) -> list[tuple[str, str]]:
-    """(kind, provider name) in the order providers must run: proxy first, sign last."""
+    """(kind, provider name) in the order providers must run: proxy first, sign last.
+    Computed once per endpoint and settings object: every page asks."""
+    cached = _plans.get(spec.name)
+    if cached is not None and cached[0] is settings:
+        return cached[1]
+    plan = _resource_plan(spec, settings)
+    _plans[spec.name] = (settings, plan)
+    return plan
+
+
+def _resource_plan(spec: EndpointSpec, settings: Settings) -> list[tuple[str, str]]:
     wanted = dict(spec.resources)
     if spec.site in {x.strip() for x in settings.proxy_sites.split(",")}:
         wanted.setdefault("proxy", "proxy")
     plan = [(k, provider_name(spec.site, k, n, settings.providers)) for k, n in wanted.items()]
     order = {k: i for i, k in enumerate(PROVIDER_ORDER)}
     return sorted(plan, key=lambda kn: order.get(kn[0], 99))
+
+
+_site_loggers: dict[str, logging.Logger] = {}
+
+
+def _site_logger(name: str) -> logging.Logger:
+    """`logging.getLogger` takes the logging module's lock: once per endpoint, not per page."""
+    lg = _site_loggers.get(name)
+    if lg is None:
+        lg = _site_loggers[name] = logging.getLogger(f"chaincrawl.site.{name}")
+    return lg
 
 
 class Context:
@@ -314,7 +339,7 @@ class Context:
         self.avoid: set[str] = set(meta.get("avoid", ()))
         self.failed_leases: set[str] = set()
         self.deadline = time.monotonic() + (spec.deadline or settings.task_deadline)
-        self.log = logging.getLogger(f"chaincrawl.site.{spec.name}")
+        self.log = _site_logger(spec.name)
         self._providers = (
             [get_provider(n, spec.site, spec.platform) for _, n in resource_plan(spec, settings)]
             if use_providers
@@ -407,13 +432,15 @@ class Context:
             self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
             raise
         self.metrics.request(resp.status, len(resp.content))
-        outcome = Outcome(elapsed=resp.elapsed, status=resp.status, text_sample=resp.text[:2048],
-                          retry_after=_retry_after(resp.headers.get("retry-after")))  # fmt: skip
-        try:
-            self._feedback(active, out, outcome)
-        except BannedError:
-            self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
-            raise
+        if active:  # the providers judge the response (bans, captchas, retirements)
+            outcome = Outcome(elapsed=resp.elapsed, status=resp.status,
+                              text_sample=resp.text[:2048],
+                              retry_after=_retry_after(resp.headers.get("retry-after")))  # fmt: skip
+            try:
+                self._feedback(active, out, outcome)
+            except BannedError:
+                self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+                raise
         if resp.status >= 400 and resp.status not in set(ok_statuses):
             self.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
             err = error_for_status(resp.status, url)
@@ -619,8 +646,8 @@ class Publisher:
                     rep = task_argsrepr(k["params"], k["meta"])
                     out.append(_Message(task, k["id"], args, queue, prio, rep))
                 else:
-                    rep = redact(saferepr(mask(chunk), 1024))
-                    out.append(_Message(BATCH_TASK, uuid.uuid4().hex, [chunk], queue, prio, rep))
+                    rep = batch_argsrepr(chunk)
+                    out.append(_Message(BATCH_TASK, new_id(), [chunk], queue, prio, rep))
         return out
 
     def publish(
@@ -692,12 +719,22 @@ class Publisher:
                 "delivery_info": {"exchange": "", "routing_key": m.queue},
                 "priority": pri,
                 "body_encoding": "base64",
-                "delivery_tag": str(uuid.uuid4()),
+                "delivery_tag": new_id(),
             },
         }
         step = self.steps[bisect_right(self.steps, pri) - 1] if self.steps else 0
         queue = f"{m.queue}{self.sep}{step}" if step else m.queue
         return f"{self.prefix}{queue}", orjson.dumps(msg)
+
+
+def batch_argsrepr(chunk: list[dict[str, Any]]) -> str:
+    """What Flower shows of a batch message: its size and its first page, masked. Masking and
+    repr-ing every entry cost more than building the message (each entry's own events, when
+    on, show its arguments)."""
+    first = chunk[0]
+    head = redact(saferepr(mask({"id": first["id"], "params": first["params"],
+                                 "meta": first["meta"]}), 512))  # fmt: skip
+    return f"[{len(chunk)} pages of {first['task']}: {head}, ...]"
 
 
 _publishers: dict[tuple[int, int, int], Publisher] = {}
@@ -912,7 +949,7 @@ class SiteTask(Task):
                         task=self.name,
                         params=f.params,
                         meta={**base, "step": step, "page": page + 1, **_queue(meta)},
-                        task_id=uuid.uuid4().hex,
+                        task_id=new_id(),
                     )
                 )
         if node is None or not node.children:
@@ -927,7 +964,7 @@ class SiteTask(Task):
             batch = []
             for params in fan_out(child, pairs):
                 uniq = _fingerprint(params) if child.options.unique else ""
-                batch.append(Kid(child.id, child.task, params, dict(cmeta), uuid.uuid4().hex, uniq))
+                batch.append(Kid(child.id, child.task, params, dict(cmeta), new_id(), uniq))
             if child.options.skip_seen_hours is not None and batch:
                 batch = _skip_seen(child.task, batch, child.options.skip_seen_hours)
             kids.extend(batch)

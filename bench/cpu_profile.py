@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pages", type=int, default=2000)
     ap.add_argument("--proto", default="", help="BENCH_PROTO flags (bench/proto.py)")
     ap.add_argument("--scrapy", action="store_true", help="profile the Scrapy baseline instead")
+    ap.add_argument("-P", "--pool", default="threads", help="worker pool (threads, gevent)")
     ap.add_argument("-s", "--set", action="append", default=["CONCURRENT_ITEMS=16"],
                     help="Scrapy setting for --scrapy")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="directory for raw profiles + JSON")
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.scrapy:
         rep = profile_scrapy(a.pages, outdir, settings=a.set)
     else:
-        rep = profile_chaincrawl(a.pages, a.proto, outdir)
+        rep = profile_chaincrawl(a.pages, a.proto, outdir, pool=a.pool)
     print_report(rep)
     if "redis_calls" in rep.get("run", {}):
         pages = rep["run"]["pages"] or 1

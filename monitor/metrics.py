@@ -78,8 +78,15 @@ class TaskMetrics:
     def aggregate(self, task: str, site: str, s: Settings | None = None) -> None:
         """Hand the counts to this process's aggregator (written within the flush interval)."""
         if self.counts:
-            aggregator().add((task_key(task, s), site_key(site, s)), self.counts)
+            s = s or get_settings()
+            keys = _agg_keys.get((task, site))
+            if keys is None or keys[0] is not s:  # built once per task and settings object
+                keys = _agg_keys[(task, site)] = (s, (task_key(task, s), site_key(site, s)))
+            aggregator().add(keys[1], self.counts)
             self.counts = Counter()
+
+
+_agg_keys: dict[tuple[str, str], tuple[Settings, tuple[str, str]]] = {}
 
 
 class Aggregator:

@@ -1,4 +1,5 @@
-"""Two small patches to kombu's Redis transport that keep a consuming worker alive.
+"""Three small patches to kombu's Redis transport: two keep a consuming worker alive, one
+keeps a saturated gevent/solo worker from idling.
 
 Applied once by `worker.py` at import (`apply()`); every patched function is checked first and
 the import fails loudly when kombu no longer has it in the expected shape, rather than running
@@ -25,10 +26,21 @@ one of kombu's connection errors, so Celery reported "Unrecoverable error". The 
 `redis.ConnectionError` there instead: kombu's close paths ignore connection errors and Celery
 reconnects; the messages the channel held stay in `unacked` and come back after the
 visibility timeout.
+
+A saturated worker without an event loop (gevent, solo) idling for a second: Celery's
+`synloop` calls `drain_events`; when the QoS is full (every slot and prefetch taken), kombu's
+`MultiChannelPoller.get` registers no BRPOP and waits on the other sockets (the remote-control
+fanout) for the whole timeout (2 s; or sleeps 1 s when there are none), and a slot freed
+meanwhile waits for that to end: a task's completion is not a socket event. A CPU-bound gevent
+worker at prefetch 1 ran at a third of a core, taking messages in waves. The guard caps the poll
+at `PAUSED_POLL` (10 ms) while a channel's QoS is full, and only then: the poller rechecks the
+QoS a hundred times a second while saturated (threads and prefork run Celery's event loop,
+where a freed slot is seen at once, and never reach this code).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -46,6 +58,7 @@ log = logging.getLogger("chaincrawl.kombu_guard")
 
 MALFORMED_KEEP = 1000  # payloads kept in {prefix}:broker:malformed (newest first)
 MALFORMED_MAX_BYTES = 64 * 1024  # per payload kept; the rest is cut off
+PAUSED_POLL = 0.01  # seconds a saturated synloop consumer waits before rechecking its QoS
 LOG_PREVIEW = 200  # payloads up to this size are shown in the log, longer ones only measured
 
 _applied = False
@@ -63,6 +76,9 @@ def _check() -> None:
     wanted = {
         "kombu.transport.redis.Channel._brpop_read": getattr(kredis.Channel, "_brpop_read", None),
         "kombu.transport.redis.Channel._connparams": getattr(kredis.Channel, "_connparams", None),
+        "kombu.transport.redis.MultiChannelPoller.get": getattr(
+            kredis.MultiChannelPoller, "get", None
+        ),
         "kombu.transport.virtual.Transport._deliver": getattr(virtual.Transport, "_deliver", None),
         "kombu.transport.virtual.Message.__init__": vbase.Message.__dict__.get("__init__"),
         "kombu.transport.virtual.Channel.basic_consume": getattr(
@@ -78,6 +94,7 @@ def _check() -> None:
         (kredis.Channel._brpop_read, "self.connection._deliver("),
         (virtual.Channel.basic_consume, "self.Message(raw_message"),
         (kredis.Channel._connparams, "self.connection.client"),
+        (kredis.MultiChannelPoller.get, "self.poller.poll(timeout)"),
     ]
     for fn, text in expectations:
         fn = inspect.unwrap(fn)  # once applied, check what our wrappers wrap
@@ -102,6 +119,7 @@ def apply() -> None:
         _check()
         _patch_consumer()
         _patch_connparams()
+        _patch_saturated_poll()
         _applied = True
         log.debug("kombu %s: consumer guard installed", kombu.__version__)
 
@@ -228,3 +246,20 @@ def _patch_connparams() -> None:
     _connparams.__wrapped__ = connparams  # type: ignore[attr-defined]
     _connparams.__qualname__ = connparams.__qualname__
     kredis.Channel._connparams = _connparams
+
+
+# --- a saturated synloop consumer waiting out its whole poll timeout -----------------------------
+
+
+def _patch_saturated_poll() -> None:
+    """While a consuming channel's QoS is full, poll for at most `PAUSED_POLL` (the credit a
+    finished task returns is not an fd event the poller could wait for)."""
+    get = kredis.MultiChannelPoller.get
+
+    @functools.wraps(get)
+    def guarded_get(self: Any, callback: Any, timeout: float | None = None) -> Any:
+        if any(ch.active_queues and not ch.qos.can_consume() for ch in self._channels):
+            timeout = PAUSED_POLL if timeout is None else min(timeout, PAUSED_POLL)
+        return get(self, callback, timeout)
+
+    kredis.MultiChannelPoller.get = guarded_get

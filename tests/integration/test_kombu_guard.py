@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from kombu import Connection, Consumer, Producer, Queue
+from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.transport import redis as kredis
 
 from config import reset_settings
@@ -131,3 +131,48 @@ def test_the_guard_checks_the_kombu_it_patches(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delattr(kredis.Channel, "_brpop_read")
     with pytest.raises(kombu_guard.KombuGuardError, match="_brpop_read missing"):
         kombu_guard._check()
+
+
+def test_a_saturated_consumer_polls_briefly_so_a_freed_slot_is_seen(broker: Connection) -> None:
+    """gevent/solo workers drain with `drain_events(timeout=2.0)`. With the QoS full kombu used
+    to wait the whole timeout on the other sockets (here a fanout subscription, as Celery's
+    remote control has): a slot freed meanwhile stayed idle. The guard caps each poll while
+    the QoS is full; with credit the poll keeps its timeout (BRPOP waits there)."""
+    got: list[Any] = []
+    held: list[Any] = []
+    ch = broker.channel()
+    ch.basic_qos(0, 1, False)
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body)
+        held.append(message)  # not acked: the one slot stays taken
+
+    Consumer(ch, [Queue("g", routing_key="g")], callbacks=[on_message], accept=["json"]).consume()
+    Consumer(
+        ch, [Queue("bcast", exchange=Exchange("bc", type="fanout"))], accept=["json"]
+    ).consume()
+    producer = Producer(ch)
+    producer.publish({"n": 1}, routing_key="g", serializer="json")
+    producer.publish({"n": 2}, routing_key="g", serializer="json")
+    poller = broker.transport.cycle
+    timeouts: list[float | None] = []
+
+    def spy(timeout: float | None = None) -> Any:
+        timeouts.append(timeout)
+        return real_poll(timeout)
+
+    drain_until(broker, lambda: got)
+    real_poll = poller.poller.poll
+    poller.poller.poll = spy
+    try:
+        assert not ch.qos.can_consume()
+        with contextlib.suppress(TimeoutError):
+            broker.drain_events(timeout=0.3)
+        assert timeouts and max(t for t in timeouts if t is not None) <= kombu_guard.PAUSED_POLL
+        assert got == [{"n": 1}]  # the second message waits for the slot
+        timeouts.clear()
+        held.pop().ack()  # the slot is free: the next poll waits for BRPOP as before
+        drain_until(broker, lambda: len(got) == 2)
+        assert got[1] == {"n": 2} and timeouts[0] == pytest.approx(0.2)
+    finally:
+        poller.poller.poll = real_poll
