@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.compare --quick         # smaller sites, 1 repeat (~3 min)
     .venv/bin/python -m bench.compare --scenarios cpu,lat250 --repeat 3 --json out.json
     .venv/bin/python -m bench.compare --proto all --proto all,batch   # adds rows with prototypes
+    .venv/bin/python -m bench.compare --quick --scenarios scale --server both
 
 Scenarios (the issue's goals):
   cpu         no added latency, 16 in flight: Scrapy (CONCURRENT_REQUESTS=16) vs a threads(16)
@@ -13,16 +14,27 @@ Scenarios (the issue's goals):
               min(2560 pages/s, CPU limit = 1000 / CPU ms per page). Goal >= 90 % of it.
   scale       no latency, threads(16): two worker processes vs one. Goal >= 1.8x.
 
-Every run starts the demo server in its own process (and, for chaincrawl, a private
+Page server (`--server`): `demo` is the demo platform (aiohttp, demo/); `replay` is
+bench/replay_site.py, the same pages byte for byte (recorded from a demo server just before,
+which is then stopped) served from memory by a bare asyncio protocol, at a fraction of the
+demo's CPU per page. `auto` (the default) uses replay for `scale` and demo for the others: on a
+2-core machine the demo server's ~0.3 ms CPU/page takes a quarter of a core from two workers,
+so the scale ratio would measure the CPU the server leaves over; the CPU/page figures of the
+other scenarios count the crawler's processes only and are not changed by the server. `both`
+runs every scenario against each. Within one scenario and server, every system crawls the
+same server process. The server's CPU per page (psutil, over the timed run) is a column.
+
+Every run starts the page server in its own process (and, for chaincrawl, a private
 redis-server and the worker processes): per-page CPU counts the crawler's processes only
-(Scrapy's one process; the chaincrawl workers), redis-server CPU is shown apart. CPU time, not
-wall time, is the per-page cost: the machine is shared. Each figure is the median of the
-repeats (the minimum CPU/page is shown too: contention only ever adds to it).
+(Scrapy's one process; the chaincrawl workers), redis-server and page-server CPU are shown
+apart. CPU time, not wall time, is the per-page cost: the machine is shared. Each figure is
+the median of the repeats (the minimum CPU/page is shown too: contention only ever adds to it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -31,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -39,7 +52,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.chaincrawl_bench import ChaincrawlBench, steady_rate
+from bench.chaincrawl_bench import ChaincrawlBench, proc_cpu, steady_rate
 from bench.workload import expected_pages, site_for_pages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +70,7 @@ class Scenario:
     workers: int = 1
     scrapy: bool = True
     note: str = ""
+    server: str = "demo"  # the page server of `--server auto`
 
     def bound(self) -> float | None:
         return self.concurrency * 1000 / self.latency_ms if self.latency_ms else None
@@ -77,6 +91,7 @@ SCENARIOS = {
         workers=2,
         scrapy=False,
         note="two worker processes vs one (cpu scenario)",
+        server="replay",
     ),
 }
 
@@ -85,6 +100,7 @@ SCENARIOS = {
 class Row:
     scenario: str
     system: str
+    server: str = "demo"
     runs: list[dict[str, Any]] = field(default_factory=list)
 
     def med(self, key: str) -> float:
@@ -162,14 +178,83 @@ def run_chaincrawl(b: ChaincrawlBench, demo: Any, sc: Scenario, workers: int, pr
     return d
 
 
-def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrapy_defaults: bool,
-            log: Any = print, plain: bool = True) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
-    from demo.testing import DemoServer
+class Metered:
+    """The page server as the runners see it, plus its CPU over the timed run: every runner
+    calls `reset()` just before its timed crawl (after any warm-up) and `stats()` just after."""
 
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.cpu0: float | None = None
+        self.cpu1: float | None = None
+        self.last: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.server, name)
+
+    def reset(self) -> None:
+        self.server.reset()
+        self.cpu0, self.cpu1 = proc_cpu(self.server.proc.pid), None
+
+    def stats(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        self.cpu1 = proc_cpu(self.server.proc.pid)
+        self.last = self.server.stats(*args, **kw)
+        return self.last
+
+    def take(self, res: dict[str, Any]) -> None:
+        """Add the server's CPU (and any requests it could not answer) to a run's result."""
+        if self.cpu0 is not None and self.cpu1 is not None:
+            res["server_cpu_s"] = self.cpu1 - self.cpu0
+            res["server_cpu_ms_per_page"] = (
+                1000 * res["server_cpu_s"] / res["pages"] if res.get("pages") else None
+            )
+        if self.last.get("unknown"):
+            res.setdefault("extra", {})["warning"] = (
+                f"replay server: {self.last['unknown']} requests for unrecorded pages, e.g. "
+                f"{self.last.get('unknown_paths', [])[:3]}"
+            )
+        self.cpu0 = self.cpu1 = None
+        self.last = {}
+
+
+def servers_for(choice: str, sc: Scenario) -> list[str]:
+    """The page server(s) a scenario runs against under `--server choice`."""
+    if choice == "auto":
+        return [sc.server]
+    if choice == "both":
+        return ["demo", "replay"]
+    return [choice]
+
+
+@contextlib.contextmanager
+def page_server(kind: str, users: int, posts: int, comments: int, latency_ms: int,
+                log: Any = print) -> Iterator[Any]:  # fmt: skip
+    """A started page server (own process) of this site: the demo platform or its replay."""
+    site = {"users": users, "posts_per_user": posts, "comments_per_post": comments,
+            "latency_ms": latency_ms}  # fmt: skip
+    if kind == "demo":
+        from demo.testing import DemoServer
+
+        with DemoServer(**site, stats_window_s=3600) as demo:
+            yield demo
+        return
+    from bench.replay_site import ReplayServer
+
+    t0 = time.monotonic()
+    replay = ReplayServer.record(**site)
+    log(f"   (replay server: {len(replay.pages)} pages recorded from the demo server in "
+        f"{time.monotonic() - t0:.1f}s; demo server stopped)")  # fmt: skip
+    with replay:
+        yield replay
+
+
+def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrapy_defaults: bool,
+            log: Any = print, plain: bool = True, server: str = "auto"
+            ) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
     rows: list[Row] = []
     meta: dict[str, Any] = {"versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                             "load_start": os.getloadavg(), "quick": quick, "repeat": repeat,
-                            "scrapy_settings": SCRAPY_TUNED, "proto": protos}  # fmt: skip
+                            "scrapy_settings": SCRAPY_TUNED, "proto": protos,
+                            "server": server}  # fmt: skip
     cc_names = {"chaincrawl": ""}
     for proto in protos:
         cc_names[f"cc+proto({proto})"] = proto
@@ -178,8 +263,6 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
             sc = SCENARIOS[name]
             pages = sc.quick_pages if quick else sc.pages
             users, posts, comments = site_for_pages(pages)
-            log(f"-- {name}: {sc.note}; site U={users} P={posts} C={comments} "
-                f"({expected_pages(users, posts, comments)} pages)")  # fmt: skip
             systems: list[tuple[str, Any]] = []
             if sc.scrapy:
                 systems.append(
@@ -200,32 +283,38 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
             else:
                 for label, pr in cc_names.items():
                     systems.append((label, _cc(b, sc, sc.workers, pr)))
-            by_label = {label: Row(name, label) for label, _ in systems}
-            with DemoServer(users=users, posts_per_user=posts, comments_per_post=comments,
-                            latency_ms=sc.latency_ms, stats_window_s=3600) as demo:  # fmt: skip
-                # chaincrawl configurations keep their workers over repeats: group by config
-                for label, fn in systems:
-                    for i in range(repeat):
-                        t0 = time.monotonic()
-                        try:
-                            res = (
-                                fn(demo, i > 0)
-                                if label.startswith(("chaincrawl", "cc+"))
-                                else fn(demo)
-                            )
-                        except (TimeoutError, RuntimeError) as exc:
-                            log(f"   {label:<34} run {i + 1}: FAILED {str(exc)[:300]}")
-                            if label.startswith(("chaincrawl", "cc+")):
-                                b.stop_workers()
-                            continue
-                        by_label[label].runs.append(res)
-                        log(f"   {label:<34} run {i + 1}: {res['pages']} pages "
-                            f"{res['pages_per_s']:7.1f} p/s  {res['cpu_ms_per_page']:6.2f} ms CPU/page  "
-                            f"load {res['load']:.1f}  ({time.monotonic() - t0:.0f}s)"
-                            + (f"  WARNING {res['extra']['warning']}" if res.get("extra", {}).get("warning") else ""))  # fmt: skip
-                    if label.startswith(("chaincrawl", "cc+")):
-                        b.stop_workers()
-            rows += by_label.values()
+            for kind in servers_for(server, sc):
+                log(f"-- {name} [{kind} server]: {sc.note}; site U={users} P={posts} C={comments} "
+                    f"({expected_pages(users, posts, comments)} pages)")  # fmt: skip
+                by_label = {label: Row(name, label, kind) for label, _ in systems}
+                with page_server(kind, users, posts, comments, sc.latency_ms, log) as srv:
+                    demo = Metered(srv)
+                    # chaincrawl configurations keep their workers over repeats: group by config
+                    for label, fn in systems:
+                        for i in range(repeat):
+                            t0 = time.monotonic()
+                            try:
+                                res = (
+                                    fn(demo, i > 0)
+                                    if label.startswith(("chaincrawl", "cc+"))
+                                    else fn(demo)
+                                )
+                            except (TimeoutError, RuntimeError) as exc:
+                                log(f"   {label:<34} run {i + 1}: FAILED {str(exc)[:300]}")
+                                if label.startswith(("chaincrawl", "cc+")):
+                                    b.stop_workers()
+                                continue
+                            demo.take(res)
+                            by_label[label].runs.append(res)
+                            srv_ms = res.get("server_cpu_ms_per_page")
+                            log(f"   {label:<34} run {i + 1}: {res['pages']} pages "
+                                f"{res['pages_per_s']:7.1f} p/s  {res['cpu_ms_per_page']:6.2f} ms CPU/page  "
+                                f"server {_f(srv_ms if srv_ms is not None else float('nan'), 4, 2)} ms/page  "
+                                f"load {res['load']:.1f}  ({time.monotonic() - t0:.0f}s)"
+                                + (f"  WARNING {res['extra']['warning']}" if res.get("extra", {}).get("warning") else ""))  # fmt: skip
+                        if label.startswith(("chaincrawl", "cc+")):
+                            b.stop_workers()
+                rows += by_label.values()
     meta["load_end"] = os.getloadavg()
     return rows, meta
 
@@ -251,15 +340,15 @@ def _f(x: float, width: int, prec: int = 1) -> str:
 
 def table(rows: list[Row], meta: dict[str, Any]) -> str:
     out = []
-    by_sc: dict[str, list[Row]] = {}
+    by_sc: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
-        by_sc.setdefault(r.scenario, []).append(r)
-    hdr = (f"{'scenario':<11} {'system':<34} {'pages/s':>8} {'steady':>7} {'CPU ms/pg':>9} "
-           f"{'(min)':>6} {'redis ms/pg':>11} {'peak RSS MB':>11} {'vs bound':>8} {'CPU vs scrapy':>13} "
-           f"{'p/s vs scrapy':>13} {'CPU util':>8} {'load':>5}")  # fmt: skip
+        by_sc.setdefault((r.scenario, r.server), []).append(r)
+    hdr = (f"{'scenario':<11} {'server':<6} {'system':<34} {'pages/s':>8} {'steady':>7} {'CPU ms/pg':>9} "
+           f"{'(min)':>6} {'redis ms/pg':>11} {'server ms/pg':>12} {'peak RSS MB':>11} {'vs bound':>8} "
+           f"{'CPU vs scrapy':>13} {'p/s vs scrapy':>13} {'CPU util':>8} {'load':>5}")  # fmt: skip
     out.append(hdr)
     out.append("-" * len(hdr))
-    for name, rs in by_sc.items():
+    for (name, server), rs in by_sc.items():
         sc = SCENARIOS[name]
         scrapy = next((r for r in rs if r.system == "scrapy"), None)
         for r in rs:
@@ -282,10 +371,10 @@ def table(rows: list[Row], meta: dict[str, Any]) -> str:
                     rel_pps = f"{pps / one.med('pages_per_s'):.2f}x 1w"
             redis_ms = r.med("redis_cpu_ms_per_page")
             out.append(
-                f"{name:<11} {r.system[:34]:<34} {pps:8.1f} {_f(r.med('steady_pages_per_s'), 7)} "
+                f"{name:<11} {server:<6} {r.system[:34]:<34} {pps:8.1f} {_f(r.med('steady_pages_per_s'), 7)} "
                 f"{cpu:9.2f} {r.min('cpu_ms_per_page'):6.2f} "
                 f"{(f'{redis_ms:.2f}' if redis_ms == redis_ms else '-'):>11} "
-                f"{r.med('peak_rss_mb_max'):11.1f} {vs_bound:>8} {rel_cpu:>13} {rel_pps:>13} "
+                f"{_f(r.med('server_cpu_ms_per_page'), 12, 2)} {r.med('peak_rss_mb_max'):11.1f} {vs_bound:>8} {rel_cpu:>13} {rel_pps:>13} "
                 f"{100 * r.med('cpu_util'):7.0f}% {r.med('load'):5.1f}"
             )
         if sc.bound():
@@ -295,7 +384,7 @@ def table(rows: list[Row], meta: dict[str, Any]) -> str:
                 else ""
             )
             out.append(
-                f"{'':<11} bound = {sc.concurrency} in flight / {sc.latency_ms} ms = {sc.bound():.0f} pages/s{extra}"
+                f"{'':<18} bound = {sc.concurrency} in flight / {sc.latency_ms} ms = {sc.bound():.0f} pages/s{extra}"
             )
     v = meta["versions"]
     out.append("")
@@ -326,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the Scrapy-with-default-settings row of the cpu scenario")  # fmt: skip
     ap.add_argument("--no-plain", action="store_true",
                     help="skip the plain-Celery calibration rows of the cpu scenario")  # fmt: skip
+    ap.add_argument("--server", choices=("auto", "demo", "replay", "both"), default="auto",
+                    help="page server: the demo platform or bench/replay_site.py's replay of it; "
+                         "auto = replay for scale, demo for the rest")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="write every run's numbers here")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
@@ -335,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     repeat = a.repeat or (1 if a.quick else 2)
     signal.signal(signal.SIGTERM, _exit_on_term)  # workers and servers are stopped on the way out
     rows, meta = run_all(names, a.quick, repeat, a.proto, not a.no_scrapy_defaults, log=_log,
-                         plain=not a.no_plain)  # fmt: skip
+                         plain=not a.no_plain, server=a.server)  # fmt: skip
     print()
     print(table(rows, meta))
     if a.json:
