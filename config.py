@@ -205,6 +205,12 @@ class Settings(BaseSettings):
     )
     outbox_batch: int = Field(500, validation_alias=_env("OUTBOX_BATCH"))
     outbox_flush_interval: float = Field(0.5, validation_alias=_env("OUTBOX_FLUSH_INTERVAL"))
+    outbox_idle_flush: float = Field(
+        0.05,
+        ge=0,
+        validation_alias=_env("OUTBOX_IDLE_FLUSH"),
+        description="Seconds without new entries after which a partial batch is flushed (0: off).",
+    )
 
     # --- flower ---------------------------------------------------------------------------
     flower_port: int = Field(5555, validation_alias=_env("FLOWER_PORT"))

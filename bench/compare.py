@@ -14,6 +14,12 @@ Scenarios (the issue's goals):
               min(2560 pages/s, CPU limit = 1000 / CPU ms per page). Goal >= 90 % of it.
   scale       no latency, threads(16): two worker processes vs one. Goal >= 1.8x.
 
+Pools (`--pools`, default threads,gevent): chaincrawl runs once per pool, at the same
+concurrency, in every scenario but lat100x256 (gevent only); rows of the second pool are
+tagged `[gevent]`. The threads pool pays for GIL hand-offs: every lxml XPath call and socket
+operation releases the GIL and another of the 16 threads takes it on the other core (an XPath
+query costs 2.6-4x the CPU with 2-16 threads as with one); a gevent worker runs one OS thread.
+
 Page server (`--server`): `demo` is the demo platform (aiohttp, demo/); `replay` is
 bench/replay_site.py, the same pages byte for byte (recorded from a demo server just before,
 which is then stopped) served from memory by a bare asyncio protocol, at a fraction of the
@@ -157,13 +163,13 @@ def run_scrapy(demo: Any, concurrency: int, settings: list[str]) -> dict[str, An
 
 
 def run_chaincrawl(b: ChaincrawlBench, demo: Any, sc: Scenario, workers: int, proto: str,
-                   keep: bool) -> dict[str, Any]:  # fmt: skip
+                   keep: bool, pool: str | None = None) -> dict[str, Any]:  # fmt: skip
     from bench.protos import _env
 
     load0 = os.getloadavg()[0]
     env = _env(proto)
     proto = env.get("BENCH_PROTO", "")
-    r = b.crawl(demo, pool=sc.pool, concurrency=sc.concurrency, workers=workers, env=env,
+    r = b.crawl(demo, pool=pool or sc.pool, concurrency=sc.concurrency, workers=workers, env=env,
                 app="bench.tuned_worker" if proto else "worker", keep_workers=keep)  # fmt: skip
     d = r.as_dict()
     d["steady_pages_per_s"] = steady_rate(d["extra"].pop("arrivals"))
@@ -248,13 +254,13 @@ def page_server(kind: str, users: int, posts: int, comments: int, latency_ms: in
 
 
 def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrapy_defaults: bool,
-            log: Any = print, plain: bool = True, server: str = "auto"
-            ) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
+            log: Any = print, plain: bool = True, server: str = "auto",
+            pools: tuple[str, ...] = ("threads",)) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
     rows: list[Row] = []
     meta: dict[str, Any] = {"versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                             "load_start": os.getloadavg(), "quick": quick, "repeat": repeat,
                             "scrapy_settings": SCRAPY_TUNED, "proto": protos,
-                            "server": server}  # fmt: skip
+                            "server": server, "pools": pools}  # fmt: skip
     cc_names = {"chaincrawl": ""}
     for proto in protos:
         cc_names[f"cc+proto({proto})"] = proto
@@ -276,13 +282,16 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
                 for batch in (1, 20):
                     systems.append((f"celery plain, {batch} page(s)/task",
                                     lambda d, batch=batch, sc=sc: _plain(b, d, sc, batch)))  # fmt: skip
-            if name == "scale":
+            # the scenario's own pool first (lat100x256: gevent only; 256 threads make no sense)
+            sc_pools = [sc.pool] if sc.pool != "threads" else list(dict.fromkeys(pools))
+            for pool in sc_pools:
+                tag = "" if pool == sc.pool or len(sc_pools) == 1 else f" [{pool}]"
                 for label, pr in cc_names.items():
-                    for nw in (1, sc.workers):
-                        systems.append((f"{label} x{nw}", _cc(b, sc, nw, pr)))
-            else:
-                for label, pr in cc_names.items():
-                    systems.append((label, _cc(b, sc, sc.workers, pr)))
+                    if name == "scale":
+                        for nw in (1, sc.workers):
+                            systems.append((f"{label}{tag} x{nw}", _cc(b, sc, nw, pr, pool)))
+                    else:
+                        systems.append((f"{label}{tag}", _cc(b, sc, sc.workers, pr, pool)))
             for kind in servers_for(server, sc):
                 log(f"-- {name} [{kind} server]: {sc.note}; site U={users} P={posts} C={comments} "
                     f"({expected_pages(users, posts, comments)} pages)")  # fmt: skip
@@ -330,8 +339,8 @@ def _plain(b: ChaincrawlBench, demo: Any, sc: Scenario, batch: int) -> dict[str,
     return res
 
 
-def _cc(b: ChaincrawlBench, sc: Scenario, workers: int, proto: str) -> Any:
-    return lambda demo, keep: run_chaincrawl(b, demo, sc, workers, proto, keep)
+def _cc(b: ChaincrawlBench, sc: Scenario, workers: int, proto: str, pool: str) -> Any:
+    return lambda demo, keep: run_chaincrawl(b, demo, sc, workers, proto, keep, pool)
 
 
 def _f(x: float, width: int, prec: int = 1) -> str:
@@ -418,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", choices=("auto", "demo", "replay", "both"), default="auto",
                     help="page server: the demo platform or bench/replay_site.py's replay of it; "
                          "auto = replay for scale, demo for the rest")  # fmt: skip
+    ap.add_argument("--pools", default="threads,gevent",
+                    help="worker pools to run chaincrawl with where the scenario allows (all but "
+                         "lat100x256, which is gevent); rows of other pools are tagged [pool]")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="write every run's numbers here")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
@@ -427,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     repeat = a.repeat or (1 if a.quick else 2)
     signal.signal(signal.SIGTERM, _exit_on_term)  # workers and servers are stopped on the way out
     rows, meta = run_all(names, a.quick, repeat, a.proto, not a.no_scrapy_defaults, log=_log,
-                         plain=not a.no_plain, server=a.server)  # fmt: skip
+                         plain=not a.no_plain, server=a.server,
+                         pools=tuple(p.strip() for p in a.pools.split(",") if p.strip()))  # fmt: skip
     print()
     print(table(rows, meta))
     if a.json:

@@ -11,7 +11,8 @@ thread per worker process, or `python -m external_interface.outbox`) and, for ea
    the entry. Two drainers that both wrote an entry therefore count it exactly once.
 
 Batches flush by size (`outbox_batch`), by time (`outbox_flush_interval` after the first entry
-arrived) and on shutdown. An entry is acknowledged only after it is stored, so nothing is lost
+arrived), when the stream goes quiet (`outbox_idle_flush` without a new entry: a run's last items
+are stored at once) and on shutdown. An entry is acknowledged only after it is stored, so nothing is lost
 when a drainer dies: its entries stay pending and another drainer claims them (XAUTOCLAIM) once
 they have been idle for `claim_idle` seconds.
 
@@ -276,6 +277,7 @@ class Drainer:
         batch: int = 500,
         interval: float = 0.5,
         *,
+        idle_flush: float = 0.05,
         group: str = GROUP,
         consumer: str | None = None,
         claim_idle: float = 60.0,
@@ -291,6 +293,7 @@ class Drainer:
         self.router = sinks if isinstance(sinks, SinkRouter) else SinkRouter(list(sinks))
         self.batch = max(1, batch)
         self.interval = max(0.001, interval)
+        self.idle_flush = max(0.0, idle_flush)
         self.group = group
         self.consumer = consumer or ""
         self.claim_idle = claim_idle
@@ -323,6 +326,7 @@ class Drainer:
             sinks or build_sinks(settings),
             settings.outbox_batch,
             settings.outbox_flush_interval,
+            idle_flush=settings.outbox_idle_flush,
             own_sinks=sinks is None,
             **kw,
         )
@@ -373,15 +377,21 @@ class Drainer:
                         # XAUTOCLAIM also returns our own idle entries: after a Redis error
                         # the ones we already hold come back (bug 2); keep each id once
                         _merge(buffer, claimed)
+                    quiet = False
                     if not retrying and len(buffer) < self.batch:
                         # short blocks: stop() is noticed quickly, socket timeouts never hit
                         wait = self.interval - (now - first_at) if buffer else self.interval
                         wait = min(wait, MAX_BLOCK)
+                        if buffer and self.idle_flush:
+                            wait = min(wait, self.idle_flush)
                         new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))
+                        # nothing more came for `idle_flush`: the writers paused or the run
+                        # ended; store now rather than hold its last items for `interval`
+                        quiet = bool(buffer) and not new and self.idle_flush > 0
                         if new and not buffer:
                             first_at = time.monotonic()
                         _merge(buffer, new)
-                    due = time.monotonic() - first_at >= self.interval
+                    due = quiet or time.monotonic() - first_at >= self.interval
                     if buffer and (len(buffer) >= self.batch or due or retrying):
                         buffer = self.flush(buffer)
                         if buffer:

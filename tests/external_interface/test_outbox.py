@@ -230,7 +230,7 @@ def test_dead_drainer_entries_are_claimed(
 def test_shutdown_flushes_the_last_partial_batch(
     rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
 ) -> None:
-    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0)
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0)
     d.start_thread()
     n = add_posts(rds, key_prefix, 3)
     wait_until(lambda: backlog(rds, key_prefix)["pending"] == 3, 5, "read")
@@ -239,6 +239,20 @@ def test_shutdown_flushes_the_last_partial_batch(
     assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}
     b = backlog(rds, key_prefix)
     assert (b["length"], b["pending"], b["consumers"]) == (0, 0, {})
+
+
+def test_a_quiet_stream_flushes_a_partial_batch_at_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """A run's last items are stored as soon as no more come (`idle_flush`), not when the
+    batch's flush interval ends: neither size (1000) nor time (60 s) is due here."""
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0.05)
+    d.start_thread()
+    drainers.append(d)
+    n = add_posts(rds, key_prefix, 3)
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
+    assert len(read_items(T, jsonl.root)) == n
+    assert backlog(rds, key_prefix)["pending"] == 0
 
 
 def test_poison_entries_are_isolated_and_dead_lettered(rds: redis.Redis, key_prefix: str) -> None:

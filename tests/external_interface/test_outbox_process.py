@@ -62,6 +62,7 @@ def test_sigterm_flushes_the_last_batch(
     p = spawn_drainer(
         redis_url, key_prefix, tmp_path, CHAINCRAWL_SINKS="jsonl",
         CHAINCRAWL_OUTBOX_BATCH="1000", CHAINCRAWL_OUTBOX_FLUSH_INTERVAL="60",
+        CHAINCRAWL_OUTBOX_IDLE_FLUSH="0",
     )  # fmt: skip
     procs.append(p)
     n = add_posts(rds, key_prefix, 4)
