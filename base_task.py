@@ -543,23 +543,30 @@ def set_worker_slots(n: int) -> None:
 def batch_size(s: Settings, outstanding: int) -> int:
     """Pages per message for children of a run with `outstanding` tasks.
 
-    With `CHAINCRAWL_BATCH_BACKLOG` set: `batch` from that backlog on, else 1. Auto (0): the
-    backlog must still make enough messages to keep the worker busy — two per slot while it has
-    CPU to spare (latency-bound: every slot needs work; ramp-up and tail stay one page per
-    message; a second worker gets its share), a quarter of that once it is CPU-bound (more
-    messages would not add throughput, only per-message cost)."""
+    With `CHAINCRAWL_BATCH_BACKLOG` set: `batch` from that backlog on, else 1. Auto (0): one page
+    per message while the worker uses less than half a core (latency-bound: the CPU is to spare);
+    above that the backlog must still make enough messages to keep the worker busy — two per
+    slot (every slot needs work; ramp-up and tail stay one page per message; a second worker
+    gets its share), a quarter of that once it is CPU-bound (more messages would not add
+    throughput, only per-message cost)."""
     size = max(1, s.batch)
     if size == 1:
         return 1
     if s.batch_backlog > 0:
         return size if outstanding >= s.batch_backlog else 1
+    busy = cpu_busy()
+    if busy < BATCH_CPU_MIN:
+        return 1
     slots = _worker_slots or 16
     wanted = BATCH_SLOT_FACTOR * slots
-    if cpu_busy() >= BATCH_CPU_BOUND:
+    if busy >= BATCH_CPU_BOUND:
         wanted = max(4, wanted // 4)
     return max(1, min(size, outstanding // wanted))
 
 
+BATCH_CPU_MIN = 0.5  # below this share of a core, one page per message: the CPU is to spare,
+# and a batch runs its pages one after the other in one slot (k pages = k latencies), which
+# left slots idle in the tail of a latency-bound run
 BATCH_SLOT_FACTOR = 2  # messages per worker slot the backlog must still make when batched
 BATCH_CPU_BOUND = 0.85  # share of a core used recently from which the worker counts as CPU-bound
 _cpu_window: list[float] = [0.0, 0.0, 0.0]  # wall and CPU time at the window's start, last share

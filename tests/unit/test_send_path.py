@@ -116,11 +116,13 @@ def test_plan_batches_only_a_deep_backlog(
     # auto sizing: never fewer than two messages per slot of the worker
     auto = Settings(**{**settings.model_dump(), "batch_backlog": 0})
     monkeypatch.setattr(base_task, "_worker_slots", 4)
-    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)  # latency-bound
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)  # latency-bound: CPU to spare
+    assert [base_task.batch_size(auto, n) for n in (15, 16, 24, 1000)] == [1, 1, 1, 1]
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.6)  # busy: two messages per slot
     assert [base_task.batch_size(auto, n) for n in (15, 16, 24, 1000)] == [1, 2, 3, 4]
     monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.95)  # CPU-bound: 4 messages suffice
     assert [base_task.batch_size(auto, n) for n in (7, 8, 12, 1000)] == [1, 2, 3, 4]
-    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.6)
     planned = Publisher(app, auto).plan(kids, 24)
     assert [len(m.args[0]) for m in planned] == [3, 3, 2, 2]  # evenly filled
     assert {m.task for m in planned} == {BATCH_TASK}
