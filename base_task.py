@@ -837,6 +837,7 @@ class SiteTask(Task):
             # script), so the message must not be acknowledged. Requeue it; the commit's
             # idempotency makes a second run harmless.
             log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
+            _pause_before_requeue()
             raise Reject(exc, requeue=True) from None
 
     def _execute(
@@ -1117,6 +1118,7 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
         return _run_batch(self, entries)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
+        _pause_before_requeue()
         raise Reject(exc, requeue=True) from None
 
 
@@ -1214,6 +1216,16 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
     if rest:
         return f"{len(entries) - len(rest)} pages, {len(rest)} re-queued"
     return f"{len(entries)} pages"
+
+
+REQUEUE_PAUSE = 1.0  # seconds a slot waits before requeueing a message it could not run
+
+
+def _pause_before_requeue() -> None:
+    """With the state store down and the broker elsewhere (RabbitMQ, another Redis), a requeued
+    message comes straight back: without a pause every slot would spin through the queue,
+    logging a warning per delivery, until Redis returns."""
+    time.sleep(REQUEUE_PAUSE)
 
 
 def _batch_budget(s: Settings) -> float:

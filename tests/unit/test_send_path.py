@@ -183,3 +183,25 @@ def test_a_publish_failure_after_the_commit_requeues_and_keeps_the_children(
     task._send_staged(state, "t1", None)
     assert not rds.exists(state.kids_key("t1"))
     assert rds.llen(f"{settings.key_prefix}:q:testsite") == 2
+
+
+def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the broker elsewhere a requeued message comes straight back: each slot waits
+    `REQUEUE_PAUSE` first instead of spinning through the queue while Redis is down."""
+    task: SiteTask = get_endpoint(TASK).task
+    pauses: list[float] = []
+    monkeypatch.setattr(base_task.time, "sleep", pauses.append)
+
+    def down(*a: Any, **kw: Any) -> str:
+        raise redis.exceptions.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(SiteTask, "_execute", down)
+    with pytest.raises(Reject) as info:
+        task.execute({}, {})
+    assert info.value.requeue is True and pauses == [base_task.REQUEUE_PAUSE]
+    monkeypatch.setattr(base_task, "_run_batch", down)
+    with pytest.raises(Reject):
+        base_task.run_batch([])
+    assert pauses == [base_task.REQUEUE_PAUSE] * 2
