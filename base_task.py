@@ -883,9 +883,10 @@ class SiteTask(Task):
         finally:
             if admitted:
                 gate.release(spec.site, spec.name, tid)
-        stored = [it for it in items if it.store]
+        dumped = [it.model_dump(mode="json") for it in items]  # once: outbox rows and fan-out
+        stored = [(it, row) for it, row in zip(items, dumped, strict=True) if it.store]
         entries = _outbox_entries(rid, step, spec.name, stored)
-        kids = self._kids(state, rid, step, meta, items, follows)
+        kids = self._kids(state, rid, step, meta, items, follows, dumped)
         metrics.outcome("succeeded")
         metrics.counts["items"] += len(stored)
         metrics.latency(time.monotonic() - started)
@@ -942,6 +943,7 @@ class SiteTask(Task):
         meta: Mapping[str, Any],
         items: list[Item],
         follows: list[Follow],
+        dumped: list[dict[str, Any]],
     ) -> list[Kid]:
         base = {k: meta[k] for k in ("run", "prio") if k in meta}
         kids: list[Kid] = []
@@ -962,7 +964,7 @@ class SiteTask(Task):
                 )
         if node is None or not node.children:
             return kids
-        pairs = [(it.item_type, it.model_dump(mode="json")) for it in items]
+        pairs = [(it.item_type, row) for it, row in zip(items, dumped, strict=True)]
         for child in node.children:
             cmeta = {**base, "step": child.id}
             if child.options.priority is not None:
@@ -1322,10 +1324,14 @@ def _safe(exc: BaseException) -> str:
     return re.sub(r"//[^/@\s]+@", "//***@", str(exc))[:500]
 
 
-def _outbox_entries(rid: str, step: str, task: str, items: list[Item]) -> list[dict[str, Any]]:
+def _outbox_entries(
+    rid: str, step: str, task: str, stored: list[tuple[Item, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Outbox entries of the stored items, one per item type; `stored` pairs each item with
+    its JSON dump (made once per item for these entries and for the children's fan-out)."""
     by_type: dict[type[Item], list[dict[str, Any]]] = {}
-    for it in items:
-        by_type.setdefault(type(it), []).append(it.model_dump(mode="json"))
+    for it, row in stored:
+        by_type.setdefault(type(it), []).append(row)
     return [
         {
             "run": rid,
