@@ -6,7 +6,8 @@ task of a run is therefore in the run's ledger (`run:{rid}:ledger`, tid -> messa
 it is sent until it commits (chains/state.py). A stalled run (no commit for `sweep_stall`
 seconds) whose ledger holds a task found nowhere in the broker - not in a queue list (priority
 sub-queues included), not in `unacked` (where messages being run, waiting for an ETA or
-prefetched are; one held there for twice the visibility timeout counts as lost), not in the run's backpressure list - and not committed, has lost that message:
+prefetched are; one held there for twice the visibility timeout counts as lost), not in the
+run's backpressure list - and not committed, has lost that message:
 the sweeper sends it again with its task id. A re-send of a message that was not in fact lost is
 harmless (the commit runs once per task id); the stall condition and a second look after
 `confirm` seconds keep that rare.
@@ -83,9 +84,10 @@ def broker_task_ids(
     lists (queues and their priority sub-queues, whatever the separator) and `unacked`.
 
     With `stale_after`, an `unacked` message delivered longer ago than that (its
-    `unacked_index` score) does not count: kombu should have restored it after the visibility
-    timeout, and one seen stuck there (an ETA retry a live worker never ran) would otherwise
-    hold its run forever. Re-sending it is safe: the commit runs once per task id."""
+    `unacked_index` score) does not count: kombu restores every message after the visibility
+    timeout, so one still there long after means its restore sweeps are not running (a
+    backstop; bug 9, first taken for such a message, was a task re-queueing itself: a fresh
+    message every time). Re-sending it is safe: the commit runs once per task id."""
     ids: set[str] = set()
     stale: set[bytes] = set()
     if stale_after is not None:

@@ -271,21 +271,44 @@ end
 _CHECKOUT = (
     _PROLOGUE
     + """
-local avoid = {}
-for i = 3, #ARGV do avoid[ARGV[i]] = true end
-local cands = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, #ARGV - 1)
+local avoid, n_avoid = {}, 0
+for i = 3, #ARGV do
+  if not avoid[ARGV[i]] then avoid[ARGV[i]] = true; n_avoid = n_avoid + 1 end
+end
+local function lend(id)
+  redis.call('ZREM', KEYS[1], id)
+  local secret = redis.call('HGET', KEYS[6], id)
+  if not secret then return nil end
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), id)
+  redis.call('HSET', KEYS[3], id, ARGV[2])
+  redis.call('HINCRBY', KEYS[7], 'checkouts', 1)
+  local avail, size = sizes()
+  return {id, secret, redis.call('HGET', KEYS[4], id) or '0',
+          redis.call('HGET', KEYS[5], id) or '0', avail, size, 0}
+end
+local cands = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, n_avoid + 1)
+local fallback = nil
 for _, id in ipairs(cands) do
   if not avoid[id] then
-    redis.call('ZREM', KEYS[1], id)
-    local secret = redis.call('HGET', KEYS[6], id)
-    if secret then
-      redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), id)
-      redis.call('HSET', KEYS[3], id, ARGV[2])
-      redis.call('HINCRBY', KEYS[7], 'checkouts', 1)
-      local avail, size = sizes()
-      return {id, secret, redis.call('HGET', KEYS[4], id) or '0',
-              redis.call('HGET', KEYS[5], id) or '0', avail, size, 0}
+    local res = lend(id)
+    if res then return res end
+  elseif not fallback then
+    fallback = id
+  end
+end
+-- Every ready member is one the task avoids. Waiting helps while a member it does not avoid
+-- exists (lent, resting); when none does, nothing would ever come and the task would wait
+-- for good (bug 9): it gets the avoided member idle longest after all.
+if fallback then
+  local others = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+  for id in pairs(avoid) do
+    if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id) then
+      others = others - 1
     end
+  end
+  if others <= 0 then
+    local res = lend(fallback)
+    if res then return res end
   end
 end
 local avail, size = sizes()
@@ -472,7 +495,10 @@ class Pool:
 
     # --- lending -------------------------------------------------------------------------
     def checkout(self, avoid: Collection[str] = ()) -> Checkout:
-        """Lend the ready member idle longest, not in `avoid`, exclusively until released."""
+        """Lend the ready member idle longest, not in `avoid`, exclusively until released.
+        `avoid` is a preference: when every member of the pool is in it, waiting could never
+        end (nothing comes back, a pool at its low-water mark produces nothing), so the
+        avoided member idle longest is lent after all (bug 9)."""
         cfg = self.config
         token = secrets.token_hex(8)
         res = self._run(

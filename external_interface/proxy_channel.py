@@ -13,8 +13,9 @@ Keys of site S under `<p>:proxy:chan:S`:
 
 Every state change is one Lua script, so each is atomic:
 
-* checkout moves the least-used idle proxy (not in the task's `avoid`) to `:lease` with a fresh
-  token, after first reclaiming leases that expired (their worker died).
+* checkout moves the least-used idle proxy (not in the task's `avoid`, unless every proxy of
+  the channel is) to `:lease` with a fresh token, after first reclaiming leases that expired
+  (their worker died).
 * release only acts if the caller's token is still the lease's token; the use count is the
   exact `HINCRBY` of `:uses`, copied into `:idle` (seed 001's hash variant, no ZADD INCR drift).
 * refill adds a global-pool proxy only if `:uses` does not know it (`HSETNX`): a proxy that is
@@ -56,25 +57,48 @@ for _, id in ipairs(expired) do
 end
 """
 
-# ARGV: reclaim_limit lease_ms token avoid... -> {} | {id, url, uses, expires_ms, idle_left}
+# ARGV: reclaim_limit lease_ms token fallback(0|1) avoid...
+# -> {} | {id, url, uses, expires_ms, idle_left}
 _CHECKOUT = (
     _PROLOGUE
     + """
-local avoid = {}
-for i = 4, #ARGV do avoid[ARGV[i]] = true end
-local cands = redis.call('ZRANGE', KEYS[1], 0, #ARGV - 3)
+local avoid, n_avoid = {}, 0
+for i = 5, #ARGV do
+  if not avoid[ARGV[i]] then avoid[ARGV[i]] = true; n_avoid = n_avoid + 1 end
+end
+local function lend(id)
+  redis.call('ZREM', KEYS[1], id)
+  local url = redis.call('HGET', KEYS[3], id)
+  if not url then
+    redis.call('HDEL', KEYS[2], id)
+    return nil
+  end
+  local exp = now + tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[4], exp, id)
+  redis.call('HSET', KEYS[5], id, ARGV[3])
+  local uses = redis.call('HGET', KEYS[2], id) or '0'
+  return {id, url, uses, tostring(exp), redis.call('ZCARD', KEYS[1])}
+end
+local cands = redis.call('ZRANGE', KEYS[1], 0, n_avoid)
+local fallback = nil
 for _, id in ipairs(cands) do
   if not avoid[id] then
-    redis.call('ZREM', KEYS[1], id)
-    local url = redis.call('HGET', KEYS[3], id)
-    if url then
-      local exp = now + tonumber(ARGV[2])
-      redis.call('ZADD', KEYS[4], exp, id)
-      redis.call('HSET', KEYS[5], id, ARGV[3])
-      local uses = redis.call('HGET', KEYS[2], id) or '0'
-      return {id, url, uses, tostring(exp), redis.call('ZCARD', KEYS[1])}
-    end
-    redis.call('HDEL', KEYS[2], id)
+    local res = lend(id)
+    if res then return res end
+  elseif not fallback then
+    fallback = id
+  end
+end
+-- with `fallback`, when every proxy of the channel is one the task avoids (none would ever
+-- come back for it: bug 9), the least used avoided one is lent after all
+if fallback and ARGV[4] == '1' then
+  local others = redis.call('HLEN', KEYS[2])
+  for id in pairs(avoid) do
+    if redis.call('HEXISTS', KEYS[2], id) == 1 then others = others - 1 end
+  end
+  if others <= 0 then
+    local res = lend(fallback)
+    if res then return res end
   end
 end
 return {}
@@ -208,18 +232,24 @@ class ChannelPool:
     # --- lending -----------------------------------------------------------------------------
     def checkout(self, avoid: Collection[str] = (), lease_ttl: float | None = None) -> Lease | None:
         """Lend the least-used proxy not in `avoid`, refilling from the global pool when the
-        channel runs low (at most once per `refill_interval` per instance)."""
+        channel runs low (at most once per `refill_interval` per instance). `avoid` is a
+        preference: when every proxy of the channel is in it, the least used is lent anyway."""
         lease, idle_left = self._take(avoid, lease_ttl)
         low = lease is None or idle_left < self.settings.refill_below
         due = time.monotonic() - self._last_refill >= self.settings.refill_interval
         if low and due and self.refill() and lease is None:
             lease, _ = self._take(avoid, lease_ttl)
+        if lease is None and avoid:  # every proxy here avoided? then one of them (bug 9)
+            lease, _ = self._take(avoid, lease_ttl, fallback=True)
         return lease
 
-    def _take(self, avoid: Collection[str], lease_ttl: float | None) -> tuple[Lease | None, int]:
+    def _take(
+        self, avoid: Collection[str], lease_ttl: float | None, fallback: bool = False
+    ) -> tuple[Lease | None, int]:
         ttl = self.settings.lease_ttl if lease_ttl is None else lease_ttl
         token = secrets.token_hex(8)
-        res = self._checkout(keys=self._keys, args=[RECLAIM_LIMIT, int(ttl * 1000), token, *avoid])
+        args = [RECLAIM_LIMIT, int(ttl * 1000), token, int(fallback), *avoid]
+        res = self._checkout(keys=self._keys, args=args)
         if not res:
             return None, 0
         pid, url, uses, exp, idle_left = res

@@ -322,8 +322,8 @@ def test_a_message_stuck_in_unacked_past_twice_the_visibility_timeout_counts_as_
     rds: redis.Redis,
 ) -> None:
     """kombu restores an unacknowledged message after the visibility timeout; one still in
-    `unacked` long after it (seen: an ETA retry a live worker never ran) is not counted as
-    present, so the sweeper re-sends it."""
+    `unacked` long after it (its restore sweeps are not running) is not counted as present,
+    so the sweeper re-sends it."""
     p = f"stuck{uuid.uuid4().hex[:6]}"
     rds.hset(f"{p}:q:unacked", "tag-old", json.dumps([{"headers": {"id": "old"}}, "", "x"]))
     rds.hset(f"{p}:q:unacked", "tag-new", json.dumps([{"headers": {"id": "new"}}, "", "x"]))
