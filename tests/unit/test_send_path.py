@@ -205,3 +205,24 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
     with pytest.raises(Reject):
         base_task.run_batch([])
     assert pauses == [base_task.REQUEUE_PAUSE] * 2
+
+
+def test_cpu_busy_sees_a_burst_within_its_first_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch sizing reads `cpu_busy()`: after an idle spell it must read the new burst
+    within a fraction of its window, not the stale share of the last one (a CPU-bound crawl
+    read 0 and stayed at one page per message)."""
+    clock = {"wall": 1000.0, "cpu": 50.0}
+    monkeypatch.setattr(base_task.time, "monotonic", lambda: clock["wall"])
+    monkeypatch.setattr(base_task.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(base_task, "_cpu_window", [0.0, 0.0, 0.0])
+
+    def run(seconds: float, share: float) -> float:
+        clock["wall"] += seconds
+        clock["cpu"] += seconds * share
+        return base_task.cpu_busy()
+
+    assert run(10, 0.0) == 0.0  # after idling: nothing known yet
+    assert run(0.03, 1.0) == pytest.approx(1.0)  # 30 ms into a burst it shows
+    assert run(0.1, 1.0) == pytest.approx(1.0)
+    assert run(0.1, 0.2) == pytest.approx(0.2)  # latency-bound: no batches
+    assert run(2.0, 0.0) == 0.0  # a window spanning an idle spell says nothing
