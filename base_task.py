@@ -547,7 +547,7 @@ def batch_size(s: Settings, outstanding: int) -> int:
     per message while the worker uses less than half a core (latency-bound: the CPU is to spare);
     above that the backlog must still make enough messages to keep the worker busy — two per
     slot (every slot needs work; ramp-up and tail stay one page per message; a second worker
-    gets its share), an eighth of that (at least 4) once it is CPU-bound (more messages would
+    gets its share), a quarter of that (at least 4) once it is CPU-bound (more messages would
     not add throughput, only per-message cost)."""
     size = max(1, s.batch)
     if size == 1:
@@ -560,7 +560,7 @@ def batch_size(s: Settings, outstanding: int) -> int:
     slots = _worker_slots or 16
     wanted = BATCH_SLOT_FACTOR * slots
     if busy >= BATCH_CPU_BOUND:
-        wanted = max(4, wanted // 8)
+        wanted = max(4, wanted // 4)
     return max(1, min(size, outstanding // wanted))
 
 
