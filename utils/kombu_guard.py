@@ -27,15 +27,16 @@ one of kombu's connection errors, so Celery reported "Unrecoverable error". The 
 reconnects; the messages the channel held stay in `unacked` and come back after the
 visibility timeout.
 
-A saturated worker without an event loop (gevent, solo) idling for a second: Celery's
-`synloop` calls `drain_events`; when the QoS is full (every slot and prefetch taken), kombu's
+A saturated worker without an event loop (gevent, solo) idling: Celery's `synloop` calls
+`drain_events(timeout=2.0)`; when the QoS is full (every slot and prefetch taken), kombu's
 `MultiChannelPoller.get` registers no BRPOP and waits on the other sockets (the remote-control
-fanout) for the whole timeout (2 s; or sleeps 1 s when there are none), and a slot freed
-meanwhile waits for that to end: a task's completion is not a socket event. A CPU-bound gevent
-worker at prefetch 1 ran at a third of a core, taking messages in waves. The guard caps the poll
-at `PAUSED_POLL` (10 ms) while a channel's QoS is full, and only then: the poller rechecks the
-QoS a hundred times a second while saturated (threads and prefork run Celery's event loop,
-where a freed slot is seen at once, and never reach this code).
+fanout) for the whole timeout (or sleeps 1 s when there are none), and a slot freed meanwhile
+waits for that to end: a task's completion is not a socket event. A CPU-bound gevent worker at
+prefetch 1 ran at a third of a core, taking messages in waves. The guard makes every ack set an
+event and, while a channel's QoS is full, waits for that event (at most `SATURATED_WAIT`, then a
+non-blocking look at the other sockets) instead: a freed slot is refilled at once, and a
+latency-bound worker whose slots all wait on the network does not poll. Threads and prefork run
+Celery's event loop, where a freed slot is seen at once, and never reach this code.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ log = logging.getLogger("chaincrawl.kombu_guard")
 
 MALFORMED_KEEP = 1000  # payloads kept in {prefix}:broker:malformed (newest first)
 MALFORMED_MAX_BYTES = 64 * 1024  # per payload kept; the rest is cut off
-PAUSED_POLL = 0.01  # seconds a saturated synloop consumer waits before rechecking its QoS
+SATURATED_WAIT = 0.5  # most seconds a saturated synloop consumer waits for an ack before polling
 LOG_PREVIEW = 200  # payloads up to this size are shown in the log, longer ones only measured
 
 _applied = False
@@ -252,14 +253,41 @@ def _patch_connparams() -> None:
 
 
 def _patch_saturated_poll() -> None:
-    """While a consuming channel's QoS is full, poll for at most `PAUSED_POLL` (the credit a
-    finished task returns is not an fd event the poller could wait for)."""
+    """While a consuming channel's QoS is full, wait for a slot to be freed (an ack: the credit
+    a finished task returns is not an fd event the poller could wait for), at most
+    `SATURATED_WAIT`, then poll as kombu does. Acks and this wait run in the worker's one OS
+    thread (gevent: greenlets), so the event is created lazily, after gevent patched
+    `threading`."""
     get = kredis.MultiChannelPoller.get
+    ack = vbase.QoS.ack
+
+    @functools.wraps(ack)
+    def signalling_ack(self: Any, delivery_tag: Any) -> None:
+        ack(self, delivery_tag)
+        ev = _freed[0]
+        if ev is not None:
+            ev.set()
 
     @functools.wraps(get)
     def guarded_get(self: Any, callback: Any, timeout: float | None = None) -> Any:
-        if any(ch.active_queues and not ch.qos.can_consume() for ch in self._channels):
-            timeout = PAUSED_POLL if timeout is None else min(timeout, PAUSED_POLL)
+        if _saturated(self):
+            ev = _freed[0]
+            if ev is None:
+                ev = _freed[0] = threading.Event()
+            ev.clear()
+            if _saturated(self):  # no ack came in between
+                cap = SATURATED_WAIT if timeout is None else min(timeout, SATURATED_WAIT)
+                ev.wait(cap)
+            if _saturated(self):  # still full: a quick look at the other sockets only
+                timeout = 0
         return get(self, callback, timeout)
 
+    vbase.QoS.ack = signalling_ack
     kredis.MultiChannelPoller.get = guarded_get
+
+
+_freed: list[threading.Event | None] = [None]  # set by every ack (a slot's credit returned)
+
+
+def _saturated(poller: Any) -> bool:
+    return any(ch.active_queues and not ch.qos.can_consume() for ch in poller._channels)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,11 +134,13 @@ def test_the_guard_checks_the_kombu_it_patches(monkeypatch: pytest.MonkeyPatch) 
         kombu_guard._check()
 
 
-def test_a_saturated_consumer_polls_briefly_so_a_freed_slot_is_seen(broker: Connection) -> None:
+def test_a_saturated_consumer_waits_for_an_ack_not_for_its_poll_timeout(
+    broker: Connection,
+) -> None:
     """gevent/solo workers drain with `drain_events(timeout=2.0)`. With the QoS full kombu used
     to wait the whole timeout on the other sockets (here a fanout subscription, as Celery's
-    remote control has): a slot freed meanwhile stayed idle. The guard caps each poll while
-    the QoS is full; with credit the poll keeps its timeout (BRPOP waits there)."""
+    remote control has): a slot freed meanwhile stayed idle. The guard waits for an ack instead
+    (then only looks at the other sockets, without blocking); an ack wakes it at once."""
     got: list[Any] = []
     held: list[Any] = []
     ch = broker.channel()
@@ -152,27 +155,41 @@ def test_a_saturated_consumer_polls_briefly_so_a_freed_slot_is_seen(broker: Conn
         ch, [Queue("bcast", exchange=Exchange("bc", type="fanout"))], accept=["json"]
     ).consume()
     producer = Producer(ch)
-    producer.publish({"n": 1}, routing_key="g", serializer="json")
-    producer.publish({"n": 2}, routing_key="g", serializer="json")
+    for n in (1, 2, 3):
+        producer.publish({"n": n}, routing_key="g", serializer="json")
+    drain_until(broker, lambda: got)
     poller = broker.transport.cycle
     timeouts: list[float | None] = []
+    real_poll = poller.poller.poll
 
     def spy(timeout: float | None = None) -> Any:
         timeouts.append(timeout)
         return real_poll(timeout)
 
-    drain_until(broker, lambda: got)
-    real_poll = poller.poller.poll
+    woken: list[bool] = []
+
+    class SpyEvent(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            woken.append(super().wait(timeout))
+            return woken[-1]
+
+    kombu_guard._freed[0] = SpyEvent()
     poller.poller.poll = spy
     try:
         assert not ch.qos.can_consume()
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError):  # nothing acked: the wait runs out
             broker.drain_events(timeout=0.3)
-        assert timeouts and max(t for t in timeouts if t is not None) <= kombu_guard.PAUSED_POLL
-        assert got == [{"n": 1}]  # the second message waits for the slot
-        timeouts.clear()
-        held.pop().ack()  # the slot is free: the next poll waits for BRPOP as before
+        assert woken == [False] and timeouts == [0]  # no blocking poll while full
+        assert got == [{"n": 1}]
+        # a task finishing elsewhere (a greenlet; here a thread) acks while the drain waits
+        timer = threading.Timer(0.05, held.pop().ack)
+        timer.start()
+        with contextlib.suppress(TimeoutError):
+            broker.drain_events(timeout=2.0)  # the wait ends with the ack
+        timer.join()
+        assert woken[1] is True  # woken by the ack, not by its timeout
         drain_until(broker, lambda: len(got) == 2)
-        assert got[1] == {"n": 2} and timeouts[0] == pytest.approx(0.2)
+        assert got[1] == {"n": 2}
     finally:
         poller.poller.poll = real_poll
+        kombu_guard._freed[0] = None
