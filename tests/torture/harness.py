@@ -29,6 +29,10 @@ from utils.servers import RedisServer
 
 # --- the process environment ------------------------------------------------------------------
 
+# the pool of the workers the harness starts: `CHAINCRAWL_TORTURE_POOL=gevent ./control.sh test
+# -m slow tests/torture` runs the long suite on gevent, the default pool of control.sh
+POOL = os.environ.get("CHAINCRAWL_TORTURE_POOL", "threads")
+
 
 def base_env(redis_url: str, var: Path, prefix: str = "tt", **extra: str) -> dict[str, str]:
     """Settings every torture worker (and the test process) runs with; short timeouts so a
@@ -104,13 +108,14 @@ class Worker:
         log: Path,
         name: str,
         *,
-        pool: str = "threads",
+        pool: str = "",
         concurrency: int = 8,
         queues: str = "demo",
         loglevel: str = "INFO",
     ) -> None:
         self.log = log
         self.name = name
+        pool = pool or POOL
         cmd = [
             sys.executable, "-m", "celery", "-A", "worker", "worker",
             "-P", pool, "-c", str(concurrency), "-Q", queues, "-n", f"{name}@%h",
