@@ -132,9 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("start", help="start workers (and the embedded Redis if needed)")
     st.add_argument("--queues", help="comma-separated queues (default: every site + resources)")
-    st.add_argument("--pool", default="gevent",
-                    help="gevent (default: a third less CPU per page than threads), threads, "
-                         "prefork, solo")  # fmt: skip
+    st.add_argument("--pool", default="threads", help="threads (default), prefork, gevent, solo")
     st.add_argument("--concurrency", "-c", type=int, default=16, help="slots per worker (16)")
     st.add_argument("--workers", "-n", type=int, default=os.cpu_count() or 1,
                     help="worker processes on this machine (default: one per core)")  # fmt: skip
