@@ -30,7 +30,7 @@ from utils.servers import RedisServer
 # --- the process environment ------------------------------------------------------------------
 
 # the pool of the workers the harness starts: `CHAINCRAWL_TORTURE_POOL=gevent ./control.sh test
-# -m slow tests/torture` runs the long suite on gevent, the default pool of control.sh
+# -m slow tests/torture` runs the long suite on gevent (its long Redis restart stalls: open)
 POOL = os.environ.get("CHAINCRAWL_TORTURE_POOL", "threads")
 
 
