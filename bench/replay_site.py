@@ -27,11 +27,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import contextlib
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,8 @@ from urllib.parse import urljoin, urlsplit
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from demo.testing import DemoServer, ServerProcess  # after the path fix-up above
 
 ROOT = Path(__file__).resolve().parent.parent
 # the crawl's seed and the warm-up run's seed (chaincrawl_bench.crawl, plain_celery.crawl)
@@ -299,7 +299,7 @@ async def _serve(pages: dict[str, Page], host: str, port: int, latency_ms: float
 # --- the handle in the calling process -----------------------------------------------------
 
 
-class ReplayServer:
+class ReplayServer(ServerProcess):
     """Start/stop a replay server process; `.url`, `.url_for`, `.stats()`, `.reset()`, `.cpu()`,
     `.config` (the recorded site's DemoConfig, with this server's latency), as DemoServer."""
 
@@ -319,24 +319,11 @@ class ReplayServer:
                **demo_overrides: Any) -> ReplayServer:  # fmt: skip
         """Walk a DemoServer of these settings (`latency_ms` goes to the replay, the recording
         runs without), stop it, return the (unstarted) replay of what it served."""
-        from demo.testing import DemoServer
-
         latency = float(demo_overrides.pop("latency_ms", 0.0))
         with DemoServer(**{**demo_overrides, "latency_ms": 0}) as demo:
             pages = walk(demo.url, seeds, threads)
             config = demo.config
         return cls(pages, latency_ms=latency, config=config)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def url_for(self, path: str) -> str:
-        return self.url + path
-
-    def log(self) -> str:
-        path = self._tmp / "server.log" if self._tmp else None
-        return path.read_text(errors="replace") if path and path.exists() else ""
 
     def start(self) -> ReplayServer:
         if self.proc is not None:
@@ -368,50 +355,15 @@ class ReplayServer:
         self.stop()
         raise RuntimeError(f"replay server did not become ready; its log:\n{text[-4000:]}")
 
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> ReplayServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _admin(self, method: str, path: str) -> dict[str, Any]:
-        import urllib.request
-
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=b"" if method == "POST" else None)  # fmt: skip
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
-
     def stats(self, window: float | None = None, timestamps: bool = False) -> dict[str, Any]:
         """Counters since the last reset (`window` is accepted for DemoServer's signature)."""
         return self._admin("GET", "/admin/stats" + ("?timestamps=1" if timestamps else ""))
 
-    def reset(self) -> None:
-        self._admin("POST", "/admin/reset")
-
     def cpu(self) -> float:
-        """User+system CPU seconds of the server process so far (psutil, as for DemoServer)."""
-        import psutil
+        """User+system CPU seconds of the server process so far (as the benchmark counts)."""
+        from bench.chaincrawl_bench import proc_cpu
 
-        if self.proc is None:
-            return 0.0
-        with contextlib.suppress(psutil.NoSuchProcess):
-            return sum(psutil.Process(self.proc.pid).cpu_times()[:2])
-        return 0.0
+        return proc_cpu(self.proc.pid) if self.proc is not None else 0.0
 
     def __repr__(self) -> str:
         state = "running" if self.proc is not None else "stopped"

@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from demo.config import DemoConfig
 from utils.servers import free_port
@@ -30,7 +30,66 @@ from utils.servers import free_port
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class DemoServer:
+class ServerProcess:
+    """A test server running in a process of its own: its address, its log, stopping it, the
+    context manager and its admin calls. Subclasses set `proc`, `_tmp` (the directory holding
+    `server.log`), `host` and `port`, and implement `start()`; `bench.replay_site.ReplayServer`
+    is the other one."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    _tmp: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"  # type: ignore[attr-defined]
+
+    def url_for(self, path: str) -> str:
+        return self.url + path
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._tmp / "server.log" if self._tmp else None
+
+    def log(self) -> str:
+        path = self.log_path
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _admin(self, method: str, path: str) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.url + path, method=method, data=b"" if method == "POST" else None
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def reset(self) -> None:
+        """POST /admin/reset: zero counters, forget rate windows and bans."""
+        self._admin("POST", "/admin/reset")
+
+
+class DemoServer(ServerProcess):
     """Start/stop a demo server process; `.url`, `.stats()`, `.reset()`, `.expected()`."""
 
     def __init__(
@@ -64,21 +123,6 @@ class DemoServer:
     @property
     def port(self) -> int:
         return self.config.port
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def url_for(self, path: str) -> str:
-        return self.url + path
-
-    @property
-    def log_path(self) -> Path | None:
-        return self._tmp / "server.log" if self._tmp else None
-
-    def log(self) -> str:
-        path = self.log_path
-        return path.read_text(errors="replace") if path and path.exists() else ""
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> DemoServer:
@@ -128,34 +172,7 @@ class DemoServer:
             time.sleep(0.05)
         return False
 
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
-        atexit.unregister(self.stop)
-
-    def __enter__(self) -> DemoServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # --- admin --------------------------------------------------------------------------
-    def _admin(self, method: str, path: str) -> dict[str, Any]:
-        req = urllib.request.Request(
-            self.url + path, method=method, data=b"" if method == "POST" else None
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
-
     def stats(self, window: float | None = None, timestamps: bool = False) -> dict[str, Any]:
         """GET /admin/stats (see README "Admin")."""
         query = []
@@ -164,10 +181,6 @@ class DemoServer:
         if timestamps:
             query.append("timestamps=1")
         return self._admin("GET", "/admin/stats" + ("?" + "&".join(query) if query else ""))
-
-    def reset(self) -> None:
-        """POST /admin/reset: zero counters, forget rate windows and bans."""
-        self._admin("POST", "/admin/reset")
 
     def expected(self, app_page_size: int | None = None) -> dict[str, Any]:
         """expected_counts() for this server's sizes and page sizes."""
