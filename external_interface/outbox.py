@@ -13,8 +13,8 @@ thread per worker process, or `python -m external_interface.outbox`) and, for ea
 Batches flush by size (`outbox_batch`), by time (`outbox_flush_interval` after the first entry
 arrived), when the stream goes quiet (`outbox_idle_flush` without a new entry: a run's last items
 are stored at once) and on shutdown. An entry is acknowledged only after it is stored, so nothing
-is lost when a drainer dies: its entries stay pending and another drainer claims them (XAUTOCLAIM) once
-they have been idle for `claim_idle` seconds.
+is lost when a drainer dies: its entries stay pending and another drainer claims them
+(XAUTOCLAIM) once they have been idle for `claim_idle` seconds.
 
 Sink outages: the failed entries stay pending, the drainer stops reading new ones and retries
 with exponential backoff (refreshing its claim so others don't steal them); everything newer
