@@ -256,7 +256,7 @@ def get_fetcher() -> Fetcher:
     global _fetcher
     if _fetcher is None:
         s = get_settings()
-        _fetcher = default_fetcher(s.max_redirects, s.fetcher)
+        _fetcher = default_fetcher(s.max_redirects, s.fetcher, s.fetch_slots)
     return _fetcher
 
 

@@ -80,6 +80,14 @@ class Settings(BaseSettings):
         validation_alias=_env("FETCHER"),
         description="HTTP client of the fetch layer: urllib3 (default, leaner) or requests.",
     )
+    fetch_slots: int = Field(
+        0,
+        ge=0,
+        validation_alias=_env("FETCH_SLOTS"),
+        description="Most requests one worker process has in flight (0: one per task slot). "
+        "Give workers a few more task slots than this so the next request starts while "
+        "finished ones parse and commit (`control.sh start -c 20 --fetch-slots 16`).",
+    )
 
     providers: str = Field(
         "",

@@ -10,6 +10,9 @@ Scenarios (the issue's goals):
   cpu         no added latency, 16 in flight: Scrapy (CONCURRENT_REQUESTS=16) vs a threads(16)
               worker. Goal: chaincrawl CPU/page <= 0.8 x Scrapy's.
   lat250      250 ms latency, 16 in flight: bound 16/0.25 = 64 pages/s. Goal >= 95 % of it.
+              chaincrawl runs 20 task slots with 16 fetch slots (CHAINCRAWL_FETCH_SLOTS), as
+              Scrapy's 16 count downloads only; the "in flt" column is the most requests the
+              page server saw at once.
   lat100x256  100 ms latency, 256 in flight: Scrapy at 256 vs a gevent(256) worker; bound
               min(2560 pages/s, CPU limit = 1000 / CPU ms per page). Goal >= 90 % of it.
   scale       no latency, threads(16): two worker processes vs one. Goal >= 1.8x.
@@ -77,6 +80,10 @@ class Scenario:
     scrapy: bool = True
     note: str = ""
     server: str = "demo"  # the page server of `--server auto`
+    # chaincrawl's task slots per worker when more than `concurrency`, which then caps its
+    # requests in flight instead (CHAINCRAWL_FETCH_SLOTS): Scrapy's CONCURRENT_REQUESTS also
+    # counts downloads only, not pages being parsed
+    task_slots: int = 0
 
     def bound(self) -> float | None:
         return self.concurrency * 1000 / self.latency_ms if self.latency_ms else None
@@ -84,7 +91,9 @@ class Scenario:
 
 SCENARIOS = {
     "cpu": Scenario("cpu", 0, 16, 2000, 600, note="CPU per page, 16 in flight, no latency"),
-    "lat250": Scenario("lat250", 250, 16, 1300, 420, note="250 ms latency, 16 in flight"),
+    "lat250": Scenario(
+        "lat250", 250, 16, 1300, 420, task_slots=20, note="250 ms latency, 16 in flight"
+    ),
     "lat100x256": Scenario(
         "lat100x256", 100, 256, 3000, 1000, pool="gevent", note="100 ms latency, 256 in flight"
     ),
@@ -169,7 +178,11 @@ def run_chaincrawl(b: ChaincrawlBench, demo: Any, sc: Scenario, workers: int, pr
     load0 = os.getloadavg()[0]
     env = _env(proto)
     proto = env.get("BENCH_PROTO", "")
-    r = b.crawl(demo, pool=pool or sc.pool, concurrency=sc.concurrency, workers=workers, env=env,
+    slots = sc.concurrency
+    if sc.task_slots > sc.concurrency:
+        slots = sc.task_slots
+        env = {**env, "CHAINCRAWL_FETCH_SLOTS": str(sc.concurrency)}
+    r = b.crawl(demo, pool=pool or sc.pool, concurrency=slots, workers=workers, env=env,
                 app="bench.tuned_worker" if proto else "worker", keep_workers=keep)  # fmt: skip
     d = r.as_dict()
     d["steady_pages_per_s"] = steady_rate(d["extra"].pop("arrivals"))
@@ -213,6 +226,8 @@ class Metered:
             res["server_cpu_ms_per_page"] = (
                 1000 * res["server_cpu_s"] / res["pages"] if res.get("pages") else None
             )
+        if self.last.get("max_in_flight") is not None:  # what the site saw, not what we set
+            res["server_peak_in_flight"] = self.last["max_in_flight"]
         if self.last.get("unknown"):
             res.setdefault("extra", {})["warning"] = (
                 f"replay server: {self.last['unknown']} requests for unrecorded pages, e.g. "
@@ -319,6 +334,7 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
                             log(f"   {label:<34} run {i + 1}: {res['pages']} pages "
                                 f"{res['pages_per_s']:7.1f} p/s  {res['cpu_ms_per_page']:6.2f} ms CPU/page  "
                                 f"server {_f(srv_ms if srv_ms is not None else float('nan'), 4, 2)} ms/page  "
+                                f"in flight {res.get('server_peak_in_flight', '-')}  "
                                 f"load {res['load']:.1f}  ({time.monotonic() - t0:.0f}s)"
                                 + (f"  WARNING {res['extra']['warning']}" if res.get("extra", {}).get("warning") else ""))  # fmt: skip
                         if label.startswith(("chaincrawl", "cc+")):
@@ -353,7 +369,7 @@ def table(rows: list[Row], meta: dict[str, Any]) -> str:
     for r in rows:
         by_sc.setdefault((r.scenario, r.server), []).append(r)
     hdr = (f"{'scenario':<11} {'server':<6} {'system':<34} {'pages/s':>8} {'steady':>7} {'CPU ms/pg':>9} "
-           f"{'(min)':>6} {'redis ms/pg':>11} {'server ms/pg':>12} {'peak RSS MB':>11} {'vs bound':>8} "
+           f"{'(min)':>6} {'redis ms/pg':>11} {'server ms/pg':>12} {'peak RSS MB':>11} {'in flt':>6} {'vs bound':>8} "
            f"{'CPU vs scrapy':>13} {'p/s vs scrapy':>13} {'CPU util':>8} {'load':>5}")  # fmt: skip
     out.append(hdr)
     out.append("-" * len(hdr))
@@ -383,7 +399,9 @@ def table(rows: list[Row], meta: dict[str, Any]) -> str:
                 f"{name:<11} {server:<6} {r.system[:34]:<34} {pps:8.1f} {_f(r.med('steady_pages_per_s'), 7)} "
                 f"{cpu:9.2f} {r.min('cpu_ms_per_page'):6.2f} "
                 f"{(f'{redis_ms:.2f}' if redis_ms == redis_ms else '-'):>11} "
-                f"{_f(r.med('server_cpu_ms_per_page'), 12, 2)} {r.med('peak_rss_mb_max'):11.1f} {vs_bound:>8} {rel_cpu:>13} {rel_pps:>13} "
+                f"{_f(r.med('server_cpu_ms_per_page'), 12, 2)} {r.med('peak_rss_mb_max'):11.1f} "
+                f"{_f(max((x.get('server_peak_in_flight') or float('nan') for x in r.runs), default=float('nan')), 6, 0)} "
+                f"{vs_bound:>8} {rel_cpu:>13} {rel_pps:>13} "
                 f"{100 * r.med('cpu_util'):7.0f}% {r.med('load'):5.1f}"
             )
         if sc.bound():

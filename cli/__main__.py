@@ -33,10 +33,14 @@ def cmd_start(a: argparse.Namespace) -> None:
     s = procs.settings()
     print(f"redis: {procs.ensure_redis(s)} ({s.redis_url.split('@')[-1]})")
     queues = a.queues or ",".join(_all_queues())
-    names = procs.start_workers(s, queues, a.pool, a.concurrency, a.workers, a.name)
+    names = procs.start_workers(
+        s, queues, a.pool, a.concurrency, a.workers, a.name, fetch_slots=a.fetch_slots
+    )
     procs.wait_workers_ready(names, s)
+    slots = f", fetch slots={a.fetch_slots}" if a.fetch_slots else ""
     print(
-        f"workers ready: {', '.join(names)} (pool={a.pool}, concurrency={a.concurrency}, queues={queues})"
+        f"workers ready: {', '.join(names)} (pool={a.pool}, concurrency={a.concurrency}{slots}, "
+        f"queues={queues})"
     )
     print(f"logs: {s.var_dir / 'log'}")
 
@@ -134,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--queues", help="comma-separated queues (default: every site + resources)")
     st.add_argument("--pool", default="threads", help="threads (default), prefork, gevent, solo")
     st.add_argument("--concurrency", "-c", type=int, default=16, help="slots per worker (16)")
+    st.add_argument("--fetch-slots", type=int, default=None,
+                    help="most requests in flight per worker (default: CHAINCRAWL_FETCH_SLOTS, "
+                    "else one per slot); e.g. -c 20 --fetch-slots 16 keeps 16 requests "
+                    "going while finished pages parse")  # fmt: skip
     st.add_argument("--workers", "-n", type=int, default=os.cpu_count() or 1,
                     help="worker processes on this machine (default: one per core)")  # fmt: skip
     st.add_argument("--name", default="w", help="worker name prefix (w)")

@@ -123,12 +123,21 @@ def start_workers(
     workers: int,
     name: str = "w",
     supervise: bool = True,
+    fetch_slots: int | None = None,
 ) -> list[str]:
     """Start worker processes, each under `cli.supervisor` (restarted when it exits by
     itself, with back-off and a cap; the pid file holds the supervisor's pid, and SIGTERM to
-    it is a warm shutdown of the worker) unless `supervise` is False."""
+    it is a warm shutdown of the worker) unless `supervise` is False. `fetch_slots` caps each
+    worker's requests in flight (CHAINCRAWL_FETCH_SLOTS) below its task slots."""
     if pool not in ("threads", "prefork", "gevent", "solo"):
         raise UserError(f"--pool must be threads, prefork, gevent or solo, not {pool!r}")
+    if concurrency < 1:
+        raise UserError(f"--concurrency must be at least 1, not {concurrency}")
+    env: dict[str, str] = {}
+    if fetch_slots is not None:
+        if fetch_slots < 0:
+            raise UserError(f"--fetch-slots must be 0 (no cap) or more, not {fetch_slots}")
+        env["CHAINCRAWL_FETCH_SLOTS"] = str(fetch_slots)
     started = []
     for i in range(1, workers + 1):
         wname = f"worker-{name}{i}"
@@ -142,7 +151,7 @@ def start_workers(
         if supervise:
             cmd = [sys.executable, "-m", "cli.supervisor", "--name", wname,
                    "--ready-marker", " ready.", "--", *cmd]  # fmt: skip
-        start_bg(wname, cmd, s)
+        start_bg(wname, cmd, s, env)
         started.append(wname)
     return started
 

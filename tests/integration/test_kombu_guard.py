@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from kombu.transport import redis as kredis
 from config import reset_settings
 from utils import kombu_guard
 from utils.redis import reset_clients
+from utils.servers import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +196,107 @@ def test_a_saturated_consumer_waits_for_an_ack_not_for_its_poll_timeout(
     finally:
         poller.poller.poll = real_poll
         kombu_guard._freed[0] = None
+
+
+@pytest.mark.parametrize("settle", ["ack", "reject"])
+def test_a_failed_ack_reconnects_instead_of_leaving_its_slot_taken(
+    settle: str, tmp_path: Path
+) -> None:
+    """An ack (or a requeueing reject: a task's Reject on a network error) that fails while
+    Redis is down leaves its message in the QoS: kombu frees the slot only after Redis answered.
+    A consumer whose every slot leaked so sends no BRPOP and never learns that its connection
+    died: the gevent workers of the long Redis-restart torture stalled so. With the guard the
+    next drain raises a connection error (Celery reconnects), and closing the channel
+    restores the message."""
+    kombu_guard.apply()
+    server = RedisServer(tmp_path / "redis").start()
+    conn = Connection(server.url)
+    try:
+        got: list[Any] = []
+        held: list[Any] = []
+        ch = conn.channel()
+        ch.basic_qos(0, 1, False)
+
+        def on_message(body: Any, message: Any) -> None:
+            got.append(body)
+            held.append(message)
+
+        Consumer(
+            ch, [Queue("g", routing_key="g")], callbacks=[on_message], accept=["json"]
+        ).consume()
+        producer = Producer(ch)
+        for n in (1, 2):
+            producer.publish({"n": n}, routing_key="g", serializer="json")
+        drain_until(conn, lambda: got)
+        server.stop()  # SIGTERM: the append-only log is written out
+        message = held.pop()
+        with pytest.raises(redis.ConnectionError):
+            if settle == "ack":
+                message.ack()
+            else:
+                message.reject(requeue=True)
+        assert not ch.qos.can_consume()  # the slot leaked
+        server.start(timeout=30)
+        with pytest.raises(redis.ConnectionError, match="an ack failed"):
+            for _ in range(10):  # without the guard: TimeoutError on every round, for ever
+                with contextlib.suppress(TimeoutError):
+                    conn.drain_events(timeout=0.3)
+        # what Celery does on a connection error: close, connect again, consume again
+        with contextlib.suppress(Exception):
+            conn.release()
+        conn = Connection(server.url)
+        got.clear()
+        consumer(conn, got)
+        drain_until(conn, lambda: len(got) == 2)
+        assert sorted(b["n"] for b in got) == [1, 2]  # the leaked message came back
+    finally:
+        with contextlib.suppress(Exception):
+            conn.release()
+        server.kill()
+
+
+def test_a_busy_synloop_consumer_still_restores_messages_past_the_visibility_timeout(
+    tmp_path: Path,
+) -> None:
+    """kombu's `get` sweeps `unacked` only after a poll that found nothing; the event loop has
+    a timer for it, gevent/solo workers do not. A message abandoned in `unacked` (its holder
+    hung, or its requeue failed while Redis was down) must come back while the consumer is
+    kept busy by a full queue, within a few visibility timeouts."""
+    kombu_guard.apply()
+    server = RedisServer(tmp_path / "redis").start()
+    opts = {"visibility_timeout": 1, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+    hung, busy = Connection(server.url, transport_options=opts), Connection(server.url,
+                                                                           transport_options=opts)  # fmt: skip
+    try:
+        held: list[Any] = []
+        ch = hung.channel()
+        ch.basic_qos(0, 1, False)
+        Consumer(
+            ch, [Queue("g", routing_key="g")], callbacks=[lambda b, m: held.append(b)],
+            accept=["json"],
+        ).consume()  # fmt: skip
+        producer = Producer(ch)
+        producer.publish({"n": "abandoned"}, routing_key="g", serializer="json")
+        drain_until(hung, lambda: held)  # delivered to `hung`, which never acks it
+        for n in range(150):
+            producer.publish({"n": n}, routing_key="g", serializer="json")
+        got: list[Any] = []
+
+        def work(body: Any, message: Any) -> None:
+            got.append(body)
+            time.sleep(0.02)  # ~3 s of work in all: every poll finds a message
+            message.ack()
+
+        bch = busy.channel()
+        bch.basic_qos(0, 1, False)
+        Consumer(bch, [Queue("g", routing_key="g")], callbacks=[work], accept=["json"]).consume()
+        before = kombu_guard.counts["restore_sweeps"]
+        drain_until(busy, lambda: {"n": "abandoned"} in got or len(got) > 150, rounds=400)
+        assert {"n": "abandoned"} in got
+        assert got.index({"n": "abandoned"}) < 150  # came back while the queue was still full
+        assert kombu_guard.counts["restore_sweeps"] > before
+    finally:
+        for c in (hung, busy):
+            with contextlib.suppress(Exception):
+                c.release()
+        server.kill()

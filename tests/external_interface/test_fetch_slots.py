@@ -1,0 +1,119 @@
+"""`LimitedFetcher` (CHAINCRAWL_FETCH_SLOTS) against a real local server that counts the
+requests it has in flight: the cap holds, waiting counts against the request's deadline, and a
+failed request gives its slot back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from exceptions import ConnectError, FetchTimeout
+from external_interface.fetch import (
+    FetchRequest,
+    LimitedFetcher,
+    Urllib3Fetcher,
+    default_fetcher,
+)
+from utils.servers import free_port
+
+
+class Counting(BaseHTTPRequestHandler):
+    """Sleeps `?s=` seconds (default 0.1) per request, counting requests in flight."""
+
+    lock = threading.Lock()
+    now = 0
+    peak = 0
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        with cls.lock:
+            cls.now += 1
+            cls.peak = max(cls.peak, cls.now)
+        try:
+            time.sleep(float(self.path.partition("s=")[2] or 0.1))
+            body = b"ok"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        finally:
+            with cls.lock:
+                cls.now -= 1
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def counting() -> Iterator[str]:
+    Counting.now = Counting.peak = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def crawl(fetcher: Any, url: str, n: int = 24, threads: int = 12) -> list[int]:
+    with ThreadPoolExecutor(threads) as ex:
+        return list(ex.map(lambda _: fetcher.fetch(FetchRequest("GET", url)).status, range(n)))
+
+
+def test_the_server_never_sees_more_than_the_fetch_slots(counting: str) -> None:
+    assert crawl(Urllib3Fetcher(), f"{counting}/?s=0.1") == [200] * 24
+    unlimited = Counting.peak
+    Counting.peak = 0
+    assert crawl(LimitedFetcher(Urllib3Fetcher(), 4), f"{counting}/?s=0.1") == [200] * 24
+    assert unlimited > 4  # the server does see 12 threads' requests at once without the cap
+    assert Counting.peak == 4
+
+
+def test_waiting_for_a_slot_counts_against_the_request_deadline(counting: str) -> None:
+    f = LimitedFetcher(Urllib3Fetcher(), 1)
+    holder = threading.Thread(target=f.fetch, args=(FetchRequest("GET", f"{counting}/?s=1.5"),))
+    holder.start()
+    time.sleep(0.2)  # the one slot is taken
+    t0 = time.monotonic()
+    with pytest.raises(FetchTimeout, match=r"no fetch slot free within 0\.3 s"):
+        f.fetch(FetchRequest("GET", f"{counting}/?s=0", timeout=0.3))
+    assert time.monotonic() - t0 < 1.0
+    holder.join()
+    # a request that waited gets only what is left of its deadline for the request itself
+    holder = threading.Thread(target=f.fetch, args=(FetchRequest("GET", f"{counting}/?s=0.5"),))
+    holder.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(FetchTimeout):  # ~0.4 s waiting + 1 s request > 1.0 s deadline
+        f.fetch(FetchRequest("GET", f"{counting}/?s=1", timeout=1.0))
+    assert time.monotonic() - t0 < 1.5
+    holder.join()
+
+
+def test_a_failed_request_gives_its_slot_back(counting: str) -> None:
+    f = LimitedFetcher(Urllib3Fetcher(), 1)
+    for _ in range(3):
+        with pytest.raises(ConnectError):
+            f.fetch(FetchRequest("GET", f"http://127.0.0.1:{free_port()}/", timeout=1.0))
+    assert f.fetch(FetchRequest("GET", f"{counting}/?s=0", timeout=1.0)).status == 200
+
+
+def test_fetch_slots_setting_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    from config import Settings
+
+    monkeypatch.setenv("CHAINCRAWL_FETCH_SLOTS", "16")
+    assert Settings().fetch_slots == 16
+    monkeypatch.setenv("CHAINCRAWL_FETCH_SLOTS", "-1")
+    with pytest.raises(ValueError, match="CHAINCRAWL_FETCH_SLOTS"):
+        Settings()
+    assert isinstance(default_fetcher(slots=16), LimitedFetcher)
+    assert isinstance(default_fetcher(slots=0), Urllib3Fetcher)
+    with pytest.raises(ValueError, match="at least 1"):
+        LimitedFetcher(Urllib3Fetcher(), 0)
