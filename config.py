@@ -18,6 +18,12 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent
+# The worker pool `control.sh start`, the demo and the tests use unless told otherwise. gevent:
+# one OS thread per worker process (no GIL hand-offs between 16 threads on every lxml call and
+# socket operation), a third less CPU per page than threads (docs/performance.md); the long
+# torture suite passes on both (docs/reliability.md, bugs 10 and 11).
+DEFAULT_POOL = "gevent"
+POOLS = ("gevent", "threads", "prefork", "solo")
 EMBEDDED_REDIS_PORT = 16379
 
 

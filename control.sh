@@ -16,7 +16,7 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
   setup                      create .venv and install the project (done automatically)
   demo [--size S]            the demo crawl: Redis, demo site, workers, Flower, chain, summary
   start [--queues Q] [--pool P] [--concurrency N] [--workers N]
-                             start workers (one per core by default, threads pool)
+                             start workers (one per core by default, gevent pool)
   stop                       warm-stop workers, Flower, beat, demo site, embedded Redis
   restart                    stop, then start with the same options
   status [--json|--watch]    workers, queue depths, active runs, dead letters, backlog

@@ -53,6 +53,7 @@ if __package__ in (None, ""):
 import psutil
 
 from bench.workload import expected_pages
+from config import DEFAULT_POOL
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "benchsite"
@@ -313,7 +314,7 @@ class ChaincrawlBench:
         self.close()
 
     # -- one measured crawl
-    def crawl(self, demo: Any, *, pool: str = "threads", concurrency: int = 16, workers: int = 1,
+    def crawl(self, demo: Any, *, pool: str = DEFAULT_POOL, concurrency: int = 16, workers: int = 1,
               app: str = "worker", env: dict[str, str] | None = None, warmup: bool = True,
               timeout: float | None = None, label: str = "chaincrawl",
               keep_workers: bool = False, prefix: list[str] | None = None
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description="chaincrawl side of the crawl benchmark")
     ap.add_argument("--latency-ms", type=int, default=0)
-    ap.add_argument("-P", "--pool", default="threads")
+    ap.add_argument("-P", "--pool", default=DEFAULT_POOL)
     ap.add_argument("-c", "--concurrency", type=int, default=16)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--pages", type=int, default=2000, help="about this many pages")

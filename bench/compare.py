@@ -7,7 +7,7 @@
     .venv/bin/python -m bench.compare --quick --scenarios scale --server both
 
 Scenarios (the issue's goals):
-  cpu         no added latency, 16 in flight: Scrapy (CONCURRENT_REQUESTS=16) vs a threads(16)
+  cpu         no added latency, 16 in flight: Scrapy (CONCURRENT_REQUESTS=16) vs a gevent(16)
               worker. Goal: chaincrawl CPU/page <= 0.8 x Scrapy's.
   lat250      250 ms latency, 16 in flight: bound 16/0.25 = 64 pages/s. Goal >= 95 % of it.
               chaincrawl runs 20 task slots with 16 fetch slots (CHAINCRAWL_FETCH_SLOTS), as
@@ -15,11 +15,11 @@ Scenarios (the issue's goals):
               page server saw at once.
   lat100x256  100 ms latency, 256 in flight: Scrapy at 256 vs a gevent(256) worker; bound
               min(2560 pages/s, CPU limit = 1000 / CPU ms per page). Goal >= 90 % of it.
-  scale       no latency, threads(16): two worker processes vs one. Goal >= 1.8x.
+  scale       no latency, 16 slots: two worker processes vs one. Goal >= 1.8x.
 
-Pools (`--pools`, default threads,gevent): chaincrawl runs once per pool, at the same
-concurrency, in every scenario but lat100x256 (gevent only); rows of the second pool are
-tagged `[gevent]`. The threads pool pays for GIL hand-offs: every lxml XPath call and socket
+Pools (`--pools`, default gevent,threads): chaincrawl runs once per pool, at the same
+concurrency, in every scenario but lat100x256 (gevent only); rows of a pool other than the
+default (gevent) are tagged, e.g. `[threads]`. The threads pool pays for GIL hand-offs: every lxml XPath call and socket
 operation releases the GIL and another of the 16 threads takes it on the other core (an XPath
 query costs 2.6-4x the CPU with 2-16 threads as with one); a gevent worker runs one OS thread.
 
@@ -63,6 +63,7 @@ if __package__ in (None, ""):
 
 from bench.chaincrawl_bench import ChaincrawlBench, proc_cpu, steady_rate
 from bench.workload import expected_pages, site_for_pages
+from config import DEFAULT_POOL
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRAPY_TUNED = ["CONCURRENT_ITEMS=16"]
@@ -75,7 +76,7 @@ class Scenario:
     concurrency: int
     pages: int
     quick_pages: int
-    pool: str = "threads"
+    pool: str | None = None  # None: every pool of `--pools`; else this one only
     workers: int = 1
     scrapy: bool = True
     note: str = ""
@@ -270,7 +271,7 @@ def page_server(kind: str, users: int, posts: int, comments: int, latency_ms: in
 
 def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrapy_defaults: bool,
             log: Any = print, plain: bool = True, server: str = "auto",
-            pools: tuple[str, ...] = ("threads",)) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
+            pools: tuple[str, ...] = (DEFAULT_POOL,)) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
     rows: list[Row] = []
     meta: dict[str, Any] = {"versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                             "load_start": os.getloadavg(), "quick": quick, "repeat": repeat,
@@ -298,9 +299,9 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
                     systems.append((f"celery plain, {batch} page(s)/task",
                                     lambda d, batch=batch, sc=sc: _plain(b, d, sc, batch)))  # fmt: skip
             # the scenario's own pool first (lat100x256: gevent only; 256 threads make no sense)
-            sc_pools = [sc.pool] if sc.pool != "threads" else list(dict.fromkeys(pools))
+            sc_pools = [sc.pool] if sc.pool else list(dict.fromkeys(pools))
             for pool in sc_pools:
-                tag = "" if pool == sc.pool or len(sc_pools) == 1 else f" [{pool}]"
+                tag = "" if pool == DEFAULT_POOL or len(sc_pools) == 1 else f" [{pool}]"
                 for label, pr in cc_names.items():
                     if name == "scale":
                         for nw in (1, sc.workers):
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", choices=("auto", "demo", "replay", "both"), default="auto",
                     help="page server: the demo platform or bench/replay_site.py's replay of it; "
                          "auto = replay for scale, demo for the rest")  # fmt: skip
-    ap.add_argument("--pools", default="threads,gevent",
+    ap.add_argument("--pools", default=f"{DEFAULT_POOL},threads",
                     help="worker pools to run chaincrawl with where the scenario allows (all but "
                          "lat100x256, which is gevent); rows of other pools are tagged [pool]")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="write every run's numbers here")

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from config import DEFAULT_POOL
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -223,7 +225,7 @@ def pyspy_prefix(out: Path, rate: int = 200) -> list[str]:
             "-o", str(out), "--"]  # fmt: skip
 
 
-def profile_chaincrawl(pages: int, proto: str, outdir: Path, pool: str = "threads",
+def profile_chaincrawl(pages: int, proto: str, outdir: Path, pool: str = DEFAULT_POOL,
                        concurrency: int = 16, latency_ms: int = 0) -> dict[str, Any]:  # fmt: skip
     from bench.chaincrawl_bench import ChaincrawlBench
     from bench.workload import site_for_pages
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pages", type=int, default=2000)
     ap.add_argument("--proto", default="", help="BENCH_PROTO flags (bench/proto.py)")
     ap.add_argument("--scrapy", action="store_true", help="profile the Scrapy baseline instead")
-    ap.add_argument("-P", "--pool", default="threads", help="worker pool (threads, gevent)")
+    ap.add_argument("-P", "--pool", default=DEFAULT_POOL, help="worker pool (gevent, threads)")
     ap.add_argument("-s", "--set", action="append", default=["CONCURRENT_ITEMS=16"],
                     help="Scrapy setting for --scrapy")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="directory for raw profiles + JSON")

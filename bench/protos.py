@@ -26,6 +26,7 @@ if __package__ in (None, ""):
 
 from bench.chaincrawl_bench import ChaincrawlBench
 from bench.workload import site_for_pages
+from config import DEFAULT_POOL
 
 # each configuration switches one core change off again (or metrics off: an upper bound)
 DEFAULT_FLAGS = ("env:CHAINCRAWL_TASK_EVENTS=1,env:CHAINCRAWL_TASK_LOG=1,"
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--pages", type=int, default=1500)
     ap.add_argument("--latency-ms", type=int, default=0)
-    ap.add_argument("-P", "--pool", default="threads")
+    ap.add_argument("-P", "--pool", default=DEFAULT_POOL)
     ap.add_argument("-c", "--concurrency", type=int, default=16)
     ap.add_argument("--cumulative", action="store_true", help="flag sets grow one flag at a time")
     ap.add_argument("--no-all", action="store_true", help="skip the all-flags configuration")

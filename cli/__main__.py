@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from cli import UserError
+from config import DEFAULT_POOL, POOLS
 
 
 def _seeds(text: str | None) -> list[dict[str, Any]] | None:
@@ -136,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("start", help="start workers (and the embedded Redis if needed)")
     st.add_argument("--queues", help="comma-separated queues (default: every site + resources)")
-    st.add_argument("--pool", default="threads", help="threads (default), prefork, gevent, solo")
+    st.add_argument("--pool", default=DEFAULT_POOL,
+                    help=f"{DEFAULT_POOL} (default), " + ", ".join(p for p in POOLS if p != DEFAULT_POOL))  # fmt: skip
     st.add_argument("--concurrency", "-c", type=int, default=16, help="slots per worker (16)")
     st.add_argument("--fetch-slots", type=int, default=None,
                     help="most requests in flight per worker (default: CHAINCRAWL_FETCH_SLOTS, "

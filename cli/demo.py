@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import UserError, procs
-from config import Settings
+from config import DEFAULT_POOL, Settings
 
 DEMO_FEATURES = "ua_check,sign,device,login,soft_fail"
 
@@ -131,11 +131,9 @@ def cmd_demo(a: argparse.Namespace) -> None:
     else:
         import worker
 
-        names = procs.start_workers(
-            s, ",".join(worker.queues()), "threads", a.concurrency, a.workers
-        )
+        names = procs.start_workers(s, ",".join(worker.queues()), a.pool, a.concurrency, a.workers)
         procs.wait_workers_ready(names, s)
-        console.print(f"[bold]workers[/bold]: {len(names)} x threads({a.concurrency})")
+        console.print(f"[bold]workers[/bold]: {len(names)} x {a.pool}({a.concurrency})")
     flower = None
     if not a.no_flower:
         flower = procs.start_flower(s)
@@ -171,6 +169,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8700, help="demo site port (8700)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--pool", default=DEFAULT_POOL, help=f"worker pool ({DEFAULT_POOL})")
     p.add_argument("--priority", type=int, default=None)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--no-flower", action="store_true")

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from cli import UserError
-from config import ROOT, Settings, get_settings
+from config import POOLS, ROOT, Settings, get_settings
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
 
 
@@ -129,8 +129,8 @@ def start_workers(
     itself, with back-off and a cap; the pid file holds the supervisor's pid, and SIGTERM to
     it is a warm shutdown of the worker) unless `supervise` is False. `fetch_slots` caps each
     worker's requests in flight (CHAINCRAWL_FETCH_SLOTS) below its task slots."""
-    if pool not in ("threads", "prefork", "gevent", "solo"):
-        raise UserError(f"--pool must be threads, prefork, gevent or solo, not {pool!r}")
+    if pool not in POOLS:
+        raise UserError(f"--pool must be one of {', '.join(POOLS)}, not {pool!r}")
     if concurrency < 1:
         raise UserError(f"--concurrency must be at least 1, not {concurrency}")
     env: dict[str, str] = {}

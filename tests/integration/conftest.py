@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from config import get_settings, reset_settings
+from config import DEFAULT_POOL, get_settings, reset_settings
 from tests.procs import LoggedProc
 from tests.testsite.server import TestSite
 from utils.redis import reset_clients
@@ -87,7 +87,7 @@ def start_worker(cc_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..
     procs: list[WorkerProc] = []
 
     def start(
-        pool: str = "threads",
+        pool: str = DEFAULT_POOL,
         concurrency: int = 8,
         name: str = "w",
         queues: str | None = None,

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from config import get_settings, reset_settings
+from config import DEFAULT_POOL, get_settings, reset_settings
 from scheduling.gate import reset_gate
 from tests.procs import LoggedProc as Proc
 from tests.scheduling.server import SchedSite
@@ -108,7 +108,7 @@ def start_workers(sched_env: dict[str, str], tmp_path: Path) -> Iterator[Callabl
     procs: list[Proc] = []
 
     def start(
-        n: int = 1, pool: str = "threads", concurrency: int = 8, queues: str = QUEUES, **env: Any
+        n: int = 1, pool: str = DEFAULT_POOL, concurrency: int = 8, queues: str = QUEUES, **env: Any
     ) -> list[Proc]:
         batch = []
         for _ in range(n):

@@ -23,15 +23,15 @@ from typing import Any
 
 import redis
 
-from config import ROOT, get_settings, reset_settings
+from config import DEFAULT_POOL, ROOT, get_settings, reset_settings
 from utils.redis import reset_clients
 from utils.servers import RedisServer
 
 # --- the process environment ------------------------------------------------------------------
 
-# the pool of the workers the harness starts: `CHAINCRAWL_TORTURE_POOL=gevent ./control.sh test
-# -m slow tests/torture` runs the long suite on gevent (its long Redis restart stalls: open)
-POOL = os.environ.get("CHAINCRAWL_TORTURE_POOL", "threads")
+# the pool of the workers the harness starts: the default pool, or `CHAINCRAWL_TORTURE_POOL=threads
+# ./control.sh test -m slow tests/torture` for the long suite on another one
+POOL = os.environ.get("CHAINCRAWL_TORTURE_POOL", DEFAULT_POOL)
 
 
 def base_env(redis_url: str, var: Path, prefix: str = "tt", **extra: str) -> dict[str, str]:
