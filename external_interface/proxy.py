@@ -234,7 +234,8 @@ class RotationProxyProvider:
             and self.pool.record(pid, event, outcome.elapsed).state == "removed"
         ):
             self._urls.pop(pid, None)
-        self.rotation.feedback(pid, event, outcome.elapsed)
+        hold = ban_hold(outcome, self.pool.settings) if event is Event.BANNED else None
+        self.rotation.feedback(pid, event, outcome.elapsed, hold)
 
 
 _cache: dict[tuple[str, str, str], Provider] = {}

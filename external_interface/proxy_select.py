@@ -110,7 +110,11 @@ class Rotation:
         self.length = selector.client_pool_size if length is None else length
         self.fast_response = s.fast_response if fast_response is None else fast_response
         self.refresh_interval = s.refill_interval
+        self.ban_ttl = s.ban_ttl
         self._queue: collections.deque[str] = collections.deque()
+        # proxies this site banned, kept out until then (monotonic): the global pool still
+        # ranks them healthy (other sites may use them), so a refill would bring them back
+        self._benched: dict[str, float] = {}
         self._lock = threading.Lock()
         self._last_refresh = float("-inf")
 
@@ -125,7 +129,9 @@ class Rotation:
         self._last_refresh = now
         fresh = self.selector.select().ids
         with self._lock:
-            known = set(self._queue)
+            for pid in [p for p, until in self._benched.items() if until <= now]:
+                del self._benched[pid]
+            known = set(self._queue) | self._benched.keys()
             self._queue.extend(i for i in fresh if i not in known)
 
     def get(self, avoid: Collection[str] = ()) -> str | None:
@@ -141,9 +147,20 @@ class Rotation:
                 return pid
         return None
 
-    def feedback(self, proxy_id: str, event: Event, elapsed: float | None = None) -> None:
-        """Failures leave the queue; greedy sends a slow success to the back."""
+    def feedback(
+        self,
+        proxy_id: str,
+        event: Event,
+        elapsed: float | None = None,
+        hold: float | None = None,
+    ) -> None:
+        """Failures leave the queue; a ban also keeps the proxy out of refills for `hold`
+        seconds (the site's Retry-After; default and cap `ban_ttl`), as a channel benches it;
+        greedy sends a slow success to the back."""
         with self._lock:
+            if event is Event.BANNED:
+                ttl = self.ban_ttl if hold is None else min(hold, self.ban_ttl)
+                self._benched[proxy_id] = time.monotonic() + ttl
             if proxy_id not in self._queue:
                 return
             if event in (Event.DEAD, Event.TIMEOUT, Event.BANNED):
@@ -160,3 +177,9 @@ class Rotation:
     def snapshot(self) -> list[str]:
         with self._lock:
             return list(self._queue)
+
+    def benched(self) -> dict[str, float]:
+        """Proxies this site banned -> seconds until they may come back."""
+        now = time.monotonic()
+        with self._lock:
+            return {p: round(until - now, 3) for p, until in self._benched.items() if until > now}

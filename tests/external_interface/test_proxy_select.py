@@ -128,6 +128,28 @@ def test_rotation_refills_when_short(pool: GlobalPool, three: list[str]) -> None
     assert sorted(rot.snapshot()) == sorted(three)
 
 
+@pytest.mark.parametrize("strategy", ["robin", "greedy"])
+def test_a_banned_proxy_stays_out_of_refills_until_its_hold_ends(
+    pool: GlobalPool, three: list[str], strategy: str
+) -> None:
+    """The global pool still ranks a proxy this site banned as healthy (other sites may use
+    it): a refill must not bring it back before the site's Retry-After, as a channel benches
+    it. A proxy that died is refilled as before (the pool's score decides about it)."""
+    a, b, c = three
+    rot = Rotation(Selector(pool), strategy, length=3)
+    rot.refresh_interval = 0.0  # refill on every short queue
+    assert rot.get() == a
+    rot.feedback(a, Event.BANNED, hold=0.3)
+    rot.feedback(b, Event.BANNED)  # no Retry-After: ban_ttl
+    rot.feedback(c, Event.DEAD)
+    assert rot.get() == c  # refilled: the dead one is back, the banned ones are not
+    assert rot.snapshot() == [c]
+    assert set(rot.benched()) == {a, b} and rot.benched()[b] > 3000
+    time.sleep(0.35)
+    rot.refresh()
+    assert sorted(rot.snapshot()) == [a, c] and set(rot.benched()) == {b}
+
+
 def test_unknown_strategy(pool: GlobalPool) -> None:
     with pytest.raises(ValueError, match="strategy"):
         Rotation(Selector(pool), "random")
