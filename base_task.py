@@ -544,7 +544,7 @@ def batch_size(s: Settings, outstanding: int) -> int:
     """Pages per message for children of a run with `outstanding` tasks.
 
     With `CHAINCRAWL_BATCH_BACKLOG` set: `batch` from that backlog on, else 1. Auto (0): one page
-    per message while the worker uses less than half a core (latency-bound: the CPU is to spare);
+    per message while the worker uses less than 3/4 of a core (latency-bound: the CPU is to spare);
     above that the backlog must still make enough messages to keep the worker busy — two per
     slot (every slot needs work; ramp-up and tail stay one page per message; a second worker
     gets its share), a quarter of that (at least 4) once it is CPU-bound (more messages would
@@ -564,39 +564,38 @@ def batch_size(s: Settings, outstanding: int) -> int:
     return max(1, min(size, outstanding // wanted))
 
 
-BATCH_CPU_MIN = 0.5  # below this share of a core, one page per message: the CPU is to spare,
+BATCH_CPU_MIN = 0.75  # below this share of a core, one page per message: the CPU is to spare,
 # and a batch runs its pages one after the other in one slot (k pages = k latencies), which
-# left slots idle in the tail of a latency-bound run
+# left slots idle in the tail of a latency-bound run. Not lower: a latency-bound crawl parses
+# its 16 responses together every 250 ms, and on the threads pool (two cores) one 0.1 s window
+# read 0.5-0.6; batched then, a user's ten posts ran one after the other in one slot and made
+# a 2.5 s tail. A CPU-bound crawl reads 0.95 and more from its first 20 ms. (Smoothing the share
+# over windows instead delayed the first batches of a CPU-bound crawl and cost it 30 % CPU per
+# page: the first user pages' publishes decide whether their subtrees run batched.)
 BATCH_SLOT_FACTOR = 2  # messages per worker slot the backlog must still make when batched
 BATCH_CPU_BOUND = 0.85  # share of a core used recently from which the worker counts as CPU-bound
-_cpu_window: list[float] = [0.0, 0.0, 0.0]  # wall and CPU time at the window's start, the share
+_cpu_window: list[float] = [0.0, 0.0, 0.0]  # wall and CPU time at the window's start, last share
 
 
 def cpu_busy() -> float:
-    """Share of one core this process used lately (all threads): a moving average over windows
-    of `CPU_WINDOW` (weight `CPU_SMOOTH` for the newest), 0 after an idle spell. Every page
-    ticks it (`SiteTask._execute`), so it is fresh whenever a publish asks: asked only by
-    publishes, it went stale between the few pages with several children, read 0 on a
-    CPU-bound crawl and left it at one page per message (3.3 ms instead of 1.4 per page).
-    Averaged, not the last window alone: 16 responses of a latency-bound crawl arrive
-    together and are parsed within a few tens of ms, a window of 0.5-0.7 on a 15 % average;
-    batched then, a user's ten posts ran one after the other in one slot and made a
-    2.5 s tail (one page per 250 ms window). A CPU-bound crawl reaches 0.5 in two windows."""
+    """Share of one core this process used over the last tenth of a second or so (all
+    threads); 0 after an idle spell (a window spanning it says nothing about the burst starting
+    now). Every page ticks it (`SiteTask._execute`), so it is fresh whenever a publish asks:
+    asked only by publishes, it went stale between the few pages with several children, read
+    0 on a CPU-bound crawl and left it at one page per message (3.3 ms instead of 1.4 per page)."""
     now = time.monotonic()
     w = _cpu_window
     span = now - w[0]
     if span >= CPU_WINDOW:  # roll the window
         cpu = time.process_time()
-        if span < 5 * CPU_WINDOW:
-            w[2] += CPU_SMOOTH * ((cpu - w[1]) / span - w[2])
-        else:  # a window spanning an idle spell: what comes now is a new start
-            w[2] = 0.0
+        w[2] = (cpu - w[1]) / span if span < 5 * CPU_WINDOW else 0.0
         w[0], w[1] = now, cpu
+    elif span >= CPU_WINDOW / 5:  # the window so far: a burst is seen within 20 ms of its start
+        w[2] = (time.process_time() - w[1]) / span
     return w[2]
 
 
-CPU_WINDOW = 0.1  # seconds per window of cpu_busy()
-CPU_SMOOTH = 0.35  # weight of the newest window in cpu_busy()'s average
+CPU_WINDOW = 0.1  # seconds over which cpu_busy() measures
 
 
 def _tail_backlog(s: Settings) -> int:
