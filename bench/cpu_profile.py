@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from config import DEFAULT_POOL
-
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from config import DEFAULT_POOL
 
 ROOT = Path(__file__).resolve().parent.parent
 PYSPY = str(Path(sys.executable).with_name("py-spy"))
