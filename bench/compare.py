@@ -127,6 +127,10 @@ class Row:
         vals = [r[key] for r in self.runs if r.get(key) is not None]
         return min(vals) if vals else float("nan")
 
+    def max(self, key: str) -> float:
+        vals = [r[key] for r in self.runs if r.get(key) is not None]
+        return max(vals) if vals else float("nan")
+
 
 def versions() -> dict[str, str]:
     out = {
@@ -401,7 +405,7 @@ def table(rows: list[Row], meta: dict[str, Any]) -> str:
                 f"{cpu:9.2f} {r.min('cpu_ms_per_page'):6.2f} "
                 f"{(f'{redis_ms:.2f}' if redis_ms == redis_ms else '-'):>11} "
                 f"{_f(r.med('server_cpu_ms_per_page'), 12, 2)} {r.med('peak_rss_mb_max'):11.1f} "
-                f"{_f(max((x.get('server_peak_in_flight') or float('nan') for x in r.runs), default=float('nan')), 6, 0)} "
+                f"{_f(r.max('server_peak_in_flight'), 6, 0)} "
                 f"{vs_bound:>8} {rel_cpu:>13} {rel_pps:>13} "
                 f"{100 * r.med('cpu_util'):7.0f}% {r.med('load'):5.1f}"
             )
