@@ -68,6 +68,31 @@ def consumer(conn: Connection, got: list[Any], ack: bool = True) -> Any:
     return ch
 
 
+def holding_consumer(conn: Connection, got: list[Any], held: list[Any]) -> Any:
+    """A channel with one prefetch slot consuming `g`: each body goes to `got`, its message to
+    `held`, unacknowledged (the slot stays taken until the test settles it)."""
+    ch = conn.channel()
+    ch.basic_qos(0, 1, False)
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body)
+        held.append(message)
+
+    Consumer(ch, [Queue("g", routing_key="g")], callbacks=[on_message], accept=["json"]).consume()
+    return ch
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test's own, which it may stop and start again."""
+    kombu_guard.apply()
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
 def drain_until(conn: Connection, cond: Any, rounds: int = 50) -> None:
     for _ in range(rounds):
         if cond():
@@ -145,15 +170,8 @@ def test_a_saturated_consumer_waits_for_an_ack_not_for_its_poll_timeout(
     remote control has): a slot freed meanwhile stayed idle. The guard waits for an ack instead
     (then only looks at the other sockets, without blocking); an ack wakes it at once."""
     got: list[Any] = []
-    held: list[Any] = []
-    ch = broker.channel()
-    ch.basic_qos(0, 1, False)
-
-    def on_message(body: Any, message: Any) -> None:
-        got.append(body)
-        held.append(message)  # not acked: the one slot stays taken
-
-    Consumer(ch, [Queue("g", routing_key="g")], callbacks=[on_message], accept=["json"]).consume()
+    held: list[Any] = []  # not acked: the one slot stays taken
+    ch = holding_consumer(broker, got, held)
     Consumer(
         ch, [Queue("bcast", exchange=Exchange("bc", type="fanout"))], accept=["json"]
     ).consume()
@@ -200,7 +218,7 @@ def test_a_saturated_consumer_waits_for_an_ack_not_for_its_poll_timeout(
 
 @pytest.mark.parametrize("settle", ["ack", "reject"])
 def test_a_failed_ack_reconnects_instead_of_leaving_its_slot_taken(
-    settle: str, tmp_path: Path
+    settle: str, own_redis: RedisServer
 ) -> None:
     """An ack (or a requeueing reject: a task's Reject on a network error) that fails while
     Redis is down leaves its message in the QoS: kombu frees the slot only after Redis answered.
@@ -208,27 +226,16 @@ def test_a_failed_ack_reconnects_instead_of_leaving_its_slot_taken(
     died: the gevent workers of the long Redis-restart torture stalled so. With the guard the
     next drain raises a connection error (Celery reconnects), and closing the channel
     restores the message."""
-    kombu_guard.apply()
-    server = RedisServer(tmp_path / "redis").start()
-    conn = Connection(server.url)
+    conn = Connection(own_redis.url)
     try:
         got: list[Any] = []
         held: list[Any] = []
-        ch = conn.channel()
-        ch.basic_qos(0, 1, False)
-
-        def on_message(body: Any, message: Any) -> None:
-            got.append(body)
-            held.append(message)
-
-        Consumer(
-            ch, [Queue("g", routing_key="g")], callbacks=[on_message], accept=["json"]
-        ).consume()
+        ch = holding_consumer(conn, got, held)
         producer = Producer(ch)
         for n in (1, 2):
             producer.publish({"n": n}, routing_key="g", serializer="json")
         drain_until(conn, lambda: got)
-        server.stop()  # SIGTERM: the append-only log is written out
+        own_redis.stop()  # SIGTERM: the append-only log is written out
         message = held.pop()
         with pytest.raises(redis.ConnectionError):
             if settle == "ack":
@@ -236,7 +243,7 @@ def test_a_failed_ack_reconnects_instead_of_leaving_its_slot_taken(
             else:
                 message.reject(requeue=True)
         assert not ch.qos.can_consume()  # the slot leaked
-        server.start(timeout=30)
+        own_redis.start(timeout=30)
         with pytest.raises(redis.ConnectionError, match="an ack failed"):
             for _ in range(10):  # without the guard: TimeoutError on every round, for ever
                 with contextlib.suppress(TimeoutError):
@@ -244,7 +251,7 @@ def test_a_failed_ack_reconnects_instead_of_leaving_its_slot_taken(
         # what Celery does on a connection error: close, connect again, consume again
         with contextlib.suppress(Exception):
             conn.release()
-        conn = Connection(server.url)
+        conn = Connection(own_redis.url)
         got.clear()
         consumer(conn, got)
         drain_until(conn, lambda: len(got) == 2)
@@ -252,29 +259,21 @@ def test_a_failed_ack_reconnects_instead_of_leaving_its_slot_taken(
     finally:
         with contextlib.suppress(Exception):
             conn.release()
-        server.kill()
 
 
 def test_a_busy_synloop_consumer_still_restores_messages_past_the_visibility_timeout(
-    tmp_path: Path,
+    own_redis: RedisServer,
 ) -> None:
     """kombu's `get` sweeps `unacked` only after a poll that found nothing; the event loop has
     a timer for it, gevent/solo workers do not. A message abandoned in `unacked` (its holder
     hung, or its requeue failed while Redis was down) must come back while the consumer is
     kept busy by a full queue, within a few visibility timeouts."""
-    kombu_guard.apply()
-    server = RedisServer(tmp_path / "redis").start()
     opts = {"visibility_timeout": 1, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
-    hung, busy = Connection(server.url, transport_options=opts), Connection(server.url,
+    hung, busy = Connection(own_redis.url, transport_options=opts), Connection(own_redis.url,
                                                                            transport_options=opts)  # fmt: skip
     try:
         held: list[Any] = []
-        ch = hung.channel()
-        ch.basic_qos(0, 1, False)
-        Consumer(
-            ch, [Queue("g", routing_key="g")], callbacks=[lambda b, m: held.append(b)],
-            accept=["json"],
-        ).consume()  # fmt: skip
+        ch = holding_consumer(hung, held, [])
         producer = Producer(ch)
         producer.publish({"n": "abandoned"}, routing_key="g", serializer="json")
         drain_until(hung, lambda: held)  # delivered to `hung`, which never acks it
@@ -299,4 +298,3 @@ def test_a_busy_synloop_consumer_still_restores_messages_past_the_visibility_tim
         for c in (hung, busy):
             with contextlib.suppress(Exception):
                 c.release()
-        server.kill()
