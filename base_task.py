@@ -50,7 +50,7 @@ from celery.utils.saferepr import saferepr
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from chains.model import Chain, chain_from_dict, fan_out
-from chains.state import Committed, Kid, RunState
+from chains.state import CommitCall, Committed, Kid, RunState
 from config import Settings, get_settings
 from exceptions import (
     BannedError,
@@ -78,6 +78,7 @@ from external_interface.fetch import Fetcher, FetchRequest, Response, default_fe
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics, aggregator
 from scheduling.gate import get_gate
+from utils.cpuload import CpuMeter
 from utils.ids import new_id
 from utils.logsafe import mask, redact, task_argsrepr
 from utils.redis import get_redis
@@ -544,7 +545,8 @@ def batch_size(s: Settings, outstanding: int) -> int:
     """Pages per message for children of a run with `outstanding` tasks.
 
     With `CHAINCRAWL_BATCH_BACKLOG` set: `batch` from that backlog on, else 1. Auto (0): one page
-    per message while the worker uses less than 3/4 of a core (latency-bound: the CPU is to spare);
+    per message while the worker wants less than 3/4 of a core (`cpu_busy`: latency-bound, the CPU
+    is to spare);
     above that the backlog must still make enough messages to keep the worker busy — two per
     slot (every slot needs work; ramp-up and tail stay one page per message; a second worker
     gets its share), a quarter of that (at least 4) once it is CPU-bound (more messages would
@@ -564,7 +566,9 @@ def batch_size(s: Settings, outstanding: int) -> int:
     return max(1, min(size, outstanding // wanted))
 
 
-BATCH_CPU_MIN = 0.75  # below this share of a core, one page per message: the CPU is to spare,
+BATCH_CPU_MIN = (
+    0.75  # below this share of a core wanted, one page per message: the CPU is to spare,
+)
 # and a batch runs its pages one after the other in one slot (k pages = k latencies), which
 # left slots idle in the tail of a latency-bound run. Not lower: a latency-bound crawl parses
 # its 16 responses together every 250 ms, and on the threads pool (two cores) one 0.1 s window
@@ -573,29 +577,19 @@ BATCH_CPU_MIN = 0.75  # below this share of a core, one page per message: the CP
 # over windows instead delayed the first batches of a CPU-bound crawl and cost it 30 % CPU per
 # page: the first user pages' publishes decide whether their subtrees run batched.)
 BATCH_SLOT_FACTOR = 2  # messages per worker slot the backlog must still make when batched
-BATCH_CPU_BOUND = 0.85  # share of a core used recently from which the worker counts as CPU-bound
-_cpu_window: list[float] = [0.0, 0.0, 0.0]  # wall and CPU time at the window's start, last share
+BATCH_CPU_BOUND = 0.85  # share of a core wanted recently from which the worker counts as CPU-bound
+CPU_WINDOW = 0.1  # seconds over which cpu_busy() measures
+_cpu_meter = CpuMeter(CPU_WINDOW)
 
 
 def cpu_busy() -> float:
-    """Share of one core this process used over the last tenth of a second or so (all
-    threads); 0 after an idle spell (a window spanning it says nothing about the burst starting
-    now). Every page ticks it (`SiteTask._execute`), so it is fresh whenever a publish asks:
-    asked only by publishes, it went stale between the few pages with several children, read
-    0 on a CPU-bound crawl and left it at one page per message (3.3 ms instead of 1.4 per page)."""
-    now = time.monotonic()
-    w = _cpu_window
-    span = now - w[0]
-    if span >= CPU_WINDOW:  # roll the window
-        cpu = time.process_time()
-        w[2] = (cpu - w[1]) / span if span < 5 * CPU_WINDOW else 0.0
-        w[0], w[1] = now, cpu
-    elif span >= CPU_WINDOW / 5:  # the window so far: a burst is seen within 20 ms of its start
-        w[2] = (time.process_time() - w[1]) / span
-    return w[2]
-
-
-CPU_WINDOW = 0.1  # seconds over which cpu_busy() measures
+    """Share of one core this process wanted over the last tenth of a second or so: its CPU
+    plus the time its threads waited for a core (`utils.cpuload`), so a CPU-bound worker that
+    shares its cores with another still reads busy. Every page ticks it (`SiteTask._execute`),
+    so it is fresh whenever a publish asks: asked only by publishes, it went stale between the
+    few pages with several children, read 0 on a CPU-bound crawl and left it at one page per
+    message (3.3 ms instead of 1.4 per page)."""
+    return _cpu_meter.demand()
 
 
 def _tail_backlog(s: Settings) -> int:
@@ -774,7 +768,7 @@ class _BatchRun:
     after the last entry) and their children (published in one pipeline after that)."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[list[Any], list[Any]]] = []
+        self.calls: list[CommitCall] = []
         self.after: list[tuple[SiteTask, str, str]] = []  # (task, tid, dedup id) per call
         self.groups: list[tuple[list[bytes], str]] = []
         self.outstanding = 0
@@ -793,7 +787,7 @@ def _current_batch() -> _BatchRun | None:
 
 
 def _run_commits(
-    state: RunState, s: Settings, rid: str, calls: list[Any], pipe_extra: Any = None
+    state: RunState, s: Settings, rid: str, calls: list[CommitCall], pipe_extra: Any = None
 ) -> list[Committed | None]:
     """Commit calls in one round trip. While the run's backlog is shallow (its tail, or not
     seen yet) this process's pending metrics go first in the same pipeline, so they are
@@ -908,7 +902,7 @@ class SiteTask(Task):
         _aggregate(metrics, spec, settings)
         summary = f"{len(stored)} items, {len(kids)} follow-ups"
         batch = _current_batch()
-        calls: list[Any] = batch.calls if batch is not None else []
+        calls: list[CommitCall] = batch.calls if batch is not None else []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(stored),
             entries=entries, kids=kids, defer=calls,
@@ -1088,7 +1082,7 @@ class SiteTask(Task):
             dls.add(dl, pipe)
             metrics.flush(pipe, spec.name, spec.site, settings)
 
-        calls: list[Any] = []
+        calls: list[CommitCall] = []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
             defer=calls,
@@ -1275,7 +1269,7 @@ def _dead_letter_unknown(state: RunState, s: Settings, e: Mapping[str, Any]) -> 
         retries=0,
     )
     dls = DeadLetterStore(state.r, s)
-    calls: list[Any] = []
+    calls: list[CommitCall] = []
     state.commit(rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
                  defer=calls)  # fmt: skip
     state.run_commits(calls, pipe_extra=lambda pipe: dls.add(dl, pipe))

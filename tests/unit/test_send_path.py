@@ -20,6 +20,7 @@ from base_task import BATCH_TASK, Publisher, SiteTask, get_endpoint
 from chains.state import Kid, RunState
 from chains.sweeper import message_ids
 from config import Settings
+from utils.cpuload import CpuMeter
 
 TASK = "testsite.local.detail"
 
@@ -116,6 +117,15 @@ def test_plan_batches_only_a_deep_backlog(
     # auto sizing: never fewer than two messages per slot of the worker
     auto = Settings(**{**settings.model_dump(), "batch_backlog": 0})
     monkeypatch.setattr(base_task, "_worker_slots", 4)
+    # a CPU-bound worker sharing its cores (utils.cpuload): 0.6 of a core used, 0.4 waited for
+    clock = {"wall": 100.0, "cpu": 0.0, "wait": 0.0}
+    meter = CpuMeter(0.125, lambda: clock["wall"], lambda: clock["cpu"], lambda: clock["wait"])
+    monkeypatch.setattr(base_task, "_cpu_meter", meter)
+    meter.demand()
+    clock.update(wall=100.125, cpu=0.075, wait=0.05)
+    assert [base_task.batch_size(auto, n) for n in (7, 8, 12, 1000)] == [1, 2, 3, 4]
+    clock.update(wall=100.25, cpu=0.15, wait=0.05)  # 0.6 used, nothing waited: latency-bound
+    assert [base_task.batch_size(auto, n) for n in (7, 8, 12, 1000)] == [1, 1, 1, 1]
     monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.6)  # a latency-bound parse burst
     assert [base_task.batch_size(auto, n) for n in (15, 16, 24, 1000)] == [1, 1, 1, 1]
     monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.8)  # busy: two messages per slot
@@ -205,24 +215,3 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
     with pytest.raises(Reject):
         base_task.run_batch([])
     assert pauses == [base_task.REQUEUE_PAUSE] * 2
-
-
-def test_cpu_busy_sees_a_burst_within_its_first_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batch sizing reads `cpu_busy()`: after an idle spell it must read the new burst
-    within a fraction of its window, not the stale share of the last one (a CPU-bound crawl
-    read 0 and stayed at one page per message)."""
-    clock = {"wall": 1000.0, "cpu": 50.0}
-    monkeypatch.setattr(base_task.time, "monotonic", lambda: clock["wall"])
-    monkeypatch.setattr(base_task.time, "process_time", lambda: clock["cpu"])
-    monkeypatch.setattr(base_task, "_cpu_window", [0.0, 0.0, 0.0])
-
-    def run(seconds: float, share: float) -> float:
-        clock["wall"] += seconds
-        clock["cpu"] += seconds * share
-        return base_task.cpu_busy()
-
-    assert run(10, 0.0) == 0.0  # after idling: nothing known yet
-    assert run(0.03, 1.0) == pytest.approx(1.0)  # 30 ms into a burst it shows
-    assert run(0.1, 1.0) == pytest.approx(1.0)
-    assert run(0.1, 0.2) == pytest.approx(0.2)  # latency-bound: no batches
-    assert run(2.0, 0.0) == 0.0  # a window spanning an idle spell says nothing

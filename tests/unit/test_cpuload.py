@@ -1,0 +1,102 @@
+"""utils.cpuload: the CPU a process wants (used + waited for), which sizes the worker's batches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from utils.cpuload import CpuMeter, run_queue_wait
+
+
+def fake_meter() -> tuple[CpuMeter, dict[str, float]]:
+    clock = {"wall": 1000.0, "cpu": 50.0, "wait": 7.0}
+    meter = CpuMeter(  # binary fractions of a second: exact window arithmetic
+        0.125, clock=lambda: clock["wall"], cpu=lambda: clock["cpu"], waited=lambda: clock["wait"]
+    )
+    return meter, clock
+
+
+def test_a_burst_shows_within_its_first_window_and_an_idle_spell_reads_zero() -> None:
+    """Batch sizing reads the meter: after an idle spell it must read the new burst within a
+    fraction of its window, not the stale share of the last one (a CPU-bound crawl read 0 and
+    stayed at one page per message)."""
+    meter, clock = fake_meter()
+
+    def run(seconds: float, share: float) -> float:
+        clock["wall"] += seconds
+        clock["cpu"] += seconds * share
+        return meter.demand()
+
+    assert run(10, 0.0) == 0.0  # after idling: nothing known yet
+    assert run(0.03, 1.0) == pytest.approx(1.0)  # 30 ms into a burst it shows
+    assert run(0.125, 1.0) == pytest.approx(1.0)
+    assert run(0.125, 0.2) == pytest.approx(0.2)  # latency-bound: no batches
+    assert run(2.0, 0.0) == 0.0  # a window spanning an idle spell says nothing
+
+
+def test_time_spent_waiting_for_a_core_counts_as_wanted() -> None:
+    """A CPU-bound worker sharing its cores gets 0.6 of one and waits the rest: it wants 1."""
+    meter, clock = fake_meter()
+
+    def run(seconds: float, share: float, waiting: float) -> float:
+        clock["wall"] += seconds
+        clock["cpu"] += seconds * share
+        clock["wait"] += seconds * waiting
+        return meter.demand()
+
+    run(10, 0.0, 0.0)
+    assert run(0.125, 0.6, 0.4) == pytest.approx(1.0)
+    assert meter.cpu_share == pytest.approx(0.6) and meter.wait_share == pytest.approx(0.4)
+    # within the next window: the CPU so far plus the last window's wait
+    assert run(0.0625, 0.5, 0.5) == pytest.approx(0.9)
+    assert run(0.0625, 0.3, 0.0) == pytest.approx(0.4 + 0.25)  # rolled: the halves averaged
+    assert run(5.0, 0.0, 0.0) == 0.0  # idle again: neither share carries over
+
+
+def test_without_schedstat_the_meter_is_the_cpu_share() -> None:
+    clock = {"wall": 0.0, "cpu": 0.0}
+    meter = CpuMeter(  # binary fractions of a second: exact window arithmetic
+        0.125, clock=lambda: clock["wall"], cpu=lambda: clock["cpu"], waited=lambda: None
+    )
+    meter.demand()
+    clock["wall"] += 0.1
+    clock["cpu"] += 0.07
+    assert meter.demand() == pytest.approx(0.7) and meter.wait_share == 0.0
+
+
+def test_a_thread_that_exits_never_makes_the_wait_negative() -> None:
+    meter, clock = fake_meter()
+    clock["wall"] += 10
+    meter.demand()
+    clock["wall"] += 0.125
+    clock["cpu"] += 0.0625
+    clock["wait"] -= 3.0  # a thread with 3 s of waiting is gone from the sum
+    assert meter.demand() == pytest.approx(0.5)
+
+
+@pytest.mark.skipif(run_queue_wait() is None, reason="the kernel does not count run-queue waits")
+def test_a_busy_process_on_oversubscribed_cores_reads_as_wanting_a_whole_core() -> None:
+    """The real thing: with more busy processes than cores, this busy loop gets a fraction of a
+    core; the meter still reads about one core, the CPU share alone well under it."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    try:
+        time.sleep(0.2)  # the hogs are running
+        meter = CpuMeter(0.3)
+        meter.demand()
+        end = time.monotonic() + 0.35
+        while time.monotonic() < end:
+            pass
+        wanted = meter.demand()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert meter.cpu_share < 0.75, meter.cpu_share  # a third of a core or so
+    assert wanted > 0.85, (meter.cpu_share, meter.wait_share)
