@@ -14,8 +14,9 @@ Keys (prefix `cc` by default):
     runs:active          set   run ids not yet done
     outbox               stream items handed off for storage (drained by external_interface.outbox)
 
-A task's whole result is committed in one Lua script: its items go to the outbox, its children
-are staged in `kids:{tid}`, the counters move, and `outstanding` drops by one. The script runs
+A task's whole result is committed in one Lua script (a batch's tasks in one call): its items go
+to the outbox, its children are staged in `kids:{tid}`, the counters move, and `outstanding`
+drops by one. The script runs
 at most once per task id (the `done` set), so a redelivered or duplicated message can neither
 store items twice nor count twice. Children are sent after the commit and the staging list
 deleted; a redelivered task that finds itself committed only re-sends what is still staged.
@@ -47,96 +48,132 @@ COUNTERS = (
 )  # fmt: skip
 
 _COMMIT = """
--- KEYS: 1 done set|key, 2 counters, 3 run hash, 4 outbox, 5 kids list, 6 active runs, 7 pending,
---       8 ledger (tid -> message of every task sent and not yet committed: bug 1's sweeper)
--- ARGV: 1 tid, 2 run, 3 step, 4 outcome, 5 n_items, 6 now, 7 ttl, 8 uniq key prefix,
---       9 n_entries, then per entry: n_fields, fields...; then n_kids, per kid: step, uniq, json
-local tid, run, step, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local ttl = tonumber(ARGV[7])
-if run == '' then
-  if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl) then return 0 end
-else
-  if redis.call('SADD', KEYS[1], tid) == 0 then return 0 end
-  redis.call('EXPIRE', KEYS[1], ttl)
-end
+-- Commits of one run's tasks (a batch's, or a single task's), each at most once per task id.
+-- KEYS: 1 counters, 2 run hash, 3 outbox, 4 active runs, 5 pending, 6 ledger (tid -> message
+--       of every task sent and not yet committed: bug 1's sweeper); then per commit:
+--       its done set|key, its kids list
+-- ARGV: 1 run, 2 now, 3 ttl, 4 uniq key prefix, 5 number of commits; then per commit: tid,
+--       step, outcome, n_items, n_entries, per entry: n_fields, fields...; n_kids, per kid:
+--       step, uniq, json
+-- Reply per commit: 0 (already committed) or {outstanding tasks of the run (0 without a run),
+-- the staged child messages...}, so the caller publishes them with no LRANGE round trip.
+-- Counters, EXPIREs and the run's `last` are written once per call, summed over its commits.
+local run, now, ttl, uprefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local n = tonumber(ARGV[5])
+local i = 6
 local cap = 0
-if run ~= '' then cap = tonumber(redis.call('HGET', KEYS[3], 'cap') or '0') end
-if run ~= '' then redis.call('HDEL', KEYS[8], tid) end
-local i = 9
-local n_entries = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n_entries do
-  local nf = tonumber(ARGV[i]); i = i + 1
-  local fields = {}
-  for f = 1, nf do fields[f] = ARGV[i]; i = i + 1 end
-  redis.call('XADD', KEYS[4], '*', unpack(fields))
-end
--- children: straight to this task's staging list, or (with a cap) to the run's waiting list
-local target = KEYS[5]
-if cap > 0 then target = KEYS[7] end
-local n_kids = tonumber(ARGV[i]); i = i + 1
-local per_step = {}
-local total = 0
-for _ = 1, n_kids do
-  local kstep, uniq, msg = ARGV[i], ARGV[i + 1], ARGV[i + 2]; i = i + 3
-  local fresh = 1
-  if uniq ~= '' and run ~= '' then
-    local ukey = ARGV[8] .. kstep
-    fresh = redis.call('SADD', ukey, uniq)
-    redis.call('EXPIRE', ukey, ttl)
+if run ~= '' then cap = tonumber(redis.call('HGET', KEYS[2], 'cap') or '0') end
+local replies, counts, touched = {}, {}, {}
+local delta, committed, ledger_grew = 0, 0, false
+local inflight0, inflight, drained = nil, 0, false  -- with a cap: tasks in the broker; pending empty
+local function count(field, by) counts[field] = (counts[field] or 0) + by end
+for c = 1, n do
+  local done_key, kids_key = KEYS[5 + 2 * c], KEYS[6 + 2 * c]
+  local tid, step, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local n_items = tonumber(ARGV[i + 3])
+  i = i + 4
+  local fresh_task
+  if run == '' then
+    fresh_task = redis.call('SET', done_key, '1', 'NX', 'EX', ttl)
+  else
+    fresh_task = redis.call('SADD', done_key, tid) == 1
+    if fresh_task then touched[done_key] = true end
   end
-  if fresh == 1 then
-    redis.call('RPUSH', target, msg)
-    if run ~= '' then
-      local kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
-      redis.call('HSET', KEYS[8], kid_id, msg)
+  local n_entries = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n_entries do
+    local nf = tonumber(ARGV[i]); i = i + 1
+    if fresh_task then redis.call('XADD', KEYS[3], '*', unpack(ARGV, i, i + nf - 1)) end
+    i = i + nf
+  end
+  local n_kids = tonumber(ARGV[i]); i = i + 1
+  if not fresh_task then
+    i = i + 3 * n_kids
+    replies[c] = 0
+  else
+    committed = committed + 1
+    if run ~= '' then redis.call('HDEL', KEYS[6], tid) end
+    -- children: straight to this task's staging list, or (with a cap) to the run's waiting list
+    local target = kids_key
+    if cap > 0 then target = KEYS[5] end
+    local total = 0
+    for _ = 1, n_kids do
+      local kstep, uniq, msg = ARGV[i], ARGV[i + 1], ARGV[i + 2]; i = i + 3
+      local fresh = 1
+      if uniq ~= '' and run ~= '' then
+        local ukey = uprefix .. kstep
+        fresh = redis.call('SADD', ukey, uniq)
+        touched[ukey] = true
+      end
+      if fresh == 1 then
+        redis.call('RPUSH', target, msg)
+        drained = false
+        if run ~= '' then
+          local kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
+          redis.call('HSET', KEYS[6], kid_id, msg)
+          ledger_grew = true
+          count(kstep .. ':dispatched', 1)
+        end
+        total = total + 1
+      end
     end
-    per_step[kstep] = (per_step[kstep] or 0) + 1
-    total = total + 1
+    if total > 0 then touched[target] = true end
+    if run ~= '' then
+      -- backpressure: this task leaves the broker; release waiting children up to the cap
+      -- (`inflight` is kept here and written once at the end, as the net change)
+      if cap > 0 then
+        if inflight0 == nil then
+          inflight0 = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+          inflight = inflight0
+        end
+        inflight = inflight - 1
+        local moved = 0
+        while inflight + moved < cap and not drained do
+          local m = redis.call('LPOP', KEYS[5])
+          if not m then drained = true; break end
+          redis.call('RPUSH', kids_key, m)
+          moved = moved + 1
+        end
+        if moved > 0 then
+          inflight = inflight + moved
+          touched[kids_key] = true
+        end
+      end
+      count(step .. ':' .. outcome, 1)
+      count(outcome, 1)
+      if n_items > 0 then
+        count(step .. ':items', n_items)
+        count('items', n_items)
+      end
+      if total > 0 then count('dispatched', total) end
+      delta = delta + total - 1
+    end
+    replies[c] = 1
   end
 end
-if total > 0 then redis.call('EXPIRE', target, ttl) end
--- reply: {outstanding tasks of the run (0 without a run), the staged child messages...},
--- so the caller publishes them with no LRANGE round trip; 0 means "already committed"
-if run == '' then
-  local out = redis.call('LRANGE', KEYS[5], 0, -1); table.insert(out, 1, 0); return out
-end
-if total > 0 then redis.call('EXPIRE', KEYS[8], ttl) end
-redis.call('HSET', KEYS[3], 'last', ARGV[6])
--- backpressure: this task leaves the broker; release waiting children up to the cap
-if cap > 0 then
-  local inflight = redis.call('HINCRBY', KEYS[2], 'inflight', -1)
-  local moved = 0
-  while inflight + moved < cap do
-    local m = redis.call('LPOP', KEYS[7])
-    if not m then break end
-    redis.call('RPUSH', KEYS[5], m)
-    moved = moved + 1
+for key in pairs(touched) do redis.call('EXPIRE', key, ttl) end
+local left = 0
+if run ~= '' and committed > 0 then
+  if ledger_grew then redis.call('EXPIRE', KEYS[6], ttl) end
+  redis.call('HSET', KEYS[2], 'last', now)
+  if inflight0 ~= nil and inflight ~= inflight0 then
+    redis.call('HINCRBY', KEYS[1], 'inflight', inflight - inflight0)
   end
-  if moved > 0 then
-    redis.call('HINCRBY', KEYS[2], 'inflight', moved)
-    redis.call('EXPIRE', KEYS[5], ttl)
+  for field, by in pairs(counts) do redis.call('HINCRBY', KEYS[1], field, by) end
+  left = redis.call('HINCRBY', KEYS[1], 'outstanding', delta)
+  if left <= 0 then
+    redis.call('HSET', KEYS[2], 'status', 'done', 'finished', now)
+    redis.call('SREM', KEYS[4], run)
+    redis.call('DEL', KEYS[6])
   end
 end
-local n_items = tonumber(ARGV[5])
-redis.call('HINCRBY', KEYS[2], step .. ':' .. outcome, 1)
-redis.call('HINCRBY', KEYS[2], outcome, 1)
-if n_items > 0 then
-  redis.call('HINCRBY', KEYS[2], step .. ':items', n_items)
-  redis.call('HINCRBY', KEYS[2], 'items', n_items)
+for c = 1, n do
+  if replies[c] == 1 then
+    local out = redis.call('LRANGE', KEYS[6 + 2 * c], 0, -1)
+    table.insert(out, 1, left)
+    replies[c] = out
+  end
 end
-for s, c in pairs(per_step) do
-  redis.call('HINCRBY', KEYS[2], s .. ':dispatched', c)
-end
-if total > 0 then redis.call('HINCRBY', KEYS[2], 'dispatched', total) end
-local left = redis.call('HINCRBY', KEYS[2], 'outstanding', total - 1)
-if left <= 0 then
-  redis.call('HSET', KEYS[3], 'status', 'done', 'finished', ARGV[6])
-  redis.call('SREM', KEYS[6], run)
-  redis.call('DEL', KEYS[8])
-end
-local out = redis.call('LRANGE', KEYS[5], 0, -1)
-table.insert(out, 1, left)
-return out
+return replies
 """
 
 _RELEASE = """
@@ -185,6 +222,16 @@ class Kid:
         return orjson.dumps(
             {"id": self.task_id, "task": self.task, "params": self.params, "meta": self.meta}
         )
+
+
+@dataclass
+class CommitCall:
+    """One task's commit, waiting to be sent with others (`RunState.run_commits`)."""
+
+    rid: str
+    done_key: str
+    kids_key: str
+    args: list[Any]  # its part of the script's ARGV: tid, step, outcome, n_items, entries, kids
 
 
 @dataclass
@@ -331,22 +378,12 @@ class RunState:
         entries: Sequence[Mapping[str, Any]],
         kids: Sequence[Kid],
         pipe_extra: Any = None,
-        defer: list[tuple[list[Any], list[Any]]] | None = None,
+        defer: list[CommitCall] | None = None,
     ) -> Committed | None:
         """Atomically record a finished task: the run's outstanding count and the staged
         children to send, or None if it had already committed. With `defer` the call is only
         appended there (None returned) for `run_commits`."""
-        args: list[Any] = [
-            tid,
-            rid,
-            step,
-            outcome,
-            n_items,
-            f"{time.time():.3f}",
-            RUN_TTL,
-            self.s.key("run", rid, "uniq", ""),
-            len(entries),
-        ]
+        args: list[Any] = [tid, step, outcome, n_items, len(entries)]
         for e in entries:
             args.append(2 * len(e))
             for k, v in e.items():
@@ -354,53 +391,70 @@ class RunState:
         args.append(len(kids))
         for k in kids:
             args.extend((k.step, k.uniq, k.encode()))
-        keys = [
-            self.done_key(rid, tid),
-            self.counters_key(rid) if rid else self.s.key("norun"),
-            self.run_key(rid) if rid else self.s.key("norun"),
-            self.outbox_key,
-            self.kids_key(tid),
-            self.active_key,
-            self.pending_key(rid) if rid else self.s.key("norun"),
-            self.ledger_key(rid) if rid else self.s.key("norun"),
-        ]
+        call = CommitCall(rid, self.done_key(rid, tid), self.kids_key(tid), args)
         if defer is not None:  # the caller sends it with others: run_commits(defer)
-            defer.append((keys, args))
+            defer.append(call)
             return None
-        return self.run_commits([(keys, args)], pipe_extra=pipe_extra)[0]
+        return self.run_commits([call], pipe_extra=pipe_extra)[0]
+
+    def _commit_script_call(self, rid: str, calls: Sequence[CommitCall]) -> list[Any]:
+        """KEYS and ARGV of one commit script call for `calls`, all of run `rid`."""
+        norun = self.s.key("norun")
+        keys: list[Any] = [
+            self.counters_key(rid) if rid else norun,
+            self.run_key(rid) if rid else norun,
+            self.outbox_key,
+            self.active_key,
+            self.pending_key(rid) if rid else norun,
+            self.ledger_key(rid) if rid else norun,
+        ]
+        args: list[Any] = [
+            rid, f"{time.time():.3f}", RUN_TTL, self.s.key("run", rid, "uniq", ""), len(calls)
+        ]  # fmt: skip
+        for c in calls:
+            keys += (c.done_key, c.kids_key)
+            args += c.args
+        return [len(keys), *keys, *args]
 
     def run_commits(
         self,
-        calls: Sequence[tuple[list[Any], list[Any]]],
+        calls: Sequence[CommitCall],
         pipe_pre: Any = None,
         pipe_extra: Any = None,
     ) -> list[Committed | None]:
-        """Send commit calls (from `commit(defer=...)`) in one round trip; each stays its own
-        script call, so each task id still commits at most once. `pipe_pre` adds commands
-        before them, `pipe_extra` after. EVALSHA straight into the pipeline: a registered
-        `Script` would make redis-py send SCRIPT EXISTS in a round trip of its own first."""
+        """Send commit calls (from `commit(defer=...)`) in one round trip: one script call per
+        run, so a batch's counters, EXPIREs and `last` are written once, summed over its
+        pages, and each task id still commits at most once. `pipe_pre` adds commands before
+        them, `pipe_extra` after. EVALSHA straight into the pipeline: a registered `Script`
+        would make redis-py send SCRIPT EXISTS in a round trip of its own first."""
+        groups: dict[str, list[int]] = {}
+        for n, c in enumerate(calls):
+            groups.setdefault(c.rid, []).append(n)
         pipe = self.r.pipeline(transaction=False)
         if pipe_pre is not None:
             pipe_pre(pipe)
         first = len(pipe.command_stack)
         sha = self._commit.sha
-        for keys, args in calls:
-            pipe.evalsha(sha, len(keys), *keys, *args)
+        script_calls = [
+            self._commit_script_call(rid, [calls[n] for n in idx]) for rid, idx in groups.items()
+        ]
+        for sc in script_calls:
+            pipe.evalsha(sha, *sc)
         if pipe_extra is not None:
             pipe_extra(pipe)
         res = pipe.execute(raise_on_error=False)
-        out: list[Committed | None] = []
+        out: list[Committed | None] = [None] * len(calls)
         error: Exception | None = None
-        for i, (keys, args) in enumerate(calls):
-            r = res[first + i]
+        for g, (idx, sc) in enumerate(zip(groups.values(), script_calls, strict=True)):
+            r = res[first + g]
             if isinstance(r, redis.exceptions.NoScriptError):  # a restarted or flushed server
                 self.r.script_load(_COMMIT)
-                r = self.r.evalsha(sha, len(keys), *keys, *args)
+                r = self.r.evalsha(sha, *sc)
             elif isinstance(r, Exception):
                 error = error or r
-                out.append(None)
                 continue
-            out.append(_committed(r))
+            for n, reply in zip(idx, r, strict=True):
+                out[n] = _committed(reply)
         error = error or next(
             (
                 r

@@ -194,6 +194,14 @@ _ACK = """
 --       task metrics key index, site metrics key index, n dead fields, fields...
 local group, ttl, maxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local i, won = 4, 0
+-- counts are summed per key and field and written once per call (a drain's entries share a
+-- few runs and endpoints): key index -> {field -> n}, key indexes in first-seen order
+local sums, order, runs = {}, {}, {}
+local function add(idx, field, n)
+  local t = sums[idx]
+  if t == nil then t = {}; sums[idx] = t; order[#order + 1] = idx end
+  t[field] = (t[field] or 0) + n
+end
 while i <= #ARGV do
   local id, kidx, step, n, cfield = ARGV[i], tonumber(ARGV[i+1]), ARGV[i+2],
     tonumber(ARGV[i+3]), ARGV[i+4]
@@ -207,17 +215,21 @@ while i <= #ARGV do
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', unpack(ARGV, first, first + nf - 1))
     end
     if kidx > 0 and n > 0 then
-      local ck = KEYS[kidx]
-      local fresh = redis.call('EXISTS', ck) == 0
-      redis.call('HINCRBY', ck, step .. ':' .. cfield, n)
-      redis.call('HINCRBY', ck, cfield, n)
-      if fresh then redis.call('EXPIRE', ck, ttl) end
+      runs[kidx] = true
+      add(kidx, step .. ':' .. cfield, n)
+      add(kidx, cfield, n)
     end
     if n > 0 and tidx > 0 then
-      redis.call('HINCRBY', KEYS[tidx], cfield, n)
-      redis.call('HINCRBY', KEYS[sidx], cfield, n)
+      add(tidx, cfield, n)
+      add(sidx, cfield, n)
     end
   end
+end
+for _, idx in ipairs(order) do
+  local key = KEYS[idx]
+  local fresh = runs[idx] and redis.call('EXISTS', key) == 0  -- a run's counters outlived
+  for field, n in pairs(sums[idx]) do redis.call('HINCRBY', key, field, n) end
+  if fresh then redis.call('EXPIRE', key, ttl) end
 end
 return won
 """

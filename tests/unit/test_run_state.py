@@ -1,0 +1,133 @@
+"""chains.state: a batch's commits go in one script call that sums their counters, and every
+task still commits at most once, whatever else the call holds."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from chains.state import _COMMIT, CommitCall, Kid, RunState
+from config import Settings
+
+
+@pytest.fixture
+def state(rds: redis.Redis, redis_url: str, key_prefix: str) -> RunState:
+    rds.script_load(_COMMIT)  # loaded, as on a running deployment: one EVALSHA per call
+    return RunState(rds, Settings(redis_url=redis_url, key_prefix=key_prefix))
+
+
+def kid(step: str, uniq: str = "") -> Kid:
+    tid = uuid.uuid4().hex
+    return Kid(step, "t.x", {"n": tid[:6]}, {"run": "r1", "step": step}, tid, uniq)
+
+
+def commit(state: RunState, calls: list[CommitCall], tid: str, kids: list[Kid], **kw: Any) -> None:
+    opts: dict[str, Any] = {"rid": "r1", "step": "s", "outcome": "succeeded", "n_items": 0,
+                            "entries": ()} | kw  # fmt: skip
+    state.commit(tid=tid, kids=kids, defer=calls, **opts)
+
+
+def test_a_batch_commits_in_one_script_call_with_summed_counters(
+    state: RunState, rds: redis.Redis
+) -> None:
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 4)
+    calls: list[CommitCall] = []
+    entry = {"run": "r1", "step": "s", "item": '{"a":1}'}
+    commit(state, calls, "a", [kid("k", "u1"), kid("k", "u2")], n_items=1, entries=[entry])
+    commit(state, calls, "b", [kid("k", "u2"), kid("j")], n_items=2, entries=[entry, entry])
+    commit(state, calls, "a", [kid("k", "u9")])  # the same task id again: nothing
+    commit(state, calls, "c", [], outcome="failed")
+    rds.config_resetstat()
+    a, b, dup, c = state.run_commits(calls)
+    assert rds.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
+    assert dup is None
+    assert a is not None and b is not None and c is not None
+    assert len(a.staged) == 2 and len(b.staged) == 1  # u2 was already claimed by a
+    assert orjson.loads(b.staged[0])["meta"]["step"] == "j"
+    # 4 outstanding - 3 committed + 3 children; every reply carries the run's count after the call
+    assert a.outstanding == b.outstanding == c.outstanding == 4
+    got = state.counters("r1")
+    want = {"outstanding": 4, "dispatched": 7, "s:dispatched": 4, "k:dispatched": 2,
+            "j:dispatched": 1, "succeeded": 2, "s:succeeded": 2, "failed": 1, "s:failed": 1,
+            "items": 3, "s:items": 3}  # fmt: skip
+    assert {k: got.get(k, 0) for k in want} == want
+    assert rds.xlen(state.outbox_key) == 3
+    ledger = state.ledger("r1")
+    assert set(ledger) == {orjson.loads(m)["id"] for m in a.staged + b.staged}
+    for key in (state.done_key("r1", "a"), state.ledger_key("r1"), state.kids_key("a")):
+        assert 0 < rds.ttl(key) <= 7 * 24 * 3600, key
+
+
+def test_the_call_that_commits_the_last_tasks_completes_the_run(
+    state: RunState, rds: redis.Redis
+) -> None:
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 2)
+    calls: list[CommitCall] = []
+    commit(state, calls, "a", [kid("k")])
+    commit(state, calls, "b", [])
+    first, second = state.run_commits(calls)
+    assert first is not None and second is not None and first.outstanding == 1
+    assert state.info("r1")["status"] == "running"
+    calls.clear()
+    commit(state, calls, orjson.loads(first.staged[0])["id"], [], step="k")
+    (last,) = state.run_commits(calls)
+    assert last is not None and last.outstanding == 0
+    info = state.info("r1")
+    assert info["status"] == "done" and "finished" in info
+    assert "r1" not in state.active_runs() and state.ledger("r1") == {}
+
+
+def test_with_a_cap_each_commit_releases_waiting_children_to_itself(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """Backpressure inside one call: every commit frees its slot and takes over waiting
+    children up to the cap, in order, as separate commits did; a commit that found nothing
+    waiting does not stop a later one from releasing what was queued after it."""
+    state.create_run("r1", "c", b"{}", 5, cap=2)
+    state.add_dispatched("r1", "s", 3)
+    rds.hset(state.counters_key("r1"), "inflight", 2)
+    calls: list[CommitCall] = []
+    waiting = [kid("k") for _ in range(3)]
+    commit(state, calls, "z", [])  # nothing waits yet
+    commit(state, calls, "a", waiting)  # 3 children wait behind the cap; a's slot and z's: 2
+    commit(state, calls, "b", [])  # b's slot: the third
+    z, a, b = state.run_commits(calls)
+    assert z is not None and a is not None and b is not None
+    ids = [k.task_id for k in waiting]
+    assert z.staged == []
+    assert [orjson.loads(m)["id"] for m in a.staged] == ids[:2]
+    assert [orjson.loads(m)["id"] for m in b.staged] == ids[2:]
+    assert state.waiting("r1") == 0
+    assert state.counters("r1")["inflight"] == 2
+    calls.clear()
+    more = [kid("k") for _ in range(2)]
+    commit(state, calls, ids[0], more, step="k")  # at the cap: one of two goes, one waits
+    (c,) = state.run_commits(calls)
+    assert c is not None and [orjson.loads(m)["id"] for m in c.staged] == [more[0].task_id]
+    assert state.waiting("r1") == 1 and state.counters("r1")["inflight"] == 2
+
+
+def test_commits_of_different_runs_and_without_a_run_go_in_their_own_calls(
+    state: RunState, rds: redis.Redis
+) -> None:
+    for rid in ("r1", "r2"):
+        state.create_run(rid, "c", b"{}", 5)
+        state.add_dispatched(rid, "s", 1)
+    calls: list[CommitCall] = []
+    commit(state, calls, "a", [])
+    commit(state, calls, "b", [], rid="r2")
+    commit(state, calls, "n1", [kid("k")], rid="")
+    commit(state, calls, "n1", [kid("k")], rid="")  # no run: SET NX keeps it once as well
+    rds.config_resetstat()
+    a, b, n1, again = state.run_commits(calls)
+    assert rds.info("commandstats")["cmdstat_evalsha"]["calls"] == 3
+    assert a is not None and a.outstanding == 0 and b is not None and b.outstanding == 0
+    assert n1 is not None and n1.outstanding == 0 and len(n1.staged) == 1 and again is None
+    assert state.info("r1")["status"] == state.info("r2")["status"] == "done"
+    assert state.counters("r1")["succeeded"] == state.counters("r2")["succeeded"] == 1
