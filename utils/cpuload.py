@@ -15,6 +15,7 @@ Where the kernel does not say, the wait reads 0 and the meter is the plain CPU s
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -63,23 +64,34 @@ class CpuMeter:
         self._wait_start: float | None = None
         self.cpu_share = 0.0  # CPU used over the last (or current) window, in cores
         self.wait_share = 0.0  # run-queue wait over the last full window, in cores
+        self._last = 0.0
+        self._lock = threading.Lock()
 
     def demand(self) -> float:
         """CPU share + run-queue wait share: near 1 for a CPU-bound single-threaded worker
-        whatever else runs on its cores, well below 1 for a latency-bound one."""
-        now = self._clock()
-        span = now - self._start
-        if span >= self.window:  # roll the window
-            cpu, waited = self._cpu(), self._waited()
-            fresh = span < 5 * self.window
-            self.cpu_share = (cpu - self._cpu_start) / span if fresh else 0.0
-            prev = self._wait_start
-            self.wait_share = (
-                max(0.0, waited - prev) / span
-                if fresh and waited is not None and prev is not None
-                else 0.0
-            )
-            self._start, self._cpu_start, self._wait_start = now, cpu, waited
-        elif span >= self.window / 5:  # the window so far
-            self.cpu_share = (self._cpu() - self._cpu_start) / span
-        return self.cpu_share + self.wait_share
+        whatever else runs on its cores, well below 1 for a latency-bound one. Threads that
+        find another one updating the window get the last reading: unlocked, a thread that
+        read the clocks just before another rolled the window computed shares below zero
+        (the threads pool then fell back to one page per message a third of the time)."""
+        if not self._lock.acquire(blocking=False):
+            return self._last
+        try:
+            now = self._clock()
+            span = now - self._start
+            if span >= self.window:  # roll the window
+                cpu, waited = self._cpu(), self._waited()
+                fresh = span < 5 * self.window
+                self.cpu_share = (cpu - self._cpu_start) / span if fresh else 0.0
+                prev = self._wait_start
+                self.wait_share = (
+                    max(0.0, waited - prev) / span
+                    if fresh and waited is not None and prev is not None
+                    else 0.0
+                )
+                self._start, self._cpu_start, self._wait_start = now, cpu, waited
+            elif span >= self.window / 5:  # the window so far
+                self.cpu_share = (self._cpu() - self._cpu_start) / span
+            self._last = self.cpu_share + self.wait_share
+            return self._last
+        finally:
+            self._lock.release()

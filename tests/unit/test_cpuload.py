@@ -100,3 +100,36 @@ def test_a_busy_process_on_oversubscribed_cores_reads_as_wanting_a_whole_core() 
             h.wait()
     assert meter.cpu_share < 0.75, meter.cpu_share  # a third of a core or so
     assert wanted > 0.85, (meter.cpu_share, meter.wait_share)
+
+
+def test_threads_reading_it_together_never_see_a_negative_share() -> None:
+    """The threads pool asks from 16 threads at once, and a window roll reads a file per
+    thread (the GIL is released meanwhile). Unlocked, a thread that read the clocks just
+    before another rolled the window computed a negative share; a third of the readings fell
+    below the batching threshold and the pool sent one page per message."""
+    import threading
+
+    def slow_wait() -> float:
+        time.sleep(0.0005)  # the /proc reads: other threads run meanwhile
+        return 0.0
+
+    meter = CpuMeter(0.002, waited=slow_wait)
+    seen: list[float] = []
+    lock = threading.Lock()
+
+    def hammer() -> None:
+        mine = []
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            mine.append(meter.demand())
+            sum(range(200))  # some CPU between readings
+        with lock:
+            seen.extend(mine)
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) > 1000
+    assert min(seen) >= 0.0, sorted(seen)[:5]
