@@ -237,8 +237,10 @@ class ChannelPool:
         lease, idle_left = self._take(avoid, lease_ttl)
         low = lease is None or idle_left < self.settings.refill_below
         due = time.monotonic() - self._last_refill >= self.settings.refill_interval
-        if low and due and self.refill() and lease is None:
-            lease, _ = self._take(avoid, lease_ttl)
+        if low and due:
+            self.refill()
+            if lease is None:  # this refill, or another thread's just before it, filled it
+                lease, _ = self._take(avoid, lease_ttl)
         if lease is None and avoid:  # every proxy here avoided? then one of them (bug 9)
             lease, _ = self._take(avoid, lease_ttl, fallback=True)
         return lease
