@@ -566,9 +566,7 @@ def batch_size(s: Settings, outstanding: int) -> int:
     return max(1, min(size, outstanding // wanted))
 
 
-BATCH_CPU_MIN = (
-    0.75  # below this share of a core wanted, one page per message: the CPU is to spare,
-)
+BATCH_CPU_MIN = 0.75  # below this share of a core wanted, one page per message: CPU to spare,
 # and a batch runs its pages one after the other in one slot (k pages = k latencies), which
 # left slots idle in the tail of a latency-bound run. Not lower: a latency-bound crawl parses
 # its 16 responses together every 250 ms, and on the threads pool (two cores) one 0.1 s window

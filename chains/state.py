@@ -16,9 +16,8 @@ Keys (prefix `cc` by default):
 
 A task's whole result is committed in one Lua script (a batch's tasks in one call): its items go
 to the outbox, its children are staged in `kids:{tid}`, the counters move, and `outstanding`
-drops by one. The script runs
-at most once per task id (the `done` set), so a redelivered or duplicated message can neither
-store items twice nor count twice. Children are sent after the commit and the staging list
+drops by one. The script runs at most once per task id (the `done` set), so a redelivered or
+duplicated message can neither store items twice nor count twice. Children are sent after the commit and the staging list
 deleted; a redelivered task that finds itself committed only re-sends what is still staged.
 A run is complete exactly when `outstanding` reaches zero, whatever the number of workers.
 
