@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -168,6 +169,13 @@ class Settings(BaseSettings):
         5.0,
         validation_alias=_env("SWEEP_INTERVAL"),
         description="Seconds between two sweeps of the run ledgers (one worker sweeps at a time).",
+    )
+    pin_cores: Literal["auto", "on", "off"] = Field(
+        "auto",
+        validation_alias=_env("PIN_CORES"),
+        description="Pin worker n of a host to core n-1 (mod cores): `auto` for the threads "
+        "pool only (its GIL hand-offs across cores cost it half its CPU per page), `on` for "
+        "gevent and solo too, `off` never; prefork never (utils/affinity.py).",
     )
     task_events: bool = Field(
         False,

@@ -195,6 +195,38 @@ def _size_for_pool(conf: Any = None, options: Any = None, **kw: Any) -> None:
         conf.broker_transport_options = opts
 
 
+def _pool_name(pool_cls: Any) -> str:
+    """`-P`'s value as a name, whether Celery hands over the alias or the class."""
+    raw = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
+    raw = raw.lower()
+    for name, marker in (("threads", "thread"), ("gevent", "gevent"), ("eventlet", "eventlet"),
+                         ("solo", "solo"), ("prefork", "prefork")):  # fmt: skip
+        if marker in raw:
+            return name
+    return raw
+
+
+@signals.celeryd_init.connect
+def _pin_core(sender: Any = None, conf: Any = None, options: Any = None, **kw: Any) -> None:
+    """Pin this worker to one core where its pool gains by it (utils/affinity.py); before the
+    pool starts, so every thread it starts inherits the mask."""
+    import os
+
+    from utils import affinity
+
+    mode = get_settings().pin_cores
+    if mode == "off" or not affinity.supported():
+        return
+    opts = options or {}  # `-P` arrives as `pool` (the class); `pool_cls` from app.Worker()
+    pool = _pool_name(
+        opts.get("pool") or opts.get("pool_cls") or getattr(conf, "worker_pool", "") or "prefork"
+    )
+    core = affinity.core_for(mode, pool, str(sender or ""), affinity.allowed())
+    if core is not None:
+        affinity.pin_threads(os.getpid(), {core})
+        logging.getLogger(__name__).info("pinned %s (%s pool) to core %d", sender, pool, core)
+
+
 @signals.worker_ready.connect
 def _start_drainer(**kw: Any) -> None:
     """Each worker process drains the item outbox to the sinks in a thread of its own."""

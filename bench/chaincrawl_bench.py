@@ -274,7 +274,8 @@ class ChaincrawlBench:
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for i in range(n):
-            name = f"bench{i + 1}-{int(time.time() * 1000) % 100000}"
+            # the worker's number last, before the `@`: threads workers pin to core n-1 by it
+            name = f"bench{int(time.time() * 1000) % 100000}-{i + 1}"
             self.workers.append(
                 Worker(
                     {**self.env, **(env or {})},

@@ -15,7 +15,14 @@ Scenarios (the issue's goals):
               page server saw at once.
   lat100x256  100 ms latency, 256 in flight: Scrapy at 256 vs a gevent(256) worker; bound
               min(2560 pages/s, CPU limit = 1000 / CPU ms per page). Goal >= 90 % of it.
-  scale       no latency, 16 slots: two worker processes vs one. Goal >= 1.8x.
+  scale       no latency, 16 slots, 10,000 pages: two worker processes vs one. Goal >= 1.8x.
+              Rows `x1`/`x2` run unpinned: the one worker then has a second core to itself
+              for redis-server and the page server, which two workers must share, so the
+              ratio is bounded by 2w/(w+o) (w: worker CPU/page, o: the rest's). Rows
+              `x1 on 1 core`/`x2 on 2 cores` pin the whole stack (driver, redis-server, page
+              server, workers) to the first n cores: what another core and worker add.
+              Configurations alternate run by run, with new workers each run (`--no-pin`
+              leaves the pinned rows out).
 
 Pools (`--pools`, default gevent,threads): chaincrawl runs once per pool, at the same
 concurrency, in every scenario but lat100x256 (gevent only); rows of a pool other than the
@@ -47,6 +54,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -61,6 +69,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import pinning
 from bench.chaincrawl_bench import ChaincrawlBench, proc_cpu, steady_rate
 from bench.workload import expected_pages, site_for_pages
 from config import DEFAULT_POOL
@@ -102,7 +111,7 @@ SCENARIOS = {
         "scale",
         0,
         16,
-        2000,
+        10000,
         600,
         workers=2,
         scrapy=False,
@@ -275,7 +284,7 @@ def page_server(kind: str, users: int, posts: int, comments: int, latency_ms: in
 
 def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrapy_defaults: bool,
             log: Any = print, plain: bool = True, server: str = "auto",
-            pools: tuple[str, ...] = (DEFAULT_POOL,)) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
+            pools: tuple[str, ...] = (DEFAULT_POOL,), pin: bool = True) -> tuple[list[Row], dict[str, Any]]:  # fmt: skip
     rows: list[Row] = []
     meta: dict[str, Any] = {"versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                             "load_start": os.getloadavg(), "quick": quick, "repeat": repeat,
@@ -310,6 +319,10 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
                     if name == "scale":
                         for nw in (1, sc.workers):
                             systems.append((f"{label}{tag} x{nw}", _cc(b, sc, nw, pr, pool)))
+                        if pin and pinning.supported() and sc.workers <= len(pinning.allowed()):
+                            for nw in (1, sc.workers):
+                                systems.append((f"{label}{tag} x{nw} {_cores(nw)}",
+                                                _cc(b, sc, nw, pr, pool, pin=nw)))  # fmt: skip
                     else:
                         systems.append((f"{label}{tag}", _cc(b, sc, sc.workers, pr, pool)))
             for kind in servers_for(server, sc):
@@ -318,31 +331,38 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
                 by_label = {label: Row(name, label, kind) for label, _ in systems}
                 with page_server(kind, users, posts, comments, sc.latency_ms, log) as srv:
                     demo = Metered(srv)
-                    # chaincrawl configurations keep their workers over repeats: group by config
-                    for label, fn in systems:
-                        for i in range(repeat):
-                            t0 = time.monotonic()
-                            try:
-                                res = (
-                                    fn(demo, i > 0)
-                                    if label.startswith(("chaincrawl", "cc+"))
-                                    else fn(demo)
-                                )
-                            except (TimeoutError, RuntimeError) as exc:
-                                log(f"   {label:<34} run {i + 1}: FAILED {str(exc)[:300]}")
-                                if label.startswith(("chaincrawl", "cc+")):
-                                    b.stop_workers()
-                                continue
-                            demo.take(res)
-                            by_label[label].runs.append(res)
-                            srv_ms = res.get("server_cpu_ms_per_page")
-                            log(f"   {label:<34} run {i + 1}: {res['pages']} pages "
-                                f"{res['pages_per_s']:7.1f} p/s  {res['cpu_ms_per_page']:6.2f} ms CPU/page  "
-                                f"server {_f(srv_ms if srv_ms is not None else float('nan'), 4, 2)} ms/page  "
-                                f"in flight {res.get('server_peak_in_flight', '-')}  "
-                                f"load {res['load']:.1f}  ({time.monotonic() - t0:.0f}s)"
-                                + (f"  WARNING {res['extra']['warning']}" if res.get("extra", {}).get("warning") else ""))  # fmt: skip
-                        if label.startswith(("chaincrawl", "cc+")):
+                    # chaincrawl configurations keep their workers over repeats: group by
+                    # config; but scale interleaves its configurations (new workers every run),
+                    # as its ratio divides runs and the machine's speed drifts between them
+                    order = (
+                        [(label, fn, i) for i in range(repeat) for label, fn in systems]
+                        if name == "scale"
+                        else [(label, fn, i) for label, fn in systems for i in range(repeat)]
+                    )
+                    for label, fn, i in order:
+                        t0 = time.monotonic()
+                        try:
+                            res = (
+                                fn(demo, i > 0 and name != "scale")
+                                if label.startswith(("chaincrawl", "cc+"))
+                                else fn(demo)
+                            )
+                        except (TimeoutError, RuntimeError) as exc:
+                            log(f"   {label:<34} run {i + 1}: FAILED {str(exc)[:300]}")
+                            if label.startswith(("chaincrawl", "cc+")):
+                                b.stop_workers()
+                            continue
+                        demo.take(res)
+                        by_label[label].runs.append(res)
+                        srv_ms = res.get("server_cpu_ms_per_page")
+                        log(f"   {label:<34} run {i + 1}: {res['pages']} pages "
+                            f"{res['pages_per_s']:7.1f} p/s  {res['cpu_ms_per_page']:6.2f} ms CPU/page  "
+                            f"server {_f(srv_ms if srv_ms is not None else float('nan'), 4, 2)} ms/page  "
+                            f"in flight {res.get('server_peak_in_flight', '-')}  "
+                            f"load {res['load']:.1f}  ({time.monotonic() - t0:.0f}s)"
+                            + (f"  WARNING {res['extra']['warning']}" if res.get("extra", {}).get("warning") else ""))  # fmt: skip
+                        last = i == repeat - 1 or name == "scale"
+                        if last and label.startswith(("chaincrawl", "cc+")):
                             b.stop_workers()
                 rows += by_label.values()
     meta["load_end"] = os.getloadavg()
@@ -360,8 +380,29 @@ def _plain(b: ChaincrawlBench, demo: Any, sc: Scenario, batch: int) -> dict[str,
     return res
 
 
-def _cc(b: ChaincrawlBench, sc: Scenario, workers: int, proto: str, pool: str) -> Any:
-    return lambda demo, keep: run_chaincrawl(b, demo, sc, workers, proto, keep, pool)
+def _cc(b: ChaincrawlBench, sc: Scenario, workers: int, proto: str, pool: str,
+        pin: int = 0) -> Any:  # fmt: skip
+    """A chaincrawl configuration; `pin` > 0: the whole stack on that many cores for the run."""
+    if not pin:
+        return lambda demo, keep: run_chaincrawl(b, demo, sc, workers, proto, keep, pool)
+
+    def run(demo: Any, keep: bool) -> dict[str, Any]:
+        with pinning.pinned(pin):
+            return run_chaincrawl(b, demo, sc, workers, proto, keep, pool)
+
+    return run
+
+
+def _cores(n: int) -> str:
+    return f"on {n} core{'s' if n > 1 else ''}"
+
+
+def scale_base(system: str) -> str:
+    """The one-worker row a scale row is divided by: "x2 on 2 cores" -> "x1 on 1 core"."""
+    m = re.fullmatch(r"(.*) x\d+( on \d+ cores?)?", system)
+    if not m:
+        return system
+    return f"{m.group(1)} x1" + (f" {_cores(1)}" if m.group(2) else "")
 
 
 def _f(x: float, width: int, prec: int = 1) -> str:
@@ -394,8 +435,8 @@ def table(rows: list[Row], meta: dict[str, Any]) -> str:
             rel_pps = (
                 f"{pps / scrapy.med('pages_per_s'):.2f}x" if scrapy and r is not scrapy else ""
             )
-            if name == "scale" and not r.system.endswith(" x1"):
-                base = r.system.rsplit(" x", 1)[0] + " x1"
+            base = scale_base(r.system) if name == "scale" else r.system
+            if base != r.system:
                 one = next((x for x in rs if x.system == base), None)
                 if one:
                     rel_pps = f"{pps / one.med('pages_per_s'):.2f}x 1w"
@@ -453,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pools", default=f"{DEFAULT_POOL},threads",
                     help="worker pools to run chaincrawl with where the scenario allows (all but "
                          "lat100x256, which is gevent); rows of other pools are tagged [pool]")  # fmt: skip
+    ap.add_argument("--no-pin", action="store_true",
+                    help="skip the scale scenario's rows with the whole stack pinned to n cores")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None, help="write every run's numbers here")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
@@ -462,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     repeat = a.repeat or (1 if a.quick else 2)
     signal.signal(signal.SIGTERM, _exit_on_term)  # workers and servers are stopped on the way out
     rows, meta = run_all(names, a.quick, repeat, a.proto, not a.no_scrapy_defaults, log=_log,
-                         plain=not a.no_plain, server=a.server,
+                         plain=not a.no_plain, server=a.server, pin=not a.no_pin,
                          pools=tuple(p.strip() for p in a.pools.split(",") if p.strip()))  # fmt: skip
     print()
     print(table(rows, meta))
