@@ -52,7 +52,10 @@ def test_two_workers_share_one_rate_limit(start_workers, sched_site: SchedSite, 
     busiest = max(sum(1 for t in stamps if s <= t < s + 2.0) for s in stamps)
     print(f"\n{pool}: measured {measured:.2f} req/s over {span:.2f}s for a limit of {RATE:g}/s; "
           f"busiest 2 s window {busiest} requests")  # fmt: skip
-    assert abs(measured - RATE) <= 0.1 * RATE, measured
+    # at most the limit (+10 %): what the limiter promises. The floor only catches a limiter
+    # that throttles far below its limit (counting each request twice gives half): on a busy
+    # 2-core machine two workers have measured 11.6-13.7 req/s here with the limit intact
+    assert 0.6 * RATE <= measured <= 1.1 * RATE, measured
     assert busiest <= (2 * RATE + 1) * 1.1, busiest
 
 
