@@ -206,6 +206,9 @@ def _pool_name(pool_cls: Any) -> str:
     return raw
 
 
+_pinned = ""  # what _pin_core did, logged at worker_ready
+
+
 @signals.celeryd_init.connect
 def _pin_core(sender: Any = None, conf: Any = None, options: Any = None, **kw: Any) -> None:
     """Pin this worker to one core where its pool gains by it (utils/affinity.py); before the
@@ -224,7 +227,15 @@ def _pin_core(sender: Any = None, conf: Any = None, options: Any = None, **kw: A
     core = affinity.core_for(mode, pool, str(sender or ""), affinity.allowed())
     if core is not None:
         affinity.pin_threads(os.getpid(), {core})
-        logging.getLogger(__name__).info("pinned %s (%s pool) to core %d", sender, pool, core)
+        global _pinned
+        _pinned = f"pinned to core {core} ({pool} pool, CHAINCRAWL_PIN_CORES={mode})"
+
+
+@signals.worker_ready.connect
+def _log_pinning(sender: Any = None, **kw: Any) -> None:
+    """Said once logging is set up (at celeryd_init it is not yet)."""
+    if _pinned:
+        logging.getLogger(__name__).info("%s", _pinned)
 
 
 @signals.worker_ready.connect

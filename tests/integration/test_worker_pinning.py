@@ -38,5 +38,6 @@ def test_worker_pins_itself(
         w.wait_ready()
         want = (cores[1 % len(cores)],) if pinned else tuple(cores)
         assert masks(w.proc.pid) == {want}
+        assert (f"pinned to core {want[0]} ({pool} pool" in w.text()) == pinned
     finally:
         w.stop()
