@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.cpu_profile                       # ~2000 pages, threads(16), no latency
     .venv/bin/python -m bench.cpu_profile --proto nometrics     # with bench/proto.py switches
+    .venv/bin/python -m bench.cpu_profile --latency-ms 250 --pages 1300   # latency-bound
     .venv/bin/python -m bench.cpu_profile --scrapy              # the Scrapy baseline, by library
     .venv/bin/python -m bench.cpu_profile --analyze FILE.raw    # re-read a saved profile
 
@@ -9,7 +10,8 @@ The worker runs under `py-spy record --gil --nonblocking -f raw` (spawned by py-
 with --pid does not find this interpreter's version). `--gil` keeps only samples of the thread
 holding the GIL, so samples are CPU time of Python code in any thread (plus C code called with
 the GIL held: lxml, hiredis, orjson, pydantic-core). Samples of worker start-up, imports and
-idle waiting (no task thread, consumer loop or outbox drainer on the stack) are left out; the
+idle waiting (no task thread, consumer loop or outbox drainer on the stack) are left out, except
+the gevent hub's (its loop, greenlet switches and timeouts are that pool's own cost); the
 phase shares are then scaled to the CPU ms/page measured with psutil over the crawl, so the
 table reads "ms of worker CPU per page". The raw file (collapsed stacks) opens in
 speedscope.app or flamegraph.pl.
@@ -114,21 +116,25 @@ def _has(frames: list[tuple[str, str]], *needles: str) -> bool:
 
 
 Rule = tuple[str, Callable[[str, list[tuple[str, str]]], bool]]
+CONSUMER = ("asynloop", "synloop")  # the consumer's loop: threads / gevent and solo pools
+# a task's stack root: the threads pool's work item, or gevent's task greenlet, whose stack
+# starts at celery's apply_timeout (a greenlet's first frame has no caller)
+TASK_ROOT = ("_WorkItem.run", "apply_timeout")
 
 PHASES: list[Rule] = [
     # the outbox drainer thread: items from the stream to the JSONL sink, counted stored
     ("outbox drainer thread (XREADGROUP, JSONL sink, ack script)",
-     lambda t, f: _has(f, "outbox.py") and not _has(f, "_WorkItem.run", "asynloop")),
-    # consumer loop (MainThread)
-    ("consumer: task-received events", lambda t, f: _has(f, "asynloop") and _has(f, "EventDispatcher")),
-    ("consumer: 'Task received' log line", lambda t, f: _has(f, "asynloop") and _has(f, "logging/")),
+     lambda t, f: _has(f, "outbox.py") and not _has(f, *TASK_ROOT, *CONSUMER)),
+    # consumer loop: MainThread's asynloop (threads) or the synloop (gevent, solo)
+    ("consumer: task-received events", lambda t, f: _has(f, *CONSUMER) and _has(f, "EventDispatcher")),
+    ("consumer: 'Task received' log line", lambda t, f: _has(f, *CONSUMER) and _has(f, "logging/")),
     ("consumer: hand-off to the thread pool",
-     lambda t, f: _has(f, "asynloop") and _has(f, "on_apply", "ThreadPoolExecutor.submit", "apply_async (celery/concurrency")),
+     lambda t, f: _has(f, *CONSUMER) and _has(f, "on_apply", "ThreadPoolExecutor.submit", "apply_async (celery/concurrency")),
     ("consumer: receive + decode + QoS (BRPOP, JSON, base64, Request, unacked index)",
-     lambda t, f: _has(f, "asynloop") and _has(f, "on_readable", "_brpop_read", "_receive_callback", "on_task_received")),
+     lambda t, f: _has(f, *CONSUMER) and _has(f, "on_readable", "_brpop_read", "_receive_callback", "on_task_received")),
     ("consumer: ack (QoS pipeline: MULTI ZREM HDEL EXEC)",
-     lambda t, f: _has(f, "asynloop") and _has(f, "Message.ack", "basic_ack", "QoS.ack")),
-    ("consumer: event loop, timers, other", lambda t, f: _has(f, "asynloop")),
+     lambda t, f: _has(f, *CONSUMER) and _has(f, "Message.ack", "basic_ack", "QoS.ack")),
+    ("consumer: event loop, timers, other", lambda t, f: _has(f, *CONSUMER)),
     # background threads
     ("metrics flush thread (aggregated HINCRBYs)", lambda t, f: _has(f, "Aggregator._loop")),
     # the task thread
@@ -146,12 +152,16 @@ PHASES: list[Rule] = [
     ("endpoint code: Item/Link models (pydantic), urljoin", lambda t, f: _has(f, "bench/site/")),
     ("params validation (pydantic)", lambda t, f: _has(f, "validate_params")),
     ("Context, gate, metrics objects", lambda t, f: _has(f, "Context.__init__", "get_gate", "TaskMetrics", "_aggregate")),
-    ("tracer: task-started/succeeded events", lambda t, f: _has(f, "_WorkItem.run") and _has(f, "EventDispatcher", "send_event")),
-    ("tracer: 'Task succeeded' log line", lambda t, f: _has(f, "_WorkItem.run") and _has(f, "logging/")),
+    ("tracer: task-started/succeeded events", lambda t, f: _has(f, *TASK_ROOT) and _has(f, "EventDispatcher", "send_event")),
+    ("tracer: 'Task succeeded' log line", lambda t, f: _has(f, *TASK_ROOT) and _has(f, "logging/")),
     ("tracer: ack (QoS pipeline: ZREM/HDEL)",
-     lambda t, f: _has(f, "_WorkItem.run") and _has(f, "Message.ack", "basic_ack", "QoS.ack", "ack_log_error")),
+     lambda t, f: _has(f, *TASK_ROOT) and _has(f, "Message.ack", "basic_ack", "QoS.ack", "ack_log_error")),
     ("batch task: entry bookkeeping (push_request, loop)", lambda t, f: _has(f, "_run_batch")),
-    ("tracer & task bookkeeping (celery)", lambda t, f: _has(f, "_WorkItem.run")),
+    ("tracer & task bookkeeping (celery)", lambda t, f: _has(f, *TASK_ROOT)),
+    # gevent: the hub's loop (libev callbacks, greenlet switches, Timeout expiry); a sample with
+    # the GIL held and no Python frame in the unnamed main thread is the hub in C code
+    ("gevent hub: event loop, switches, timeouts",
+     lambda t, f: (not f and not t) or _has(f, "gevent/hub.py")),
 ]  # fmt: skip
 
 
@@ -288,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proto", default="", help="BENCH_PROTO flags (bench/proto.py)")
     ap.add_argument("--scrapy", action="store_true", help="profile the Scrapy baseline instead")
     ap.add_argument("-P", "--pool", default=DEFAULT_POOL, help="worker pool (gevent, threads)")
+    ap.add_argument("--latency-ms", type=int, default=0, help="demo server's added latency")
     ap.add_argument("-s", "--set", action="append", default=["CONCURRENT_ITEMS=16"],
                     help="Scrapy setting for --scrapy")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="directory for raw profiles + JSON")
@@ -303,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.scrapy:
         rep = profile_scrapy(a.pages, outdir, settings=a.set)
     else:
-        rep = profile_chaincrawl(a.pages, a.proto, outdir, pool=a.pool)
+        rep = profile_chaincrawl(a.pages, a.proto, outdir, pool=a.pool, latency_ms=a.latency_ms)
     print_report(rep)
     if "redis_calls" in rep.get("run", {}):
         pages = rep["run"]["pages"] or 1
