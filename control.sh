@@ -28,6 +28,7 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
   trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
   deadletter list|replay     tasks that failed for good
   chains                     list the defined chains
+  config                     check the CHAINCRAWL_* variables (a misspelled one is reported)
   new-site SITE PLATFORM ENDPOINT
                              generate an endpoint module, schemas and a parser test
   redis start|stop           the embedded Redis (used when REDIS_URL is unset)

@@ -239,6 +239,15 @@ def _log_pinning(sender: Any = None, **kw: Any) -> None:
 
 
 @signals.worker_ready.connect
+def _check_environment(**kw: Any) -> None:
+    """A misspelled CHAINCRAWL_* variable would be ignored without a word (utils/envcheck.py)."""
+    from utils import envcheck
+
+    for problem in envcheck.current():
+        log.warning("environment: %s", problem)
+
+
+@signals.worker_ready.connect
 def _start_drainer(**kw: Any) -> None:
     """Each worker process drains the item outbox to the sinks in a thread of its own."""
     global _drainer

@@ -121,6 +121,22 @@ def cmd_chains(a: argparse.Namespace) -> None:
         print(f"{name}: " + " | ".join(f"{sid}={st.task}" for sid, st in ch.steps.items()))
 
 
+def cmd_config(a: argparse.Namespace) -> None:
+    """The CHAINCRAWL_* variables set (names only: values may be secrets), and any that
+    nothing reads."""
+    from utils import envcheck
+
+    names = sorted(n for n in os.environ if n.startswith(envcheck.PREFIX))
+    print(f"{len(names)} CHAINCRAWL_* variable(s) set" + (": " + ", ".join(names) if names else ""))
+    problems = envcheck.current()
+    for p in problems:
+        print(f"  {p}")
+    if problems:
+        raise UserError(f"{len(problems)} variable(s) that nothing reads (misspelled?)")
+    if names:
+        print("each is read by chaincrawl")
+
+
 def cmd_redis(a: argparse.Namespace) -> None:
     from cli import procs
 
@@ -185,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ch = sub.add_parser("chains", help="list the defined chains")
     ch.set_defaults(fn=cmd_chains)
+
+    cf = sub.add_parser("config", help="check the CHAINCRAWL_* variables for misspellings")
+    cf.set_defaults(fn=cmd_config)
 
     rd = sub.add_parser("redis", help="start/stop the embedded Redis")
     rd.add_argument("action", choices=["start", "stop"])

@@ -15,14 +15,13 @@ Rotation is shared by every worker (a Redis counter); an account the site refuse
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 
-from config import get_settings
+from config import get_settings, site_env
 from exceptions import ConfigError
 from utils.redis import get_redis
 
@@ -66,7 +65,7 @@ def _parse(text: str) -> dict[str, str]:
 
 def load(site: str, var_dir: Path | None = None) -> list[Account]:
     """Every configured account of `site`, in a stable order."""
-    raw = os.environ.get(f"CHAINCRAWL_ACCOUNTS_{site.upper()}")
+    raw = site_env("accounts", site)
     table: dict[str, str] = {}
     if raw:
         table = _parse(raw)

@@ -13,7 +13,6 @@ failed:<Error>, accepted, rejected) so a run shows how often recognition or the 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Protocol
 import redis
 import requests
 
-from config import get_settings
+from config import get_settings, site_env
 from exceptions import ConfigError, CrawlError, Policy
 from utils.redis import get_redis
 from utils.registry import Registry
@@ -161,9 +160,7 @@ class HttpSolver:
     @classmethod
     def from_env(cls, site: str = "") -> HttpSolver:
         def env(name: str, default: str = "") -> str:
-            return os.environ.get(
-                f"CHAINCRAWL_CAPTCHA_SERVICE_{name}_{site.upper()}"
-            ) or os.environ.get(f"CHAINCRAWL_CAPTCHA_SERVICE_{name}", default)
+            return site_env("captcha_service", site, field=name) or default
 
         url = env("URL")
         if not url:
@@ -227,12 +224,7 @@ def use_for_site(site: str, name: str) -> None:
 
 
 def get_recognizer(site: str, fmt: str = "") -> Recognizer:
-    name = (
-        os.environ.get(f"CHAINCRAWL_CAPTCHA_{site.upper()}")
-        or os.environ.get("CHAINCRAWL_CAPTCHA")
-        or _by_site.get(site)
-        or _by_format.get(fmt)
-    )
+    name = site_env("captcha", site) or _by_site.get(site) or _by_format.get(fmt)
     if not name:
         raise CaptchaUnsolved(f"no captcha recognizer for site {site} / format {fmt!r}")
     return recognizers.get(name)(site)

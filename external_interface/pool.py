@@ -41,10 +41,11 @@ from typing import Any
 
 import redis
 
-from config import get_settings
-from exceptions import BannedError, LoginRequired, ResourceUnavailable
+from config import SITE_VARS, get_settings
+from exceptions import BannedError, ConfigError, LoginRequired, ResourceUnavailable
 from external_interface.base import Outcome, OutgoingRequest
 from utils.redis import get_redis
+from utils.registry import UnknownNameError
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +101,30 @@ def pool_config(kind: str, site: str) -> PoolConfig:
         _KIND_DEFAULTS.get(kind, {}),
         _SITE_DEFAULTS.get((kind, site), {}),
     ]
-    for var in (f"CHAINCRAWL_POOL_{kind}", f"CHAINCRAWL_POOL_{kind}_{site}"):
-        raw = os.environ.get(var.upper())
+    spec = SITE_VARS["pool"]
+    for var in (spec.default_name(kind=kind), spec.name(site, kind=kind)):
+        raw = os.environ.get(var or "")
         if raw:
-            try:
-                layers.append(json.loads(raw))
-            except ValueError:
-                raise ValueError(f"{var.upper()} must be a JSON object") from None
+            layers.append(_env_layer(var or "", raw))
     for layer in layers:
         clean = {k: type(getattr(cfg, k))(v) for k, v in layer.items() if hasattr(cfg, k)}
         cfg = replace(cfg, **clean)
     return cfg
+
+
+def _env_layer(var: str, raw: str) -> dict[str, Any]:
+    """A pool variable's JSON object; a key PoolConfig lacks is an error, not ignored."""
+    try:
+        layer = json.loads(raw)
+    except ValueError:
+        layer = None
+    if not isinstance(layer, dict):
+        raise ConfigError(f'{var} must be a JSON object like {{"target": 6}}')
+    known = [f.name for f in fields(PoolConfig)]
+    for key in layer:
+        if key not in known:
+            raise ConfigError(f"{var}: {UnknownNameError('pool setting', key, known)}")
+    return layer
 
 
 def reset_pool_config() -> None:
@@ -218,6 +232,11 @@ def register_producer(kind: str, site: str, producer: Producer) -> None:
 
 def get_producer(kind: str, site: str) -> Producer | None:
     return _PRODUCERS.get((kind, site))
+
+
+def known_kinds() -> set[str]:
+    """Pool kinds this process knows of: produced, or configured in code."""
+    return {k for k, _ in _PRODUCERS} | set(_KIND_DEFAULTS) | {k for k, _ in _SITE_DEFAULTS}
 
 
 def _start_run(chain: Any, seeds: list[dict[str, Any]], run_id: str) -> None:

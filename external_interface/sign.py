@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
+from config import SITE_VARS, site_env
 from exceptions import ConfigError
 from external_interface.base import Outcome, OutgoingRequest, TaskState, providers
 from utils.registry import Registry
@@ -29,9 +29,9 @@ class Signer(Protocol):
 
 
 def sign_key(site: str, default: str | None = None) -> str:
-    key = os.environ.get(f"CHAINCRAWL_SIGN_KEY_{site.upper()}") or default
+    key = site_env("sign_key", site) or default
     if not key:
-        raise ConfigError(f"no sign key for site {site}: set CHAINCRAWL_SIGN_KEY_{site.upper()}")
+        raise ConfigError(f"no sign key for site {site}: set {SITE_VARS['sign_key'].name(site)}")
     return key
 
 

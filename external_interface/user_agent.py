@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import threading
 from collections.abc import Iterator, Sequence
 
+from config import SITE_VARS, site_env
 from external_interface.base import Outcome, OutgoingRequest, TaskState, providers
 
 FAMILIES: dict[str, str] = {
@@ -74,11 +74,15 @@ def register(site: str, fam: str, agents: Sequence[str]) -> None:
 
 
 def agents_for(site: str, fam: str) -> tuple[str, ...]:
-    raw = os.environ.get(f"CHAINCRAWL_UA_{site.upper()}_{fam.upper()}")
+    raw = site_env("user_agents", site, family=fam)
     if raw:
-        vals = json.loads(raw)
+        name = SITE_VARS["user_agents"].name(site, family=fam)
+        try:
+            vals = json.loads(raw)
+        except ValueError:
+            vals = None
         if not isinstance(vals, list) or not vals:
-            raise ValueError(f"CHAINCRAWL_UA_{site.upper()}_{fam.upper()} must be a JSON list")
+            raise ValueError(f"{name} must be a non-empty JSON list of user agents")
         return tuple(str(v) for v in vals)
     _load_sites()
     return _sets.get((site, fam)) or GENERIC[fam]

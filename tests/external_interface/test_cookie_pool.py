@@ -216,3 +216,28 @@ def test_config_from_code_and_environment(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.delenv("CHAINCRAWL_POOL_COOKIE")
         monkeypatch.delenv("CHAINCRAWL_POOL_COOKIE_CFGSITE")
         reset_pool_config()
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ('{"low_watr": 3}', ": unknown pool setting 'low_watr'; did you mean 'low_water'?"),
+        ("[3]", ' must be a JSON object like {"target": 6}'),
+        ("low_water=3", ' must be a JSON object like {"target": 6}'),
+    ],
+)
+def test_a_pool_variable_it_cannot_use_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, raw: str, said: str
+) -> None:
+    """A misspelled key used to be dropped without a word, the pool running on its default."""
+    from exceptions import ConfigError
+
+    monkeypatch.setenv("CHAINCRAWL_POOL_COOKIE_CFGSITE", raw)
+    reset_pool_config()
+    try:
+        with pytest.raises(ConfigError) as exc:
+            pool_config("cookie", "cfgsite")
+        assert str(exc.value) == f"CHAINCRAWL_POOL_COOKIE_CFGSITE{said}"
+    finally:
+        monkeypatch.delenv("CHAINCRAWL_POOL_COOKIE_CFGSITE")
+        reset_pool_config()

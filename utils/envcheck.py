@@ -1,0 +1,175 @@
+"""Report `CHAINCRAWL_*` environment variables that nothing reads.
+
+A misspelled variable (`CHAINCRAWL_MAX_RETRYS`, `CHAINCRAWL_SIGN_KEY_DEMOO`) is silently
+ignored by every settings reader: the worker runs on the default and nobody knows. Workers
+call `problems()` at start and log each one as a warning, `control.sh config --check` prints
+them. Names come from where they are read: `config.Settings`, the three prefixed settings
+classes (proxy, monitor, alerts), the per-site families of `config.SITE_VARS` for the sites
+that exist, and `OTHER` below for variables modules read themselves
+(`tests/unit/test_envcheck.py` keeps that list true by scanning the source).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+from config import SITE_VARS, Settings
+
+PREFIX = "CHAINCRAWL_"
+
+# read by the module named, not through a settings class
+OTHER: dict[str, str] = {
+    "GATE": "scheduling/gate.py",
+    "SINK_ROUTES": "external_interface/storage.py",
+    "TRACK_HISTORY": "external_interface/storage.py",
+    "LOG_LEVEL": "external_interface/outbox.py",
+    "OUTBOX_CLAIM_IDLE": "external_interface/outbox.py",
+    "OUTBOX_MAX_BACKOFF": "external_interface/outbox.py",
+    "JSONL_DIR": "external_interface/sinks/jsonl.py",
+    "JSONL_MAX_BYTES": "external_interface/sinks/jsonl.py",
+    "JSONL_MAX_AGE": "external_interface/sinks/jsonl.py",
+    "JSONL_FSYNC": "external_interface/sinks/jsonl.py",
+    "MONGO_DB": "external_interface/sinks/mongo.py",
+    "MONGO_BATCH": "external_interface/sinks/mongo.py",
+    "MONGO_TIMEOUT": "external_interface/sinks/mongo.py",
+    "MONGO_COLLECTION_PREFIX": "external_interface/sinks/mongo.py",
+    "HTTP_SINK_URL": "external_interface/sinks/http.py",
+    "HTTP_SINK_TOKEN": "external_interface/sinks/http.py",
+    "HTTP_SINK_TIMEOUT": "external_interface/sinks/http.py",
+    "HTTP_SINK_RETRIES": "external_interface/sinks/http.py",
+    "HTTP_SINK_BATCH": "external_interface/sinks/http.py",
+    "KAFKA_BOOTSTRAP": "external_interface/sinks/kafka.py",
+    "KAFKA_TOPIC_PREFIX": "external_interface/sinks/kafka.py",
+    "KAFKA_TIMEOUT": "external_interface/sinks/kafka.py",
+    "TEST_AMQP_URL": "tests (an AMQP broker for the broker tests)",
+    "TORTURE_POOL": "tests/torture (the pool the torture workers use)",
+}
+
+
+def fixed_names() -> set[str]:
+    """Every variable with a fixed name."""
+    from external_interface.proxy_config import ProxySettings
+    from monitor.alerts import AlertSettings
+    from monitor.exporter import MonitorSettings
+
+    names = {PREFIX + n for n in OTHER}
+    for f in Settings.model_fields.values():
+        alias = f.validation_alias
+        for choice in getattr(alias, "choices", [alias]):
+            if isinstance(choice, str) and choice.startswith(PREFIX):
+                names.add(choice)
+    for cls in (ProxySettings, MonitorSettings, AlertSettings):
+        prefix = str(cls.model_config.get("env_prefix", "")).upper()
+        names.update(prefix + n.upper() for n in cls.model_fields)
+    return names
+
+
+def _part(allowed: tuple[str, ...] | None) -> str:
+    return "|".join(re.escape(v.upper()) for v in allowed) if allowed else "[A-Z0-9_]+?"
+
+
+def _pattern(template: str, parts: Mapping[str, tuple[str, ...] | None], site: str) -> str:
+    out = re.escape(PREFIX + template.upper())
+    out = out.replace(r"\{SITE\}", f"(?P<site>{site})")
+    for name, allowed in parts.items():
+        out = out.replace(r"\{" + name.upper() + r"\}", f"(?:{_part(allowed)})")
+    return out + "$"
+
+
+Parts = Mapping[str, tuple[str, ...] | None]
+
+
+def site_patterns(sites: Iterable[str], parts: Parts | None = None
+                  ) -> tuple[list[re.Pattern[str]], list[re.Pattern[str]]]:  # fmt: skip
+    """(names of the known sites' variables, the same families for any site). `parts` gives
+    the values of parts a family leaves open (the pool kinds a process knows)."""
+    known = "|".join(re.escape(s.upper()) for s in sorted(sites, key=len, reverse=True))
+    ok, any_site = [], []
+    for var in SITE_VARS.values():
+        vparts = {k: v or (parts or {}).get(k) for k, v in var.parts.items()}
+        if var.default:
+            ok.append(re.compile(_pattern(var.default, vparts, "")))
+        if known:
+            ok.append(re.compile(_pattern(var.template, vparts, known)))
+        any_site.append(re.compile(_pattern(var.template, vparts, "[A-Z0-9_]+")))
+    return ok, any_site
+
+
+def problems(sites: Iterable[str], environ: Mapping[str, str] | None = None,
+             parts: Parts | None = None) -> list[str]:  # fmt: skip
+    """One line per `CHAINCRAWL_*` variable nothing reads, with the likely intended name.
+    Only names are shown: values may be secrets."""
+    env = os.environ if environ is None else environ
+    sites = sorted(set(sites))
+    fixed = fixed_names()
+    ok, any_site = site_patterns(sites, parts)
+    out = []
+    for name in sorted(n for n in env if n.startswith(PREFIX)):
+        if name in fixed or any(p.match(name) for p in ok):
+            continue
+        candidates = [c.removeprefix(PREFIX) for c in sorted(fixed) + _site_names(sites, parts)]
+        close = difflib.get_close_matches(name.removeprefix(PREFIX), candidates, n=1, cutoff=0.75)
+        hint = [PREFIX + c for c in close]
+        m = next((m for p in any_site if (m := p.match(name))), None)
+        if m and _site_typo(m, hint, sites):
+            site = m["site"].lower()
+            near = difflib.get_close_matches(site, sites, n=1)
+            fix = name[: m.start("site")] + near[0].upper() + name[m.end("site") :] if near else ""
+            msg = f"{name}: no site {site!r}" + (
+                f"; did you mean {fix}?" if near else f" (sites: {', '.join(sites)})"
+            )
+        else:
+            msg = f"{name} is not a chaincrawl setting" + (
+                f"; did you mean {hint[0]}?" if hint else " (README: Configuration)"
+            )
+        out.append(msg)
+    return out
+
+
+def _site_typo(m: re.Match[str], hint: list[str], sites: list[str]) -> bool:
+    """Whether a name of a per-site family is wrong in its site (not in its family): no other
+    name is close, or the closest is the same family's for a known site."""
+    if not hint:
+        return True
+    h = m.re.match(hint[0])
+    return bool(h and h["site"].lower() in sites)
+
+
+def _site_names(sites: list[str], parts: Parts | None = None) -> list[str]:
+    """Concrete per-site names for the hints (families with a part still open left out)."""
+    names = []
+    for var in SITE_VARS.values():
+        vparts = {k: v or (parts or {}).get(k) for k, v in var.parts.items()}
+        if any(v is None for v in vparts.values()):
+            continue
+        combos: list[dict[str, str]] = [{}]
+        for part, allowed in vparts.items():
+            combos = [{**c, part: v} for c in combos for v in allowed or ()]
+        for c in combos:
+            names += [var.name(s, **c) for s in sites]
+            if d := var.default_name(**c):
+                names.append(d)
+    return names
+
+
+def current(environ: Mapping[str, str] | None = None) -> list[str]:
+    """`problems()` for this process: its loaded sites, the pool kinds it knows of, and the
+    variables of `.env` (which `config.Settings` reads too) under the environment's."""
+    import sites
+    from external_interface.pool import known_kinds
+
+    try:  # registers the pool producers, as in a worker
+        import external_interface.production  # noqa: F401
+    except ImportError as exc:
+        if exc.name != "external_interface.production":
+            raise
+
+    if environ is None:
+        from dotenv import dotenv_values
+
+        environ = {**{k: v or "" for k, v in dotenv_values(".env").items()}, **os.environ}
+    kinds = tuple(sorted(known_kinds()))
+    return problems(sites.sites(), environ, {"kind": kinds} if kinds else None)
