@@ -13,6 +13,9 @@ which is how `bench.protos` measures it now:
 Flags left here:
     nometrics   task metrics are dropped instead of aggregated (an upper bound of what any
                 cheaper metrics could still save)
+    waits       diagnostic, gevent pool: counts every switch into the hub (a greenlet waiting)
+                by greenlet and by the code that waited, written to /tmp/waits-<pid>.txt
+                ($BENCH_WAITS_OUT) when the worker stops (docs/performance.md, seventh session)
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import os
 from typing import Any
 
-ALL = ("nometrics",)
+ALL = ("nometrics",)  # "waits" is a diagnostic, not in "all"
 IN_CORE = {
     "noevents": "CHAINCRAWL_TASK_EVENTS (default off)",
     "quietlog": "CHAINCRAWL_TASK_LOG (default off)",
@@ -67,3 +70,57 @@ def _p_nometrics(app: Any, wanted: set[str]) -> None:
 
     TaskMetrics.flush = drop  # type: ignore[method-assign]
     TaskMetrics.aggregate = drop  # type: ignore[method-assign]
+
+
+def _p_waits(app: Any, wanted: set[str]) -> None:
+    """gevent only: count the switches into the hub (each is one wait of a greenlet) by where
+    they came from, and write the table to $BENCH_WAITS_OUT (default /tmp) at shutdown."""
+    import collections
+
+    from celery import signals
+
+    try:
+        import greenlet
+        from gevent.hub import Hub
+    except ImportError:
+        return
+    counts: collections.Counter[str] = collections.Counter()
+
+    def origin(g: Any) -> str:
+        """Which greenlet waits: the main one (the consumer loop), a task, or a thread's."""
+        if g.parent is None:
+            return "main greenlet (consumer loop)"
+        run = getattr(g, "_run", None)
+        owner = getattr(run, "__self__", None)
+        name = getattr(owner, "name", "") if owner is not None else ""
+        args = getattr(g, "args", ()) or ()
+        target = getattr(args[0], "__qualname__", "") if args and callable(args[0]) else ""
+        return f"{getattr(run, '__qualname__', type(g).__name__)} {name} {target}".strip()
+
+    def where(g: Any) -> str:
+        """The waiting greenlet's innermost frames outside gevent."""
+        f, keep = g.gr_frame, []
+        while f is not None and len(keep) < 4:
+            name = f.f_code.co_filename
+            if "/gevent/" not in name:
+                short = name.split("site-packages/")[-1].split("/main/")[-1]
+                keep.append(f"{f.f_code.co_name}({short}:{f.f_lineno})")
+            f = f.f_back
+        return " < ".join(keep)
+
+    def trace(event: str, args: Any) -> None:
+        try:
+            if event in ("switch", "throw") and isinstance(args[1], Hub):
+                counts[origin(args[0]) + " | " + where(args[0])] += 1
+        except Exception:  # a trace function must never raise into a switch
+            counts["(trace error)"] += 1
+
+    greenlet.settrace(trace)
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _dump(**kw: Any) -> None:
+        path = os.path.join(os.environ.get("BENCH_WAITS_OUT", "/tmp"), f"waits-{os.getpid()}.txt")
+        with open(path, "w") as fh:
+            fh.write(f"total {sum(counts.values())}\n")
+            for k, n in counts.most_common(60):
+                fh.write(f"{n:8d} {k}\n")

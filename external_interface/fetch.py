@@ -432,14 +432,14 @@ class LimitedFetcher:
             raise ValueError(f"fetch slots must be at least 1, got {slots}")
         self.inner = inner
         self.slots = slots
-        self._sem: threading.BoundedSemaphore | None = None  # made at first use: after gevent
+        self._sem: Any = None  # made at first use: after gevent
         self._made = threading.Lock()  # patched `threading` (a real lock would block the hub)
 
     def _semaphore(self) -> threading.BoundedSemaphore:
         if self._sem is None:
             with self._made:
                 if self._sem is None:
-                    self._sem = threading.BoundedSemaphore(self.slots)
+                    self._sem = _bounded_semaphore(self.slots)
         return self._sem
 
     def fetch(self, req: FetchRequest) -> Response:
@@ -457,6 +457,21 @@ class LimitedFetcher:
             return self.inner.fetch(req)
         finally:
             sem.release()
+
+
+def _bounded_semaphore(n: int) -> Any:
+    """gevent's own semaphore once gevent patched `threading`: the stdlib one is built on a
+    Condition whose every acquire and release goes through the hub (three trips per request),
+    gevent's counts in place and wakes a waiter directly."""
+    try:
+        from gevent import monkey
+    except ImportError:
+        return threading.BoundedSemaphore(n)
+    if monkey.is_module_patched("threading"):
+        from gevent.lock import BoundedSemaphore
+
+        return BoundedSemaphore(n)
+    return threading.BoundedSemaphore(n)
 
 
 class _NoStore(DefaultCookiePolicy):

@@ -96,6 +96,7 @@ class Aggregator:
         self._lock = threading.Lock()
         self._pending: dict[str, Counter[str]] = {}
         self._thread: threading.Thread | None = None
+        self._running = 0  # pid of the process whose flush thread runs (0: none)
         self._stop = threading.Event()
 
     def add(self, keys: tuple[str, ...], counts: Mapping[str, int]) -> None:
@@ -137,18 +138,26 @@ class Aggregator:
             raise
 
     def start(self, client: Any, interval: float) -> None:
-        """Flush every `interval` seconds from a daemon thread (idempotent, cheap when running)."""
-        t = self._thread
-        if t is not None and t.is_alive():
+        """Flush every `interval` seconds from a daemon thread (idempotent, cheap when running).
+
+        Called by every task: `Thread.is_alive()` would take the thread's state lock each time,
+        which under gevent is a trip through the hub (two per page in a latency-bound crawl),
+        so the running thread is known by a flag its loop clears on the way out."""
+        if self._running == os.getpid():
             return
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._running == os.getpid():
                 return
             self._stop.clear()
+            self._running = os.getpid()  # a forked child's copy reads as not running
             self._thread = threading.Thread(
                 target=self._loop, args=(client, interval), name="metrics-flush", daemon=True
             )
-            self._thread.start()
+            try:
+                self._thread.start()
+            except BaseException:
+                self._running = 0
+                raise
 
     def stop(self, client: Any) -> None:
         """Stop the thread and write what is left (warm shutdown)."""
@@ -163,11 +172,14 @@ class Aggregator:
             log.warning("metrics not written at shutdown: %s", exc)
 
     def _loop(self, client: Any, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                self.flush(client)
-            except Exception as exc:  # Redis away: keep the sums, try again next interval
-                log.warning("metrics flush failed (kept for the next try): %s", exc)
+        try:
+            while not self._stop.wait(interval):
+                try:
+                    self.flush(client)
+                except Exception as exc:  # Redis away: keep the sums, try again next interval
+                    log.warning("metrics flush failed (kept for the next try): %s", exc)
+        finally:
+            self._running = 0
 
 
 _aggregators: dict[int, Aggregator] = {}

@@ -117,3 +117,53 @@ def test_fetch_slots_setting_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> 
     assert isinstance(default_fetcher(slots=0), Urllib3Fetcher)
     with pytest.raises(ValueError, match="at least 1"):
         LimitedFetcher(Urllib3Fetcher(), 0)
+
+
+GEVENT_CRAWL = """
+from gevent import monkey; monkey.patch_all()
+import sys, time, gevent, gevent.lock
+from exceptions import FetchTimeout
+from external_interface.fetch import FetchRequest, LimitedFetcher, Urllib3Fetcher
+url = sys.argv[1]
+f = LimitedFetcher(Urllib3Fetcher(), 4)
+jobs = [gevent.spawn(f.fetch, FetchRequest("GET", url + "/?s=0.1")) for _ in range(24)]
+gevent.joinall(jobs, raise_error=True)
+assert [j.value.status for j in jobs] == [200] * 24
+assert isinstance(f._semaphore(), gevent.lock.BoundedSemaphore), type(f._semaphore())
+one = LimitedFetcher(Urllib3Fetcher(), 1)
+holder = gevent.spawn(one.fetch, FetchRequest("GET", url + "/?s=1"))
+gevent.sleep(0.2)
+t0 = time.monotonic()
+try:
+    one.fetch(FetchRequest("GET", url + "/?s=0", timeout=0.3))
+except FetchTimeout as exc:
+    assert "no fetch slot free within 0.3 s" in str(exc), exc
+else:
+    raise AssertionError("no FetchTimeout")
+assert time.monotonic() - t0 < 0.9
+holder.get()
+import greenlet
+from gevent.hub import Hub
+sem, trips = LimitedFetcher(Urllib3Fetcher(), 4)._semaphore(), []
+greenlet.settrace(lambda ev, args: trips.append(ev) if isinstance(args[1], Hub) else None)
+for _ in range(1000):  # a free slot: taken and given back without a wait
+    sem.acquire(timeout=5)
+    sem.release()
+greenlet.settrace(None)
+assert not trips, len(trips)
+print("ok")
+"""
+
+
+def test_gevent_workers_get_gevents_semaphore_and_the_same_cap(counting: str) -> None:
+    """Under gevent the slots are gevent's semaphore (the stdlib one's Condition went through
+    the hub on every acquire and release); the cap and the deadline hold the same."""
+    import subprocess
+    import sys
+
+    from config import ROOT
+
+    out = subprocess.run([sys.executable, "-c", GEVENT_CRAWL, counting], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert Counting.peak == 4
