@@ -141,6 +141,62 @@ def test_plan_batches_only_a_deep_backlog(
     assert [m.task for m in pub.plan(mixed, outstanding=100)] == [TASK] * 3
 
 
+def test_a_running_batch_hands_out_its_pages_only_in_its_runs_tail(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_unbatch`: a batch splits once its run's backlog (as this process last saw it) would
+    publish one page per message; mid-run it keeps its pages, whatever a 0.1 s window reads."""
+    seen: dict[str, int] = {}
+    monkeypatch.setattr(base_task, "_seen_outstanding", seen)
+    assert not base_task._unbatch(settings, "r1")  # no reading yet: keep going
+    seen["r1"] = 10
+    assert not base_task._unbatch(settings, "r1")  # backlog mode (10): deep enough
+    seen["r1"] = 9
+    assert base_task._unbatch(settings, "r1")
+    assert not base_task._unbatch(settings, "")  # no run: nothing to judge by
+    auto = Settings(**{**settings.model_dump(), "batch_backlog": 0})
+    monkeypatch.setattr(base_task, "_worker_slots", 4)
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)  # a quiet window mid-run
+    seen["r1"] = 16  # 2 x (two messages per slot x 4 slots): batches still pay
+    assert not base_task._unbatch(auto, "r1")
+    seen["r1"] = 15
+    assert base_task._unbatch(auto, "r1")
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.95)  # CPU-bound: 4 messages suffice
+    assert not base_task._unbatch(auto, "r1")
+    seen["r1"] = 7
+    assert base_task._unbatch(auto, "r1")
+    one = Settings(**{**auto.model_dump(), "batch": 1})
+    assert not base_task._unbatch(one, "r1")
+
+
+def test_pages_a_batch_hands_out_go_to_the_head_of_their_queue(
+    rds: redis.Redis, settings: Settings, app: Celery
+) -> None:
+    """They were due already: the next BRPOP takes them, in their order, before the backlog
+    and before the children published with them."""
+    state = RunState(rds, settings)
+    pub = Publisher(app, settings)
+    backlog, kids, rest = (
+        [kid(i) for i in range(3)],
+        [kid(i) for i in range(3, 5)],
+        [kid(5), kid(6)],
+    )
+    pub.publish(state, [([k.encode() for k in backlog], state.kids_key("a"))], outstanding=1)
+    pub.publish(state, [([k.encode() for k in kids], state.kids_key("b"))], outstanding=1,
+                front=[k.encode() for k in rest])  # fmt: skip
+    pub.publish(state, [], outstanding=1, front=[])  # nothing to send: no round trip fails
+    opts = app.conf.broker_transport_options
+    with Connection(settings.broker_url, transport_options=opts) as conn:
+        q = conn.SimpleQueue("testsite")
+        order = []
+        for _ in range(7):
+            m = q.get(timeout=5)
+            order.append(m.headers["id"])
+            m.ack()
+        q.close()
+    assert order == [k.task_id for k in rest + backlog + kids]
+
+
 def test_raw_envelopes_are_kombu_messages(
     rds: redis.Redis, settings: Settings, app: Celery
 ) -> None:
