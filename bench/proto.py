@@ -16,15 +16,19 @@ Flags left here:
     waits       diagnostic, gevent pool: counts every switch into the hub (a greenlet waiting)
                 by greenlet and by the code that waited, written to /tmp/waits-<pid>.txt
                 ($BENCH_WAITS_OUT) when the worker stops (docs/performance.md, seventh session)
+    slots       diagnostic: the times of every request in the fetch slots (asked, slot taken,
+                response read, slot given back), written to /tmp/slots-<pid>.txt at shutdown;
+                `python -m bench.slot_report FILE...` reads them
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
-ALL = ("nometrics",)  # "waits" is a diagnostic, not in "all"
+ALL = ("nometrics",)  # "waits" and "slots" are diagnostics, not in "all"
 IN_CORE = {
     "noevents": "CHAINCRAWL_TASK_EVENTS (default off)",
     "quietlog": "CHAINCRAWL_TASK_LOG (default off)",
@@ -124,3 +128,37 @@ def _p_waits(app: Any, wanted: set[str]) -> None:
             fh.write(f"total {sum(counts.values())}\n")
             for k, n in counts.most_common(60):
                 fh.write(f"{n:8d} {k}\n")
+
+
+def _p_slots(app: Any, wanted: set[str]) -> None:
+    """Diagnostic: time every request's life in the fetch slots (asked, slot taken, response
+    read, slot given back, URL) and write them to $BENCH_WAITS_OUT/slots-<pid>.txt at shutdown, so
+    that `bench.slot_report` can say how long a slot sits idle between two requests."""
+    from celery import signals
+
+    from external_interface import fetch as fetch_mod
+
+    rows: list[tuple[float, float, float, float, str]] = []
+    plain = fetch_mod.LimitedFetcher.fetch
+
+    def timed(self: Any, req: Any) -> Any:
+        asked = time.monotonic()
+        sem = self._semaphore()
+        if not sem.acquire(timeout=max(0.0, req.timeout)):
+            return plain(self, req)  # raises the usual FetchTimeout path
+        took = time.monotonic()
+        try:
+            return self.inner.fetch(req)
+        finally:
+            done = time.monotonic()
+            sem.release()
+            rows.append((asked, took, done, time.monotonic(), req.url))
+
+    fetch_mod.LimitedFetcher.fetch = timed  # type: ignore[method-assign]
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _dump(**kw: Any) -> None:
+        path = os.path.join(os.environ.get("BENCH_WAITS_OUT", "/tmp"), f"slots-{os.getpid()}.txt")
+        with open(path, "w") as fh:
+            for r in rows:
+                fh.write(" ".join(f"{t:.6f}" for t in r[:4]) + f" {r[4]}\n")
