@@ -134,25 +134,38 @@ def _p_slots(app: Any, wanted: set[str]) -> None:
     """Diagnostic: time every request's life in the fetch slots (asked, slot taken, response
     read, slot given back, URL) and write them to $BENCH_WAITS_OUT/slots-<pid>.txt at shutdown, so
     that `bench.slot_report` can say how long a slot sits idle between two requests."""
+    import threading  # its local() is greenlet-local once gevent patched threading
+
     from celery import signals
 
     from external_interface import fetch as fetch_mod
 
     rows: list[tuple[float, float, float, float, str]] = []
     plain = fetch_mod.LimitedFetcher.fetch
+    here = threading.local()
+
+    class Inner:
+        """Around the limited fetcher's inner one: the request's time inside its slot."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def fetch(self, req: Any) -> Any:
+            here.took = time.monotonic()
+            try:
+                return self.inner.fetch(req)
+            finally:
+                here.done = time.monotonic()
 
     def timed(self: Any, req: Any) -> Any:
-        asked = time.monotonic()
-        sem = self._semaphore()
-        if not sem.acquire(timeout=max(0.0, req.timeout)):
-            return plain(self, req)  # raises the usual FetchTimeout path
-        took = time.monotonic()
+        if not isinstance(self.inner, Inner):
+            self.inner = Inner(self.inner)
+        asked, here.took = time.monotonic(), None
         try:
-            return self.inner.fetch(req)
+            return plain(self, req)  # the real path: slot, deadline, release
         finally:
-            done = time.monotonic()
-            sem.release()
-            rows.append((asked, took, done, time.monotonic(), req.url))
+            if here.took is not None:  # it got a slot
+                rows.append((asked, here.took, here.done, time.monotonic(), req.url))
 
     fetch_mod.LimitedFetcher.fetch = timed  # type: ignore[method-assign]
 

@@ -183,7 +183,7 @@ def test_pages_a_batch_hands_out_go_to_the_head_of_their_queue(
     )
     pub.publish(state, [([k.encode() for k in backlog], state.kids_key("a"))], outstanding=1)
     pub.publish(state, [([k.encode() for k in kids], state.kids_key("b"))], outstanding=1,
-                front=[k.encode() for k in rest])  # fmt: skip
+                front=[orjson.loads(k.encode()) for k in rest])  # fmt: skip
     pub.publish(state, [], outstanding=1, front=[])  # nothing to send: no round trip fails
     opts = app.conf.broker_transport_options
     with Connection(settings.broker_url, transport_options=opts) as conn:
