@@ -2,6 +2,12 @@
 
 One middleware, so the order of checks is visible in one place (README "Anti-crawl"):
 rate limit -> latency -> user agent -> sign -> device -> login -> handler -> soft failure.
+
+The latency is the response time, counted from the request's arrival: the checks and the
+handler run inside it and only the rest is slept. Sleeping first and working after put the
+server's own work on top of every response (3-6 ms at 16 in flight on a slow machine), so a
+"250 ms" server answered in 254-256 ms and benchmarks measured against the 16/0.25 s bound
+were charged for the page server's CPU.
 """
 
 from __future__ import annotations
@@ -90,27 +96,47 @@ async def _guarded(
     delay_ms = cfg.latency_ms
     if cfg.latency_jitter_ms:
         delay_ms += st.latency_rng.uniform(0, cfg.latency_jitter_ms)
+    resp, handled = await _checked(request, handler, st, front, endpoint, now)
     if delay_ms > 0:
-        await asyncio.sleep(delay_ms / 1000)
+        left = now + delay_ms / 1000 - time.monotonic()
+        if left > 0:
+            await asyncio.sleep(left)
+    if (
+        handled
+        and front in FRONTS
+        and cfg.enabled("soft_fail")
+        and endpoint not in NO_SOFT_FAIL_ROUTES
+        and st.soft_fail_rng.random() < cfg.soft_fail_rate
+    ):
+        return await _soft_fail(request, resp, st)
+    return resp
 
+
+async def _checked(
+    request: web.Request, handler: Handler, st: DemoState, front: str, endpoint: str, now: float
+) -> tuple[web.StreamResponse, bool]:
+    """The checks after the rate limit, then the handler: (response, True if the handler's)."""
+    cfg = st.config
     if front in FRONTS and cfg.enabled("ua_check"):
         ua = request.headers.get("User-Agent", "")
         if not ua_ok(front, ua):
             return _reject(
                 st, request, 403, "bad_user_agent", f"this client is not allowed: {ua!r}"
-            )
+            ), False
 
     if front == "app":
         if cfg.enabled("sign"):
             why = signing.verify(request.query.items(), cfg.sign_key, cfg.sign_skew_s)
             if why is not None:
-                return _reject(st, request, 403, "bad_sign", why, detail=why)
+                return _reject(st, request, 403, "bad_sign", why, detail=why), False
         if cfg.enabled("device") and endpoint != "app.device_register":
             verdict = st.devices.use(request.headers.get("X-Device-Id"), now)
             if verdict == "unknown":
-                return _reject(st, request, 403, "unknown_device", "register this device first")
+                return _reject(
+                    st, request, 403, "unknown_device", "register this device first"
+                ), False
             if verdict == "banned":
-                return _reject(st, request, 403, "device_banned", "this device is banned")
+                return _reject(st, request, 403, "device_banned", "this device is banned"), False
 
     if (
         endpoint in COMMENT_ROUTES
@@ -118,18 +144,9 @@ async def _guarded(
         and st.sessions.use(request.cookies.get("session"), now) != "ok"
     ):
         st.stats.rejections["login_required"] += 1
-        return login_wall(request)
+        return login_wall(request), False
 
-    resp = await _call(request, handler)
-
-    if (
-        front in FRONTS
-        and cfg.enabled("soft_fail")
-        and endpoint not in NO_SOFT_FAIL_ROUTES
-        and st.soft_fail_rng.random() < cfg.soft_fail_rate
-    ):
-        return await _soft_fail(request, resp, st)
-    return resp
+    return await _call(request, handler), True
 
 
 async def _call(request: web.Request, handler: Handler) -> web.StreamResponse:
