@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.cpu_profile                       # ~2000 pages, threads(16), no latency
     .venv/bin/python -m bench.cpu_profile --proto nometrics     # with bench/proto.py switches
     .venv/bin/python -m bench.cpu_profile --latency-ms 250 --pages 1300   # latency-bound
+    .venv/bin/python -m bench.cpu_profile -P gevent -c 256 --latency-ms 100 --pages 3000  # lat100x256
     .venv/bin/python -m bench.cpu_profile --scrapy              # the Scrapy baseline, by library
     .venv/bin/python -m bench.cpu_profile --analyze FILE.raw    # re-read a saved profile
 
@@ -267,14 +268,15 @@ def profile_chaincrawl(pages: int, proto: str, outdir: Path, pool: str = DEFAULT
 
 
 def profile_scrapy(pages: int, outdir: Path, concurrency: int = 16,
-                   settings: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+                   settings: list[str] | None = None, latency_ms: int = 0) -> dict[str, Any]:  # fmt: skip
     from bench.workload import site_for_pages
     from demo.testing import DemoServer
 
     users, posts, comments = site_for_pages(pages)
     raw = outdir / "scrapy.raw"
     sets = [x for kv in (settings or []) for x in ("-s", kv)]
-    with DemoServer(users=users, posts_per_user=posts, comments_per_post=comments) as demo:
+    with DemoServer(users=users, posts_per_user=posts, comments_per_post=comments,
+                    latency_ms=latency_ms) as demo:  # fmt: skip
         cmd = [*pyspy_prefix(raw), sys.executable, "-m", "bench.scrapy_spider", "--base", demo.url,
                "-c", str(concurrency), "--json", *sets]  # fmt: skip
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -299,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrapy", action="store_true", help="profile the Scrapy baseline instead")
     ap.add_argument("-P", "--pool", default=DEFAULT_POOL, help="worker pool (gevent, threads)")
     ap.add_argument("--latency-ms", type=int, default=0, help="demo server's added latency")
+    ap.add_argument("-c", "--concurrency", type=int, default=16,
+                    help="task slots (chaincrawl) or CONCURRENT_REQUESTS (Scrapy)")  # fmt: skip
     ap.add_argument("-s", "--set", action="append", default=["CONCURRENT_ITEMS=16"],
                     help="Scrapy setting for --scrapy")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="directory for raw profiles + JSON")
@@ -312,9 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     outdir = a.out or Path(tempfile.mkdtemp(prefix="bench-profile-"))
     outdir.mkdir(parents=True, exist_ok=True)
     if a.scrapy:
-        rep = profile_scrapy(a.pages, outdir, settings=a.set)
+        rep = profile_scrapy(a.pages, outdir, a.concurrency, a.set, a.latency_ms)
     else:
-        rep = profile_chaincrawl(a.pages, a.proto, outdir, pool=a.pool, latency_ms=a.latency_ms)
+        rep = profile_chaincrawl(a.pages, a.proto, outdir, a.pool, a.concurrency, a.latency_ms)
     print_report(rep)
     if "redis_calls" in rep.get("run", {}):
         pages = rep["run"]["pages"] or 1
