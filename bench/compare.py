@@ -45,6 +45,9 @@ redis-server and the worker processes): per-page CPU counts the crawler's proces
 (Scrapy's one process; the chaincrawl workers), redis-server and page-server CPU are shown
 apart. CPU time, not wall time, is the per-page cost: the machine is shared. Each figure is
 the median of the repeats (the minimum CPU/page is shown too: contention only ever adds to it).
+Each run's line ends with `loop A/B ms`: a fixed Python loop's CPU time just before and just
+after the run (`loop_ms`). On a shared VM it swings (1.7x within a minute in the ninth
+session), so an outlier run with a slow loop is the machine, not the crawler.
 """
 
 from __future__ import annotations
@@ -251,6 +254,17 @@ class Metered:
         self.last = {}
 
 
+def loop_ms(n: int = 200_000) -> float:
+    """CPU ms of a fixed pure-Python loop: the machine's speed at this moment. A shared VM's
+    speed swings (the ninth session's: 1.7x within a minute), so each run's line shows it
+    before and after, and an outlier run can be told from a slow moment of the machine."""
+    t = time.process_time()
+    x = 0
+    for i in range(n):
+        x += i * i
+    return 1000 * (time.process_time() - t)
+
+
 def servers_for(choice: str, sc: Scenario) -> list[str]:
     """The page server(s) a scenario runs against under `--server choice`."""
     if choice == "auto":
@@ -340,6 +354,7 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
                         else [(label, fn, i) for label, fn in systems for i in range(repeat)]
                     )
                     for label, fn, i in order:
+                        speed0 = loop_ms()
                         t0 = time.monotonic()
                         try:
                             res = (
@@ -353,13 +368,15 @@ def run_all(names: list[str], quick: bool, repeat: int, protos: list[str], scrap
                                 b.stop_workers()
                             continue
                         demo.take(res)
+                        res["loop_ms"] = (speed0, loop_ms())
                         by_label[label].runs.append(res)
                         srv_ms = res.get("server_cpu_ms_per_page")
                         log(f"   {label:<34} run {i + 1}: {res['pages']} pages "
                             f"{res['pages_per_s']:7.1f} p/s  {res['cpu_ms_per_page']:6.2f} ms CPU/page  "
                             f"server {_f(srv_ms if srv_ms is not None else float('nan'), 4, 2)} ms/page  "
                             f"in flight {res.get('server_peak_in_flight', '-')}  "
-                            f"load {res['load']:.1f}  ({time.monotonic() - t0:.0f}s)"
+                            f"load {res['load']:.1f}  loop {speed0:.0f}/{res['loop_ms'][1]:.0f} ms  "
+                            f"({time.monotonic() - t0:.0f}s)"
                             + (f"  WARNING {res['extra']['warning']}" if res.get("extra", {}).get("warning") else ""))  # fmt: skip
                         last = i == repeat - 1 or name == "scale"
                         if last and label.startswith(("chaincrawl", "cc+")):

@@ -70,3 +70,10 @@ def test_pinning_to_more_cores_than_allowed_is_refused() -> None:
     n = len(pinning.allowed()) + 1
     with pytest.raises(ValueError, match=f"cannot pin to {n} cores"), pinning.pinned(n):
         pass
+
+
+def test_loop_ms_measures_cpu_time_of_a_fixed_loop() -> None:
+    from bench.compare import loop_ms
+
+    small, big = loop_ms(20_000), loop_ms(400_000)
+    assert 0 < small < big  # CPU time grows with the work, whatever the machine's speed
