@@ -463,11 +463,9 @@ def _bounded_semaphore(n: int) -> Any:
     """gevent's own semaphore once gevent patched `threading`: the stdlib one is built on a
     Condition whose every acquire and release goes through the hub (three trips per request),
     gevent's counts in place and wakes a waiter directly."""
-    try:
-        from gevent import monkey
-    except ImportError:
-        return threading.BoundedSemaphore(n)
-    if monkey.is_module_patched("threading"):
+    from utils.greenlets import gevent_patched
+
+    if gevent_patched():
         from gevent.lock import BoundedSemaphore
 
         return BoundedSemaphore(n)

@@ -77,3 +77,27 @@ def test_a_slow_batch_hands_its_remaining_pages_to_new_messages(start_worker, te
     log = w.log.read_text(errors="replace")
     assert re.search(r"chaincrawl\.batch over its 2s budget: 2 of 4 pages handed", log), log[-3000:]
     assert "'2 pages, 2 re-queued'" in log
+
+
+@pytest.mark.parametrize("slots", [4, 2])
+def test_gevent_runs_a_batchs_pages_side_by_side_within_the_workers_slots(
+    start_worker, test_site, slots: int
+) -> None:
+    """Four 0.6 s pages in one message on a gevent worker: they run together (0.6 s, not
+    2.4 s one after the other), but never more of them at once than the worker's slots."""
+    test_site.max_in_flight = 0  # the site lives for the whole session
+    w = start_worker(pool="gevent", concurrency=slots, **{**BATCHED, "CHAINCRAWL_BATCH": "4"})
+    key = f"side{slots}"
+    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=0.6"), seeds=[{}])
+    p = run.wait(timeout=60)
+    assert p.complete
+    probe = p.steps["local.probe"]
+    assert probe["succeeded"] == PER_PAGE and probe["failed"] == 0
+    assert all(test_site.hits[f"flaky:e1-{i}-{key}"] == 1 for i in range(PER_PAGE))
+    log = w.log.read_text(errors="replace")
+    took = [float(t) for t in re.findall(
+        r"chaincrawl\.batch\[\w+\] succeeded in ([\d.]+)s: '4 pages'", log)]  # fmt: skip
+    assert len(took) == 1, log[-3000:]
+    rounds = PER_PAGE // slots  # 0.6 s each
+    assert 0.6 * rounds <= took[0] < 0.6 * rounds + 0.5
+    assert test_site.max_in_flight == slots

@@ -25,6 +25,7 @@ class TestSite(ThreadedSite):
     def __init__(self, pages: int = PAGES, per_page: int = PER_PAGE) -> None:
         self.pages, self.per_page = pages, per_page
         self.hits: Counter[str] = Counter()
+        self.in_flight = self.max_in_flight = 0  # /flaky requests being answered at once
         super().__init__()
 
     def app(self) -> web.Application:
@@ -71,7 +72,12 @@ class TestSite(ThreadedSite):
         self.hits[f"flaky:{key}"] += 1
         delay = float(req.query.get("delay", "0"))
         if delay:
-            await asyncio.sleep(delay)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                self.in_flight -= 1
         if self.hits[f"flaky:{key}"] <= fails:
             return web.Response(status=503, text="try later")
         return web.json_response({"key": key, "value": "finally"})

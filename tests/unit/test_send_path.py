@@ -141,6 +141,28 @@ def test_plan_batches_only_a_deep_backlog(
     assert [m.task for m in pub.plan(mixed, outstanding=100)] == [TASK] * 3
 
 
+def test_gevent_batches_latency_bound_work_and_counts_slots_up_to_two_batches(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under gevent a batch runs its pages side by side (`_side_by_side`): no CPU floor, and
+    a worker's slots count only up to 2 x `batch` (one message keeps `batch` slots busy)."""
+    auto = Settings(**{**settings.model_dump(), "batch_backlog": 0, "batch": 20})
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)  # latency-bound
+    monkeypatch.setattr(base_task, "_worker_slots", 20)
+    monkeypatch.setattr(base_task, "gevent_patched", lambda: False)
+    assert [base_task.batch_size(auto, n) for n in (80, 400, 5000)] == [1, 1, 1]
+    monkeypatch.setattr(base_task, "gevent_patched", lambda: True)
+    # two messages per slot still: 40 messages, then pages per message
+    assert [base_task.batch_size(auto, n) for n in (79, 80, 400, 5000)] == [1, 2, 10, 20]
+    monkeypatch.setattr(base_task, "_worker_slots", 256)
+    # 256 slots count as 40 (2 x 20): 80 messages, not 512
+    assert [base_task.batch_size(auto, n) for n in (159, 160, 800, 5000)] == [1, 2, 10, 20]
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.95)  # CPU-bound: a quarter of that
+    assert [base_task.batch_size(auto, n) for n in (39, 40, 200, 5000)] == [1, 2, 10, 20]
+    # without the floor to skip, `cpu_floor=False` (the tail rule) is the same rule
+    assert [base_task.batch_size(auto, n, cpu_floor=False) for n in (39, 40, 200)] == [1, 2, 10]
+
+
 def test_a_running_batch_hands_out_its_pages_only_in_its_runs_tail(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
