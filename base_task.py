@@ -25,6 +25,7 @@ that hands items to the outbox and dispatches the chain's next steps.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import math
@@ -560,6 +561,11 @@ def page_slots() -> Any:
     return _page_sem
 
 
+def _holding(slots: Any) -> Any:
+    """`with _holding(page_slots()):` holds a page slot where there are page slots."""
+    return slots if slots is not None else contextlib.nullcontext()
+
+
 def batch_size(s: Settings, outstanding: int, cpu_floor: bool = True) -> int:
     """Pages per message for children of a run with `outstanding` tasks.
 
@@ -596,12 +602,12 @@ def batch_size(s: Settings, outstanding: int, cpu_floor: bool = True) -> int:
     return max(1, min(size, outstanding // wanted))
 
 
-BATCH_CPU_MIN = 0.75  # threads/prefork: below this share of a core wanted, one page per message:
-# CPU to spare, and a batch runs its pages one after the other in one slot (k pages = k latencies), which
-# left slots idle in the tail of a latency-bound run. Not lower: a latency-bound crawl parses
-# its 16 responses together every 250 ms, and on the threads pool (two cores) one 0.1 s window
-# read 0.5-0.6; batched then, a user's ten posts ran one after the other in one slot and made
-# a 2.5 s tail. A CPU-bound crawl reads 0.95 and more from its first 20 ms. (Smoothing the share
+BATCH_CPU_MIN = 0.75  # threads/prefork: below this share of a core wanted, one page per
+# message: CPU to spare, and a batch runs its pages one after the other in one slot (k pages =
+# k latencies), which left slots idle in the tail of a latency-bound run. Not lower: a
+# latency-bound crawl parses its 16 responses together every 250 ms, and on the threads pool
+# (two cores) one 0.1 s window read 0.5-0.6; batched then, a user's ten posts ran one after
+# the other in one slot and made a 2.5 s tail. A CPU-bound crawl reads 0.95 and more from its first 20 ms. (Smoothing the share
 # over windows instead delayed the first batches of a CPU-bound crawl and cost it 30 % CPU per
 # page: the first user pages' publishes decide whether their subtrees run batched.)
 BATCH_SLOT_FACTOR = 2  # messages per worker slot the backlog must still make when batched
@@ -876,21 +882,16 @@ class SiteTask(Task):
     typing = False  # arguments are checked by our schemas, with better messages
 
     def execute(self, params: Any, meta: Mapping[str, Any] | None) -> str:
-        sem = page_slots()
-        if sem is not None:
-            sem.acquire()
-        try:
-            return self._execute(params, meta)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            # Our state store is unreachable: nothing was committed (the commit is one
-            # script), so the message must not be acknowledged. Requeue it; the commit's
-            # idempotency makes a second run harmless.
-            log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
-            _pause_before_requeue()
-            raise Reject(exc, requeue=True) from None
-        finally:
-            if sem is not None:
-                sem.release()
+        with _holding(page_slots()):
+            try:
+                return self._execute(params, meta)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                # Our state store is unreachable: nothing was committed (the commit is one
+                # script), so the message must not be acknowledged. Requeue it; the commit's
+                # idempotency makes a second run harmless.
+                log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
+                _pause_before_requeue()
+                raise Reject(exc, requeue=True) from None
 
     def _execute(
         self, params: Any, meta: Mapping[str, Any] | None, begun: tuple[bool, int] | None = None
@@ -1202,7 +1203,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
     budget, t_batch = _batch_budget(settings), time.monotonic()
     rid = next((e["meta"].get("run", "") for _, e in todo), "")
     slots = page_slots()  # gevent: every entry holds a page slot while it runs
-    sem = None if careful else slots
+    side_by_side = slots is not None and not careful
 
     def hand_out(k: int) -> str:
         """Why entry k should go to a message of its own instead of running here ("": run)."""
@@ -1214,7 +1215,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
             return f"over its {budget:.0f}s budget"
         # A batch no longer worth its one-slot-at-a-time pages: hand them out too (a batch
         # whose pages run side by side has none waiting behind each other).
-        if sem is None and _unbatch(settings, rid):
+        if not side_by_side and _unbatch(settings, rid):
             return "in its run's tail"
         return ""
 
@@ -1254,23 +1255,17 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
 
     entries_b = list(zip(todo, begun, strict=True))
     try:
-        if sem is None:  # one after the other (threads, prefork, or a redelivered batch)
+        if side_by_side:
+            rest, why = _side_by_side(slots, run, entries_b, hand_out, one)
+        else:  # one after the other (threads, prefork, or a redelivered batch)
             rest, why = [], ""
             for k, ((spec, e), b) in enumerate(entries_b):
                 why = hand_out(k)
                 if why:
                     rest = [x for _, x in todo[k:]]
                     break
-                if slots is None:
+                with _holding(slots):
                     one(spec, e, b)
-                    continue
-                slots.acquire()
-                try:
-                    one(spec, e, b)
-                finally:
-                    slots.release()
-        else:
-            rest, why = _side_by_side(sem, run, entries_b, hand_out, one)
     finally:
         _tls.batch = None
     results = _run_commits(state, settings, rid, run.calls) if run.calls else []
@@ -1332,18 +1327,16 @@ def _side_by_side(
 
     def entry(k: int, spec: EndpointSpec, e: dict[str, Any], b: tuple[bool, int]) -> None:
         _tls.batch = run  # greenlet-local under gevent: each entry defers to the batch
-        sem.acquire()
         try:
-            why = hand_out(k)
-            if why:
-                left[k] = e
-                whys.append(why)
-                return
-            one(spec, e, b)
+            with sem:
+                why = hand_out(k)
+                if why:
+                    left[k] = e
+                    whys.append(why)
+                    return
+                one(spec, e, b)
         except BaseException as exc:
             errors.append(exc)
-        finally:
-            sem.release()
 
     greenlets = [gevent.spawn(entry, k, spec, e, b) for k, ((spec, e), b) in enumerate(entries)]
     try:
@@ -1362,9 +1355,10 @@ def _unbatch(s: Settings, rid: str) -> bool:
     publish one page per message now: the run's tail). A batch runs its pages one after the
     other in one slot, k pages = k latencies: in a latency-bound crawl on a slow machine, a
     batch formed during a burst of parsing ran last and fetched six pages one at a time while
-    15 fetch slots sat idle (1.3 s, 6 % of the run; 6 of 27 runs ended below 91 % of the bound). The CPU share is not asked
-    here: mid-run, a slot busy with a batch leaves the others their work, and splitting every
-    batch a quiet 0.1 s window finds cost 10-15 % more CPU per page in messages."""
+    15 fetch slots sat idle (1.3 s, 6 % of the run; 6 of 27 runs ended below 91 % of the
+    bound). The CPU share is not asked here: mid-run, a slot busy with a batch leaves the
+    others their work, and splitting every batch a quiet 0.1 s window finds cost 10-15 % more
+    CPU per page in messages."""
     seen = _seen_outstanding.get(rid) if rid else None
     if seen is None or s.batch <= 1:
         return False

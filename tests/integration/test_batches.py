@@ -20,12 +20,15 @@ pytestmark = pytest.mark.integration
 BATCHED = {"CHAINCRAWL_BATCH": "3", "CHAINCRAWL_BATCH_BACKLOG": "1", "CHAINCRAWL_TASK_LOG": "1"}
 
 
+def batches_done(log: str) -> list[tuple[float, int]]:
+    """(seconds, entries) of every batch message the worker finished (its 'succeeded' lines)."""
+    pattern = r"chaincrawl\.batch\[\w+\] succeeded in ([\d.]+)s: '(\d+) pages'"
+    return [(float(t), int(n)) for t, n in re.findall(pattern, log)]
+
+
 def batches_run(log: str) -> list[int]:
-    """Entries of every batch message the worker finished (from its 'succeeded' lines)."""
-    return [
-        int(n)
-        for n in re.findall(r"chaincrawl\.batch\[\w+\] succeeded in [\d.]+s: '(\d+) pages'", log)
-    ]
+    """Entries of every batch message the worker finished."""
+    return [n for _, n in batches_done(log)]
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])
@@ -95,8 +98,7 @@ def test_gevent_runs_a_batchs_pages_side_by_side_within_the_workers_slots(
     assert probe["succeeded"] == PER_PAGE and probe["failed"] == 0
     assert all(test_site.hits[f"flaky:e1-{i}-{key}"] == 1 for i in range(PER_PAGE))
     log = w.log.read_text(errors="replace")
-    took = [float(t) for t in re.findall(
-        r"chaincrawl\.batch\[\w+\] succeeded in ([\d.]+)s: '4 pages'", log)]  # fmt: skip
+    took = [t for t, n in batches_done(log) if n == 4]
     assert len(took) == 1, log[-3000:]
     rounds = PER_PAGE // slots  # 0.6 s each
     assert 0.6 * rounds <= took[0] < 0.6 * rounds + 0.5
