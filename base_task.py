@@ -583,7 +583,8 @@ def batch_size(s: Settings, outstanding: int, cpu_floor: bool = True) -> int:
     `batch` of them busy). Measured on a slow 2-core machine: at 250 ms latency 3.4-4.0 ms of
     CPU per page instead of 5.6-6.4 at the same pages/s; at 100 ms latency and 256 slots
     375-477 pages/s instead of 250-277 (two pages per message had paid the ~3 ms a message
-    costs every other page)."""
+    costs every other page). There `Publisher.plan` also packs a shallow backlog's fan-out
+    into a few messages (`FANOUT_MESSAGES`) instead of one page each."""
     size = max(1, s.batch)
     if size == 1:
         return 1
@@ -610,6 +611,15 @@ BATCH_CPU_MIN = 0.75  # threads/prefork: below this share of a core wanted, one 
 # the other in one slot and made a 2.5 s tail. A CPU-bound crawl reads 0.95 and more from its first 20 ms. (Smoothing the share
 # over windows instead delayed the first batches of a CPU-bound crawl and cost it 30 % CPU per
 # page: the first user pages' publishes decide whether their subtrees run batched.)
+FANOUT_MESSAGES = 4  # gevent: one publish's children of one destination go in at most this
+# many messages (`Publisher.plan`), however shallow the backlog. Its pages run side by side, so
+# a batch costs no latency, while a message costs its consumer ~1-3 ms of CPU: one page per
+# message made a 100 ms/256-slot crawl's first levels start their requests ~1.7 ms apart
+# (20 user pages over 38 ms) and paid that cost all through a CPU-bound crawl's ramp-up.
+# Measured (fast 2-core machine, interleaved): cpu scenario 0.85-0.89 ms/page instead of
+# 0.97-1.06, half the BRPOPs; lat250 1.55-1.63 instead of 1.75-1.90 at the same pages/s;
+# 100 ms/256 880-988 pages/s instead of 775-881. Four, not one: a second worker (a second
+# core, in a CPU-bound crawl) still gets its share of a small fan-out.
 BATCH_SLOT_FACTOR = 2  # messages per worker slot the backlog must still make when batched
 BATCH_CPU_BOUND = 0.85  # share of a core wanted recently from which the worker counts as CPU-bound
 CPU_WINDOW = 0.1  # seconds over which cpu_busy() measures
@@ -670,11 +680,14 @@ class Publisher:
             q = self._queues[task] = route(task, (), {}, {})["queue"]
         return q
 
-    def plan(self, kids: list[dict[str, Any]], outstanding: int) -> list[_Message]:
+    def plan(
+        self, kids: list[dict[str, Any]], outstanding: int, spread: bool = True
+    ) -> list[_Message]:
         """The children of one (task, queue, priority) in messages of up to `batch_size`
-        entries, evenly filled; one message per child when that is 1."""
+        entries, evenly filled; one message per child when that is 1. Under gevent (and
+        `spread`) a group also goes in at most `FANOUT_MESSAGES` messages, `batch` allowing."""
         size = batch_size(self.s, outstanding) if len(kids) > 1 else 1
-        deep = size > 1
+        fan = spread and self.s.batch > 1 and self.s.batch_backlog <= 0 and gevent_patched()
         groups: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
         for kid in kids:
             meta = kid["meta"]
@@ -683,7 +696,10 @@ class Publisher:
             groups.setdefault(dest, []).append(kid)
         out: list[_Message] = []
         for (task, queue, prio), group in groups.items():
-            n_msgs = math.ceil(len(group) / size) if deep else len(group)
+            per = size
+            if fan and len(group) > FANOUT_MESSAGES:
+                per = max(size, min(self.s.batch, math.ceil(len(group) / FANOUT_MESSAGES)))
+            n_msgs = math.ceil(len(group) / per) if per > 1 else len(group)
             q, r = divmod(len(group), n_msgs)  # even sizes: 10 in 4 -> 3, 3, 2, 2
             start = 0
             for j in range(n_msgs):
@@ -715,7 +731,7 @@ class Publisher:
         if not kids and not front:
             return
         msgs = self.plan(kids, outstanding)
-        first = self.plan(list(front), outstanding)
+        first = self.plan(list(front), outstanding, spread=False)  # as a batch hands them out
         if self.redis_broker:
             broker = get_redis(self.s.broker_url)
             pipe = broker.pipeline(transaction=False)

@@ -207,7 +207,8 @@ class Settings(BaseSettings):
         validation_alias=_env("BATCH_BACKLOG"),
         description="A run's outstanding tasks from which children always go BATCH to a "
         "message. 0 (auto): up to outstanding / (2 x the worker's slots) per message, so the "
-        "backlog still makes two messages per slot.",
+        "backlog still makes two messages per slot; under gevent one publish's children also "
+        "go in at most 4 messages (a batch's pages run side by side there).",
     )
     resource_wait_max: float = Field(
         1800.0,

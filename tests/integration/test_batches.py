@@ -103,3 +103,22 @@ def test_gevent_runs_a_batchs_pages_side_by_side_within_the_workers_slots(
     rounds = PER_PAGE // slots  # 0.6 s each
     assert 0.6 * rounds <= took[0] < 0.6 * rounds + 0.5
     assert test_site.max_in_flight == slots
+
+
+@pytest.mark.parametrize(("pool", "sizes"), [("gevent", [2, 2, 3, 3]), ("threads", [])])
+def test_gevent_sends_a_small_fan_out_in_a_few_messages(
+    start_worker, test_site, pool: str, sizes: list[int]
+) -> None:
+    """Automatic batching, a run just started (backlog 10 for 16 slots): a gevent worker
+    sends a listing's 10 children in 4 messages (its batches run their pages side by side),
+    a threads worker one per message (its batches would run them one after the other)."""
+    w = start_worker(pool=pool, concurrency=16, CHAINCRAWL_TASK_LOG="1")
+    key = f"fan-{pool}"
+    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0"), seeds=[{"per": 10}])
+    p = run.wait(timeout=60)
+    assert p.complete
+    probe = p.steps["local.probe"]
+    assert probe["succeeded"] == 10 and probe["failed"] == 0 and probe["retried"] == 0
+    assert all(test_site.hits[f"flaky:e1-{i}-{key}"] == 1 for i in range(10))
+    log = w.log.read_text(errors="replace")
+    assert sorted(batches_run(log)) == sizes, log[-3000:]

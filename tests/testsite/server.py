@@ -45,7 +45,8 @@ class TestSite(ThreadedSite):
     async def listing(self, req: web.Request) -> web.Response:
         page = int(req.query.get("page", "1"))
         self.hits[f"list:{page}"] += 1
-        entries = [{"id": f"e{page}-{i}", "n": i} for i in range(self.per_page)]
+        per = int(req.query.get("per", self.per_page))
+        entries = [{"id": f"e{page}-{i}", "n": i} for i in range(per)]
         nxt = page + 1 if page < self.pages else None
         return web.json_response({"entries": entries, "next": nxt})
 

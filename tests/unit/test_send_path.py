@@ -163,6 +163,38 @@ def test_gevent_batches_latency_bound_work_and_counts_slots_up_to_two_batches(
     assert [base_task.batch_size(auto, n, cpu_floor=False) for n in (39, 40, 200)] == [1, 2, 10]
 
 
+def test_gevent_packs_a_shallow_fan_out_into_a_few_messages(
+    settings: Settings, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under gevent a group of children goes in at most FANOUT_MESSAGES messages, `batch`
+    allowing, however shallow the backlog; threads, an explicit backlog rule and pages a batch
+    hands out keep one page per message below the backlog."""
+    auto = Settings(**{**settings.model_dump(), "batch_backlog": 0, "batch": 20})
+    monkeypatch.setattr(base_task, "cpu_busy", lambda: 0.3)
+    monkeypatch.setattr(base_task, "_worker_slots", 256)
+    pub = Publisher(app, auto)
+    kids = [orjson.loads(kid(i).encode()) for i in range(10)]
+    monkeypatch.setattr(base_task, "gevent_patched", lambda: False)
+    assert [m.task for m in pub.plan(kids, 11)] == [TASK] * 10
+    monkeypatch.setattr(base_task, "gevent_patched", lambda: True)
+    assert base_task.FANOUT_MESSAGES == 4
+    planned = pub.plan(kids, 11)
+    assert [len(m.args[0]) for m in planned] == [3, 3, 2, 2]
+    assert {m.task for m in planned} == {BATCH_TASK}
+    assert [e for m in planned for e in m.args[0]] == kids
+    assert [m.task for m in pub.plan(kids[:4], 5)] == [TASK] * 4  # four: one each still
+    many = [orjson.loads(kid(i).encode()) for i in range(100)]
+    assert [len(m.args[0]) for m in pub.plan(many, 101)] == [20] * 5  # capped by `batch`
+    assert [m.task for m in pub.plan(kids, 11, spread=False)] == [TASK] * 10
+    mixed = [orjson.loads(kid(i, queue="q2" if i % 2 else "testsite").encode()) for i in range(10)]
+    sizes = sorted(len(m.args[0]) if m.task == BATCH_TASK else 1 for m in pub.plan(mixed, 11))
+    assert sizes == [1, 1, 2, 2, 2, 2]  # each destination by itself: 5 in 2, 2, 1
+    fixed = Settings(**{**auto.model_dump(), "batch_backlog": 50})  # the user's own rule
+    assert [m.task for m in Publisher(app, fixed).plan(kids, 11)] == [TASK] * 10
+    one = Settings(**{**auto.model_dump(), "batch": 1})
+    assert [m.task for m in Publisher(app, one).plan(kids, 11)] == [TASK] * 10
+
+
 def test_a_running_batch_hands_out_its_pages_only_in_its_runs_tail(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ from tests.testsite import base_url
 
 class ListingParams(Params):
     page: int = 1
+    per: int | None = None  # entries per page (the site's default: PER_PAGE)
 
 
 class Entry(Item):
@@ -19,7 +20,7 @@ class Entry(Item):
 
 @endpoint(ListingParams, items=[Entry], name="testsite.local.listing")
 def listing(ctx: Context, p: ListingParams) -> Outputs:
-    data = ctx.get(f"{base_url()}/list", params={"page": p.page}).json()
+    data = ctx.get(f"{base_url()}/list", params={"page": p.page, "per": p.per}).json()
     for e in data["entries"]:
         yield Entry(entry_id=e["id"], n=e["n"])
     if data["next"]:
