@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,10 +104,11 @@ class Worker:
     def __init__(self, env: dict[str, str], log: Path, pool: str, concurrency: int, name: str,
                  app: str = "worker", extra: list[str] | None = None,
                  prefix: list[str] | None = None, queue: str = QUEUE,
-                 events: bool | None = None) -> None:  # fmt: skip
-        """`prefix` wraps the command (e.g. `py-spy record ... --`): `pid` is then its child."""
+                 events: bool | None = None, in_process: bool = False) -> None:  # fmt: skip
+        """`prefix` wraps the command (e.g. `py-spy record ... --`): `pid` is then its child,
+        unless the wrapper runs the worker in its own process (`in_process`: valgrind)."""
         self.log = log
-        self.wrapped = bool(prefix)
+        self.wrapped = bool(prefix) and not in_process
         cmd = [*(prefix or []),
             sys.executable, "-m", "celery", "-A", app, "worker",
             "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h",
@@ -269,7 +271,8 @@ class ChaincrawlBench:
     # -- workers
     def start_workers(self, n: int, pool: str, concurrency: int, app: str = "worker",
                       env: dict[str, str] | None = None, extra: list[str] | None = None,
-                      prefix: list[str] | None = None) -> list[Worker]:  # fmt: skip
+                      prefix: list[str] | None = None, in_process: bool = False
+                      ) -> list[Worker]:  # fmt: skip
         self.stop_workers()
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -286,6 +289,7 @@ class ChaincrawlBench:
                     app,
                     extra,
                     prefix,
+                    in_process=in_process,
                 )
             )
         for w in self.workers:
@@ -318,12 +322,15 @@ class ChaincrawlBench:
     def crawl(self, demo: Any, *, pool: str = DEFAULT_POOL, concurrency: int = 16, workers: int = 1,
               app: str = "worker", env: dict[str, str] | None = None, warmup: bool = True,
               timeout: float | None = None, label: str = "chaincrawl",
-              keep_workers: bool = False, prefix: list[str] | None = None
+              keep_workers: bool = False, prefix: list[str] | None = None,
+              in_process: bool = False, around: Callable[[bool], None] | None = None
               ) -> CrawlResult:  # fmt: skip
-        """Start workers (unless `keep_workers` and they run), warm up, crawl `demo`, measure."""
+        """Start workers (unless `keep_workers` and they run), warm up, crawl `demo`, measure.
+        `around(True)` / `around(False)` just before / after the timed crawl."""
         if not (keep_workers and self.workers):
             self.flush()
-            self.start_workers(workers, pool, concurrency, app, env, prefix=prefix)
+            self.start_workers(workers, pool, concurrency, app, env, prefix=prefix,
+                               in_process=in_process)  # fmt: skip
         self._client()
         cfg = demo.config
         want = expected_pages(cfg.users, cfg.posts_per_user, cfg.comments_per_post)
@@ -336,8 +343,12 @@ class ChaincrawlBench:
         cpu0 = [w.cpu() for w in self.workers]
         rcpu0 = proc_cpu(redis_pid)
         cmd0 = commandstats(self.redis.url)
+        if around is not None:
+            around(True)
         wall, progress = self.run_chain([{"url": demo.url_for("/pc/feed?page=1"), "kind": "feed"}],
                                         timeout)  # fmt: skip
+        if around is not None:
+            around(False)
         cpu1 = [w.cpu() for w in self.workers]
         rcpu1 = proc_cpu(redis_pid)
         cmd1 = commandstats(self.redis.url)

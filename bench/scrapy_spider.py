@@ -44,6 +44,7 @@ import scrapy
 from scrapy import signals
 from scrapy.crawler import CrawlerProcess
 
+from bench.callgrind import callgrind
 from bench.workload import RULES, parse
 
 
@@ -68,10 +69,14 @@ class BenchSpider(scrapy.Spider):
         return spider
 
     def _opened(self, spider: Any) -> None:
+        callgrind("-i", "on")  # under `bench.instructions` only: count from here
+        callgrind("-z")
         self.marks["t0"], self.marks["cpu0"] = time.monotonic(), _cpu()
 
     def _closed(self, spider: Any, reason: str) -> None:
         self.marks["t1"], self.marks["cpu1"] = time.monotonic(), _cpu()
+        callgrind("-d")
+        callgrind("-i", "off")
 
     async def start(self):  # Scrapy >= 2.13
         for req in self.start_requests():
