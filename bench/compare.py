@@ -66,7 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -168,13 +168,17 @@ def versions() -> dict[str, str]:
     return out
 
 
-def run_scrapy(demo: Any, concurrency: int, settings: list[str]) -> dict[str, Any]:
+def run_scrapy(demo: Any, concurrency: int, settings: list[str], prefix: Sequence[str] = (),
+               env: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One Scrapy crawl of `demo` in its own process; `prefix` wraps the command (valgrind for
+    `bench.instructions`), `env` is added to the process's environment."""
     demo.reset()
     load0 = os.getloadavg()[0]
     sets = [x for kv in settings for x in ("-s", kv)]
-    cmd = [sys.executable, "-m", "bench.scrapy_spider", "--base", demo.url, "-c", str(concurrency),
-           "--json", "--log-level", "WARNING", *sets]  # fmt: skip
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    cmd = [*prefix, sys.executable, "-m", "bench.scrapy_spider", "--base", demo.url,
+           "-c", str(concurrency), "--json", "--log-level", "WARNING", *sets]  # fmt: skip
+    out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
+                         text=True, check=False)  # fmt: skip
     res = None
     for line in out.stdout.splitlines():
         if line.startswith("BENCH_RESULT "):
@@ -188,6 +192,7 @@ def run_scrapy(demo: Any, concurrency: int, settings: list[str]) -> dict[str, An
     res["load"] = (load0 + os.getloadavg()[0]) / 2
     res["peak_rss_mb_max"] = res["peak_rss_mb"]
     res["cpu_util"] = res["cpu_s"] / res["wall_s"] if res["wall_s"] else 0.0
+    res["returncode"] = out.returncode
     return res
 
 

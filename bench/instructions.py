@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,24 +33,18 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.callgrind import VALGRIND, callgrind, totals
-from bench.chaincrawl_bench import ROOT, ChaincrawlBench
+from bench.chaincrawl_bench import ChaincrawlBench
 from bench.compare import SCENARIOS, SCRAPY_TUNED, page_server
+from bench.compare import run_scrapy as compare_run_scrapy
 from bench.workload import expected_pages, site_for_pages
 
 
 def run_scrapy(demo: Any, out: Path, concurrency: int) -> dict[str, Any]:
-    demo.reset()
-    sets = [x for kv in SCRAPY_TUNED for x in ("-s", kv)]
-    cmd = [*VALGRIND, f"--callgrind-out-file={out}", sys.executable, "-m", "bench.scrapy_spider",
-           "--base", demo.url, "-c", str(concurrency), "--json", "--log-level", "WARNING", *sets]  # fmt: skip
-    env = {**os.environ, "BENCH_CALLGRIND": "1"}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    lines = [x for x in p.stdout.splitlines() if x.startswith("BENCH_RESULT ")]
-    if p.returncode or not lines:
-        raise RuntimeError(
-            f"Scrapy under callgrind failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-        )
-    res = json.loads(lines[-1].removeprefix("BENCH_RESULT "))
+    res = compare_run_scrapy(demo, concurrency, SCRAPY_TUNED,
+                             prefix=[*VALGRIND, f"--callgrind-out-file={out}"],
+                             env={"BENCH_CALLGRIND": "1"})  # fmt: skip
+    if res["returncode"]:
+        raise RuntimeError(f"Scrapy under callgrind exited {res['returncode']}")
     return {"pages": res["pages"], "instructions": totals(Path(f"{out}.1")),
             "cpu_ms_per_page": res["cpu_ms_per_page"]}  # fmt: skip
 
