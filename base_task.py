@@ -83,6 +83,7 @@ from utils.cpuload import CpuMeter
 from utils.greenlets import gevent_patched
 from utils.ids import new_id
 from utils.logsafe import mask, redact, task_argsrepr
+from utils.ranked_slots import RankedSlots
 from utils.redis import get_redis
 from utils.registry import Registry, UnknownNameError
 
@@ -544,26 +545,34 @@ def set_worker_slots(n: int) -> None:
     _page_sem = None  # sized anew on first use
 
 
-_page_sem: Any = None
+_page_sem: RankedSlots | None = None
 
 
-def page_slots() -> Any:
-    """Under gevent, a semaphore of the worker's slots that every page holds while it runs, as
-    a message of its own or as a batch entry: a batch runs its entries side by side (each one
-    waits for a slot), so a worker never has more pages in progress, or requests in flight,
-    than its concurrency, however its pages are packed into messages. None on the threads and
-    prefork pools, which run a batch's entries one after the other."""
+def page_slots() -> RankedSlots | None:
+    """Under gevent, the worker's slots, which every page holds while it runs, as a message of
+    its own or as a batch entry: a batch runs its entries side by side (each one waits for a
+    slot), so a worker never has more pages in progress, or requests in flight, than its
+    concurrency, however its pages are packed into messages. The slots go to the most urgent
+    waiting page first (`page_rank`): the worker's reserved batches can hold many pages. None
+    on the threads and prefork pools, which run a batch's entries one after the other."""
     global _page_sem
     if _page_sem is None and gevent_patched():
-        from gevent.lock import BoundedSemaphore
-
-        _page_sem = BoundedSemaphore(_worker_slots or 16)
+        _page_sem = RankedSlots(_worker_slots or 16)
     return _page_sem
 
 
-def _holding(slots: Any) -> Any:
-    """`with _holding(page_slots()):` holds a page slot where there are page slots."""
-    return slots if slots is not None else contextlib.nullcontext()
+def page_rank(meta: Mapping[str, Any] | None) -> int:
+    """A page's claim on a slot: its run's priority (0..9, 9 most urgent; the default where a
+    message carries none or a malformed one, which must not keep the page from running)."""
+    try:
+        return int((meta or {})["prio"])
+    except (KeyError, TypeError, ValueError):
+        return get_settings().default_priority
+
+
+def _holding(slots: RankedSlots | None, meta: Mapping[str, Any] | None) -> Any:
+    """`with _holding(page_slots(), meta):` holds a page slot where there are page slots."""
+    return slots.slot(page_rank(meta)) if slots is not None else contextlib.nullcontext()
 
 
 def batch_size(s: Settings, outstanding: int, cpu_floor: bool = True) -> int:
@@ -898,7 +907,7 @@ class SiteTask(Task):
     typing = False  # arguments are checked by our schemas, with better messages
 
     def execute(self, params: Any, meta: Mapping[str, Any] | None) -> str:
-        with _holding(page_slots()):
+        with _holding(page_slots(), meta):
             try:
                 return self._execute(params, meta)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -1280,7 +1289,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
                 if why:
                     rest = [x for _, x in todo[k:]]
                     break
-                with _holding(slots):
+                with _holding(slots, e["meta"]):
                     one(spec, e, b)
     finally:
         _tls.batch = None
@@ -1323,7 +1332,7 @@ def _pause_before_requeue() -> None:
 
 
 def _side_by_side(
-    sem: Any,
+    sem: RankedSlots,
     run: _BatchRun,
     entries: list[tuple[tuple[EndpointSpec, dict[str, Any]], tuple[bool, int]]],
     hand_out: Callable[[int], str],
@@ -1344,7 +1353,7 @@ def _side_by_side(
     def entry(k: int, spec: EndpointSpec, e: dict[str, Any], b: tuple[bool, int]) -> None:
         _tls.batch = run  # greenlet-local under gevent: each entry defers to the batch
         try:
-            with sem:
+            with sem.slot(page_rank(e["meta"])):
                 why = hand_out(k)
                 if why:
                     left[k] = e

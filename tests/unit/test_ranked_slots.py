@@ -1,0 +1,111 @@
+"""utils.ranked_slots: the gevent worker's page slots serve the most urgent waiter first.
+
+gevent's greenlets and events work without monkey-patching, so these run in the test process."""
+
+from __future__ import annotations
+
+import pytest
+
+gevent = pytest.importorskip("gevent")
+
+from utils.ranked_slots import RankedSlots  # noqa: E402
+
+
+def _waiter(slots: RankedSlots, rank: int, name: str, served: list[str]) -> gevent.Greenlet:
+    def run() -> None:
+        with slots.slot(rank):
+            served.append(name)
+            gevent.sleep(0)  # hold the slot across a switch, as a page does
+
+    return gevent.spawn(run)
+
+
+def test_free_slots_are_taken_without_waiting() -> None:
+    slots = RankedSlots(2)
+    slots.acquire(0)
+    slots.acquire(9)
+    assert (slots.free, slots.waiting) == (0, 0)
+    slots.release()
+    slots.release()
+    assert slots.free == 2
+
+
+def test_waiters_are_served_by_rank_then_in_arrival_order() -> None:
+    slots = RankedSlots(1)
+    served: list[str] = []
+    slots.acquire()
+    gs = [
+        _waiter(slots, rank, name, served)
+        for rank, name in [(1, "low-a"), (5, "mid-a"), (1, "low-b"), (9, "high"), (5, "mid-b")]
+    ]
+    gevent.sleep(0)  # all five are now queued
+    assert slots.waiting == 5
+    slots.release()
+    gevent.joinall(gs, raise_error=True)
+    assert served == ["high", "mid-a", "mid-b", "low-a", "low-b"]
+    assert (slots.free, slots.waiting) == (1, 0)
+
+
+def test_a_released_slot_is_not_taken_by_a_newcomer() -> None:
+    """The slot passes to the waiter at release, before it runs again: an acquire in between
+    (even a more urgent one) queues behind it instead of taking the slot."""
+    slots = RankedSlots(1)
+    served: list[str] = []
+    slots.acquire()
+    first = _waiter(slots, 0, "waited", served)
+    gevent.sleep(0)
+    slots.release()  # passes to `first`, which has not run yet
+    assert slots.free == 0
+    late = _waiter(slots, 9, "newcomer", served)
+    gevent.joinall([first, late], raise_error=True)
+    assert served == ["waited", "newcomer"]
+    assert slots.free == 1
+
+
+def test_a_waiter_killed_while_waiting_leaves_the_queue() -> None:
+    slots = RankedSlots(1)
+    served: list[str] = []
+    slots.acquire()
+    doomed = _waiter(slots, 9, "doomed", served)
+    other = _waiter(slots, 1, "other", served)
+    gevent.sleep(0)
+    doomed.kill()
+    assert slots.waiting == 1
+    slots.release()
+    other.join()
+    assert served == ["other"]
+    assert (slots.free, slots.waiting) == (1, 0)
+
+
+def test_a_waiter_killed_after_its_slot_was_passed_passes_it_on() -> None:
+    slots = RankedSlots(1)
+    served: list[str] = []
+    slots.acquire()
+    doomed = _waiter(slots, 9, "doomed", served)
+    other = _waiter(slots, 1, "other", served)
+    gevent.sleep(0)
+    doomed.kill(block=False)  # the kill is delivered first, then the slot's hand-over
+    slots.release()  # the slot passes to doomed before the kill reaches it
+    other.join()
+    assert doomed.dead
+    assert served == ["other"]
+    assert (slots.free, slots.waiting) == (1, 0)
+
+
+def test_bad_sizes_and_extra_releases_are_errors() -> None:
+    with pytest.raises(ValueError, match="at least one slot, got 0"):
+        RankedSlots(0)
+    slots = RankedSlots(1)
+    with pytest.raises(ValueError, match="released more often than acquired"):
+        slots.release()
+
+
+def test_a_pages_rank_is_its_runs_priority_or_the_default() -> None:
+    from base_task import page_rank
+    from config import get_settings
+
+    default = get_settings().default_priority
+    assert page_rank({"prio": 9}) == 9
+    assert page_rank({"prio": "2"}) == 2
+    assert page_rank({}) == page_rank(None) == default
+    assert page_rank({"prio": "urgent"}) == page_rank({"prio": None}) == default
