@@ -40,3 +40,13 @@ def rds(redis_url: str) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def amqp_broker() -> Iterator[str]:
+    """The URL of a private RabbitMQ vhost (`tests/amqp.py`), deleted after the test; skips
+    where RabbitMQ is not reachable."""
+    from tests.amqp import private_vhost
+
+    with private_vhost() as url:
+        yield url
