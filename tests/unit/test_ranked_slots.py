@@ -62,30 +62,23 @@ def test_a_released_slot_is_not_taken_by_a_newcomer() -> None:
     assert slots.free == 1
 
 
-def test_a_waiter_killed_while_waiting_leaves_the_queue() -> None:
+@pytest.mark.parametrize("when", ["while waiting", "after its slot was passed"])
+def test_a_killed_waiter_leaves_no_slot_behind(when: str) -> None:
+    """Killed while waiting, a waiter leaves the queue; killed after the slot passed to it
+    (the kill delivered before the hand-over wakes it), it passes the slot on."""
     slots = RankedSlots(1)
     served: list[str] = []
     slots.acquire()
     doomed = _waiter(slots, 9, "doomed", served)
     other = _waiter(slots, 1, "other", served)
     gevent.sleep(0)
-    doomed.kill()
-    assert slots.waiting == 1
-    slots.release()
-    other.join()
-    assert served == ["other"]
-    assert (slots.free, slots.waiting) == (1, 0)
-
-
-def test_a_waiter_killed_after_its_slot_was_passed_passes_it_on() -> None:
-    slots = RankedSlots(1)
-    served: list[str] = []
-    slots.acquire()
-    doomed = _waiter(slots, 9, "doomed", served)
-    other = _waiter(slots, 1, "other", served)
-    gevent.sleep(0)
-    doomed.kill(block=False)  # the kill is delivered first, then the slot's hand-over
-    slots.release()  # the slot passes to doomed before the kill reaches it
+    if when == "while waiting":
+        doomed.kill()
+        assert slots.waiting == 1
+        slots.release()
+    else:
+        doomed.kill(block=False)
+        slots.release()  # passes to doomed, which the kill reaches first
     other.join()
     assert doomed.dead
     assert served == ["other"]
