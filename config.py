@@ -168,6 +168,14 @@ class Settings(BaseSettings):
         description="Redis broker: a run with no commit for this many seconds is checked for "
         "tasks the broker lost (bug 1), which are re-sent (chains/sweeper.py); 0 = off.",
     )
+    dead_worker_after: float = Field(
+        20.0,
+        ge=0,
+        validation_alias=_env("DEAD_WORKER_AFTER"),
+        description="Redis broker: a worker process whose heartbeat is this many seconds old "
+        "counts as dead, and the messages it held unacknowledged are restored at the next "
+        "sweep instead of after the visibility timeout (utils/unacked_owners.py); 0 = off.",
+    )
     sweep_interval: float = Field(
         5.0,
         validation_alias=_env("SWEEP_INTERVAL"),

@@ -195,6 +195,25 @@ def _size_for_pool(conf: Any = None, options: Any = None, **kw: Any) -> None:
         conf.broker_transport_options = opts
 
 
+@signals.celeryd_init.connect
+def _become_owner(sender: Any = None, conf: Any = None, **kw: Any) -> None:
+    """Redis broker: tag the messages this worker holds unacknowledged with its owner id and
+    keep a heartbeat, so that, if it dies, the sweeper restores them in seconds instead of
+    after the visibility timeout (utils/unacked_owners.py). Before the consumer starts, so
+    that every message it takes is tagged."""
+    from chains.sweeper import is_redis_url
+    from utils import unacked_owners
+    from utils.redis import get_redis
+
+    s = get_settings()
+    if not is_redis_url(s.broker_url) or s.dead_worker_after <= 0:
+        return
+    prefix = ((conf.broker_transport_options if conf is not None else None) or {}).get(
+        "global_keyprefix", ""
+    )
+    unacked_owners.start(get_redis(s.broker_url), prefix, s.dead_worker_after, str(sender or ""))
+
+
 def _pool_name(pool_cls: Any) -> str:
     """`-P`'s value as a name, whether Celery hands over the alias or the class."""
     raw = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")

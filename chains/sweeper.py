@@ -12,6 +12,10 @@ the sweeper sends it again with its task id. A re-send of a message that was not
 harmless (the commit runs once per task id); the stall condition and a second look after
 `confirm` seconds keep that rare.
 
+The same pass first gives back the unacknowledged messages of dead workers (heartbeat gone for
+`dead_worker_after` seconds; utils/unacked_owners.py), which kombu would restore only after the
+visibility timeout.
+
 Every worker process runs a sweeper thread; a Redis lock (SET NX EX) lets one of them sweep per
 interval. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
 gives it back when its consumer's connection dies, so it cannot lose a message this way (and
@@ -124,6 +128,7 @@ class Sweeper:
         interval: float | None = None,
         stall: float | None = None,
         confirm: float = 1.0,
+        restore: Callable[[list[str]], int] | None = None,
     ) -> None:
         self.s = settings or get_settings()
         self.r = client
@@ -134,6 +139,10 @@ class Sweeper:
         self.interval = self.s.sweep_interval if interval is None else interval
         self.stall = self.s.sweep_stall if stall is None else stall
         self.confirm = confirm
+        # restore(tags) -> restored: a dead worker's unacknowledged messages, through kombu
+        self.restore = restore
+        self.dead_after = self.s.dead_worker_after if restore is not None else 0.0
+        self.restored = 0  # by this process
         self.lock_key = self.s.key("sweeper", "lock")
         self.resent = 0  # by this process
         self._stop = threading.Event()
@@ -143,18 +152,21 @@ class Sweeper:
     def for_app(cls, app: Any, settings: Settings | None = None, **kw: Any) -> Sweeper | None:
         """The sweeper of a worker process, or None when the broker is not Redis."""
         from base_task import send_kid
+        from utils import unacked_owners
         from utils.redis import get_redis
 
         s = settings or get_settings()
-        if not is_redis_url(s.broker_url) or s.sweep_stall <= 0:
+        if not is_redis_url(s.broker_url) or (s.sweep_stall <= 0 and s.dead_worker_after <= 0):
             return None
         prefix = (app.conf.broker_transport_options or {}).get("global_keyprefix", "")
+        restore = unacked_owners.restorer(app) if s.dead_worker_after > 0 else None
         return cls(
             get_redis(s.redis_url),
             get_redis(s.broker_url),
             prefix,
             lambda kid: send_kid(app, kid),
             s,
+            restore=restore,
             **kw,
         )
 
@@ -229,9 +241,31 @@ class Sweeper:
 
     # -- acting
 
+    def restore_dead_owners(self) -> int:
+        """Give back the messages that dead worker processes held unacknowledged (their
+        heartbeat gone for `dead_worker_after` s); -> messages restored."""
+        from utils import unacked_owners
+
+        if self.restore is None or self.dead_after <= 0:
+            return 0
+        n = 0
+        found = unacked_owners.orphans(self.broker, self.broker_prefix, self.dead_after,
+                                       self.confirm)  # fmt: skip
+        for who, tags in found.items():
+            k = self.restore(tags)
+            log.warning("worker %s is gone (no heartbeat for %gs): %d of its %d "
+                        "unacknowledged messages restored", who, self.dead_after, k, len(tags))  # fmt: skip
+            n += k
+        if n:  # shown by `control.sh status` and the exporter
+            self.r.hincrby(self.s.key("metrics", "broker"), "dead_worker_restored", n)
+        self.restored += n
+        return n
+
     def sweep_once(self) -> int:
         """One pass over the stalled runs; -> messages re-sent."""
         n = 0
+        if self.stall <= 0:
+            return 0
         for rid, lost in self.lost(self.stalled_runs()).items():
             steps: Counter[str] = Counter()
             for tid, raw in lost.items():
@@ -258,6 +292,7 @@ class Sweeper:
         ttl = max(1, round(self.interval))
         if not self.r.set(self.lock_key, token, nx=True, ex=ttl):
             return 0
+        self.restore_dead_owners()  # first: a stalled run may only be waiting for these
         return self.sweep_once()
 
     def run(self, stop: threading.Event | None = None) -> None:

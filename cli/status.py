@@ -154,6 +154,8 @@ def _footer(snap: dict[str, Any]) -> Text:
         parts.append(f"refused items: {ob['dead']}")
     if snap.get("malformed"):
         parts.append(f"malformed broker messages: {snap['malformed']} (kept in broker:malformed)")
+    if snap.get("dead_worker_restored"):
+        parts.append(f"messages restored from dead workers: {snap['dead_worker_restored']}")
     return Text("   ".join(parts))
 
 

@@ -201,6 +201,11 @@ class ChaincrawlCollector(Collector):
             "chaincrawl_broker_malformed", "Undecodable broker messages skipped by workers",
             value=st.malformed(self.r, self.s),
         ))  # fmt: skip
+        out.append(GaugeMetricFamily(
+            "chaincrawl_broker_dead_worker_restored",
+            "Unacknowledged messages given back because the worker holding them died",
+            value=st.dead_worker_restored(self.r, self.s),
+        ))  # fmt: skip
         b = st.outbox(self.r, self.s)
         out.append(GaugeMetricFamily("chaincrawl_outbox_backlog", "Outbox entries not yet stored",
                                      value=b.get("length", 0)))  # fmt: skip

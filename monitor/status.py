@@ -146,6 +146,12 @@ def malformed(client: Any, s: Settings | None = None) -> int:
     return int(client.hget(s.key("metrics", "broker"), "malformed") or 0)
 
 
+def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
+    """Messages given back because the worker holding them died (utils/unacked_owners.py)."""
+    s = s or get_settings()
+    return int(client.hget(s.key("metrics", "broker"), "dead_worker_restored") or 0)
+
+
 def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Active runs, newest first: chain, age and flat counters, without parsing chain trees.
 
@@ -326,6 +332,7 @@ def snapshot(
         "active_runs": active_runs(r, s, runs_limit),
         "dead_letters": dead_letters(r, s),
         "malformed": malformed(r, s),
+        "dead_worker_restored": dead_worker_restored(r, s),
         "outbox": outbox(r, s),
         "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
         "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},

@@ -61,7 +61,8 @@ def populated(rds, mon):
     for _ in range(4):
         rds.lpush(f"{mon.key_prefix}:q:shop", b"msg")
     rds.lpush(f"{mon.key_prefix}:q:shop:3", b"msg")
-    rds.hset(mon.key("metrics", "broker"), mapping={"malformed": 2, "malformed:shop": 2})
+    rds.hset(mon.key("metrics", "broker"),
+             mapping={"malformed": 2, "malformed:shop": 2, "dead_worker_restored": 4})  # fmt: skip
     return mon
 
 
@@ -109,6 +110,7 @@ def test_metrics_are_served_in_the_text_format(rds, populated) -> None:
     assert value(f, "chaincrawl_queue_depth", queue="shop") == 5
     assert value(f, "chaincrawl_dead_letters") == 1
     assert value(f, "chaincrawl_broker_malformed") == 2
+    assert value(f, "chaincrawl_broker_dead_worker_restored") == 4
     assert value(f, "chaincrawl_outbox_backlog") == 1
     pool = {"pool": "cookie:shop", "kind": "cookie", "site": "shop"}
     assert value(f, "chaincrawl_pool_size", **pool) == 0

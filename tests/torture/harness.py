@@ -57,6 +57,9 @@ def base_env(redis_url: str, var: Path, prefix: str = "tt", **extra: str) -> dic
         # bug 1: a run with no commit for 3 s is checked for messages the broker lost
         "CHAINCRAWL_SWEEP_STALL": "3",
         "CHAINCRAWL_SWEEP_INTERVAL": "1",
+        # a killed worker's messages come back once its heartbeat is 3 s old
+        # (utils/unacked_owners.py), before the visibility timeout would give them back
+        "CHAINCRAWL_DEAD_WORKER_AFTER": "3",
         # the resource providers are tested elsewhere; the torture is about crashes
         "CHAINCRAWL_PROVIDERS": "user_agent=noop,device_id=noop,sign=noop,cookie=noop",
     }

@@ -1,0 +1,157 @@
+"""utils.unacked_owners: a dead worker's unacknowledged messages come back in seconds, not
+after the visibility timeout.
+
+First with kombu's own consumer in this process (the tags follow kombu's bookkeeping), then
+with real workers, one of them SIGKILLed while it holds pages, the visibility timeout at 600 s:
+without the owners the run would wait those 600 s."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kombu import Connection, Consumer, Producer, Queue
+
+import chains
+from config import get_settings, reset_settings
+from tests.testsite import chains as tchains
+from utils import kombu_guard, unacked_owners
+from utils.redis import get_redis, reset_clients
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def broker(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Connection, str]]:
+    """A kombu connection with the worker's key prefix, and that prefix."""
+    monkeypatch.setenv("CHAINCRAWL_REDIS_URL", redis_url)
+    monkeypatch.setenv("CHAINCRAWL_KEY_PREFIX", key_prefix)
+    reset_settings()
+    reset_clients()
+    kombu_guard.apply()
+    prefix = f"{key_prefix}:q:"
+    conn = Connection(redis_url, transport_options={"global_keyprefix": prefix})
+    try:
+        yield conn, prefix
+    finally:
+        unacked_owners.stop()
+        conn.release()
+        monkeypatch.undo()
+        reset_settings()
+        reset_clients()
+
+
+class _App:
+    """What `unacked_owners.restorer` needs of a Celery app."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def connection_for_write(self) -> Connection:
+        return self.conn.clone()
+
+
+def _take(conn: Connection, n: int) -> tuple[list[Any], list[Any]]:
+    """Consume `n` messages of queue `o` without acknowledging them: (bodies, messages)."""
+    ch = conn.channel()
+    ch.basic_qos(0, n, False)
+    got: list[Any] = []
+    held: list[Any] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body)
+        held.append(message)
+
+    Consumer(ch, [Queue("o", routing_key="o")], callbacks=[on_message], accept=["json"]).consume()
+    for _ in range(50):
+        if len(got) >= n:
+            break
+        with contextlib.suppress(TimeoutError):
+            conn.drain_events(timeout=0.2)
+    assert len(got) == n, got
+    return got, held
+
+
+def test_a_dead_owners_messages_are_restored_and_a_live_ones_are_not(
+    broker: tuple[Connection, str], rds: redis.Redis
+) -> None:
+    conn, prefix = broker
+    owners = f"{prefix}{unacked_owners.OWNER_HASH}"
+    who = unacked_owners.start(rds, prefix, ttl=2.0, hostname="t1")
+    assert rds.exists(f"{prefix}{unacked_owners.ALIVE}{who}")
+    producer = Producer(conn.channel())
+    for i in range(3):
+        producer.publish({"n": i}, routing_key="o", serializer="json")
+    _, held = _take(conn, 3)
+    tags = {m.delivery_tag for m in held}
+    assert {k.decode() for k in rds.hkeys(owners)} == tags
+    assert set(unacked_owners.held(rds, prefix)) == {who}
+    held[0].ack()  # kombu's ack removes the tag too
+    assert rds.hlen(owners) == 2 and rds.hlen(f"{prefix}unacked") == 2
+
+    # alive: nothing to restore
+    assert unacked_owners.orphans(rds, prefix, ttl=0, confirm=0) == {}
+    # a broker Redis up for less than the TTL declares nobody dead (heartbeats coming back)
+    rds.delete(f"{prefix}{unacked_owners.ALIVE}{who}")
+    unacked_owners.stop()
+    assert unacked_owners.orphans(rds, prefix, ttl=10**9, confirm=0) == {}
+
+    found = unacked_owners.orphans(rds, prefix, ttl=0, confirm=0)
+    assert {w: sorted(t) for w, t in found.items()} == {who: sorted(tags - {held[0].delivery_tag})}
+    restore = unacked_owners.restorer(_App(conn))
+    assert restore(found[who]) == 2
+    assert restore(found[who]) == 0  # restored once, whoever gets there second
+    assert rds.hlen(owners) == 0 and rds.hlen(f"{prefix}unacked") == 0
+    # back in the queue (newest restored first, as kombu does, so the oldest is taken first;
+    # two taken in the same instant tie, so the order is not checked), marked redelivered
+    again, msgs = _take(conn, 2)
+    assert sorted(b["n"] for b in again) == [1, 2]
+    assert all(m.delivery_info.get("redelivered") for m in msgs), [m.delivery_info for m in msgs]
+
+
+def test_a_killed_workers_pages_are_run_by_another_within_seconds(
+    start_worker, test_site: Any
+) -> None:
+    """Two workers, visibility timeout 600 s; one is SIGKILLed while it holds 3 s pages. The
+    other restores them once the dead one's heartbeat is 3 s old and runs them: the run ends
+    in seconds, every page succeeded once (those the dead worker held ran twice)."""
+    env = {
+        "CHAINCRAWL_VISIBILITY_TIMEOUT": "600",
+        "CHAINCRAWL_DEAD_WORKER_AFTER": "3",
+        "CHAINCRAWL_SWEEP_INTERVAL": "1",
+        "CHAINCRAWL_BATCH": "1",
+    }
+    doomed = start_worker(concurrency=4, name="doomed", **env)
+    key = f"owners{int(time.time())}"
+    run = chains.run(
+        tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=3"), seeds=[{"per": 8}]
+    )
+    deadline = time.monotonic() + 30
+    while sum(test_site.hits[f"flaky:e1-{i}-{key}"] for i in range(8)) < 4:
+        assert time.monotonic() < deadline, run.progress().totals
+        time.sleep(0.05)
+    survivor = start_worker(concurrency=8, name="survivor", **env)
+    doomed.kill()
+    t_kill = time.monotonic()
+    p = run.wait(timeout=60)
+    took = time.monotonic() - t_kill
+    assert p.complete, p.totals
+    probe = p.steps["local.probe"]
+    assert probe["succeeded"] == 8 and probe["failed"] == 0, probe
+    hits = [test_site.hits[f"flaky:e1-{i}-{key}"] for i in range(8)]
+    assert sorted(hits) == [1] * 4 + [2] * 4, hits  # the 4 the dead worker ran, run again
+    log = survivor.text()
+    assert "is gone (no heartbeat for 3s): 4 of its 4 unacknowledged messages restored" in log, log[
+        -3000:
+    ]
+    assert (
+        int(get_redis().hget(get_settings().key("metrics", "broker"), "dead_worker_restored")) >= 4
+    )
+    print(f"\nrun complete {took:.1f}s after the kill (visibility timeout 600 s)")
+    assert took < 30
