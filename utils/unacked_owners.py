@@ -15,9 +15,12 @@ Keys, in the broker's Redis under the broker's key prefix:
     owner_alive:{owner}   string, expires `CHAINCRAWL_DEAD_WORKER_AFTER` s after the last beat
 
 A worker that is alive but was declared dead (its heartbeat stopped for that long) loses
-nothing: its messages run twice, and a task's commit runs once per task id. Right after a
-restart of the broker's Redis no owner is declared dead (every heartbeat may just have
-expired while Redis was down) until the heartbeats had time to come back.
+nothing: its messages run twice, and a task's commit runs once per task id. (Its late ack of
+a restored message also removes the `unacked` entry of the worker now holding it, as after
+kombu's own restores; should that one die too, the run-ledger sweeper re-sends the task.)
+
+Right after a restart of the broker's Redis no owner is declared dead (every heartbeat may
+just have expired while Redis was down) until the heartbeats had time to come back.
 """
 
 from __future__ import annotations
