@@ -73,14 +73,14 @@ def test_urgent_page_overtakes_the_batches_a_gevent_worker_holds(
     tag = uuid.uuid4().hex[:8]
     w = start_workers(1, pool="gevent", concurrency=SLOTS, CHAINCRAWL_TASK_LOG="1")[0]
     fan = Chain("prio_fan", step("sched.local.fan").then(
-        step("sched.local.slow", tag="tag", n="n", const={"s": 0.05})))  # fmt: skip
+        step("sched.local.slow", tag="tag", n="n", const={"s": 0.1})))  # fmt: skip
     low = chains.run(fan, [{"tag": f"{tag}-low", "count": FAN}], priority=1)
     deadline = time.monotonic() + 30
     while len(sched_site.tagged(f"{tag}-low")) < SLOTS:  # the batches are running
         assert time.monotonic() < deadline, low.progress().totals
         time.sleep(0.01)
     high = chains.run(Chain("prio_one", step("sched.local.slow")),
-                      [{"tag": f"{tag}-high", "s": 0.05}], priority=9)  # fmt: skip
+                      [{"tag": f"{tag}-high", "s": 0.1}], priority=9)  # fmt: skip
     for r in (low, high):
         p = r.wait(timeout=30)
         assert p.complete and p.totals["failed"] == 0, p.totals
