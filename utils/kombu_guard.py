@@ -53,6 +53,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import kombu
@@ -69,8 +70,6 @@ BROKER_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)  # what a fai
 SATURATED_WAIT = 0.5  # most seconds a saturated synloop consumer waits for an ack before polling
 LOG_PREVIEW = 200  # payloads up to this size are shown in the log, longer ones only measured
 
-_applied = False
-_lock = threading.Lock()
 _stage = threading.local()  # what the current _brpop_read of this thread has reached
 counts = {
     "malformed": 0,
@@ -126,8 +125,16 @@ def _check() -> None:
         (virtual.Channel.basic_ack, "self.qos.ack(delivery_tag)"),
         (virtual.Channel.basic_reject, "self.qos.reject(delivery_tag"),
     ]
+    require_source(expectations)
+    if not issubclass(kredis.Channel.Message, vbase.Message):
+        raise KombuGuardError(f"kombu {kombu.__version__}: Channel.Message is not virtual.Message")
+
+
+def require_source(expectations: Iterable[tuple[Any, str]]) -> None:
+    """Raise KombuGuardError unless every function's source contains its text: what a patch
+    repeats or relies on is still there (once applied, the wrapped original is checked)."""
     for fn, text in expectations:
-        fn = inspect.unwrap(fn)  # once applied, check what our wrappers wrap
+        fn = inspect.unwrap(fn)
         try:
             source = inspect.getsource(fn)
         except (OSError, TypeError) as exc:
@@ -136,22 +143,32 @@ def _check() -> None:
             raise KombuGuardError(
                 f"kombu {kombu.__version__}: {fn.__qualname__} no longer contains {text!r}"
             )
-    if not issubclass(kredis.Channel.Message, vbase.Message):
-        raise KombuGuardError(f"kombu {kombu.__version__}: Channel.Message is not virtual.Message")
 
 
+def once(install: Callable[[], None]) -> Callable[[], None]:
+    """`install` runs once per process, under a lock: a patch applied twice would wrap itself."""
+    lock = threading.Lock()
+    done = False
+
+    @functools.wraps(install)
+    def apply() -> None:
+        nonlocal done
+        with lock:
+            if not done:
+                install()
+                done = True
+
+    return apply
+
+
+@once
 def apply() -> None:
     """Install the patches (idempotent)."""
-    global _applied
-    with _lock:
-        if _applied:
-            return
-        _check()
-        _patch_consumer()
-        _patch_connparams()
-        _patch_saturated_poll()
-        _applied = True
-        log.debug("kombu %s: consumer guard installed", kombu.__version__)
+    _check()
+    _patch_consumer()
+    _patch_connparams()
+    _patch_saturated_poll()
+    log.debug("kombu %s: consumer guard installed", kombu.__version__)
 
 
 # --- bug 6: malformed payloads ---------------------------------------------------------------

@@ -25,7 +25,6 @@ just have expired while Redis was down) until the heartbeats had time to come ba
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import socket
@@ -35,13 +34,12 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import kombu
 import redis
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
-from utils.kombu_guard import KombuGuardError
+from utils.kombu_guard import once, require_source
 
 log = logging.getLogger("chaincrawl.owners")
 
@@ -49,8 +47,6 @@ OWNER_HASH = "unacked_owner"
 ALIVE = "owner_alive:"
 
 _owner: str | None = None  # this process's, once it consumes (worker.py, celeryd_init)
-_lock = threading.Lock()
-_applied = False
 _beat: Heartbeat | None = None
 
 
@@ -63,53 +59,43 @@ def owner() -> str | None:
 
 def _check() -> None:
     """Fail at import when kombu's QoS no longer does what `append` below repeats."""
-    append = inspect.unwrap(kredis.QoS.append)
-    remove = inspect.unwrap(kredis.QoS._remove_from_indices)
-    needed = [
+    append, remove = kredis.QoS.append, kredis.QoS._remove_from_indices
+    require_source([
         (append, "pipe.zadd(self.unacked_index_key"),
         (append, "dumps([message._raw, EX, RK])"),
         (append, "super().append(message, delivery_tag)"),
         (remove, ".hdel(self.unacked_key, delivery_tag)"),
-        (inspect.unwrap(kredis.QoS.restore_by_tag), "self._remove_from_indices(tag, pipe)"),
-    ]
-    for fn, text in needed:
-        if text not in inspect.getsource(fn):
-            raise KombuGuardError(
-                f"kombu {kombu.__version__}: {fn.__qualname__} no longer contains {text!r}"
-            )
+        (kredis.QoS.restore_by_tag, "self._remove_from_indices(tag, pipe)"),
+    ])  # fmt: skip
 
 
+@once
 def apply() -> None:
     """Install the tagging (idempotent). Without an owner set, kombu runs unchanged."""
-    global _applied
-    with _lock:
-        if _applied:
-            return
-        _check()
-        original_append = kredis.QoS.append
-        original_remove = kredis.QoS._remove_from_indices
+    _check()
+    original_append = kredis.QoS.append
+    original_remove = kredis.QoS._remove_from_indices
 
-        def append(self: Any, message: Any, delivery_tag: Any) -> None:
-            who = _owner
-            if who is None:
-                return original_append(self, message, delivery_tag)
-            delivery = message.delivery_info
-            ex, rk = delivery["exchange"], delivery["routing_key"]
-            with self.pipe_or_acquire() as pipe:
-                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
-                    self.unacked_key, delivery_tag, dumps([message._raw, ex, rk])
-                ).hset(OWNER_HASH, delivery_tag, who).execute()
-                virtual.QoS.append(self, message, delivery_tag)
-            return None
+    def append(self: Any, message: Any, delivery_tag: Any) -> None:
+        who = _owner
+        if who is None:
+            return original_append(self, message, delivery_tag)
+        delivery = message.delivery_info
+        ex, rk = delivery["exchange"], delivery["routing_key"]
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
+                self.unacked_key, delivery_tag, dumps([message._raw, ex, rk])
+            ).hset(OWNER_HASH, delivery_tag, who).execute()
+            virtual.QoS.append(self, message, delivery_tag)
+        return None
 
-        def remove(self: Any, delivery_tag: Any, pipe: Any = None) -> Any:
-            return original_remove(self, delivery_tag, pipe).hdel(OWNER_HASH, delivery_tag)
+    def remove(self: Any, delivery_tag: Any, pipe: Any = None) -> Any:
+        return original_remove(self, delivery_tag, pipe).hdel(OWNER_HASH, delivery_tag)
 
-        append.__wrapped__ = original_append  # type: ignore[attr-defined]
-        remove.__wrapped__ = original_remove  # type: ignore[attr-defined]
-        kredis.QoS.append = append
-        kredis.QoS._remove_from_indices = remove
-        _applied = True
+    append.__wrapped__ = original_append  # type: ignore[attr-defined]
+    remove.__wrapped__ = original_remove  # type: ignore[attr-defined]
+    kredis.QoS.append = append
+    kredis.QoS._remove_from_indices = remove
 
 
 # --- the heartbeat -------------------------------------------------------------------------------
