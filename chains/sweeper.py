@@ -292,7 +292,10 @@ class Sweeper:
         ttl = max(1, round(self.interval))
         if not self.r.set(self.lock_key, token, nx=True, ex=ttl):
             return 0
-        self.restore_dead_owners()  # first: a stalled run may only be waiting for these
+        try:  # first: a stalled run may only be waiting for these
+            self.restore_dead_owners()
+        except Exception:  # the run ledgers are swept all the same
+            log.warning("restoring dead workers' messages failed", exc_info=True)
         return self.sweep_once()
 
     def run(self, stop: threading.Event | None = None) -> None:

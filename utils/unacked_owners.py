@@ -50,10 +50,6 @@ _owner: str | None = None  # this process's, once it consumes (worker.py, celery
 _beat: Heartbeat | None = None
 
 
-def owner() -> str | None:
-    return _owner
-
-
 # --- tagging: kombu's QoS writes and removes the owner with its own bookkeeping ----------------
 
 
