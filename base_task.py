@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from chains.model import Chain, chain_from_dict, fan_out
 from chains.state import CommitCall, Committed, Kid, RunState
-from config import Settings, get_settings
+from config import Settings, get_settings, is_redis_url
 from exceptions import (
     BannedError,
     ChainCrawlError,
@@ -513,7 +513,7 @@ def broker_priority(prio: int, broker_url: str | None = None) -> int:
     first, so it gets the mirror image."""
     prio = max(0, min(9, int(prio)))
     url = broker_url or get_settings().broker_url
-    return 9 - prio if url.startswith(("redis", "rediss", "unix")) else prio
+    return 9 - prio if is_redis_url(url) else prio
 
 
 def send_kid(app: Any, kid: Mapping[str, Any], producer: Any = None) -> None:
@@ -673,7 +673,7 @@ class Publisher:
     def __init__(self, app: Any, s: Settings) -> None:
         self.app = app
         self.s = s
-        self.redis_broker = s.broker_url.startswith(("redis", "rediss", "unix"))
+        self.redis_broker = s.redis_broker
         opts = app.conf.broker_transport_options or {}
         self.prefix = opts.get("global_keyprefix", "")
         self.sep = opts.get("sep", "\x06\x16")
@@ -1353,7 +1353,7 @@ def _side_by_side(
     def entry(k: int, spec: EndpointSpec, e: dict[str, Any], b: tuple[bool, int]) -> None:
         _tls.batch = run  # greenlet-local under gevent: each entry defers to the batch
         try:
-            with sem.slot(page_rank(e["meta"])):
+            with _holding(sem, e["meta"]):
                 why = hand_out(k)
                 if why:
                     left[k] = e

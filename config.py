@@ -265,6 +265,21 @@ class Settings(BaseSettings):
         """Redis key under our prefix: `key("run", rid)` -> `cc:run:<rid>`."""
         return ":".join((self.key_prefix, *(str(p) for p in parts)))
 
+    @property
+    def redis_broker(self) -> bool:
+        return is_redis_url(self.broker_url)
+
+    @property
+    def broker_key_prefix(self) -> str:
+        """kombu's `global_keyprefix` on a Redis broker (worker.py): its queues, `unacked` and
+        the rest live under our prefix, so two deployments share a Redis. "" elsewhere."""
+        return f"{self.key_prefix}:q:" if self.redis_broker else ""
+
+
+def is_redis_url(url: str) -> bool:
+    """Whether a broker URL is kombu's Redis transport (TCP, TLS or a unix socket)."""
+    return url.startswith(("redis", "rediss", "unix"))
+
 
 @functools.lru_cache(maxsize=1)
 def get_settings() -> Settings:

@@ -45,7 +45,6 @@ def queues() -> list[str]:
 
 def configure(s: Settings) -> None:
     """(Re)apply settings to the app; tests call it after pointing the environment elsewhere."""
-    redis_broker = s.broker_url.startswith(("redis", "rediss", "unix"))
     app.conf.update(
         broker_url=s.broker_url,
         result_backend=None,
@@ -77,7 +76,7 @@ def configure(s: Settings) -> None:
             "socket_connect_timeout": 5,
             # kombu's default pool (10) starves gevent pools: acks fail, messages strand
             "max_connections": s.broker_max_connections or 512,
-            **({"global_keyprefix": f"{s.key_prefix}:q:"} if redis_broker else {}),
+            **({"global_keyprefix": s.broker_key_prefix} if s.redis_broker else {}),
         },
         task_queues=[
             Queue(q, routing_key=q, queue_arguments={"x-max-priority": 10}) for q in queues()
@@ -196,22 +195,20 @@ def _size_for_pool(conf: Any = None, options: Any = None, **kw: Any) -> None:
 
 
 @signals.celeryd_init.connect
-def _become_owner(sender: Any = None, conf: Any = None, **kw: Any) -> None:
+def _become_owner(sender: Any = None, **kw: Any) -> None:
     """Redis broker: tag the messages this worker holds unacknowledged with its owner id and
     keep a heartbeat, so that, if it dies, the sweeper restores them in seconds instead of
     after the visibility timeout (utils/unacked_owners.py). Before the consumer starts, so
     that every message it takes is tagged."""
-    from chains.sweeper import is_redis_url
     from utils import unacked_owners
     from utils.redis import get_redis
 
     s = get_settings()
-    if not is_redis_url(s.broker_url) or s.dead_worker_after <= 0:
+    if not s.redis_broker or s.dead_worker_after <= 0:
         return
-    prefix = ((conf.broker_transport_options if conf is not None else None) or {}).get(
-        "global_keyprefix", ""
+    unacked_owners.start(
+        get_redis(s.broker_url), s.broker_key_prefix, s.dead_worker_after, str(sender or "")
     )
-    unacked_owners.start(get_redis(s.broker_url), prefix, s.dead_worker_after, str(sender or ""))
 
 
 def _pool_name(pool_cls: Any) -> str:

@@ -45,10 +45,6 @@ BATCH_TASK = "chaincrawl.batch"  # one broker message carrying several children 
 _CHUNK = 1000
 
 
-def is_redis_url(url: str) -> bool:
-    return url.startswith(("redis", "rediss", "unix"))
-
-
 def message_ids(raw: Any) -> list[str]:
     """Task ids carried by one raw broker message: a queue entry (the kombu envelope as JSON)
     or an `unacked` value (`[envelope, exchange, routing_key]`). The header `id`, and for a
@@ -156,14 +152,13 @@ class Sweeper:
         from utils.redis import get_redis
 
         s = settings or get_settings()
-        if not is_redis_url(s.broker_url) or (s.sweep_stall <= 0 and s.dead_worker_after <= 0):
+        if not s.redis_broker or (s.sweep_stall <= 0 and s.dead_worker_after <= 0):
             return None
-        prefix = (app.conf.broker_transport_options or {}).get("global_keyprefix", "")
         restore = unacked_owners.restorer(app) if s.dead_worker_after > 0 else None
         return cls(
             get_redis(s.redis_url),
             get_redis(s.broker_url),
-            prefix,
+            s.broker_key_prefix,
             lambda kid: send_kid(app, kid),
             s,
             restore=restore,

@@ -178,7 +178,7 @@ class ChaincrawlCollector(Collector):
         for q, n in st.queue_depths(broker, self.s).items():
             depth.add_metric([q], n)
         out: list[Metric] = [depth]
-        if st.is_redis_broker(self.s):
+        if self.s.redis_broker:
             out.append(GaugeMetricFamily(
                 "chaincrawl_queue_unacked", "Messages delivered to workers, not yet acknowledged",
                 value=st.unacked(broker, self.s),

@@ -63,13 +63,9 @@ def site_of(task: str) -> str:
     return task.split(".", 1)[0]
 
 
-def is_redis_broker(s: Settings) -> bool:
-    return s.broker_url.startswith(("redis", "rediss", "unix"))
-
-
 def broker_client(client: Any, s: Settings) -> Any:
     """A client on the broker's Redis: `client` itself unless BROKER_URL names another server."""
-    if not is_redis_broker(s) or s.broker_url == s.redis_url:
+    if not s.redis_broker or s.broker_url == s.redis_url:
         return client
     from utils.redis import get_redis
 
@@ -94,9 +90,9 @@ def queue_depths(
     Empty for other brokers (RabbitMQ shows its own queue depths in its management UI).
     """
     s = s or get_settings()
-    if not is_redis_broker(s):
+    if not s.redis_broker:
         return {}
-    prefix = f"{s.key_prefix}:q:"
+    prefix = s.broker_key_prefix
     if queues is not None:
         qs = list(queues)
     else:  # the configured queues, plus any other queue holding messages (a retired site)
@@ -118,9 +114,9 @@ def queue_depths(
 def unacked(client: Any, s: Settings | None = None) -> int:
     """Messages delivered to a worker and not yet acknowledged (running, prefetched, countdown)."""
     s = s or get_settings()
-    if not is_redis_broker(s):
+    if not s.redis_broker:
         return 0
-    return int(client.hlen(f"{s.key_prefix}:q:unacked"))
+    return int(client.hlen(f"{s.broker_key_prefix}unacked"))
 
 
 def outbox(client: Any, s: Settings | None = None) -> dict[str, Any]:
