@@ -39,6 +39,15 @@ def sizes(short: Any, long: Any, timeouts: tuple[float, float] = (600, 3600)) ->
     ]
 
 
+def broker_env(broker: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The worker settings for a test's broker: "redis" (the torture's private Redis, the
+    default) or "amqp" (a private RabbitMQ vhost, `amqp_broker`; run state, outbox and items
+    stay in the Redis)."""
+    if broker == "amqp":
+        return {"CHAINCRAWL_BROKER_URL": request.getfixturevalue("amqp_broker")}
+    return {}
+
+
 def report(name: str, **figures: Any) -> None:
     REPORTS[name] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), **figures}
     path = os.environ.get("TORTURE_REPORT")

@@ -39,7 +39,7 @@ import pytest
 import chains
 from demo.testing import DemoServer
 from monitor.status import dead_worker_restored
-from tests.torture.conftest import report, sizes
+from tests.torture.conftest import broker_env, report, sizes
 from tests.torture.harness import (
     Killer,
     check_store,
@@ -82,9 +82,8 @@ def social_pages(exp: dict[str, Any]) -> int:
 def test_random_sigkills_store_every_item_exactly_once(
     size: Size, broker: str, torture_factory: Any, fleets: Any, request: pytest.FixtureRequest
 ) -> None:
-    extra: dict[str, str] = {}
-    if broker == "amqp":  # a private vhost; run state, outbox and items stay in the Redis
-        extra["CHAINCRAWL_BROKER_URL"] = request.getfixturevalue("amqp_broker")
+    extra = broker_env(broker, request)
+    if broker == "amqp":
         size = dataclasses.replace(size, interval=size.amqp_interval)
     with DemoServer(
         users=size.users, posts_per_user=5, comments_per_post=5,

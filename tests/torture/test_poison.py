@@ -26,7 +26,7 @@ import chains
 from chains import Chain, step
 from monitor.deadletter import DeadLetterStore
 from tests.torture.badsite import BadSite
-from tests.torture.conftest import report
+from tests.torture.conftest import broker_env, report
 from tests.torture.harness import wait_complete
 from utils.redis import get_redis
 
@@ -61,12 +61,10 @@ def test_task_that_kills_its_worker_is_dead_lettered_as_poison(
     pool: str, how: str, broker: str, site: BadSite, torture_factory: Any, fleets: Any,
     request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
-    extra = (
-        {"CHAINCRAWL_BROKER_URL": request.getfixturevalue("amqp_broker")}
-        if broker == "amqp"
-        else {}
-    )
-    t = torture_factory(TORTURE_SITE_URL=site.url, CHAINCRAWL_MAX_REDELIVERIES=str(CAP), **extra)
+    t = torture_factory(
+        TORTURE_SITE_URL=site.url, CHAINCRAWL_MAX_REDELIVERIES=str(CAP),
+        **broker_env(broker, request),
+    )  # fmt: skip
     fleet = fleets(t, queues="torture", pool=pool, concurrency=2)
     (first,) = fleet.start(1)
     fleet.supervise(1)
@@ -105,7 +103,7 @@ def _messages_left(prefix: str, broker: str) -> int:
         return ready + r.hlen(f"{prefix}:q:unacked")
     from worker import app
 
-    with app.connection_for_write() as conn:  # passive: the count, ready and unacked
+    with app.connection_for_write() as conn:  # passive: the count of ready messages
         _name, count, _consumers = conn.default_channel.queue_declare("torture", passive=True)
     return int(count)
 
