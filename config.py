@@ -174,7 +174,8 @@ class Settings(BaseSettings):
         validation_alias=_env("DEAD_WORKER_AFTER"),
         description="Redis broker: a worker process whose heartbeat is this many seconds old "
         "counts as dead, and the messages it held unacknowledged are restored at the next "
-        "sweep instead of after the visibility timeout (utils/unacked_owners.py); 0 = off.",
+        "sweep instead of after the visibility timeout, and every run's ledger is checked for "
+        "a message it may have popped and lost (utils/unacked_owners.py); 0 = off.",
     )
     sweep_interval: float = Field(
         5.0,

@@ -211,6 +211,15 @@ def _become_owner(sender: Any = None, **kw: Any) -> None:
     )
 
 
+@signals.worker_shutdown.connect
+def _leave_owners(**kw: Any) -> None:
+    """A clean exit is no death: the consumer gave back what it held, so the sweeper need not
+    look for a message this worker may have lost (utils/unacked_owners.py)."""
+    from utils import unacked_owners
+
+    unacked_owners.leave()
+
+
 def _pool_name(pool_cls: Any) -> str:
     """`-P`'s value as a name, whether Celery hands over the alias or the class."""
     raw = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")

@@ -14,7 +14,11 @@ harmless (the commit runs once per task id); the stall condition and a second lo
 
 The same pass first gives back the unacknowledged messages of dead workers (heartbeat gone for
 `dead_worker_after` seconds; utils/unacked_owners.py), which kombu would restore only after the
-visibility timeout.
+visibility timeout. A death is also the moment a message can have been lost (the killed worker
+may have popped one it had not yet recorded), and so is a restart of the broker's Redis (a
+popped message whose reply never reached its worker): after either, the pass checks the ledger
+of every active run at once, stalled or not, rather than letting a run finish its other work
+and then wait `sweep_stall` seconds for its lost task.
 
 Every worker process runs a sweeper thread; a Redis lock (SET NX EX) lets one of them sweep per
 interval. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
@@ -78,7 +82,10 @@ def _batch_ids(msg: Mapping[str, Any]) -> list[str]:
 
 
 def broker_task_ids(
-    client: redis.Redis, keyprefix: str, stale_after: float | None = None
+    client: redis.Redis,
+    keyprefix: str,
+    stale_after: float | None = None,
+    stale_ids: set[str] | None = None,
 ) -> set[str]:
     """Every task id in the Redis broker under `keyprefix` (kombu's `global_keyprefix`): all
     lists (queues and their priority sub-queues, whatever the separator) and `unacked`.
@@ -87,7 +94,8 @@ def broker_task_ids(
     `unacked_index` score) does not count: kombu restores every message after the visibility
     timeout, so one still there long after means its restore sweeps are not running (a
     backstop; bug 9, first taken for such a message, was a task re-queueing itself: a fresh
-    message every time). Re-sending it is safe: the commit runs once per task id."""
+    message every time). Re-sending it is safe: the commit runs once per task id. The ids of
+    such messages go to `stale_ids` when given."""
     ids: set[str] = set()
     stale: set[bytes] = set()
     if stale_after is not None:
@@ -105,6 +113,8 @@ def broker_task_ids(
     for tag, raw in client.hscan_iter(f"{keyprefix}unacked", count=1000):
         if tag not in stale:
             ids.update(message_ids(raw))
+        elif stale_ids is not None:
+            stale_ids.update(message_ids(raw))
     return ids
 
 
@@ -141,6 +151,11 @@ class Sweeper:
         self.restored = 0  # by this process
         self.lock_key = self.s.key("sweeper", "lock")
         self.resent = 0  # by this process
+        # why the next pass checks every active run, not only stalled ones ("" = no reason)
+        self.check_all = ""
+        self.stale: set[str] = set()  # ids held unacknowledged too long, at the last look
+        self._broker_id: str | None = None  # the broker Redis's run_id, to notice a restart
+        self.broker_id_key = self.s.key("sweeper", "broker_run_id")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -190,8 +205,9 @@ class Sweeper:
         """Task ids that will run without us: in the broker, in a run's waiting list, or staged
         in `kids:{tid}` by a committed task whose own message is still in the broker (its
         redelivery sends them). Children staged by a task whose message is gone are not."""
+        self.stale = set()
         ids = broker_task_ids(
-            self.broker, self.broker_prefix, stale_after=2 * self.s.visibility_timeout
+            self.broker, self.broker_prefix, 2 * self.s.visibility_timeout, self.stale
         )
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
@@ -203,9 +219,21 @@ class Sweeper:
                     ids.update(_kid_id(raw))
         return ids
 
+    def runs_to_check(self, now: float | None = None) -> list[str]:
+        """Stalled runs; every active run with ledger entries after a death or a restart."""
+        if not self.check_all:
+            return self.stalled_runs(now)
+        rids = self.state.active_runs()
+        if not rids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hlen(self.state.ledger_key(rid))
+        return [rid for rid, n in zip(rids, pipe.execute(), strict=True) if n]
+
     def lost(self, rids: list[str]) -> dict[str, dict[str, bytes]]:
         """run -> {tid: message} of ledger entries found nowhere, twice `confirm` apart, in
-        runs that stayed stalled, and not committed."""
+        runs that stayed stalled (any run, after a death or a restart), and not committed."""
         if not rids:
             return {}
         ledgers = {rid: self.state.ledger(rid) for rid in rids}
@@ -216,7 +244,7 @@ class Sweeper:
             return {}
         if self.confirm > 0:
             time.sleep(self.confirm)
-        still = set(self.stalled_runs())
+        still = set(self.runs_to_check())
         present = self._present(missing)
         out: dict[str, dict[str, bytes]] = {}
         for rid, tids in missing.items():
@@ -247,28 +275,51 @@ class Sweeper:
         found = unacked_owners.orphans(self.broker, self.broker_prefix, self.dead_after,
                                        self.confirm)  # fmt: skip
         for who, tags in found.items():
-            k = self.restore(tags)
+            k = self.restore(tags) if tags else 0
             log.warning("worker %s is gone (no heartbeat for %gs): %d of its %d "
                         "unacknowledged messages restored", who, self.dead_after, k, len(tags))  # fmt: skip
             n += k
+        if found:  # it may have popped a message it never recorded: check every run now
+            self.check_all = self.check_all or "a worker died"
+            unacked_owners.forget(self.broker, self.broker_prefix, found)
         if n:  # shown by `control.sh status` and the exporter
             self.r.hincrby(self.s.key("metrics", "broker"), "dead_worker_restored", n)
         self.restored += n
         return n
+
+    def note_broker_restart(self) -> bool:
+        """Notice a restart of the broker's Redis (its run_id changed since the last pass)."""
+        bid = str(self.broker.info("server").get("run_id", ""))
+        if bid == self._broker_id:
+            return False
+        # kept in Redis, for whichever worker process holds the sweep lock next
+        seen = self.r.get(self.broker_id_key)
+        self.r.set(self.broker_id_key, bid, ex=30 * 24 * 3600)
+        self._broker_id = bid
+        restarted = seen is not None and seen.decode() != bid
+        if restarted:
+            log.warning("the broker's Redis restarted: checking every active run's ledger")
+            self.check_all = self.check_all or "the broker restarted"
+        return restarted
 
     def sweep_once(self) -> int:
         """One pass over the stalled runs; -> messages re-sent."""
         n = 0
         if self.stall <= 0:
             return 0
-        for rid, lost in self.lost(self.stalled_runs()).items():
+        why = self.check_all
+        found = self.lost(self.runs_to_check())
+        self.check_all = ""  # done (a pass that failed before here keeps it for the next)
+        for rid, lost in found.items():
             steps: Counter[str] = Counter()
             for tid, raw in lost.items():
                 kid = orjson.loads(raw)
                 self.send(kid)
                 steps[kid.get("meta", {}).get("step", "")] += 1
-                log.warning("run %s: task %s (%s) lost by the broker; re-sent", rid, tid,
-                            kid.get("task"))  # fmt: skip
+                log.warning("run %s: task %s (%s) lost by the broker; re-sent (%s%s)", rid,
+                            tid, kid.get("task"), why or "the run stalled",
+                            "; it sat in unacked past twice the visibility timeout"
+                            if tid in self.stale else "")  # fmt: skip
             pipe = self.r.pipeline(transaction=False)
             ck = self.state.counters_key(rid)
             pipe.hincrby(ck, "resent", len(lost))
@@ -288,6 +339,7 @@ class Sweeper:
         if not self.r.set(self.lock_key, token, nx=True, ex=ttl):
             return 0
         try:  # first: a stalled run may only be waiting for these
+            self.note_broker_restart()
             self.restore_dead_owners()
         except Exception:  # the run ledgers are swept all the same
             log.warning("restoring dead workers' messages failed", exc_info=True)

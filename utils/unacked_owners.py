@@ -13,6 +13,11 @@ message is restored once even when kombu's visibility sweep reaches it too.
 Keys, in the broker's Redis under the broker's key prefix:
     unacked_owner         hash: delivery tag -> owner id
     owner_alive:{owner}   string, expires `CHAINCRAWL_DEAD_WORKER_AFTER` s after the last beat
+    owners                set: every owner that has not shut down cleanly
+
+The `owners` set finds the deaths that leave nothing in `unacked`: a worker killed between
+kombu's BRPOP and its bookkeeping takes the popped message with it (bug 1). The sweeper then
+checks every active run's ledger at once instead of waiting for the run to stall.
 
 A worker that is alive but was declared dead (its heartbeat stopped for that long) loses
 nothing: its messages run twice, and a task's commit runs once per task id. (Its late ack of
@@ -45,6 +50,7 @@ log = logging.getLogger("chaincrawl.owners")
 
 OWNER_HASH = "unacked_owner"
 ALIVE = "owner_alive:"
+OWNERS = "owners"
 
 _owner: str | None = None  # this process's, once it consumes (worker.py, celeryd_init)
 _beat: Heartbeat | None = None
@@ -103,11 +109,19 @@ class Heartbeat:
 
     def __init__(self, client: redis.Redis, prefix: str, who: str, ttl: float) -> None:
         self.r, self.key, self.ttl = client, f"{prefix}{ALIVE}{who}", ttl
+        self.who, self.owners = who, f"{prefix}{OWNERS}"
         self.every = max(0.2, ttl / 5)
+        self.registered = True
+        self._lock = threading.Lock()
         self._stop = threading.Event()
 
     def beat(self) -> None:
-        self.r.set(self.key, str(os.getpid()), px=max(1, int(self.ttl * 1000)))
+        with self._lock:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.set(self.key, str(os.getpid()), px=max(1, int(self.ttl * 1000)))
+            if self.registered:  # repeated: a broker Redis restarted empty gets it back
+                pipe.sadd(self.owners, self.who)
+            pipe.execute()
 
     def start(self) -> Heartbeat:
         try:
@@ -127,6 +141,16 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
 
+    def leave(self) -> None:
+        """A clean shutdown: out of `owners`, so that the sweeper does not take this exit for
+        a death. The beats go on until the process ends: whatever it still runs stays its."""
+        with self._lock:
+            self.registered = False
+            try:
+                self.r.srem(self.owners, self.who)
+            except redis.RedisError as exc:  # then taken for a death: one early ledger check
+                log.debug("owner not unregistered: %s", exc)
+
 
 def start(client: redis.Redis, prefix: str, ttl: float, hostname: str = "") -> str:
     """Make this process an owner: its unacked messages are tagged from now on (worker.py, at
@@ -142,11 +166,18 @@ def start(client: redis.Redis, prefix: str, ttl: float, hostname: str = "") -> s
 
 
 def stop() -> None:
-    """No longer an owner (tests; a worker keeps beating until it exits)."""
+    """Stop beating, as a killed worker would (tests)."""
     global _owner, _beat
     if _beat is not None:
         _beat.stop()
     _owner, _beat = None, None
+
+
+def leave() -> None:
+    """This process shuts down cleanly (worker.py, at `worker_shutdown`): its end is no death.
+    It stays the owner of what it still holds, and keeps beating until it exits."""
+    if _beat is not None:
+        _beat.leave()
 
 
 # --- finding and restoring a dead owner's messages ---------------------------------------------
@@ -171,23 +202,35 @@ def dead_owners(client: redis.Redis, prefix: str, owners: Iterable[str]) -> list
     return [who for who, alive in zip(owners, pipe.execute(), strict=True) if not alive]
 
 
+def registered(client: redis.Redis, prefix: str) -> set[str]:
+    """Owners that have not shut down cleanly (alive, or dead and not yet forgotten)."""
+    return {who.decode() for who in client.smembers(f"{prefix}{OWNERS}")}
+
+
+def forget(client: redis.Redis, prefix: str, owners: Iterable[str]) -> None:
+    """Take dead owners out of `owners` once their death has been dealt with."""
+    owners = list(owners)
+    if owners:
+        client.srem(f"{prefix}{OWNERS}", *owners)
+
+
 def orphans(
     client: redis.Redis, prefix: str, ttl: float, confirm: float = 1.0
 ) -> dict[str, list[str]]:
-    """owner -> tags, for owners without a heartbeat at two looks `confirm` s apart; nothing
-    while the broker's Redis has been up for less than `ttl` (heartbeats may just be coming
-    back from a restart)."""
+    """owner -> tags it still holds, for every owner (holding messages or registered) without
+    a heartbeat at two looks `confirm` s apart; a dead owner holding nothing maps to [].
+    Nothing while the broker's Redis has been up for less than `ttl` (heartbeats may just be
+    coming back from a restart)."""
     if float(client.info("server").get("uptime_in_seconds", 0)) < ttl:
         return {}
-    holding = held(client, prefix)
-    dead = dead_owners(client, prefix, holding)
+    dead = dead_owners(client, prefix, set(held(client, prefix)) | registered(client, prefix))
     if not dead:
         return {}
     if confirm > 0:
         time.sleep(confirm)
     dead = dead_owners(client, prefix, dead)
     now = held(client, prefix)  # what they still hold (kombu may have restored some meanwhile)
-    return {who: now[who] for who in dead if now.get(who)}
+    return {who: now.get(who, []) for who in dead}
 
 
 def restorer(app: Any) -> Callable[[list[str]], int]:

@@ -8,6 +8,7 @@ without the owners the run would wait those 600 s."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -154,4 +155,89 @@ def test_a_killed_workers_pages_are_run_by_another_within_seconds(
         int(get_redis().hget(get_settings().key("metrics", "broker"), "dead_worker_restored")) >= 4
     )
     print(f"\nrun complete {took:.1f}s after the kill (visibility timeout 600 s)")
+    assert took < 30
+
+
+def test_a_clean_exit_is_no_death_and_a_stopped_heartbeat_is(rds: redis.Redis) -> None:
+    prefix = f"reg{int(time.time() * 1000)}:q:"
+    who = unacked_owners.start(rds, prefix, ttl=60.0, hostname="clean")
+    try:
+        assert unacked_owners.registered(rds, prefix) == {who}
+        unacked_owners.leave()
+        assert unacked_owners.registered(rds, prefix) == set()
+        unacked_owners._beat.beat()  # type: ignore[union-attr]  # beats go on, unregistered
+        assert unacked_owners.registered(rds, prefix) == set()
+        assert rds.exists(f"{prefix}{unacked_owners.ALIVE}{who}")
+    finally:
+        unacked_owners.stop()
+    killed = unacked_owners.start(rds, prefix, ttl=0.3, hostname="killed")
+    unacked_owners.stop()  # as SIGKILL: no leave, the beats stop
+    time.sleep(0.5)
+    assert unacked_owners.orphans(rds, prefix, ttl=0, confirm=0) == {killed: []}
+    unacked_owners.forget(rds, prefix, [killed])
+    assert unacked_owners.orphans(rds, prefix, ttl=0, confirm=0) == {}
+
+
+_THIEF = """
+import sys, time
+from config import get_settings
+from utils import unacked_owners
+from utils.redis import get_redis
+s = get_settings()
+r = get_redis(s.broker_url)
+unacked_owners.start(r, s.broker_key_prefix, s.dead_worker_after, "thief")
+key, tid = sys.argv[1], sys.argv[2]
+while True:  # BRPOP, as kombu's consumer; killed before it would record the message
+    _, raw = r.brpop([key])
+    if tid.encode() in raw:
+        print("popped", flush=True)
+        time.sleep(3600)
+    r.lpush(key, raw)
+"""
+
+
+def test_a_message_lost_with_a_killed_worker_is_resent_within_seconds(
+    start_worker, cc_env: dict[str, str], tmp_path: Any, test_site: Any
+) -> None:
+    """Bug 1 in person: a worker process pops the run's seed (BRPOP) and is SIGKILLed before
+    it records it. Its heartbeat stops; the next worker's sweeper declares it dead and checks
+    every run's ledger at once: the seed is re-sent and the run ends in seconds, where before
+    it waited `CHAINCRAWL_SWEEP_STALL` (600 s here) after its last commit."""
+    from chains.state import RunState
+    from chains.sweeper import message_ids
+    from tests.procs import LoggedProc
+
+    env = {
+        "CHAINCRAWL_VISIBILITY_TIMEOUT": "600",
+        "CHAINCRAWL_DEAD_WORKER_AFTER": "2",
+        "CHAINCRAWL_SWEEP_INTERVAL": "1",
+        "CHAINCRAWL_SWEEP_STALL": "600",
+    }
+    key = f"thief{int(time.time())}"
+    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0"), seeds=[{"per": 3}])
+    s = get_settings()
+    broker = get_redis(s.broker_url)
+    (seed,) = RunState(get_redis(), s).ledger(run.run_id)
+    seed_queue = next(
+        k.decode()
+        for k in broker.scan_iter(match=f"{s.broker_key_prefix}*", _type="list")
+        if any(seed in message_ids(raw) for raw in broker.lrange(k, 0, -1))
+    )
+    thief = LoggedProc([sys.executable, "-c", _THIEF, seed_queue, seed],
+                       {**cc_env, **env}, tmp_path / "thief.log")  # fmt: skip
+    thief.ready_marker = b"popped"
+    try:
+        thief.wait_ready(30)
+    finally:
+        thief.kill()
+    t_kill = time.monotonic()
+    w = start_worker(concurrency=4, name="heir", **env)
+    p = run.wait(timeout=60)
+    took = time.monotonic() - t_kill
+    assert p.complete, p.totals
+    assert p.steps["local.probe"]["succeeded"] == 3, p.steps
+    assert p.totals.get("resent") == 1, p.totals
+    log = w.text()
+    assert "thief" in log and "re-sent (a worker died)" in log, log[-3000:]
+    print(f"\nrun complete {took:.1f}s after the kill (sweep stall 600 s)")
     assert took < 30

@@ -331,3 +331,66 @@ def test_a_message_stuck_in_unacked_past_twice_the_visibility_timeout_counts_as_
     rds.zadd(f"{p}:q:unacked_index", {"tag-old": now - 100, "tag-new": now - 1})
     assert broker_task_ids(rds, f"{p}:q:") == {"old", "new"}
     assert broker_task_ids(rds, f"{p}:q:", stale_after=50) == {"new"}
+
+
+# --- after a death or a broker restart: every run at once -----------------------------------------
+
+
+def test_a_dead_worker_has_every_run_checked_at_once_not_after_the_stall(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """A worker killed between kombu's BRPOP and its bookkeeping holds nothing in `unacked`;
+    the `owners` set still shows it died, and the ledgers are checked then, not `stall` (here
+    600 s) after the run's last commit."""
+    from utils import unacked_owners
+
+    p = settings.key_prefix
+    bp = f"{p}:q:"
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    lost, queued_seed = start_run(state, app, rid, n=2)
+    pop_and_lose(rds, p, lost)
+    rds.sadd(f"{bp}{unacked_owners.OWNERS}", "alive-one")
+    rds.set(f"{bp}{unacked_owners.ALIVE}alive-one", "1", ex=60)
+    sent: list[dict[str, Any]] = []
+    s = settings.model_copy(update={"dead_worker_after": 0.001})
+    sw = Sweeper(rds, rds, bp, sent.append, s, interval=1, stall=600, confirm=0,
+                 restore=lambda tags: 0)  # fmt: skip
+    assert sw.restore_dead_owners() == 0 and sw.check_all == ""
+    assert sw.sweep_once() == 0, "no death, no stall: nothing is checked"
+
+    rds.sadd(f"{bp}{unacked_owners.OWNERS}", "killed-one")  # registered, heartbeat gone
+    while int(rds.info("server")["uptime_in_seconds"]) < 1:  # the restart guard (a fresh Redis)
+        time.sleep(0.1)
+    assert sw.restore_dead_owners() == 0
+    assert sw.check_all == "a worker died"
+    assert unacked_owners.registered(rds, bp) == {"alive-one"}  # the dead one is forgotten
+    assert sw.sweep_once() == 1
+    assert [k["id"] for k in sent] == [lost]  # the queued seed is left alone
+    assert state.counters(rid)["resent"] == 1
+    assert sw.check_all == ""
+    assert sw.sweep_once() == 1 - 1, "one pass per death, then the stall rule again"
+    assert queued_seed in state.ledger(rid)
+
+
+def test_a_broker_restart_has_every_run_checked_at_once(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """A popped message whose reply a restart cut off is lost the same way; the broker's
+    run_id, kept in Redis for whichever process sweeps next, tells of the restart."""
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (lost,) = start_run(state, app, rid)
+    pop_and_lose(rds, settings.key_prefix, lost)
+    sent: list[dict[str, Any]] = []
+    first = sweeper(rds, settings, sent, stall=600)
+    assert first.note_broker_restart() is False  # nothing seen before: no restart
+    assert first.sweep_once() == 0
+    assert sweeper(rds, settings, sent, stall=600).note_broker_restart() is False  # same id
+    # as if the last pass had seen a broker whose run_id is not today's
+    rds.set(settings.key("sweeper", "broker_run_id"), "the-run-id-before-the-restart")
+    later = sweeper(rds, settings, sent, stall=600)  # another worker process, same broker
+    assert later.note_broker_restart() is True
+    assert later.note_broker_restart() is False  # noticed once
+    assert later.check_all == "the broker restarted"
+    assert later.sweep_once() == 1 and [k["id"] for k in sent] == [lost]
