@@ -425,6 +425,7 @@ class Context:
             connect_timeout=s.connect_timeout,
             max_bytes=s.max_response_bytes,
             allow_redirects=allow_redirects,
+            rank=page_rank(self.meta),
         )
         start = time.monotonic()
         try:

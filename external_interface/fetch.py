@@ -40,6 +40,7 @@ from exceptions import (
     TransportError,
     TruncatedResponse,
 )
+from utils.ranked_slots import RankedSlots
 
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_\-]+)""", re.I)
 _CHUNK = 64 * 1024
@@ -131,6 +132,9 @@ class FetchRequest:
     connect_timeout: float = 5.0
     max_bytes: int = 10 * 1024 * 1024
     allow_redirects: bool = True
+    # never sent: which waiting request takes a freed fetch slot first (a gevent worker's
+    # LimitedFetcher; the run's priority, base_task.page_rank)
+    rank: int = 0
 
 
 class Fetcher(Protocol):
@@ -433,19 +437,24 @@ class LimitedFetcher:
         self.inner = inner
         self.slots = slots
         self._sem: Any = None  # made at first use: after gevent
+        self._ranked = False  # the slots go by FetchRequest.rank (gevent)
         self._made = threading.Lock()  # patched `threading` (a real lock would block the hub)
 
-    def _semaphore(self) -> threading.BoundedSemaphore:
+    def _semaphore(self) -> Any:
         if self._sem is None:
             with self._made:
                 if self._sem is None:
-                    self._sem = _bounded_semaphore(self.slots)
+                    sem = _bounded_semaphore(self.slots)
+                    self._ranked = isinstance(sem, RankedSlots)
+                    self._sem = sem
         return self._sem
 
     def fetch(self, req: FetchRequest) -> Response:
         sem = self._semaphore()
         t0 = time.monotonic()
-        if not sem.acquire(timeout=max(0.0, req.timeout)):
+        wait = max(0.0, req.timeout)
+        got = sem.acquire(req.rank, wait) if self._ranked else sem.acquire(timeout=wait)
+        if not got:
             raise FetchTimeout(
                 f"no fetch slot free within {req.timeout:.1f} s ({self.slots} requests in "
                 f"flight) for {req.url}"
@@ -460,15 +469,15 @@ class LimitedFetcher:
 
 
 def _bounded_semaphore(n: int) -> Any:
-    """gevent's own semaphore once gevent patched `threading`: the stdlib one is built on a
-    Condition whose every acquire and release goes through the hub (three trips per request),
-    gevent's counts in place and wakes a waiter directly."""
+    """Ranked greenlet slots once gevent patched `threading` (utils/ranked_slots.py): the
+    stdlib semaphore is built on a Condition whose every acquire and release goes through the
+    hub (three trips per request); these count in place, wake a waiter directly, and let the
+    most urgent run's request go first. Threads: the stdlib semaphore, first come first served
+    (a threads worker's page slots are its threads, already taken in the broker's order)."""
     from utils.greenlets import gevent_patched
 
     if gevent_patched():
-        from gevent.lock import BoundedSemaphore
-
-        return BoundedSemaphore(n)
+        return RankedSlots(n)
     return threading.BoundedSemaphore(n)
 
 

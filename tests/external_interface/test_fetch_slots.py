@@ -132,7 +132,8 @@ f = LimitedFetcher(Urllib3Fetcher(), 4)
 jobs = [gevent.spawn(f.fetch, FetchRequest("GET", url + "/?s=0.1")) for _ in range(24)]
 gevent.joinall(jobs, raise_error=True)
 assert [j.value.status for j in jobs] == [200] * 24
-assert isinstance(f._semaphore(), gevent.lock.BoundedSemaphore), type(f._semaphore())
+from utils.ranked_slots import RankedSlots
+assert isinstance(f._semaphore(), RankedSlots), type(f._semaphore())
 one = LimitedFetcher(Urllib3Fetcher(), 1)
 holder = gevent.spawn(one.fetch, FetchRequest("GET", url + "/?s=1"))
 gevent.sleep(0.2)
@@ -145,6 +146,17 @@ else:
     raise AssertionError("no FetchTimeout")
 assert time.monotonic() - t0 < 0.9
 holder.get()
+# a freed slot goes to the most urgent waiting request (the run's priority), then in order
+one = LimitedFetcher(Urllib3Fetcher(), 1)
+done = []
+def get(rank, name):
+    one.fetch(FetchRequest("GET", url + "/?s=0.05", rank=rank))
+    done.append(name)
+holder = gevent.spawn(one.fetch, FetchRequest("GET", url + "/?s=0.3"))
+gevent.sleep(0.1)
+jobs = [gevent.spawn(get, r, n) for r, n in [(1, "low1"), (1, "low2"), (9, "urgent"), (1, "low3")]]
+gevent.joinall([holder, *jobs], raise_error=True)
+assert done == ["urgent", "low1", "low2", "low3"], done
 import greenlet
 from gevent.hub import Hub
 sem, trips = LimitedFetcher(Urllib3Fetcher(), 4)._semaphore(), []
@@ -159,8 +171,9 @@ print("ok")
 
 
 def test_gevent_workers_get_gevents_semaphore_and_the_same_cap(counting: str) -> None:
-    """Under gevent the slots are gevent's semaphore (the stdlib one's Condition went through
-    the hub on every acquire and release); the cap and the deadline hold the same."""
+    """Under gevent the slots are ranked greenlet slots (the stdlib semaphore's Condition went
+    through the hub on every acquire and release); the cap and the deadline hold the same, and
+    a freed slot goes to the most urgent run's request first."""
     import subprocess
     import sys
 

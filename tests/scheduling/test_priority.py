@@ -96,3 +96,35 @@ def test_urgent_page_overtakes_the_batches_a_gevent_worker_holds(
     # it (their batch had begun them already; the urgent page still had its own begin to do).
     # First come, first served at the page slots: 80, all of them.
     assert before <= FAN // 2, before
+
+
+def test_urgent_page_overtakes_pages_waiting_for_a_fetch_slot(
+    start_workers, sched_site: SchedSite
+) -> None:
+    """A gevent worker with 8 page slots but 1 fetch slot (`CHAINCRAWL_FETCH_SLOTS`): 8 of a
+    priority-1 run's pages hold the page slots and queue for the one fetch slot. A priority-9
+    page, once it has a page slot, goes to the fetch slot before the 7 already queued there
+    (the request carries the run's priority: `FetchRequest.rank`)."""
+    tag = uuid.uuid4().hex[:8]
+    start_workers(1, pool="gevent", concurrency=8, CHAINCRAWL_FETCH_SLOTS="1")
+    fan = Chain("prio_fan", step("sched.local.fan").then(
+        step("sched.local.slow", tag="tag", n="n", const={"s": 0.1})))  # fmt: skip
+    low = chains.run(fan, [{"tag": f"{tag}-low", "count": 40}], priority=1)
+    deadline = time.monotonic() + 30
+    while len(sched_site.tagged(f"{tag}-low")) < 3:  # the page slots are full by now
+        assert time.monotonic() < deadline, low.progress().totals
+        time.sleep(0.01)
+    high = chains.run(Chain("prio_one", step("sched.local.slow")),
+                      [{"tag": f"{tag}-high", "s": 0.1}], priority=9)  # fmt: skip
+    started = time.monotonic()  # the site's clock
+    for r in (low, high):
+        p = r.wait(timeout=30)
+        assert p.complete and p.totals["failed"] == 0, p.totals
+    lows = sched_site.tagged(f"{tag}-low")
+    (urgent,) = sched_site.tagged(f"{tag}-high")
+    ahead = sum(started <= h.t < urgent.t for h in lows)
+    print(f"\nlow pages fetched after the urgent run started and before its page: {ahead}")
+    # Measured 1 (the page that freed a page slot for it; its run's begin takes a moment).
+    # First come, first served at the fetch slot it waited behind the pages queued there:
+    # measured 7.
+    assert ahead <= 3, ahead

@@ -102,3 +102,30 @@ def test_a_pages_rank_is_its_runs_priority_or_the_default() -> None:
     assert page_rank({"prio": "2"}) == 2
     assert page_rank({}) == page_rank(None) == default
     assert page_rank({"prio": "urgent"}) == page_rank({"prio": None}) == default
+
+
+def test_a_waiter_that_times_out_gets_nothing_and_leaves_no_trace() -> None:
+    """The fetch slots' deadline: a request that waits past its timeout gives up cleanly."""
+    slots = RankedSlots(1)
+    assert slots.acquire(0, timeout=0) is True
+    assert slots.acquire(9, timeout=0.05) is False
+    assert (slots.free, slots.waiting) == (0, 0)
+    served: list[str] = []
+    late = _waiter(slots, 1, "late", served)
+    gevent.sleep(0)
+    slots.release()  # straight to the one still waiting, not to the one that gave up
+    late.join(timeout=1)
+    assert served == ["late"] and slots.free == 1
+
+
+def test_a_waiter_served_before_its_timeout_keeps_the_slot() -> None:
+    slots = RankedSlots(1)
+    slots.acquire()
+    got: list[bool] = []
+    g = gevent.spawn(lambda: got.append(slots.acquire(5, timeout=1)))
+    gevent.sleep(0.01)
+    slots.release()
+    g.join(timeout=1)
+    assert got == [True] and (slots.free, slots.waiting) == (0, 0)
+    slots.release()
+    assert slots.free == 1
