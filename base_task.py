@@ -51,7 +51,7 @@ from celery.utils.saferepr import saferepr
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from chains.model import Chain, chain_from_dict, fan_out
-from chains.state import CommitCall, Committed, Kid, RunState
+from chains.state import Begun, CommitCall, Committed, Kid, RunState
 from config import Settings, get_settings, is_redis_url
 from exceptions import (
     BannedError,
@@ -856,6 +856,32 @@ def _current_batch() -> _BatchRun | None:
     return getattr(_tls, "batch", None)
 
 
+_cancel_seen: dict[str, tuple[float, bool]] = {}  # run id -> (monotonic time read, cancelled)
+
+
+def _run_cancelled(r: redis.Redis, s: Settings, rid: str) -> bool:
+    """Whether run `rid` has been cancelled, read at most once a second per process: a
+    batch's pages all begin when the batch does, and those still waiting for a slot when the
+    run is cancelled should not be fetched (`RunState.cancel`)."""
+    now = time.monotonic()
+    seen = _cancel_seen.get(rid)
+    if seen is not None and now - seen[0] < 1.0:
+        return seen[1]
+    flag = bool(r.hexists(s.key("run", rid), "cancelled"))
+    if len(_cancel_seen) > 10_000:  # old runs: forget them all, the next read costs one call
+        _cancel_seen.clear()
+    _cancel_seen[rid] = (now, flag)
+    return flag
+
+
+def _skip_call(state: RunState, rid: str, tid: str, step: str) -> CommitCall:
+    """The commit of a task whose run was cancelled: no items, no children."""
+    calls: list[CommitCall] = []
+    state.commit(rid=rid, tid=tid, step=step, outcome="cancelled", n_items=0, entries=(),
+                 kids=(), defer=calls)  # fmt: skip
+    return calls[0]
+
+
 def _run_commits(
     state: RunState, s: Settings, rid: str, calls: list[CommitCall], pipe_extra: Any = None
 ) -> list[Committed | None]:
@@ -920,7 +946,7 @@ class SiteTask(Task):
                 raise Reject(exc, requeue=True) from None
 
     def _execute(
-        self, params: Any, meta: Mapping[str, Any] | None, begun: tuple[bool, int] | None = None
+        self, params: Any, meta: Mapping[str, Any] | None, begun: Begun | None = None
     ) -> str:
         """One page: begin, run the endpoint, commit, send the children. Inside a batch
         (`begun` from the batch's one begin round trip) the commit is deferred to the batch."""
@@ -937,11 +963,21 @@ class SiteTask(Task):
         cpu_busy()  # keep the CPU window fresh for batch sizing
         if begun is None:
             begun = state.begin(rid, tid, self.request.retries or 0)
-        committed, deliveries = begun
-        _aggregate(metrics, spec, settings)
+        elif rid and not begun.cancelled and _run_cancelled(r, settings, rid):
+            begun = begun._replace(cancelled=True)  # cancelled since its batch began
+        committed, deliveries, cancelled = begun
         if committed:  # a redelivery of a committed task: send what is still staged
+            _aggregate(metrics, spec, settings)
             self._send_staged(state, tid)
             return "duplicate"
+        if cancelled:  # its run was cancelled: no fetch, counted as cancelled
+            metrics.outcome("cancelled")
+            _aggregate(metrics, spec, settings)
+            res = _run_commits(state, settings, rid, [_skip_call(state, rid, tid, step)])[0]
+            if res is not None:  # backpressure may have released children here before
+                self._send_staged(state, tid, res)
+            return "cancelled"
+        _aggregate(metrics, spec, settings)
         ctx: Context | None = None
         gate = get_gate()
         admitted = False
@@ -1245,10 +1281,10 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
             return "in its run's tail"
         return ""
 
-    def one(spec: EndpointSpec, e: dict[str, Any], b: tuple[bool, int]) -> None:
+    def one(spec: EndpointSpec, e: dict[str, Any], b: Begun) -> None:
         if careful:
-            done, n = state.begin(e["meta"].get("run", ""), e["id"], 0)
-            b = (done, n + 1)  # + the first delivery, as for a single message
+            b = state.begin(e["meta"].get("run", ""), e["id"], 0)
+            b = b._replace(deliveries=b.deliveries + 1)  # + the first, as for a single message
         task: SiteTask = spec.task
         params, meta = e["params"], e["meta"]
         task.push_request(

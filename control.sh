@@ -26,6 +26,7 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
                              periodic chains from schedules.yaml (Celery beat)
   limits [--json]            shared rate limits and concurrency caps, with live usage
   trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
+  cancel RUN_ID [--reason R] stop a run; workers and other runs go on
   deadletter list|replay     tasks that failed for good
   chains                     list the defined chains
   config                     check the CHAINCRAWL_* variables (a misspelled one is reported)

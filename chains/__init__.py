@@ -3,6 +3,7 @@
     from chains import run
     handle = run("demo_social", seeds=[{}], priority=7)
     handle.progress(); handle.wait(timeout=300)
+    handle.cancel("wrong seeds")   # or chains.cancel(run_id) from any process
 
 Chain definitions live in `chains/defs/` (one module per business chain, imported by
 `load_all()`), or in YAML/JSON files loaded with `load_chain_file`.
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 from chains.model import Chain, Step, StepOptions, chain_from_dict, load_chain_file, step
 from chains.registry import define, get_chain, load_all, names, register
-from chains.runner import RunHandle, get_run, run
+from chains.runner import RunHandle, cancel, get_run, run
 
 __all__ = [
     "Chain",
     "RunHandle",
     "Step",
     "StepOptions",
+    "cancel",
     "chain_from_dict",
     "define",
     "get_chain",

@@ -12,7 +12,7 @@ import orjson
 
 from chains.model import Chain, chain_from_dict
 from chains.registry import get_chain
-from chains.state import COUNTERS, RunState, step_counters
+from chains.state import COUNTERS, Cancelled, RunState, step_counters
 from config import get_settings
 from exceptions import ParamsError, UnknownChainError
 from utils.redis import get_redis
@@ -22,7 +22,7 @@ from utils.redis import get_redis
 class Progress:
     run_id: str
     chain: str
-    status: str  # running | done
+    status: str  # running | cancelling (cancelled, tasks still draining) | done | cancelled
     steps: dict[str, dict[str, int]]
     totals: dict[str, int]
     outstanding: int
@@ -35,8 +35,18 @@ class Progress:
     def complete(self) -> bool:
         """Every dispatched task finished and every item it produced reached the sinks (stored,
         or refused by a sink as invalid and dead-lettered in the outbox: `store_failed`)."""
+        return self.status == "done" and self.items_settled
+
+    @property
+    def ended(self) -> bool:
+        """Nothing more will happen: complete, or cancelled with its last task committed and
+        the items of the tasks that did run settled."""
+        return self.status in ("done", "cancelled") and self.items_settled
+
+    @property
+    def items_settled(self) -> bool:
         t = self.totals
-        return self.status == "done" and t["stored"] + t["store_failed"] >= t["items"]
+        return t["stored"] + t["store_failed"] >= t["items"]
 
     @property
     def elapsed(self) -> float:
@@ -48,6 +58,7 @@ class Progress:
             "chain": self.chain,
             "status": self.status,
             "complete": self.complete,
+            "ended": self.ended,
             "outstanding": self.outstanding,
             "waiting": self.waiting,
             "elapsed": round(self.elapsed, 3),
@@ -71,7 +82,7 @@ class RunHandle:
         return Progress(
             run_id=self.run_id,
             chain=self.chain.name,
-            status=info.get("status", "unknown"),
+            status=run_status(info),
             steps=step_counters(c, list(self.chain.steps)),
             totals={k: c.get(k, 0) for k in COUNTERS},
             outstanding=c.get("outstanding", 0),
@@ -87,13 +98,14 @@ class RunHandle:
         poll: float = 0.2,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Progress:
-        """Block until the run is complete (tasks finished, items stored); TimeoutError if not."""
+        """Block until the run is complete (tasks finished, items stored), or cancelled and
+        drained (`p.status == "cancelled"`, `p.complete` False); TimeoutError if neither."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             p = self.progress()
             if on_progress:
                 on_progress(p)
-            if p.complete:
+            if p.ended:
                 return p
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(
@@ -101,6 +113,29 @@ class RunHandle:
                     f"{p.outstanding} tasks outstanding, {p.totals['stored']}/{p.totals['items']} items stored"
                 )
             time.sleep(poll)
+
+    def cancel(self, reason: str = "") -> Cancelled:
+        """Stop this run (see `cancel`)."""
+        return self.state.cancel(self.run_id, reason)
+
+
+def run_status(info: Mapping[str, str]) -> str:
+    """A run's status as shown: `cancelling` while a cancelled run's tasks still drain."""
+    status = info.get("status", "unknown")
+    return "cancelling" if status == "running" and info.get("cancelled") else status
+
+
+def cancel(run_id: str, reason: str = "") -> Cancelled:
+    """Stop a run from any process, leaving workers and other runs alone. Children waiting
+    behind its cap are dropped at once; its tasks in the broker are skipped when they begin
+    (no request, counted `cancelled`); a task already running stores its items but sends no
+    children. The run ends as `cancelled` once those have drained; what was stored stays.
+    Unknown run id: UnknownChainError. A finished run is left as it is (`was` says so)."""
+    state = RunState(get_redis())
+    out = state.cancel(run_id, reason)
+    if not out.was:
+        raise UnknownChainError(f"no run {run_id!r} in {get_settings().redis_url.split('@')[-1]}")
+    return out
 
 
 def run(

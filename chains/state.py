@@ -1,7 +1,8 @@
 """Run records and exact completion counters in Redis.
 
 Keys (prefix `cc` by default):
-    run:{rid}            hash  chain, status (running|done), created, finished, priority, def
+    run:{rid}            hash  chain, status (running|done|cancelled), created, finished,
+                               priority, def, cancelled (time) and cancel_reason once cancelled
     run:{rid}:counters   hash  outstanding, dispatched, succeeded, failed, retried, items, stored,
                                and per step `{step}:{counter}`
     run:{rid}:done       set   task ids that have committed (makes commit idempotent)
@@ -21,6 +22,11 @@ duplicated message can neither store items twice nor count twice. Children are s
 deleted; a redelivered task that finds itself committed only re-sends what is still staged.
 A run is complete exactly when `outstanding` reaches zero, whatever the number of workers.
 
+Cancelling a run (`cancel`) drops its waiting children at once; each of its tasks still in
+the broker is skipped when it begins (no fetch, committed as `cancelled`), and a task that was
+running commits its items but sends no children. When the last one has committed, the run's
+status is `cancelled`. What was stored stays stored.
+
 Backpressure: a run may have a `cap` on tasks in the broker (`inflight`). Children beyond it
 wait in `run:{rid}:pending` (still counted as dispatched and outstanding); every commit frees
 one slot and moves waiting children into the committing task's staging list, in the same
@@ -32,7 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import redis
@@ -44,6 +50,7 @@ RUN_TTL = 7 * 24 * 3600  # run records and done sets outlive the run for a week
 COUNTERS = (
     "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed",
     "resent",  # re-sent by the sweeper after the broker lost their message (bug 1)
+    "cancelled",  # not run: their run was cancelled (`RunState.cancel`)
 )  # fmt: skip
 
 _COMMIT = """
@@ -60,8 +67,11 @@ _COMMIT = """
 local run, now, ttl, uprefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local n = tonumber(ARGV[5])
 local i = 6
-local cap = 0
-if run ~= '' then cap = tonumber(redis.call('HGET', KEYS[2], 'cap') or '0') end
+local cap, cancelled = 0, false
+if run ~= '' then
+  local rh = redis.call('HMGET', KEYS[2], 'cap', 'cancelled')
+  cap, cancelled = tonumber(rh[1] or '0'), rh[2] ~= false
+end
 local replies, counts, touched = {}, {}, {}
 local delta, committed, ledger_grew = 0, 0, false
 local inflight0, inflight, drained = nil, 0, false  -- with a cap: tasks in the broker; pending empty
@@ -95,6 +105,10 @@ for c = 1, n do
     local target = kids_key
     if cap > 0 then target = KEYS[5] end
     local total = 0
+    if cancelled then  -- a cancelled run sends no more children (its items are kept)
+      i = i + 3 * n_kids
+      n_kids = 0
+    end
     for _ = 1, n_kids do
       local kstep, uniq, msg = ARGV[i], ARGV[i + 1], ARGV[i + 2]; i = i + 3
       local fresh = 1
@@ -160,7 +174,7 @@ if run ~= '' and committed > 0 then
   for field, by in pairs(counts) do redis.call('HINCRBY', KEYS[1], field, by) end
   left = redis.call('HINCRBY', KEYS[1], 'outstanding', delta)
   if left <= 0 then
-    redis.call('HSET', KEYS[2], 'status', 'done', 'finished', now)
+    redis.call('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
     redis.call('SREM', KEYS[4], run)
     redis.call('DEL', KEYS[6])
   end
@@ -191,6 +205,38 @@ if moved > 0 then
   redis.call('EXPIRE', KEYS[4], 86400)
 end
 return moved
+"""
+
+_CANCEL = """
+-- KEYS: 1 counters, 2 run hash, 3 active, 4 pending, 5 ledger; ARGV: 1 run, 2 now, 3 reason
+-- Reply: {status before, children dropped from the waiting list, tasks still outstanding}
+local status = redis.call('HGET', KEYS[2], 'status')
+if not status then return {'', 0, 0} end
+if status == 'done' or status == 'cancelled' then return {status, 0, 0} end
+redis.call('HSET', KEYS[2], 'cancelled', ARGV[2], 'cancel_reason', ARGV[3])
+local dropped, steps = 0, {}
+for _, m in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  local ok, msg = pcall(cjson.decode, m)
+  if ok and type(msg) == 'table' then
+    if msg['id'] then redis.call('HDEL', KEYS[5], msg['id']) end
+    local step = type(msg['meta']) == 'table' and msg['meta']['step'] or nil
+    if type(step) == 'string' then steps[step] = (steps[step] or 0) + 1 end
+  end
+  dropped = dropped + 1
+end
+redis.call('DEL', KEYS[4])
+for step, k in pairs(steps) do redis.call('HINCRBY', KEYS[1], step .. ':cancelled', k) end
+local left = tonumber(redis.call('HGET', KEYS[1], 'outstanding') or '0')
+if dropped > 0 then
+  redis.call('HINCRBY', KEYS[1], 'cancelled', dropped)
+  left = redis.call('HINCRBY', KEYS[1], 'outstanding', -dropped)
+end
+if left <= 0 then
+  redis.call('HSET', KEYS[2], 'status', 'cancelled', 'finished', ARGV[2])
+  redis.call('SREM', KEYS[3], ARGV[1])
+  redis.call('DEL', KEYS[5])
+end
+return {status, dropped, left}
 """
 
 _DISPATCH = """
@@ -242,6 +288,24 @@ class Committed:
     staged: list[bytes]
 
 
+class Begun(NamedTuple):
+    """What `begin` found for a task about to run."""
+
+    committed: bool  # a redelivery of a task that has committed: only re-send what it staged
+    deliveries: int  # of this attempt (0 inside a batch: the batch message's count)
+    cancelled: bool = False  # its run was cancelled: skip it (commit it as `cancelled`)
+
+
+@dataclass
+class Cancelled:
+    """What `RunState.cancel` did."""
+
+    run_id: str
+    was: str  # the run's status before: running, done or cancelled ("" = no such run)
+    dropped: int  # children waiting behind the run's cap, dropped at once
+    outstanding: int  # tasks still in the broker or running: skipped as they begin
+
+
 def _committed(reply: Any) -> Committed | None:
     if not isinstance(reply, list):  # 0: this task id had already committed
         return None
@@ -256,6 +320,7 @@ class RunState:
         self.s = settings or get_settings()
         self._commit = client.register_script(_COMMIT)
         self._dispatch = client.register_script(_DISPATCH)
+        self._cancel = client.register_script(_CANCEL)
         self._release = client.register_script(_RELEASE)
 
     # keys
@@ -310,6 +375,18 @@ class RunState:
         pipe.sadd(self.active_key, rid)
         pipe.execute()
 
+    def cancel(self, rid: str, reason: str = "") -> Cancelled:
+        """Stop a run without touching the workers or other runs: its waiting children are
+        dropped, its tasks in the broker are skipped as they begin, running ones send no
+        children. Idempotent; a finished run is left as it is."""
+        was, dropped, left = self._cancel(
+            keys=[self.counters_key(rid), self.run_key(rid), self.active_key,
+                  self.pending_key(rid), self.ledger_key(rid)],
+            args=[rid, f"{time.time():.3f}", reason[:500]],
+        )  # fmt: skip
+        was = was.decode() if isinstance(was, bytes) else str(was)
+        return Cancelled(rid, was, int(dropped), max(0, int(left)))
+
     def add_dispatched(self, rid: str, step: str, n: int) -> None:
         """Count tasks about to be sent by a client (seeds, replays) before sending them."""
         self._dispatch(
@@ -362,8 +439,8 @@ class RunState:
         return sorted(m.decode() for m in self.r.smembers(self.active_key))
 
     # task lifecycle
-    def begin(self, rid: str, tid: str, retries: int) -> tuple[bool, int]:
-        """(already committed?, deliveries of this attempt) in one round trip."""
+    def begin(self, rid: str, tid: str, retries: int) -> Begun:
+        """(already committed?, deliveries of this attempt, run cancelled?) in one round trip."""
         return self.begin_many([(rid, tid, retries)])[0][0]
 
     def commit(
@@ -468,13 +545,16 @@ class RunState:
 
     def begin_many(
         self, calls: Sequence[tuple[str, str, int]], batch_id: str = ""
-    ) -> tuple[list[tuple[bool, int]], int]:
+    ) -> tuple[list[Begun], int]:
         """`begin` for several (rid, tid, retries) in one round trip (a batch's entries).
 
         With `batch_id`, the entries' deliveries are not counted: the batch message's are
         (the second element), and a redelivered batch runs its entries one by one, each
         counted as it starts, so a worker death is charged to the entry that was running."""
         pipe = self.r.pipeline(transaction=False)
+        rids = sorted({rid for rid, _, _ in calls if rid})
+        for rid in rids:
+            pipe.hexists(self.run_key(rid), "cancelled")
         for rid, tid, retries in calls:
             if rid:
                 pipe.sismember(self.done_key(rid, tid), tid)
@@ -489,9 +569,17 @@ class RunState:
             pipe.incr(deliv_key)
             pipe.expire(deliv_key, 2 * 24 * 3600)
         res = pipe.execute()
+        off = len(rids)
+        cancelled = {rid for rid, c in zip(rids, res[:off], strict=True) if c}
+        res = res[off:]
         if batch_id:
-            return [(bool(res[i]), 0) for i in range(len(calls))], int(res[len(calls)])
-        return [(bool(res[3 * i]), int(res[3 * i + 1])) for i in range(len(calls))], 0
+            return [
+                Begun(bool(res[i]), 0, calls[i][0] in cancelled) for i in range(len(calls))
+            ], int(res[len(calls)])
+        return [
+            Begun(bool(res[3 * i]), int(res[3 * i + 1]), calls[i][0] in cancelled)
+            for i in range(len(calls))
+        ], 0
 
     def staged_kids(self, tid: str) -> list[dict[str, Any]]:
         return [orjson.loads(m) for m in self.r.lrange(self.kids_key(tid), 0, -1)]

@@ -96,9 +96,25 @@ def cmd_trigger(a: argparse.Namespace) -> None:
     procs.ensure_redis(s)
     result = runs.trigger(a.chain, _seeds(a.seeds), a.priority, not a.no_wait, a.timeout)
     if not a.no_wait and not result.complete:  # type: ignore[union-attr]
+        if result.status == "cancelled":  # type: ignore[union-attr]
+            raise UserError(f"run {result.run_id} was cancelled")  # type: ignore[union-attr]
         raise UserError(
             f"run not complete after {a.timeout}s (it goes on; see ./control.sh status)"
         )
+
+
+def cmd_cancel(a: argparse.Namespace) -> None:
+    import chains
+    from cli import procs
+
+    procs.ensure_redis(procs.settings())
+    out = chains.cancel(a.run_id, a.reason or "")
+    if out.was in ("done", "cancelled"):
+        print(f"run {a.run_id} had already ended ({out.was}): nothing to cancel")
+        return
+    print(f"run {a.run_id} cancelled: {out.dropped} waiting task(s) dropped; "
+          f"{out.outstanding} in the broker or running will be skipped as they come up "
+          "(items already stored stay)")  # fmt: skip
 
 
 def cmd_deadletter(a: argparse.Namespace) -> None:
@@ -189,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-wait", action="store_true", help="print the run id and return")
     tr.add_argument("--timeout", type=float, default=None)
     tr.set_defaults(fn=cmd_trigger)
+
+    cn = sub.add_parser("cancel", help="stop a run (workers and other runs go on)")
+    cn.add_argument("run_id")
+    cn.add_argument("--reason", help="kept with the run")
+    cn.set_defaults(fn=cmd_cancel)
 
     dl = sub.add_parser("deadletter", help="list or replay tasks that failed for good")
     dl.add_argument("action", choices=["list", "replay"])

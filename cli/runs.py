@@ -30,7 +30,7 @@ def progress_table(p: Progress) -> Table:
     ):
         t.add_column(col, justify="right" if col not in ("step", "task", "progress") else "left")
     for sid, c in p.steps.items():
-        finished = c["succeeded"] + c["failed"]
+        finished = c["succeeded"] + c["failed"] + c["cancelled"]
         total = max(c["dispatched"], 1)
         t.add_row(
             sid, p.tasks.get(sid, ""), ProgressBar(total=total, completed=finished, width=24),
@@ -38,8 +38,9 @@ def progress_table(p: Progress) -> Table:
             str(c["retried"]), str(c["items"]), str(c["stored"]),
         )  # fmt: skip
     tt = p.totals
+    skipped = f" · cancelled {tt['cancelled']}" if tt.get("cancelled") else ""
     t.caption = (
-        f"outstanding {p.outstanding} · items stored {tt['stored']}/{tt['items']} · "
+        f"outstanding {p.outstanding} · items stored {tt['stored']}/{tt['items']}{skipped} · "
         f"{p.elapsed:.1f}s"
     )
     return t
@@ -55,7 +56,7 @@ def watch(
         while True:
             p = handle.progress()
             live.update(Group(progress_table(p)))
-            if p.complete or (deadline is not None and time.monotonic() > deadline):
+            if p.ended or (deadline is not None and time.monotonic() > deadline):
                 return p
             time.sleep(0.25)
 

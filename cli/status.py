@@ -92,7 +92,7 @@ def _run_table(r: dict[str, Any]) -> Table:
     for col in ("step", "task", "progress", "done/sent", "failed", "retried", "items", "stored"):
         t.add_column(col, justify="left" if col in ("step", "task", "progress") else "right")
     for sid, c in r["steps"].items():
-        done = c.get("succeeded", 0) + c.get("failed", 0)
+        done = c.get("succeeded", 0) + c.get("failed", 0) + c.get("cancelled", 0)
         sent = c.get("dispatched", 0)
         t.add_row(
             sid, c.get("task", ""), ProgressBar(total=max(sent, 1), completed=done, width=24),
@@ -102,6 +102,7 @@ def _run_table(r: dict[str, Any]) -> Table:
     t.caption = (
         f"outstanding {r['outstanding']} · items stored {tt.get('stored', 0)}/{tt.get('items', 0)}"
         + (f" · waiting {r['waiting']}" if r.get("waiting") else "")
+        + (f" · cancelled {tt['cancelled']}" if tt.get("cancelled") else "")
     )
     return t
 

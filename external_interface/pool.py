@@ -248,7 +248,7 @@ def _start_run(chain: Any, seeds: list[dict[str, Any]], run_id: str) -> None:
 def _run_finished(rds: redis.Redis, run_id: str) -> bool:
     from chains.state import RunState
 
-    return RunState(rds, get_settings()).info(run_id).get("status") == "done"
+    return RunState(rds, get_settings()).info(run_id).get("status") in ("done", "cancelled")
 
 
 # --- Lua ----------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ log = logging.getLogger("chaincrawl.exporter")
 TASK_LABELS = ["site", "task"]
 RUN_COUNTERS = (
     "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed", "resent",
+    "cancelled",
 )  # fmt: skip
 
 

@@ -159,13 +159,15 @@ def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list
         return []
     pipe = client.pipeline(transaction=False)
     for rid in rids:
-        pipe.hmget(s.key("run", rid), "chain", "created", "status", "priority")
+        pipe.hmget(s.key("run", rid), "chain", "created", "status", "priority", "cancelled")
         pipe.hgetall(s.key("run", rid, "counters"))
     res = pipe.execute()
     now = time.time()
     out = []
     for i, rid in enumerate(rids):
-        chain, created, status, prio = (v.decode() if v else "" for v in res[2 * i])
+        chain, created, status, prio, cancelled = (v.decode() if v else "" for v in res[2 * i])
+        if status == "running" and cancelled:
+            status = "cancelling"  # as chains.runner.run_status
         counters = {k.decode(): int(v) for k, v in res[2 * i + 1].items()}
         steps: dict[str, dict[str, int]] = {}
         for k, v in counters.items():

@@ -131,3 +131,82 @@ def test_commits_of_different_runs_and_without_a_run_go_in_their_own_calls(
     assert n1 is not None and n1.outstanding == 0 and len(n1.staged) == 1 and again is None
     assert state.info("r1")["status"] == state.info("r2")["status"] == "done"
     assert state.counters("r1")["succeeded"] == state.counters("r2")["succeeded"] == 1
+
+
+# --- cancelling a run ------------------------------------------------------------------------------
+
+
+def test_cancel_drops_the_waiting_children_and_stops_new_ones(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """A capped run: 1 task in the broker, 3 children waiting behind the cap. Cancelling
+    drops the 3 at once (ledger too); the task still in the broker then begins as cancelled
+    and commits without fetching; a running task commits its items but no children; the run
+    ends `cancelled` with every dispatched task accounted for."""
+    state.create_run("r1", "c", b"{}", 5, cap=2)
+    state.add_dispatched("r1", "s", 2)
+    rds.hset(state.counters_key("r1"), "inflight", 2)
+    state.ledger_add("r1", [orjson.dumps({"id": t, "task": "t.x", "params": {},
+                                          "meta": {"run": "r1", "step": "s"}}) for t in "ab"])  # fmt: skip
+    calls: list[CommitCall] = []
+    waiting = [kid("k") for _ in range(5)]
+    commit(state, calls, "a", waiting)  # a's slot takes 1; 4 wait... and the cap is 2 - 1
+    (a,) = state.run_commits(calls)
+    assert a is not None and len(a.staged) == 1
+    held = state.waiting("r1")
+    assert held == 4
+    running = orjson.loads(a.staged[0])["id"]
+
+    out = state.cancel("r1", "wrong seeds")
+    assert (out.was, out.dropped, out.outstanding) == ("running", 4, 2)  # b, and a's child
+    info = state.info("r1")
+    assert info["status"] == "running" and info["cancel_reason"] == "wrong seeds"
+    assert state.waiting("r1") == 0
+    assert set(state.ledger("r1")) == {"b", running}
+    assert state.begin("r1", "b", 0) == (False, 1, True)
+    assert state.begin("r9", "x", 0).cancelled is False  # another run
+
+    calls.clear()
+    commit(state, calls, running, [kid("k2") for _ in range(3)], step="k", n_items=2,
+           entries=[{"run": "r1", "step": "k", "item": "{}"}] * 2)  # fmt: skip
+    (r,) = state.run_commits(calls)
+    assert r is not None and r.staged == [] and r.outstanding == 1  # items kept, no children
+    calls.clear()
+    commit(state, calls, "b", [], outcome="cancelled")
+    (b,) = state.run_commits(calls)
+    assert b is not None and b.outstanding == 0
+    info = state.info("r1")
+    assert info["status"] == "cancelled" and "finished" in info
+    assert "r1" not in state.active_runs() and state.ledger("r1") == {}
+    c = state.counters("r1")
+    assert (c["cancelled"], c["k:cancelled"], c["s:cancelled"]) == (5, 4, 1)
+    assert c["succeeded"] == 2 and c["items"] == 2 and c["dispatched"] == 2 + 5
+    assert c["dispatched"] == c["succeeded"] + c["cancelled"]
+    assert rds.xlen(state.outbox_key) == 2  # what ran is stored
+    again = state.cancel("r1")
+    assert (again.was, again.dropped) == ("cancelled", 0)
+    assert state.info("r1")["cancel_reason"] == "wrong seeds"  # the first reason stays
+
+
+def test_cancelling_an_idle_run_ends_it_at_once_and_a_finished_one_is_left_alone(
+    state: RunState,
+) -> None:
+    state.create_run("r1", "c", b"{}", 5, cap=1)
+    state.enqueue_and_release("r1", "s", [orjson.dumps({"id": f"t{i}", "task": "t.x",
+                              "params": {}, "meta": {"run": "r1", "step": "s"}}) for i in range(3)],
+                              state.s.key("kids", "client-r1"))  # fmt: skip
+    assert state.waiting("r1") == 2
+    state.r.delete(state.s.key("kids", "client-r1"))
+    out = state.cancel("r1")
+    assert (out.dropped, out.outstanding) == (2, 1)
+    state.create_run("r2", "c", b"{}", 5)
+    state.add_dispatched("r2", "s", 1)
+    calls: list[CommitCall] = []
+    commit(state, calls, "x", [], rid="r2")
+    state.run_commits(calls)
+    assert state.info("r2")["status"] == "done"
+    assert state.cancel("r2").was == "done" and state.info("r2")["status"] == "done"
+    assert "cancelled" not in state.info("r2")
+    assert state.cancel("nope").was == ""
+    state.create_run("r3", "c", b"{}", 5)  # no task sent yet: cancelled outright
+    assert state.cancel("r3").outstanding == 0 and state.info("r3")["status"] == "cancelled"

@@ -92,9 +92,12 @@ def test_deferred_commits_go_in_one_round_trip(rds: redis.Redis, settings: Setti
     assert first is not None and len(first.staged) == 1
     assert dup is None  # the same task id twice in one pipeline still commits once
     assert other is not None and other.outstanding == 1
-    assert state.begin_many([("r1", "a", 0), ("r1", "zz", 0)]) == ([(True, 1), (False, 1)], 0)
+    assert state.begin_many([("r1", "a", 0), ("r1", "zz", 0)]) == (
+        [(True, 1, False), (False, 1, False)],
+        0,
+    )
     assert state.begin_many([("r1", "a", 0), ("r1", "zz", 0)], batch_id="b1") == (
-        [(True, 0), (False, 0)],
+        [(True, 0, False), (False, 0, False)],
         1,
     )
     assert state.begin_many([("r1", "zz", 0)], batch_id="b1")[1] == 2
