@@ -46,6 +46,7 @@ from config import Settings, get_settings
 log = logging.getLogger("chaincrawl.sweeper")
 
 BATCH_TASK = "chaincrawl.batch"  # one broker message carrying several children (args[0])
+CLEAN_MAX = 300.0  # longest wait before a stalled run found whole is looked at again
 _CHUNK = 1000
 
 
@@ -76,7 +77,7 @@ def _batch_ids(msg: Mapping[str, Any]) -> list[str]:
             body = base64.b64decode(body)
         args = orjson.loads(body)[0]
         entries = args[0] if args else []
-        return [str(e["id"]) for e in entries if isinstance(e, Mapping) and e.get("id")]
+        return [str(e["id"]) for e in entries if type(e) is dict and e.get("id")]
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return []
 
@@ -182,8 +183,10 @@ class Sweeper:
 
     # -- deciding
 
-    def stalled_runs(self, now: float | None = None) -> list[str]:
-        """Active runs with ledger entries and no commit for `stall` seconds."""
+    def stalled_runs(self, now: float | None = None, *, skip_clean: bool = False) -> list[str]:
+        """Active runs with ledger entries and no commit for `stall` seconds; with
+        `skip_clean`, not those found whole since their last commit and still in their
+        back-off (`mark_clean`)."""
         now = time.time() if now is None else now
         rids = self.state.active_runs()
         if not rids:
@@ -192,14 +195,51 @@ class Sweeper:
         for rid in rids:
             pipe.hmget(self.state.run_key(rid), "last", "created")
             pipe.hlen(self.state.ledger_key(rid))
+            pipe.get(self.clean_key(rid))
         res = pipe.execute()
         out = []
         for i, rid in enumerate(rids):
-            last, created = res[2 * i]
-            since = float(last or created or 0)
-            if res[2 * i + 1] and now - since >= self.stall:
-                out.append(rid)
+            (last, created), ledger, mark = res[3 * i : 3 * i + 3]
+            stamp = last or created or b"0"
+            if not ledger or now - float(stamp) < self.stall:
+                continue
+            if skip_clean and mark is not None:
+                m_stamp, until, _ = mark.split(b"|")
+                if m_stamp == stamp and now < float(until):
+                    continue
+            out.append(rid)
         return out
+
+    def clean_key(self, rid: str) -> str:
+        return self.s.key("sweeper", "clean", rid)
+
+    def mark_clean(self, rids: Iterable[str], now: float | None = None) -> None:
+        """Stalled runs found whole: not looked at again until `stall` seconds later, then
+        twice as long each time (up to CLEAN_MAX), while they make no commit. A run stalled
+        for minutes on purpose (its tasks waiting out a rate limit) would otherwise have the
+        whole broker read every interval; with a backlog of 100,000 messages one look costs
+        seconds of CPU (`bench/sweep_scan.py`). A death or a restart still checks it at once."""
+        rids = list(rids)
+        if not rids:
+            return
+        now = time.time() if now is None else now
+        pipe = self.r.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hmget(self.state.run_key(rid), "last", "created")
+            pipe.get(self.clean_key(rid))
+        res = pipe.execute()
+        pipe = self.r.pipeline(transaction=False)
+        for i, rid in enumerate(rids):
+            (last, created), mark = res[2 * i : 2 * i + 2]
+            stamp = last or created or b"0"
+            wait = max(self.stall, self.interval)
+            if mark is not None:
+                m_stamp, _, m_wait = mark.split(b"|")
+                if m_stamp == stamp:
+                    wait = min(CLEAN_MAX, 2 * float(m_wait))
+            pipe.set(self.clean_key(rid), b"|".join([stamp, b"%.3f" % (now + wait),
+                                                       b"%g" % wait]), ex=24 * 3600)  # fmt: skip
+        pipe.execute()
 
     def _present(self, rids: Iterable[str]) -> set[str]:
         """Task ids that will run without us: in the broker, in a run's waiting list, or staged
@@ -222,7 +262,7 @@ class Sweeper:
     def runs_to_check(self, now: float | None = None) -> list[str]:
         """Stalled runs; every active run with ledger entries after a death or a restart."""
         if not self.check_all:
-            return self.stalled_runs(now)
+            return self.stalled_runs(now, skip_clean=True)
         rids = self.state.active_runs()
         if not rids:
             return []
@@ -308,8 +348,11 @@ class Sweeper:
         if self.stall <= 0:
             return 0
         why = self.check_all
-        found = self.lost(self.runs_to_check())
+        checked = self.runs_to_check()
+        found = self.lost(checked)
         self.check_all = ""  # done (a pass that failed before here keeps it for the next)
+        if not why:
+            self.mark_clean(rid for rid in checked if rid not in found)
         for rid, lost in found.items():
             steps: Counter[str] = Counter()
             for tid, raw in lost.items():

@@ -394,3 +394,45 @@ def test_a_broker_restart_has_every_run_checked_at_once(
     assert later.note_broker_restart() is False  # noticed once
     assert later.check_all == "the broker restarted"
     assert later.sweep_once() == 1 and [k["id"] for k in sent] == [lost]
+
+
+def test_a_stalled_run_found_whole_is_looked_at_again_later_and_later(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """A run stalled on purpose (its tasks waiting out a rate limit) is not read against the
+    whole broker every interval: found whole, it waits `stall` seconds, then twice as long
+    each time, until it commits again or a worker dies."""
+    from chains.sweeper import CLEAN_MAX
+
+    p = settings.key_prefix
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (seed,) = start_run(state, app, rid)
+    stall(state, rid)
+    sent: list[dict[str, Any]] = []
+    sw = sweeper(rds, settings, sent, stall=30)
+    assert sw.sweep_once() == 0  # queued: whole
+    mark = rds.get(sw.clean_key(rid))
+    assert mark is not None and mark.split(b"|")[2] == b"30"
+    pop_and_lose(rds, p, seed)
+    assert sw.sweep_once() == 0 and sent == [], "in its back-off: not read again yet"
+    assert sw.runs_to_check() == []
+
+    stamp, _, wait = rds.get(sw.clean_key(rid)).split(b"|")
+    rds.set(sw.clean_key(rid), b"|".join([stamp, b"0", wait]))  # as if 30 s had passed
+    sw.mark_clean([rid])  # a second clean look would double the wait...
+    assert rds.get(sw.clean_key(rid)).split(b"|")[2] == b"60"
+    for _ in range(10):
+        sw.mark_clean([rid])
+    assert float(rds.get(sw.clean_key(rid)).split(b"|")[2]) == CLEAN_MAX  # ...up to a cap
+
+    sw.check_all = "a worker died"  # a death checks it at once, back-off or not
+    assert sw.sweep_once() == 1 and [k["id"] for k in sent] == [seed]
+    # a commit since the mark (a new `last`) ends the back-off too
+    rid2 = uuid.uuid4().hex[:8]
+    (seed2,) = start_run(state, app, rid2)
+    stall(state, rid2)
+    assert sw.sweep_once() == 0
+    pop_and_lose(rds, p, seed2)
+    stall(state, rid2, seconds=45)  # as a commit 45 s ago, after the mark's
+    assert sw.sweep_once() == 1 and sent[-1]["id"] == seed2
