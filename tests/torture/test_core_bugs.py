@@ -44,10 +44,20 @@ def blocked_brpop_clients(r: redis.Redis) -> list[dict[str, Any]]:
     ]
 
 
+_HOLDS = """
+local n = redis.call('HLEN', KEYS[1])
+for i = 2, #KEYS do n = n + redis.call('LLEN', KEYS[i]) end
+return n
+"""
+
+
 def broker_holds(r: redis.Redis, prefix: str, queue: str) -> int:
-    """Messages in the queue (all priority lists) plus in the unacked hash."""
-    n = sum(r.llen(k) for k in r.scan_iter(match=f"{prefix}:q:{queue}*") if r.type(k) == b"list")
-    return n + r.hlen(f"{prefix}:q:unacked")
+    """Messages in the queue (all priority lists) plus in the unacked hash, read in one
+    script: counted in two steps, a message requeued from `unacked` to its list in between
+    was seen in neither (a worker requeueing it in a loop made that a flaky failure)."""
+    q = f"{prefix}:q:{queue}"
+    lists = [q, *(f"{q}:{p}" for p in range(10))]  # kombu's priority sub-queues (sep ":")
+    return int(r.eval(_HOLDS, 1 + len(lists), f"{prefix}:q:unacked", *lists))
 
 
 def pop_into_stopped_worker(r: redis.Redis, pid: int, send: Any, prefix: str) -> Any:
