@@ -12,7 +12,7 @@ import orjson
 
 from chains.model import Chain, chain_from_dict
 from chains.registry import get_chain
-from chains.state import COUNTERS, Cancelled, RunState, step_counters
+from chains.state import COUNTERS, Cancelled, RunState, run_status, step_counters
 from config import get_settings
 from exceptions import ParamsError, UnknownChainError
 from utils.redis import get_redis
@@ -117,12 +117,6 @@ class RunHandle:
     def cancel(self, reason: str = "") -> Cancelled:
         """Stop this run (see `cancel`)."""
         return self.state.cancel(self.run_id, reason)
-
-
-def run_status(info: Mapping[str, str]) -> str:
-    """A run's status as shown: `cancelling` while a cancelled run's tasks still drain."""
-    status = info.get("status", "unknown")
-    return "cancelling" if status == "running" and info.get("cancelled") else status
 
 
 def cancel(run_id: str, reason: str = "") -> Cancelled:

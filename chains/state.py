@@ -422,6 +422,9 @@ class RunState:
     def waiting(self, rid: str) -> int:
         return int(self.r.llen(self.pending_key(rid)))
 
+    def is_cancelled(self, rid: str) -> bool:
+        return bool(self.r.hexists(self.run_key(rid), "cancelled"))
+
     def chain_def(self, rid: str) -> bytes | None:
         return self.r.hget(self.run_key(rid), "def")
 
@@ -606,6 +609,13 @@ class RunState:
         pipe.hset(self.run_key(rid), "status", "running")
         pipe.sadd(self.active_key, rid)
         pipe.execute()
+
+
+def run_status(info: Mapping[str, Any]) -> str:
+    """A run's status as shown (from its run hash, str values): `cancelling` while a cancelled
+    run's tasks still drain."""
+    status = info.get("status") or "unknown"
+    return "cancelling" if status == "running" and info.get("cancelled") else status
 
 
 def step_counters(counters: Mapping[str, int], steps: Sequence[str]) -> dict[str, dict[str, int]]:

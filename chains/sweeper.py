@@ -183,11 +183,14 @@ class Sweeper:
 
     # -- deciding
 
-    def stalled_runs(self, now: float | None = None, *, skip_clean: bool = False) -> list[str]:
-        """Active runs with ledger entries and no commit for `stall` seconds; with
-        `skip_clean`, not those found whole since their last commit and still in their
-        back-off (`mark_clean`)."""
+    def stalled_runs(
+        self, now: float | None = None, *, skip_clean: bool = False, stall: float | None = None
+    ) -> list[str]:
+        """Active runs with ledger entries and no commit for `stall` seconds (the sweeper's
+        own by default; 0: every one); with `skip_clean`, not those found whole since their
+        last commit and still in their back-off (`mark_clean`)."""
         now = time.time() if now is None else now
+        stall = self.stall if stall is None else stall
         rids = self.state.active_runs()
         if not rids:
             return []
@@ -201,7 +204,7 @@ class Sweeper:
         for i, rid in enumerate(rids):
             (last, created), ledger, mark = res[3 * i : 3 * i + 3]
             stamp = last or created or b"0"
-            if not ledger or now - float(stamp) < self.stall:
+            if not ledger or (stall > 0 and now - float(stamp) < stall):
                 continue
             if skip_clean and mark is not None:
                 m_stamp, until, _ = mark.split(b"|")
@@ -261,15 +264,9 @@ class Sweeper:
 
     def runs_to_check(self, now: float | None = None) -> list[str]:
         """Stalled runs; every active run with ledger entries after a death or a restart."""
-        if not self.check_all:
-            return self.stalled_runs(now, skip_clean=True)
-        rids = self.state.active_runs()
-        if not rids:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for rid in rids:
-            pipe.hlen(self.state.ledger_key(rid))
-        return [rid for rid, n in zip(rids, pipe.execute(), strict=True) if n]
+        if self.check_all:
+            return self.stalled_runs(now, stall=0)
+        return self.stalled_runs(now, skip_clean=True)
 
     def lost(self, rids: list[str]) -> dict[str, dict[str, bytes]]:
         """run -> {tid: message} of ledger entries found nowhere, twice `confirm` apart, in

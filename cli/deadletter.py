@@ -49,7 +49,7 @@ def replay(ids: list[str] | None = None, all_: bool = False, task: str | None = 
         if d is None:
             continue
         meta = {k: v for k, v in d.meta.items() if k not in ("waits", "wait_since", "avoid")}
-        if meta.get("run") and state.info(meta["run"]).get("cancelled"):
+        if meta.get("run") and state.is_cancelled(meta["run"]):
             print(f"{dl_id}: not replayed, its run {meta['run']} was cancelled")
             continue
         kid = {"id": uuid.uuid4().hex, "task": d.task, "params": d.params, "meta": meta}

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from chains.state import run_status
 from config import Settings, get_settings
 from monitor.metrics import LATENCY_BUCKETS_MS
 from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
@@ -166,8 +167,6 @@ def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list
     out = []
     for i, rid in enumerate(rids):
         chain, created, status, prio, cancelled = (v.decode() if v else "" for v in res[2 * i])
-        if status == "running" and cancelled:
-            status = "cancelling"  # as chains.runner.run_status
         counters = {k.decode(): int(v) for k, v in res[2 * i + 1].items()}
         steps: dict[str, dict[str, int]] = {}
         for k, v in counters.items():
@@ -175,7 +174,8 @@ def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list
             if sep:
                 steps.setdefault(step, {})[c] = v
         out.append({
-            "run_id": rid, "chain": chain, "status": status or "unknown",
+            "run_id": rid, "chain": chain,
+            "status": run_status({"status": status, "cancelled": cancelled}),
             "priority": prio, "created": float(created or 0),
             "age": round(now - float(created), 3) if created else None,
             "outstanding": counters.get("outstanding", 0),
