@@ -856,25 +856,31 @@ def _current_batch() -> _BatchRun | None:
     return getattr(_tls, "batch", None)
 
 
-_cancel_seen: dict[str, tuple[float, bool]] = {}  # run id -> (monotonic time read, cancelled)
+_hold_seen: dict[str, tuple[float, str]] = {}  # run id -> (monotonic time read, `RunState.hold`)
 
 
-def _run_cancelled(state: RunState, rid: str) -> bool:
-    """Whether run `rid` has been cancelled, read at most once a second per process: a
-    batch's pages all begin when the batch does, and those still waiting for a slot when the
-    run is cancelled should not be fetched (`RunState.cancel`)."""
+def _run_hold(state: RunState, rid: str) -> str:
+    """Whether run `rid` is cancelled or paused (`RunState.hold`), read at most once a second
+    per process: a batch's pages all begin when the batch does, and those still waiting for a
+    slot when the run is cancelled or paused should not be fetched."""
     now = time.monotonic()
-    seen = _cancel_seen.get(rid)
+    seen = _hold_seen.get(rid)
     if seen is not None and now - seen[0] < 1.0:
         return seen[1]
-    if len(_cancel_seen) > 10_000:  # old runs: forget them all, the next read costs one call
-        _cancel_seen.clear()
+    if len(_hold_seen) > 10_000:  # old runs: forget them all, the next read costs one call
+        _hold_seen.clear()
     # one reader per second: the other greenlets and threads keep the last answer meanwhile
     # (each of them reading at once cost 5 % more instructions per page under callgrind)
-    _cancel_seen[rid] = (now, seen[1] if seen is not None else False)
-    flag = state.is_cancelled(rid)
-    _cancel_seen[rid] = (time.monotonic(), flag)
-    return flag
+    _hold_seen[rid] = (now, seen[1] if seen is not None else "")
+    hold = state.hold(rid)
+    _hold_seen[rid] = (time.monotonic(), hold)
+    return hold
+
+
+def _attempt(request: Any, meta: Mapping[str, Any]) -> int:
+    """The task's retry number: Celery's count in this message, plus the count it had when
+    its run was paused and it was parked (`rbase`; a parked task comes back as a new message)."""
+    return (request.retries or 0) + int(meta.get("rbase", 0))
 
 
 def _skip_call(state: RunState, rid: str, tid: str, step: str) -> CommitCall:
@@ -964,11 +970,23 @@ class SiteTask(Task):
         metrics.outcome("started")
         started = time.monotonic()
         cpu_busy()  # keep the CPU window fresh for batch sizing
+        attempt = _attempt(self.request, meta)
         if begun is None:
-            begun = state.begin(rid, tid, self.request.retries or 0)
-        elif rid and not begun.cancelled and _run_cancelled(state, rid):
-            begun = begun._replace(cancelled=True)  # cancelled since its batch began
-        committed, deliveries, cancelled = begun
+            begun = state.begin(rid, tid, attempt)
+        elif rid and not (begun.cancelled or begun.paused):
+            hold = _run_hold(state, rid)  # cancelled or paused since its batch began?
+            if hold:
+                begun = begun._replace(cancelled=hold == "cancelled", paused=hold == "paused")
+        committed, deliveries, cancelled, paused = begun
+        if paused and not (cancelled or committed):
+            msg = orjson.dumps(
+                {"id": tid, "task": self.name, "params": params, "meta": {**meta, "rbase": attempt}}
+            )
+            parked = state.park(rid, tid, msg, attempt, counted=deliveries > 0)
+            if parked:
+                metrics.outcome("paused")
+                _aggregate(metrics, spec, settings)
+                return "paused" if parked > 0 else "duplicate"
         if committed:  # a redelivery of a committed task: send what is still staged
             _aggregate(metrics, spec, settings)
             self._send_staged(state, tid)
@@ -1137,7 +1155,7 @@ class SiteTask(Task):
         err = type(exc).__name__
         rid, step = meta.get("run", ""), meta.get("step", "")
         waits = int(meta.get("waits", 0))
-        retries_used = (self.request.retries or 0) - waits
+        retries_used = _attempt(self.request, meta) - waits
         max_retries = spec.max_retries if spec.max_retries is not None else settings.max_retries
         metrics.latency(time.monotonic() - started)
         r = state.r
@@ -1286,7 +1304,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
 
     def one(spec: EndpointSpec, e: dict[str, Any], b: Begun) -> None:
         if careful:
-            b = state.begin(e["meta"].get("run", ""), e["id"], 0)
+            b = state.begin(e["meta"].get("run", ""), e["id"], int(e["meta"].get("rbase", 0)))
             b = b._replace(deliveries=b.deliveries + 1)  # + the first, as for a single message
         task: SiteTask = spec.task
         params, meta = e["params"], e["meta"]

@@ -27,6 +27,8 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
   limits [--json]            shared rate limits and concurrency caps, with live usage
   trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
   cancel RUN_ID [--reason R] stop a run; workers and other runs go on
+  pause RUN_ID [--reason R]  hold a run: running tasks finish, the rest wait in Redis
+  resume RUN_ID              let a paused run go on where it stopped
   deadletter list|replay     tasks that failed for good
   chains                     list the defined chains
   config                     check the CHAINCRAWL_* variables (a misspelled one is reported)

@@ -3,6 +3,7 @@
     from chains import run
     handle = run("demo_social", seeds=[{}], priority=7)
     handle.progress(); handle.wait(timeout=300)
+    handle.pause(); handle.resume()   # or chains.pause(run_id) / chains.resume(run_id)
     handle.cancel("wrong seeds")   # or chains.cancel(run_id) from any process
 
 Chain definitions live in `chains/defs/` (one module per business chain, imported by
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from chains.model import Chain, Step, StepOptions, chain_from_dict, load_chain_file, step
 from chains.registry import define, get_chain, load_all, names, register
-from chains.runner import RunHandle, cancel, get_run, run
+from chains.runner import RunHandle, cancel, get_run, pause, resume, run
 
 __all__ = [
     "Chain",
@@ -28,7 +29,9 @@ __all__ = [
     "load_all",
     "load_chain_file",
     "names",
+    "pause",
     "register",
+    "resume",
     "run",
     "step",
 ]

@@ -12,7 +12,15 @@ import orjson
 
 from chains.model import Chain, chain_from_dict
 from chains.registry import get_chain
-from chains.state import COUNTERS, Cancelled, RunState, run_status, step_counters
+from chains.state import (
+    COUNTERS,
+    Cancelled,
+    Paused,
+    Resumed,
+    RunState,
+    run_status,
+    step_counters,
+)
 from config import get_settings
 from exceptions import ParamsError, UnknownChainError
 from utils.redis import get_redis
@@ -22,7 +30,7 @@ from utils.redis import get_redis
 class Progress:
     run_id: str
     chain: str
-    status: str  # running | cancelling (cancelled, tasks still draining) | done | cancelled
+    status: str  # running | paused | cancelling (tasks still draining) | done | cancelled
     steps: dict[str, dict[str, int]]
     totals: dict[str, int]
     outstanding: int
@@ -118,6 +126,14 @@ class RunHandle:
         """Stop this run (see `cancel`)."""
         return self.state.cancel(self.run_id, reason)
 
+    def pause(self, reason: str = "") -> Paused:
+        """Hold this run (see `pause`)."""
+        return pause(self.run_id, reason)
+
+    def resume(self) -> Resumed:
+        """Let this run go on (see `resume`)."""
+        return resume(self.run_id)
+
 
 def cancel(run_id: str, reason: str = "") -> Cancelled:
     """Stop a run from any process, leaving workers and other runs alone. Children waiting
@@ -125,10 +141,42 @@ def cancel(run_id: str, reason: str = "") -> Cancelled:
     (no request, counted `cancelled`); a task already running stores its items but sends no
     children. The run ends as `cancelled` once those have drained; what was stored stays.
     Unknown run id: UnknownChainError. A finished run is left as it is (`was` says so)."""
-    state = RunState(get_redis())
-    out = state.cancel(run_id, reason)
-    if not out.was:
+    out = RunState(get_redis()).cancel(run_id, reason)
+    _known(out.was, run_id)
+    return out
+
+
+def _known(was: str, run_id: str) -> None:
+    if not was:
         raise UnknownChainError(f"no run {run_id!r} in {get_settings().redis_url.split('@')[-1]}")
+
+
+def pause(run_id: str, reason: str = "") -> Paused:
+    """Hold a run without losing its place, from any process. Tasks already running finish and
+    store their items; their children, and every task of the run that comes up in the broker,
+    wait in the run's waiting list (no request is made). Workers and other runs go on.
+    `resume` sends what waits; `cancel` drops it. Unknown run id: UnknownChainError; a run
+    that is not running (done, cancelled, cancelling) is left as it is (`was` says so)."""
+    out = RunState(get_redis()).pause(run_id, reason)
+    _known(out.was, run_id)
+    return out
+
+
+def resume(run_id: str) -> Resumed:
+    """Let a paused run go on: what waits is sent now (up to the run's cap, the rest as its
+    tasks finish). A run that is not paused is left as it is (`was` says so)."""
+    from base_task import publisher
+    from worker import app
+
+    settings = get_settings()
+    state = RunState(get_redis(), settings)
+    staging = settings.key("kids", f"client-resume-{run_id}-{uuid.uuid4().hex[:8]}")
+    out = state.resume(run_id, staging)
+    _known(out.was, run_id)
+    if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
+        staged = state.r.lrange(staging, 0, -1)
+        outstanding = state.counters(run_id).get("outstanding", 0)
+        publisher(app, settings).publish(state, [(staged, staging)], outstanding)
     return out
 
 

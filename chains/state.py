@@ -2,12 +2,15 @@
 
 Keys (prefix `cc` by default):
     run:{rid}            hash  chain, status (running|done|cancelled), created, finished,
-                               priority, def, cancelled (time) and cancel_reason once cancelled
+                               priority, def, cancelled (time) and cancel_reason once cancelled,
+                               paused (time) and pause_reason while paused
     run:{rid}:counters   hash  outstanding, dispatched, succeeded, failed, retried, items, stored,
                                and per step `{step}:{counter}`
     run:{rid}:done       set   task ids that have committed (makes commit idempotent)
     run:{rid}:uniq:{step} set  parameter fingerprints of `unique` steps
-    run:{rid}:pending    list  children waiting behind the run's cap (backpressure)
+    run:{rid}:pending    list  children waiting behind the run's cap (backpressure), and
+                               every task of a paused run (`pause`)
+    run:{rid}:parked     set   task ids parked since the last resume (parked once each)
     run:{rid}:ledger     hash  tid -> message of every task sent and not yet committed, so
                                chains.sweeper can re-send what the broker lost (bug 1);
                                `last` in the run hash is the time of the last commit
@@ -26,6 +29,12 @@ Cancelling a run (`cancel`) drops its waiting children at once; each of its task
 the broker is skipped when it begins (no fetch, committed as `cancelled`), and a task that was
 running commits its items but sends no children. When the last one has committed, the run's
 status is `cancelled`. What was stored stays stored.
+
+Pausing a run (`pause`) holds it without losing its place: its children go to the waiting
+list instead of the broker, and each of its tasks still in the broker is parked there when it
+begins (no fetch, not committed; its delivery not counted). A running task finishes. `resume`
+releases the waiting list (up to the cap), and the run goes on where it stopped; cancelling a
+paused run drops what waits. Both are one script each, so a task is parked or runs, never both.
 
 Backpressure: a run may have a `cap` on tasks in the broker (`inflight`). Children beyond it
 wait in `run:{rid}:pending` (still counted as dispatched and outstanding); every commit frees
@@ -67,10 +76,10 @@ _COMMIT = """
 local run, now, ttl, uprefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local n = tonumber(ARGV[5])
 local i = 6
-local cap, cancelled = 0, false
+local cap, cancelled, paused = 0, false, false
 if run ~= '' then
-  local rh = redis.call('HMGET', KEYS[2], 'cap', 'cancelled')
-  cap, cancelled = tonumber(rh[1] or '0'), rh[2] ~= false
+  local rh = redis.call('HMGET', KEYS[2], 'cap', 'cancelled', 'paused')
+  cap, cancelled, paused = tonumber(rh[1] or '0'), rh[2] ~= false, rh[3] ~= false
 end
 local replies, counts, touched = {}, {}, {}
 local delta, committed, ledger_grew = 0, 0, false
@@ -101,9 +110,10 @@ for c = 1, n do
   else
     committed = committed + 1
     if run ~= '' then redis.call('HDEL', KEYS[6], tid) end
-    -- children: straight to this task's staging list, or (with a cap) to the run's waiting list
+    -- children: straight to this task's staging list, or (with a cap, or while the run is
+    -- paused) to the run's waiting list
     local target = kids_key
-    if cap > 0 then target = KEYS[5] end
+    if cap > 0 or paused then target = KEYS[5] end
     local total = 0
     if cancelled then  -- a cancelled run sends no more children (its items are kept)
       i = i + 3 * n_kids
@@ -140,7 +150,7 @@ for c = 1, n do
         end
         inflight = inflight - 1
         local moved = 0
-        while inflight + moved < cap and not drained do
+        while inflight + moved < cap and not drained and not paused do
           local m = redis.call('LPOP', KEYS[5])
           if not m then drained = true; break end
           redis.call('RPUSH', kids_key, m)
@@ -189,10 +199,7 @@ end
 return replies
 """
 
-_RELEASE = """
--- KEYS: 1 counters, 2 run hash, 3 pending, 4 staging; moves waiting tasks up to the cap
-local cap = tonumber(redis.call('HGET', KEYS[2], 'cap') or '0')
-local inflight = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+_RELEASE_LOOP = """
 local moved = 0
 while cap == 0 or inflight + moved < cap do
   local m = redis.call('LPOP', KEYS[3])
@@ -204,7 +211,69 @@ if moved > 0 then
   redis.call('HINCRBY', KEYS[1], 'inflight', moved)
   redis.call('EXPIRE', KEYS[4], 86400)
 end
-return moved
+"""
+
+_RELEASE = (
+    """
+-- KEYS: 1 counters, 2 run hash, 3 pending, 4 staging; moves waiting tasks up to the cap
+-- (none while the run is paused)
+if redis.call('HEXISTS', KEYS[2], 'paused') == 1 then return 0 end
+local cap = tonumber(redis.call('HGET', KEYS[2], 'cap') or '0')
+local inflight = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+"""
+    + _RELEASE_LOOP
+    + "return moved\n"
+)
+
+_PAUSE = """
+-- KEYS: 1 run hash; ARGV: 1 now, 2 reason
+-- Reply: {status before ('' = no such run), paused already (0|1), cancelled (0|1)}
+local rh = redis.call('HMGET', KEYS[1], 'status', 'paused', 'cancelled')
+if not rh[1] then return {'', 0, 0} end
+local was_paused, cancelled = rh[2] and 1 or 0, rh[3] and 1 or 0
+if rh[1] == 'running' and was_paused == 0 and cancelled == 0 then
+  redis.call('HSET', KEYS[1], 'paused', ARGV[1], 'pause_reason', ARGV[2])
+end
+return {rh[1], was_paused, cancelled}
+"""
+
+_RESUME = (
+    """
+-- KEYS: 1 counters, 2 run hash, 3 pending, 4 staging, 5 parked set; ARGV: 1 now
+-- Reply: {status before ('' = no such run), was paused (0|1), tasks released into staging}
+local rh = redis.call('HMGET', KEYS[2], 'status', 'paused', 'cap')
+if not rh[1] then return {'', 0, 0} end
+if not rh[2] then return {rh[1], 0, 0} end
+redis.call('HDEL', KEYS[2], 'paused', 'pause_reason')
+redis.call('DEL', KEYS[5])
+redis.call('HSET', KEYS[2], 'last', ARGV[1])  -- the sweeper's stall clock starts again
+local cap = tonumber(rh[3] or '0')
+local inflight = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+"""
+    + _RELEASE_LOOP
+    + "return {rh[1], 1, moved}\n"
+)
+
+_PARK = """
+-- A task of a paused run, at its begin: back to the run's waiting list instead of running.
+-- KEYS: 1 run hash, 2 counters, 3 pending, 4 ledger, 5 done set, 6 deliveries key, 7 parked
+--       set (task ids parked since the last resume: a redelivery is not parked twice)
+-- ARGV: 1 tid, 2 message (`Kid.encode()` form), 3 ttl, 4 '1': this delivery was counted
+-- Reply: 1 parked (or already), 0 not paused (resumed meanwhile, or cancelled: run the task
+-- as usual), -1 committed meanwhile by another delivery
+local rh = redis.call('HMGET', KEYS[1], 'paused', 'cancelled', 'cap')
+if not rh[1] or rh[2] then return 0 end
+if redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then return -1 end
+if ARGV[4] == '1' and tonumber(redis.call('GET', KEYS[6]) or '0') > 0 then
+  redis.call('DECR', KEYS[6])  -- parking is no delivery: a poison cap must not count it
+end
+if redis.call('SADD', KEYS[7], ARGV[1]) == 0 then return 1 end
+redis.call('EXPIRE', KEYS[7], tonumber(ARGV[3]))
+redis.call('RPUSH', KEYS[3], ARGV[2])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+if tonumber(rh[3] or '0') > 0 then redis.call('HINCRBY', KEYS[2], 'inflight', -1) end
+return 1
 """
 
 _CANCEL = """
@@ -294,6 +363,7 @@ class Begun(NamedTuple):
     committed: bool  # a redelivery of a task that has committed: only re-send what it staged
     deliveries: int  # of this attempt (0 inside a batch: the batch message's count)
     cancelled: bool = False  # its run was cancelled: skip it (commit it as `cancelled`)
+    paused: bool = False  # its run is paused: park it in the run's waiting list (`park`)
 
 
 @dataclass
@@ -304,6 +374,25 @@ class Cancelled:
     was: str  # the run's status before: running, done or cancelled ("" = no such run)
     dropped: int  # children waiting behind the run's cap, dropped at once
     outstanding: int  # tasks still in the broker or running: skipped as they begin
+
+
+@dataclass
+class Paused:
+    """What `RunState.pause` found: `was` is the status before (running, paused, cancelling,
+    done, cancelled; "" = no such run); the run is paused now only if it was running."""
+
+    run_id: str
+    was: str
+
+
+@dataclass
+class Resumed:
+    """What `RunState.resume` did: `was` as for `Paused`; `released` tasks were moved from
+    the waiting list to be sent (the rest follow as the run's cap allows)."""
+
+    run_id: str
+    was: str
+    released: int
 
 
 def _committed(reply: Any) -> Committed | None:
@@ -322,6 +411,9 @@ class RunState:
         self._dispatch = client.register_script(_DISPATCH)
         self._cancel = client.register_script(_CANCEL)
         self._release = client.register_script(_RELEASE)
+        self._pause = client.register_script(_PAUSE)
+        self._resume = client.register_script(_RESUME)
+        self._park = client.register_script(_PARK)
 
     # keys
     def run_key(self, rid: str) -> str:
@@ -338,6 +430,9 @@ class RunState:
 
     def pending_key(self, rid: str) -> str:
         return self.s.key("run", rid, "pending")
+
+    def parked_key(self, rid: str) -> str:
+        return self.s.key("run", rid, "parked")
 
     def ledger_key(self, rid: str) -> str:
         return self.s.key("run", rid, "ledger")
@@ -387,6 +482,37 @@ class RunState:
         was = was.decode() if isinstance(was, bytes) else str(was)
         return Cancelled(rid, was, int(dropped), max(0, int(left)))
 
+    def pause(self, rid: str, reason: str = "") -> Paused:
+        """Hold a running run (see the module docstring); idempotent."""
+        status, paused, cancelled = self._pause(
+            keys=[self.run_key(rid)], args=[f"{time.time():.3f}", reason[:500]]
+        )
+        return Paused(rid, _shown(status, paused, cancelled))
+
+    def resume(self, rid: str, staging: str) -> Resumed:
+        """Un-pause a run: what waits is moved into `staging` (up to the cap) for the caller
+        to send; the rest is released by commits as usual."""
+        status, paused, moved = self._resume(
+            keys=[
+                self.counters_key(rid),
+                self.run_key(rid),
+                self.pending_key(rid),
+                staging,
+                self.parked_key(rid),
+            ],
+            args=[f"{time.time():.3f}"],
+        )
+        return Resumed(rid, _shown(status, paused, 0), int(moved))
+
+    def park(self, rid: str, tid: str, msg: bytes, attempt: int, counted: bool) -> int:
+        """Put a task of a paused run back in its waiting list instead of running it: 1 parked,
+        0 not paused any more (run it), -1 committed meanwhile. `counted`: its delivery was
+        counted at begin (under `attempt`) and is taken back."""
+        keys = [self.run_key(rid), self.counters_key(rid), self.pending_key(rid),
+                self.ledger_key(rid), self.done_key(rid, tid), self.s.key("deliv", tid, attempt),
+                self.parked_key(rid)]  # fmt: skip
+        return int(self._park(keys=keys, args=[tid, msg, RUN_TTL, "1" if counted else "0"]))
+
     def add_dispatched(self, rid: str, step: str, n: int) -> None:
         """Count tasks about to be sent by a client (seeds, replays) before sending them."""
         self._dispatch(
@@ -424,6 +550,11 @@ class RunState:
 
     def is_cancelled(self, rid: str) -> bool:
         return bool(self.r.hexists(self.run_key(rid), "cancelled"))
+
+    def hold(self, rid: str) -> str:
+        """What holds the run's tasks back: "cancelled", "paused" or "" (nothing)."""
+        cancelled, paused = self.r.hmget(self.run_key(rid), "cancelled", "paused")
+        return "cancelled" if cancelled else "paused" if paused else ""
 
     def chain_def(self, rid: str) -> bytes | None:
         return self.r.hget(self.run_key(rid), "def")
@@ -557,7 +688,7 @@ class RunState:
         pipe = self.r.pipeline(transaction=False)
         rids = sorted({rid for rid, _, _ in calls if rid})
         for rid in rids:
-            pipe.hexists(self.run_key(rid), "cancelled")
+            pipe.hmget(self.run_key(rid), "cancelled", "paused")
         for rid, tid, retries in calls:
             if rid:
                 pipe.sismember(self.done_key(rid, tid), tid)
@@ -573,16 +704,19 @@ class RunState:
             pipe.expire(deliv_key, 2 * 24 * 3600)
         res = pipe.execute()
         off = len(rids)
-        cancelled = {rid for rid, c in zip(rids, res[:off], strict=True) if c}
+        cancelled = {rid for rid, (c, _) in zip(rids, res[:off], strict=True) if c}
+        paused = {rid for rid, (_, p) in zip(rids, res[:off], strict=True) if p}
         res = res[off:]
         if batch_id:
             return [
-                Begun(bool(res[i]), 0, calls[i][0] in cancelled) for i in range(len(calls))
+                Begun(bool(res[i]), 0, calls[i][0] in cancelled, calls[i][0] in paused)
+                for i in range(len(calls))
             ], int(res[len(calls)])
         return [
-            Begun(bool(res[3 * i]), int(res[3 * i + 1]), calls[i][0] in cancelled)
+            Begun(bool(res[3 * i]), int(res[3 * i + 1]), calls[i][0] in cancelled,
+                  calls[i][0] in paused)
             for i in range(len(calls))
-        ], 0
+        ], 0  # fmt: skip
 
     def staged_kids(self, tid: str) -> list[dict[str, Any]]:
         return [orjson.loads(m) for m in self.r.lrange(self.kids_key(tid), 0, -1)]
@@ -613,9 +747,19 @@ class RunState:
 
 def run_status(info: Mapping[str, Any]) -> str:
     """A run's status as shown (from its run hash, str values): `cancelling` while a cancelled
-    run's tasks still drain."""
+    run's tasks still drain, `paused` while it is held."""
     status = info.get("status") or "unknown"
-    return "cancelling" if status == "running" and info.get("cancelled") else status
+    if status != "running":
+        return status
+    return "cancelling" if info.get("cancelled") else "paused" if info.get("paused") else status
+
+
+def _shown(status: Any, paused: Any, cancelled: Any) -> str:
+    """`run_status` of a script's reply ("" = no such run)."""
+    status = status.decode() if isinstance(status, bytes) else str(status or "")
+    if not status:
+        return ""
+    return run_status({"status": status, "paused": int(paused), "cancelled": int(cancelled)})
 
 
 def step_counters(counters: Mapping[str, int], steps: Sequence[str]) -> dict[str, dict[str, int]]:

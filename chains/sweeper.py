@@ -188,7 +188,9 @@ class Sweeper:
     ) -> list[str]:
         """Active runs with ledger entries and no commit for `stall` seconds (the sweeper's
         own by default; 0: every one); with `skip_clean`, not those found whole since their
-        last commit and still in their back-off (`mark_clean`)."""
+        last commit and still in their back-off (`mark_clean`). A paused run makes no commits
+        on purpose: it is not stalled (a death or a restart still checks it; `resume` restarts
+        its stall clock)."""
         now = time.time() if now is None else now
         stall = self.stall if stall is None else stall
         rids = self.state.active_runs()
@@ -196,15 +198,15 @@ class Sweeper:
             return []
         pipe = self.r.pipeline(transaction=False)
         for rid in rids:
-            pipe.hmget(self.state.run_key(rid), "last", "created")
+            pipe.hmget(self.state.run_key(rid), "last", "created", "paused")
             pipe.hlen(self.state.ledger_key(rid))
             pipe.get(self.clean_key(rid))
         res = pipe.execute()
         out = []
         for i, rid in enumerate(rids):
-            (last, created), ledger, mark = res[3 * i : 3 * i + 3]
+            (last, created, paused), ledger, mark = res[3 * i : 3 * i + 3]
             stamp = last or created or b"0"
-            if not ledger or (stall > 0 and now - float(stamp) < stall):
+            if not ledger or (stall > 0 and (paused or now - float(stamp) < stall)):
                 continue
             if skip_clean and mark is not None:
                 m_stamp, until, _ = mark.split(b"|")

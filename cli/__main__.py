@@ -117,6 +117,33 @@ def cmd_cancel(a: argparse.Namespace) -> None:
           "(items already stored stay)")  # fmt: skip
 
 
+def cmd_pause(a: argparse.Namespace) -> None:
+    import chains
+    from cli import procs
+
+    procs.ensure_redis(procs.settings())
+    out = chains.pause(a.run_id, a.reason or "")
+    if out.was == "paused":
+        print(f"run {a.run_id} was already paused")
+    elif out.was != "running":
+        print(f"run {a.run_id} is {out.was}: nothing to pause")
+    else:
+        print(f"run {a.run_id} paused: tasks running now finish; the rest wait until "
+              f"./control.sh resume {a.run_id}")  # fmt: skip
+
+
+def cmd_resume(a: argparse.Namespace) -> None:
+    import chains
+    from cli import procs
+
+    procs.ensure_redis(procs.settings())
+    out = chains.resume(a.run_id)
+    if out.was != "paused":
+        print(f"run {a.run_id} is {out.was}, not paused: nothing to resume")
+        return
+    print(f"run {a.run_id} resumed: {out.released} waiting task(s) sent")
+
+
 def cmd_deadletter(a: argparse.Namespace) -> None:
     from cli import deadletter
 
@@ -210,6 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("run_id")
     cn.add_argument("--reason", help="kept with the run")
     cn.set_defaults(fn=cmd_cancel)
+
+    pa = sub.add_parser("pause", help="hold a run without losing its place (resume goes on)")
+    pa.add_argument("run_id")
+    pa.add_argument("--reason", help="kept with the run while it is paused")
+    pa.set_defaults(fn=cmd_pause)
+
+    rs = sub.add_parser("resume", help="let a paused run go on")
+    rs.add_argument("run_id")
+    rs.set_defaults(fn=cmd_resume)
 
     dl = sub.add_parser("deadletter", help="list or replay tasks that failed for good")
     dl.add_argument("action", choices=["list", "replay"])

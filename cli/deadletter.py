@@ -48,7 +48,9 @@ def replay(ids: list[str] | None = None, all_: bool = False, task: str | None = 
         d = store.get(dl_id)
         if d is None:
             continue
-        meta = {k: v for k, v in d.meta.items() if k not in ("waits", "wait_since", "avoid")}
+        # a replay starts afresh: its retries (`rbase`: those before a pause), waits, avoided leases
+        meta = {k: v for k, v in d.meta.items()
+                if k not in ("waits", "wait_since", "avoid", "rbase")}  # fmt: skip
         if meta.get("run") and state.is_cancelled(meta["run"]):
             print(f"{dl_id}: not replayed, its run {meta['run']} was cancelled")
             continue

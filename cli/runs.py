@@ -7,43 +7,10 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 
 import chains
 from chains.runner import Progress, RunHandle
-
-
-def progress_table(p: Progress) -> Table:
-    """One row per step: a bar of finished/dispatched and the counters."""
-    t = Table(title=f"run {p.run_id} · {p.chain} · {p.status}", title_justify="left", expand=False)
-    for col in (
-        "step",
-        "task",
-        "progress",
-        "done/sent",
-        "ok",
-        "failed",
-        "retried",
-        "items",
-        "stored",
-    ):
-        t.add_column(col, justify="right" if col not in ("step", "task", "progress") else "left")
-    for sid, c in p.steps.items():
-        finished = c["succeeded"] + c["failed"] + c["cancelled"]
-        total = max(c["dispatched"], 1)
-        t.add_row(
-            sid, p.tasks.get(sid, ""), ProgressBar(total=total, completed=finished, width=24),
-            f"{finished}/{c['dispatched']}", str(c["succeeded"]), str(c["failed"]),
-            str(c["retried"]), str(c["items"]), str(c["stored"]),
-        )  # fmt: skip
-    tt = p.totals
-    skipped = f" · cancelled {tt['cancelled']}" if tt.get("cancelled") else ""
-    t.caption = (
-        f"outstanding {p.outstanding} · items stored {tt['stored']}/{tt['items']}{skipped} · "
-        f"{p.elapsed:.1f}s"
-    )
-    return t
+from cli.tables import run_table
 
 
 def watch(
@@ -55,7 +22,7 @@ def watch(
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
             p = handle.progress()
-            live.update(Group(progress_table(p)))
+            live.update(Group(run_table(p.as_dict())))
             if p.ended or (deadline is not None and time.monotonic() > deadline):
                 return p
             time.sleep(0.25)

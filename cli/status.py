@@ -16,10 +16,10 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from cli.tables import run_table
 from config import Settings, get_settings
 from monitor import status as ms
 
@@ -80,30 +80,6 @@ def _queues_table(snap: dict[str, Any]) -> Table:
         t.add_row(name, Text(str(n), style="bold" if n else "dim"))
     if snap.get("unacked"):
         t.caption = f"unacked (running or reserved): {snap['unacked']}"
-    return t
-
-
-def _run_table(r: dict[str, Any]) -> Table:
-    tt = r["totals"]
-    t = Table(
-        title=f"run {r['run_id']} · {r['chain']} · {r['status']} · {r['elapsed']:.0f}s",
-        title_justify="left",
-    )
-    for col in ("step", "task", "progress", "done/sent", "failed", "retried", "items", "stored"):
-        t.add_column(col, justify="left" if col in ("step", "task", "progress") else "right")
-    for sid, c in r["steps"].items():
-        done = c.get("succeeded", 0) + c.get("failed", 0) + c.get("cancelled", 0)
-        sent = c.get("dispatched", 0)
-        t.add_row(
-            sid, c.get("task", ""), ProgressBar(total=max(sent, 1), completed=done, width=24),
-            f"{done}/{sent}", Text(str(c.get("failed", 0)), style="red" if c.get("failed") else ""),
-            str(c.get("retried", 0)), str(c.get("items", 0)), str(c.get("stored", 0)),
-        )  # fmt: skip
-    t.caption = (
-        f"outstanding {r['outstanding']} · items stored {tt.get('stored', 0)}/{tt.get('items', 0)}"
-        + (f" · waiting {r['waiting']}" if r.get("waiting") else "")
-        + (f" · cancelled {tt['cancelled']}" if tt.get("cancelled") else "")
-    )
     return t
 
 
@@ -173,7 +149,7 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
     parts.append(_queues_table(snap))
     runs = snap["active_runs"]
     if runs:
-        parts.extend(_run_table(r) for r in runs)
+        parts.extend(run_table(r) for r in runs)
     else:
         parts.append(Text("no active runs", style="dim"))
     if snap.get("tasks"):

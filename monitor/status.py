@@ -160,13 +160,17 @@ def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list
         return []
     pipe = client.pipeline(transaction=False)
     for rid in rids:
-        pipe.hmget(s.key("run", rid), "chain", "created", "status", "priority", "cancelled")
+        pipe.hmget(
+            s.key("run", rid), "chain", "created", "status", "priority", "cancelled", "paused"
+        )
         pipe.hgetall(s.key("run", rid, "counters"))
     res = pipe.execute()
     now = time.time()
     out = []
     for i, rid in enumerate(rids):
-        chain, created, status, prio, cancelled = (v.decode() if v else "" for v in res[2 * i])
+        chain, created, status, prio, cancelled, paused = (
+            v.decode() if v else "" for v in res[2 * i]
+        )
         counters = {k.decode(): int(v) for k, v in res[2 * i + 1].items()}
         steps: dict[str, dict[str, int]] = {}
         for k, v in counters.items():
@@ -175,7 +179,7 @@ def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list
                 steps.setdefault(step, {})[c] = v
         out.append({
             "run_id": rid, "chain": chain,
-            "status": run_status({"status": status, "cancelled": cancelled}),
+            "status": run_status({"status": status, "cancelled": cancelled, "paused": paused}),
             "priority": prio, "created": float(created or 0),
             "age": round(now - float(created), 3) if created else None,
             "outstanding": counters.get("outstanding", 0),

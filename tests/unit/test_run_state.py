@@ -10,7 +10,7 @@ import orjson
 import pytest
 import redis
 
-from chains.state import _COMMIT, CommitCall, Kid, RunState
+from chains.state import _COMMIT, CommitCall, Kid, RunState, run_status
 from config import Settings
 
 
@@ -163,7 +163,7 @@ def test_cancel_drops_the_waiting_children_and_stops_new_ones(
     assert info["status"] == "running" and info["cancel_reason"] == "wrong seeds"
     assert state.waiting("r1") == 0
     assert set(state.ledger("r1")) == {"b", running}
-    assert state.begin("r1", "b", 0) == (False, 1, True)
+    assert state.begin("r1", "b", 0) == (False, 1, True, False)
     assert state.begin("r9", "x", 0).cancelled is False  # another run
 
     calls.clear()
@@ -210,3 +210,111 @@ def test_cancelling_an_idle_run_ends_it_at_once_and_a_finished_one_is_left_alone
     assert state.cancel("nope").was == ""
     state.create_run("r3", "c", b"{}", 5)  # no task sent yet: cancelled outright
     assert state.cancel("r3").outstanding == 0 and state.info("r3")["status"] == "cancelled"
+
+
+# --- pausing a run ---------------------------------------------------------------------------------
+
+
+def msg(tid: str, step: str = "s", **meta: Any) -> bytes:
+    return orjson.dumps(
+        {"id": tid, "task": "t.x", "params": {}, "meta": {"run": "r1", "step": step, **meta}}
+    )
+
+
+def test_a_paused_run_parks_its_tasks_and_children_and_resume_sends_them_in_order(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """No cap: a task that begins while its run is paused goes back to the run's waiting list
+    (ledger kept, its delivery not counted), a task that was running commits its items and
+    its children wait too; resume hands every one of them out, oldest first."""
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 3)
+    state.ledger_add("r1", [msg(t) for t in "abc"])
+    out = state.pause("r1", "site maintenance")
+    assert out.was == "running"
+    info = state.info("r1")
+    assert info["pause_reason"] == "site maintenance"
+    assert run_status(info) == "paused"
+    assert state.pause("r1").was == "paused"  # idempotent; the first reason stays
+    assert state.info("r1")["pause_reason"] == "site maintenance"
+    assert state.hold("r1") == "paused"
+
+    b = state.begin("r1", "a", 0)
+    assert (b.paused, b.cancelled, b.deliveries) == (True, False, 1)
+    parked = msg("a", rbase=0)
+    assert state.park("r1", "a", parked, 0, counted=True) == 1
+    assert rds.get(state.s.key("deliv", "a", 0)) == b"0"  # parking was no delivery
+    assert state.waiting("r1") == 1 and state.ledger("r1")["a"] == parked
+    # its worker died before the ack: the message comes back, and is not parked twice
+    assert state.begin("r1", "a", 0).deliveries == 1
+    assert state.park("r1", "a", parked, 0, counted=True) == 1
+    assert state.waiting("r1") == 1 and rds.get(state.s.key("deliv", "a", 0)) == b"0"
+
+    calls: list[CommitCall] = []
+    kids = [kid("k") for _ in range(2)]
+    commit(state, calls, "b", kids, n_items=1, entries=[{"run": "r1", "step": "s", "item": "{}"}])
+    (rb,) = state.run_commits(calls)
+    assert rb is not None and rb.staged == [] and rb.outstanding == 4  # a, c and b's two
+    assert state.waiting("r1") == 3 and rds.xlen(state.outbox_key) == 1
+
+    staging = state.s.key("kids", "client-resume-r1")
+    res = state.resume("r1", staging)
+    assert (res.was, res.released) == ("paused", 3)
+    assert [orjson.loads(m)["id"] for m in rds.lrange(staging, 0, -1)] == [
+        "a", kids[0].task_id, kids[1].task_id
+    ]  # fmt: skip
+    info = state.info("r1")
+    assert run_status(info) == "running" and "pause_reason" not in info
+    assert state.waiting("r1") == 0 and state.hold("r1") == ""
+    assert state.park("r1", "c", msg("c"), 0, counted=True) == 0  # resumed: c runs as usual
+    assert state.begin("r1", "a", 0).deliveries == 1  # the re-sent a: its first delivery
+    assert state.resume("r1", staging).was == "running"
+
+
+def test_a_paused_capped_run_frees_its_slots_and_resume_refills_only_up_to_the_cap(
+    state: RunState, rds: redis.Redis
+) -> None:
+    state.create_run("r1", "c", b"{}", 5, cap=2)
+    staging = state.s.key("kids", "client-r1")
+    state.enqueue_and_release("r1", "s", [msg(f"t{i}") for i in range(4)], staging)
+    assert rds.llen(staging) == 2 and state.waiting("r1") == 2
+    rds.delete(staging)  # "sent": t0, t1 in the broker
+    state.pause("r1")
+    state.enqueue_and_release("r1", "s", [msg("t4")], staging)  # a replay: held too
+    assert rds.llen(staging) == 0 and state.waiting("r1") == 3
+    assert state.park("r1", "t0", msg("t0"), 0, counted=False) == 1
+    assert state.counters("r1")["inflight"] == 1  # t0 left the broker
+    calls: list[CommitCall] = []
+    commit(state, calls, "t1", [kid("k")])
+    (r,) = state.run_commits(calls)
+    assert r is not None and r.staged == []  # its slot is free, but nothing is released
+    assert state.counters("r1")["inflight"] == 0 and state.waiting("r1") == 5
+    res = state.resume("r1", staging)
+    assert res.released == 2 and state.waiting("r1") == 3
+    assert [orjson.loads(m)["id"] for m in rds.lrange(staging, 0, -1)] == ["t2", "t3"]
+    assert state.counters("r1")["inflight"] == 2
+
+
+def test_pause_leaves_ended_runs_alone_and_cancel_drops_what_a_paused_run_holds(
+    state: RunState, rds: redis.Redis
+) -> None:
+    assert state.pause("nope").was == "" and state.resume("nope", "x").was == ""
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 2)
+    state.ledger_add("r1", [msg("a"), msg("b")])
+    state.pause("r1")
+    assert state.park("r1", "a", msg("a"), 0, counted=False) == 1
+    rds.sadd(state.done_key("r1", "b"), "b")  # b committed meanwhile by another delivery
+    assert state.park("r1", "b", msg("b"), 0, counted=False) == -1
+    rds.srem(state.done_key("r1", "b"), "b")
+    out = state.cancel("r1")
+    assert (out.was, out.dropped, out.outstanding) == ("running", 1, 1)
+    assert run_status(state.info("r1")) == "cancelling"
+    assert state.park("r1", "b", msg("b"), 0, counted=False) == 0  # cancelled: b is skipped
+    assert state.begin("r1", "b", 0).cancelled
+    assert state.pause("r1").was == "cancelling"
+    state.create_run("r2", "c", b"{}", 5)  # a finished run
+    assert state.pause("r2").was == "running"
+    state.resume("r2", "x")
+    rds.hset(state.run_key("r2"), "status", "done")
+    assert state.pause("r2").was == "done" and "paused" not in state.info("r2")

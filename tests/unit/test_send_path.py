@@ -93,11 +93,11 @@ def test_deferred_commits_go_in_one_round_trip(rds: redis.Redis, settings: Setti
     assert dup is None  # the same task id twice in one pipeline still commits once
     assert other is not None and other.outstanding == 1
     assert state.begin_many([("r1", "a", 0), ("r1", "zz", 0)]) == (
-        [(True, 1, False), (False, 1, False)],
+        [(True, 1, False, False), (False, 1, False, False)],
         0,
     )
     assert state.begin_many([("r1", "a", 0), ("r1", "zz", 0)], batch_id="b1") == (
-        [(True, 0, False), (False, 0, False)],
+        [(True, 0, False, False), (False, 0, False, False)],
         1,
     )
     assert state.begin_many([("r1", "zz", 0)], batch_id="b1")[1] == 2

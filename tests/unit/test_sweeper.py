@@ -436,3 +436,32 @@ def test_a_stalled_run_found_whole_is_looked_at_again_later_and_later(
     pop_and_lose(rds, p, seed2)
     stall(state, rid2, seconds=45)  # as a commit 45 s ago, after the mark's
     assert sw.sweep_once() == 1 and sent[-1]["id"] == seed2
+
+
+def test_a_paused_run_is_not_stalled_and_its_parked_tasks_are_not_lost(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """A paused run makes no commits on purpose: the stall rule leaves it alone. After a
+    death every run is checked, and a task parked in its waiting list is found there; one
+    that bug 1 lost is re-sent. Resume starts the stall clock again."""
+    p = settings.key_prefix
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    parked, lost = start_run(state, app, rid, n=2)
+    state.pause(rid)
+    deliver(rds, p, parked)  # a worker takes it, finds the run paused and parks it
+    raw = state.ledger(rid)[parked]
+    assert state.park(rid, parked, raw, 0, counted=False) == 1
+    for tag, m in rds.hgetall(f"{p}:q:unacked").items():  # ... and acks its message
+        if parked in message_ids(m):
+            rds.hdel(f"{p}:q:unacked", tag)
+    pop_and_lose(rds, p, lost)
+    stall(state, rid, 3600)
+    sent: list[dict[str, Any]] = []
+    sw = sweeper(rds, settings, sent)
+    assert sw.stalled_runs() == [] and sw.sweep_once() == 0
+    sw.check_all = "a worker died"
+    assert sw.sweep_once() == 1
+    assert [k["id"] for k in sent] == [lost]
+    state.resume(rid, state.s.key("kids", "client-resume"))
+    assert sw.stalled_runs() == [], "resume restarted the stall clock"

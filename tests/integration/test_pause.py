@@ -1,0 +1,110 @@
+"""Pausing a run (`chains.pause`/`resume`, `RunHandle.pause`, `control.sh pause|resume`): real
+workers stop fetching its pages within about a second and park what comes up in Redis, other
+runs go on, and after resume the run completes with every page fetched exactly once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+import chains
+from config import ROOT
+from exceptions import UnknownChainError
+from tests.testsite import chains as tchains
+
+pytestmark = pytest.mark.integration
+
+PAGES = 80  # 0.3 s each, 4 page slots: 6 s if never paused
+
+
+def _hits(test_site: Any, key: str) -> list[int]:
+    return [test_site.hits[f"flaky:e1-{i}-{key}"] for i in range(PAGES)]
+
+
+def _cli(cc_env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT,
+                         env={**os.environ, **cc_env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _until(cond: Any, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
+    start_worker, test_site: Any, cc_env: dict[str, str]
+) -> None:
+    start_worker(concurrency=4, name="pause", CHAINCRAWL_VISIBILITY_TIMEOUT="120")
+    key = f"pause{int(time.time() * 1000)}"
+    run = chains.run(
+        tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=0.3"), seeds=[{"per": PAGES}]
+    )
+    _until(lambda: sum(_hits(test_site, key)) >= 8, "8 pages fetched")
+    assert f"run {run.run_id} paused" in _cli(cc_env, "pause", run.run_id, "--reason", "test")
+    at_pause = sum(_hits(test_site, key))
+
+    # every task of the run still in the broker comes up and is parked, without a request
+    _until(lambda: (p := run.progress()).waiting == p.outstanding, "all parked")
+    p = run.progress()
+    assert p.status == "paused" and not p.ended, p.as_dict()
+    held = sum(_hits(test_site, key))
+    # the pages being fetched finish; a batch's pages waiting for a slot notice within a
+    # second (4 slots of 0.3 s pages: at most about 13 more)
+    assert held - at_pause <= 16, (at_pause, held)
+    assert p.outstanding == PAGES - held > 0, p.as_dict()
+    other = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}x?fails=0"), seeds=[{"per": 5}])
+    q = other.wait(timeout=30)  # the workers serve other runs meanwhile
+    assert q.complete and q.steps["local.probe"]["succeeded"] == 5, q.totals
+    time.sleep(1.0)
+    assert sum(_hits(test_site, key)) == held, "nothing fetched while paused"
+
+    out = _cli(cc_env, "resume", run.run_id)
+    assert f"run {run.run_id} resumed: {PAGES - held} waiting task(s) sent" in out, out
+    p = run.wait(timeout=60)
+    assert p.complete and p.status == "done", p.as_dict()
+    probe = p.steps["local.probe"]
+    assert probe["dispatched"] == probe["succeeded"] == PAGES, probe
+    assert probe["cancelled"] == 0 and p.totals["failed"] == 0, p.totals
+    assert _hits(test_site, key) == [1] * PAGES  # each page fetched once: parked ones too
+    # one item per page from the listing's entries and one per probe: none lost, none twice
+    assert p.totals["stored"] == p.totals["items"] == 2 * PAGES == 16 * q.totals["items"]
+    print(f"\npaused after {at_pause} pages, {held - at_pause} more finished; "
+          f"{PAGES - held} parked and resumed")  # fmt: skip
+
+    assert chains.pause(run.run_id).was == "done"  # an ended run is left alone
+    assert "nothing to resume" in _cli(cc_env, "resume", run.run_id)
+    with pytest.raises(UnknownChainError, match="no run 'nope'"):
+        chains.resume("nope")
+
+
+def test_a_task_parked_between_its_retries_keeps_its_retry_count(
+    start_worker, test_site: Any, cc_env: dict[str, str]
+) -> None:
+    """Every page fails for good (2 retries allowed). The run is paused while the pages wait
+    out their second backoff, so they are parked and come back as new messages after resume:
+    they carry their retry number (`meta.rbase`) and are dead-lettered after 3 requests in
+    all, not handed 3 more (measured without it: 5 requests per page)."""
+    start_worker(concurrency=4, name="pause-retry", CHAINCRAWL_MAX_RETRIES="2",
+                 CHAINCRAWL_RETRY_BACKOFF="2")  # fmt: skip
+    key = f"pretry{int(time.time() * 1000)}"
+    n = 6
+    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=99"), seeds=[{"per": n}])
+    hits = lambda: [test_site.hits[f"flaky:e1-{i}-{key}"] for i in range(n)]  # noqa: E731
+    _until(lambda: min(hits()) >= 2, "every page failed twice")
+    run.pause()
+    _until(lambda: (p := run.progress()).waiting == p.outstanding, "all parked")
+    assert run.progress().waiting == n and hits() == [2] * n, hits()
+    assert run.resume().released == n
+    p = run.wait(timeout=60)
+    probe = p.steps["local.probe"]
+    assert (probe["failed"], probe["retried"]) == (n, 2 * n), probe
+    assert hits() == [3] * n
