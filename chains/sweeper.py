@@ -49,6 +49,18 @@ BATCH_TASK = "chaincrawl.batch"  # one broker message carrying several children 
 CLEAN_MAX = 300.0  # longest wait before a stalled run found whole is looked at again
 _CHUNK = 1000
 
+_EXTEND = """
+-- KEYS: 1 lock; ARGV: 1 token, 2 ttl ms. Extends the lock only if it is still ours.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+class _LockLost(Exception):
+    """The sweep lock expired during a pass and another worker took it: stop this pass."""
+
 
 def message_ids(raw: Any) -> list[str]:
     """Task ids carried by one raw broker message: a queue entry (the kombu envelope as JSON)
@@ -87,6 +99,7 @@ def broker_task_ids(
     keyprefix: str,
     stale_after: float | None = None,
     stale_ids: set[str] | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> set[str]:
     """Every task id in the Redis broker under `keyprefix` (kombu's `global_keyprefix`): all
     lists (queues and their priority sub-queues, whatever the separator) and `unacked`.
@@ -96,7 +109,8 @@ def broker_task_ids(
     timeout, so one still there long after means its restore sweeps are not running (a
     backstop; bug 9, first taken for such a message, was a task re-queueing itself: a fresh
     message every time). Re-sending it is safe: the commit runs once per task id. The ids of
-    such messages go to `stale_ids` when given."""
+    such messages go to `stale_ids` when given. `tick()` is called after each chunk read (a
+    long read keeps its caller's lock with it)."""
     ids: set[str] = set()
     stale: set[bytes] = set()
     if stale_after is not None:
@@ -108,14 +122,18 @@ def broker_task_ids(
             chunk = client.lrange(key, start, start + _CHUNK - 1)
             for raw in chunk:
                 ids.update(message_ids(raw))
+            if tick is not None:
+                tick()
             if len(chunk) < _CHUNK:
                 break
             start += _CHUNK
-    for tag, raw in client.hscan_iter(f"{keyprefix}unacked", count=1000):
+    for n, (tag, raw) in enumerate(client.hscan_iter(f"{keyprefix}unacked", count=1000)):
         if tag not in stale:
             ids.update(message_ids(raw))
         elif stale_ids is not None:
             stale_ids.update(message_ids(raw))
+        if tick is not None and n % _CHUNK == _CHUNK - 1:
+            tick()
     return ids
 
 
@@ -151,6 +169,8 @@ class Sweeper:
         self.dead_after = self.s.dead_worker_after if restore is not None else 0.0
         self.restored = 0  # by this process
         self.lock_key = self.s.key("sweeper", "lock")
+        self._lock: tuple[str, float] | None = None  # (token, monotonic time last extended)
+        self._extend = client.register_script(_EXTEND)
         self.resent = 0  # by this process
         # why the next pass checks every active run, not only stalled ones ("" = no reason)
         self.check_all = ""
@@ -252,8 +272,9 @@ class Sweeper:
         redelivery sends them). Children staged by a task whose message is gone are not."""
         self.stale = set()
         ids = broker_task_ids(
-            self.broker, self.broker_prefix, 2 * self.s.visibility_timeout, self.stale
-        )
+            self.broker, self.broker_prefix, 2 * self.s.visibility_timeout, self.stale,
+            tick=self.keep_lock,
+        )  # fmt: skip
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))
@@ -332,8 +353,7 @@ class Sweeper:
         if bid == self._broker_id:
             return False
         # kept in Redis, for whichever worker process holds the sweep lock next
-        seen = self.r.get(self.broker_id_key)
-        self.r.set(self.broker_id_key, bid, ex=30 * 24 * 3600)
+        seen = self.r.set(self.broker_id_key, bid, ex=30 * 24 * 3600, get=True)
         self._broker_id = bid
         restarted = seen is not None and seen.decode() != bid
         if restarted:
@@ -353,6 +373,7 @@ class Sweeper:
         if not why:
             self.mark_clean(rid for rid in checked if rid not in found)
         for rid, lost in found.items():
+            self.keep_lock()
             steps: Counter[str] = Counter()
             for tid, raw in lost.items():
                 kid = orjson.loads(raw)
@@ -373,19 +394,51 @@ class Sweeper:
         self.resent += n
         return n
 
+    @property
+    def lock_ttl(self) -> float:
+        return max(1.0, self.interval)
+
+    def keep_lock(self) -> None:
+        """Called through a long pass (each chunk of the broker read, each run acted on): push
+        the sweep lock's expiry out again once a third of its TTL has gone by, so no other
+        worker starts a pass over this one (both would re-send the same lost messages: safe,
+        but pages fetched twice). A lock lost anyway (this process stalled past the TTL, and
+        another took it) ends the pass: `_LockLost`."""
+        if self._lock is None:
+            return
+        token, at = self._lock
+        now = time.monotonic()
+        if now - at < self.lock_ttl / 3:
+            return
+        if not self._extend(keys=[self.lock_key], args=[token, int(self.lock_ttl * 1000)]):
+            self._lock = None
+            raise _LockLost("the sweep lock expired during a pass and another worker took it")
+        self._lock = (token, now)
+
     def try_sweep(self) -> int:
-        """Sweep if no other worker did within the interval (the lock expires by itself, so a
-        sweeper killed mid-sweep blocks nobody for longer than that)."""
+        """Sweep if no other worker did within the interval. The lock is kept through a long
+        pass (`keep_lock`) and left to expire one interval after it; a sweeper killed
+        mid-pass blocks the others for at most one interval."""
         token = uuid.uuid4().hex
-        ttl = max(1, round(self.interval))
-        if not self.r.set(self.lock_key, token, nx=True, ex=ttl):
+        if not self.r.set(self.lock_key, token, nx=True, px=int(self.lock_ttl * 1000)):
             return 0
-        try:  # first: a stalled run may only be waiting for these
-            self.note_broker_restart()
-            self.restore_dead_owners()
-        except Exception:  # the run ledgers are swept all the same
-            log.warning("restoring dead workers' messages failed", exc_info=True)
-        return self.sweep_once()
+        self._lock = (token, time.monotonic())
+        try:
+            try:  # first: a stalled run may only be waiting for these
+                self.note_broker_restart()
+                self.restore_dead_owners()
+            except _LockLost:
+                raise
+            except Exception:  # the run ledgers are swept all the same
+                log.warning("restoring dead workers' messages failed", exc_info=True)
+            return self.sweep_once()
+        except _LockLost as exc:
+            log.warning("run ledger sweep stopped: %s", exc)
+            return 0
+        finally:
+            if self._lock is not None:  # the next pass: one interval after this one ended
+                self._extend(keys=[self.lock_key], args=[token, int(self.lock_ttl * 1000)])
+            self._lock = None
 
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or self._stop

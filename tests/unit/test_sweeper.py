@@ -185,7 +185,7 @@ def test_children_waiting_behind_the_cap_are_in_the_ledger(
 
 def sweeper(rds: redis.Redis, settings: Settings, sent: list[dict[str, Any]], **kw: Any) -> Sweeper:
     return Sweeper(rds, rds, f"{settings.key_prefix}:q:", sent.append, settings,
-                   interval=1, stall=kw.pop("stall", 30), confirm=0, **kw)  # fmt: skip
+                   interval=kw.pop("interval", 1), stall=kw.pop("stall", 30), confirm=0, **kw)  # fmt: skip
 
 
 def stall(state: RunState, rid: str, seconds: float = 60) -> None:
@@ -465,3 +465,79 @@ def test_a_paused_run_is_not_stalled_and_its_parked_tasks_are_not_lost(
     assert [k["id"] for k in sent] == [lost]
     state.resume(rid, state.s.key("kids", "client-resume"))
     assert sw.stalled_runs() == [], "resume restarted the stall clock"
+
+
+# --- the sweep lock through a long pass -----------------------------------------------------------
+
+
+def slow_pass(rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: Any) -> str:
+    """A stalled run whose seed bug 1 lost, behind 10,000 other messages that take 0.25 ms
+    each to read: a pass of about 2.5 s against a sweep lock of 1 s."""
+    import chains.sweeper as sweeper_mod
+
+    p = settings.key_prefix
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (seed,) = start_run(state, app, rid)
+    pop_and_lose(rds, p, seed)
+    stall(state, rid)
+    filler = [orjson.dumps({"headers": {"id": f"f{i}", "task": "t"}}) for i in range(10_000)]
+    rds.lpush(f"{p}:q:filler", *filler)
+    read = sweeper_mod.message_ids
+
+    def slow(raw: Any) -> list[str]:
+        time.sleep(0.00025)
+        return read(raw)
+
+    monkeypatch.setattr(sweeper_mod, "message_ids", slow)
+    return seed
+
+
+def test_the_sweep_lock_is_kept_through_a_pass_longer_than_its_ttl(
+    app: Celery, rds: redis.Redis, settings: Settings, monkeypatch: Any
+) -> None:
+    """Another worker's sweeper must not start a pass over a long one (both would re-send
+    the same lost messages): the lock is extended as the broker is read, and left to expire
+    one interval after the pass. Without the extension it expired 1 s into the pass."""
+    import threading
+
+    seed = slow_pass(rds, settings, app, monkeypatch)
+    sent: list[dict[str, Any]] = []
+    a = sweeper(rds, settings, sent, interval=0.5)
+    assert a.lock_ttl == 1.0
+    out: list[int] = []
+    t = threading.Thread(target=lambda: out.append(a.try_sweep()))
+    t0 = time.monotonic()
+    t.start()
+    while a._lock is None and t.is_alive():  # a holds the lock: the others start now
+        time.sleep(0.001)
+    others: list[int] = []
+    while t.is_alive():
+        b = sweeper(rds, settings, sent, interval=0.5)
+        others.append(b.try_sweep())
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    assert took > 2.0 * a.lock_ttl, took
+    assert out == [1] and [k["id"] for k in sent] == [seed]
+    assert set(others) == {0} and len(others) > 20
+    assert 0 < rds.pttl(a.lock_key) <= 1000  # the next pass: an interval after this one
+
+
+def test_a_pass_that_lost_its_lock_stops_without_re_sending(
+    app: Celery, rds: redis.Redis, settings: Settings, monkeypatch: Any
+) -> None:
+    import threading
+
+    slow_pass(rds, settings, app, monkeypatch)
+    sent: list[dict[str, Any]] = []
+    a = sweeper(rds, settings, sent, interval=0.5)
+    out: list[int] = []
+    t = threading.Thread(target=lambda: out.append(a.try_sweep()))
+    t.start()
+    while a._lock is None and t.is_alive():
+        time.sleep(0.001)
+    time.sleep(0.3)
+    rds.set(a.lock_key, "another-worker", px=5000)  # as if ours had expired and been taken
+    t.join(10)
+    assert out == [0] and sent == []
+    assert rds.get(a.lock_key) == b"another-worker"
