@@ -60,6 +60,7 @@ KINDS = {
     "outbox_age": "age in seconds of the oldest item waiting for storage",
     "dead_letters": "tasks dead-lettered within window",
     "workers": "workers answering a ping",
+    "run_idle": "seconds since a run with tasks outstanding last finished one (not paused)",
 }
 RATE_KINDS = ("failure_rate", "retry_rate")
 HISTORY_MAX = 1000
@@ -291,6 +292,7 @@ class Observation:
     pools: dict[str, health.PoolHealth]
     outbox: dict[str, Any]
     workers: list[str] | None
+    idle_runs: dict[str, float] = field(default_factory=dict)  # `{chain}/{run}` -> seconds
 
 
 def observe(
@@ -301,7 +303,8 @@ def observe(
     broker = st.broker_client(client, s)
     sample = Sample(now, tasks, st.queue_depths(broker, s), st.dead_letters(client, s))
     pools = {h.name: h for h in health.collect(client, s)}
-    return Observation(sample, pools, st.outbox(client, s), ping() if ping else None)
+    return Observation(sample, pools, st.outbox(client, s), ping() if ping else None,
+                       st.idle_runs(client, s, now))  # fmt: skip
 
 
 def _delta(
@@ -352,6 +355,8 @@ def rule_values(rule: Rule, obs: Observation, base: Sample | None) -> dict[str, 
         vals["deadletter"] = float(max(0, cur.dead - base.dead))
     elif rule.kind == "workers":
         vals["workers"] = float(len(obs.workers)) if obs.workers is not None else None
+    elif rule.kind == "run_idle":
+        vals = dict(obs.idle_runs)
     return {k: v for k, v in vals.items() if fnmatch.fnmatchcase(k, rule.match)}
 
 
@@ -377,6 +382,7 @@ def describe(rule: Rule, subject: str, value: float | None, recovered: bool = Fa
         "outbox_age": "age of the oldest unstored item (s)",
         "dead_letters": f"dead letters in {rule.window:g}s",
         "workers": "workers answering",
+        "run_idle": f"time since run {subject} last finished a task (s)",
     }.get(rule.kind, f"{subject} (rule no longer configured)")
     if recovered:
         return f"[{rule.name}] recovered: {what} is {fmt(value)} (limit {limit})"

@@ -143,6 +143,28 @@ def malformed(client: Any, s: Settings | None = None) -> int:
     return int(client.hget(s.key("metrics", "broker"), "malformed") or 0)
 
 
+def idle_runs(client: Any, s: Settings | None = None, now: float | None = None) -> dict[str, float]:
+    """`{chain}/{run id}` -> seconds since the run's last commit (or its start), for active
+    runs with tasks outstanding that are not paused (a paused run is idle on purpose)."""
+    s = s or get_settings()
+    now = time.time() if now is None else now
+    rids = sorted(m.decode() for m in client.smembers(s.key("runs", "active")))
+    if not rids:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for rid in rids:
+        pipe.hmget(s.key("run", rid), "chain", "last", "created", "paused")
+        pipe.hget(s.key("run", rid, "counters"), "outstanding")
+    res = pipe.execute()
+    out: dict[str, float] = {}
+    for i, rid in enumerate(rids):
+        (chain, last, created, paused), outstanding = res[2 * i], res[2 * i + 1]
+        if paused or not int(outstanding or 0) or not (last or created):
+            continue
+        out[f"{(chain or b'').decode()}/{rid}"] = max(0.0, now - float(last or created))
+    return out
+
+
 def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
     """Messages given back because the worker holding them died (utils/unacked_owners.py)."""
     s = s or get_settings()

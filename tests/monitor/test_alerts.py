@@ -201,6 +201,30 @@ def test_workers_queue_growth_and_dead_letters(rds, mon, receiver) -> None:
     assert resolved == {"no_workers", "growing", "dead"}
 
 
+def test_a_run_that_finishes_no_task_for_too_long_fires_unless_paused(rds, mon, receiver) -> None:
+    from chains.state import RunState
+
+    state = RunState(rds, mon)
+    for rid in ("stuck", "held", "storing"):
+        state.create_run(rid, "shop_chain", b"{}", 5)
+        state.add_dispatched(rid, "s", 1)
+        rds.hset(state.run_key(rid), "last", "50")  # its last commit, at t=50
+    state.pause("held")  # idle on purpose
+    rds.hset(state.counters_key("storing"), "outstanding", 0)  # only items left to store
+    ev = evaluator(rds, mon, receiver, {"name": "run_stuck", "kind": "run_idle", "above": 900,
+                                        "match": "shop_chain/*"})  # fmt: skip
+    assert ev.tick(now=900.0, force=True) == []  # 850 s
+    [t] = ev.tick(now=1000.0, force=True)
+    assert (t.rule, t.subject, t.action) == ("run_stuck", "shop_chain/stuck", "fire")
+    assert (
+        "time since run shop_chain/stuck last finished a task (s) is 950"
+        in (receiver.bodies[0]["summary"])
+    )
+    rds.hset(state.run_key("stuck"), "last", "1005")  # it finished a task again
+    [t] = ev.tick(now=1010.0, force=True)
+    assert (t.subject, t.action) == ("shop_chain/stuck", "resolve")
+
+
 def test_a_removed_rule_closes_its_incident(rds, mon, receiver) -> None:
     rule = {"name": "p", "kind": "pool_size", "below": 1}
     health.report(rds, health.PoolHealth("cookie:shop", size=0), mon)
