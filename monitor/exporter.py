@@ -258,16 +258,19 @@ class ChaincrawlCollector(Collector):
                                         labels=["run", "chain"])  # fmt: skip
         age = GaugeMetricFamily("chaincrawl_run_age_seconds", "Seconds since a run started",
                                 labels=["run", "chain"])  # fmt: skip
+        paused = GaugeMetricFamily("chaincrawl_run_paused", "1 while a run is paused",
+                                   labels=["run", "chain"])  # fmt: skip
         for rec in recs:
             rid, chain = rec["run_id"], rec["chain"]
             outstanding.add_metric([rid, chain], rec["outstanding"])
+            paused.add_metric([rid, chain], int(rec["status"] == "paused"))
             if rec["age"] is not None:
                 age.add_metric([rid, chain], rec["age"])
             for step, counters in sorted(rec["steps"].items()):
                 for c in RUN_COUNTERS:
                     if c in counters:
                         steps.add_metric([rid, chain, step, c], counters[c])
-        return [active, steps, outstanding, age]
+        return [active, steps, outstanding, age, paused]
 
     # -- alerts -----------------------------------------------------------------------------------------
     def _alerts(self) -> list[Metric]:

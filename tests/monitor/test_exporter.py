@@ -119,10 +119,23 @@ def test_metrics_are_served_in_the_text_format(rds, populated) -> None:
     assert value(f, "chaincrawl_active_runs") == 1
     run = {"run": "r1", "chain": "shop_chain"}
     assert value(f, "chaincrawl_run_outstanding", **run) == 10
+    assert value(f, "chaincrawl_run_paused", **run) == 0
     step = {**run, "step": "web.listing"}
     assert value(f, "chaincrawl_run_tasks", **step, counter="dispatched") == 10
     assert value(f, "chaincrawl_run_tasks", **step, counter="succeeded") == 4
     assert value(f, "chaincrawl_up") == 1
+
+
+def test_a_paused_run_shows_as_paused(rds, populated) -> None:
+    from chains.state import RunState
+
+    RunState(rds, populated).pause("r1")
+    server, _ = serve(populated, MonitorSettings(), address="127.0.0.1", port=0, client=rds)
+    try:
+        _, _, text = scrape(server.url)
+    finally:
+        server.close()
+    assert value(families(text), "chaincrawl_run_paused", run="r1", chain="shop_chain") == 1
 
 
 def test_openmetrics_is_negotiated(rds, populated) -> None:
