@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import chains
-from config import ROOT
+from config import ROOT, get_settings, reset_settings
 from exceptions import UnknownChainError
 from tests.testsite import chains as tchains
 
@@ -28,7 +29,7 @@ def _hits(test_site: Any, key: str) -> list[int]:
 
 def _cli(cc_env: dict[str, str], *args: str) -> str:
     out = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT,
-                         env={**os.environ, **cc_env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+                         env={**cc_env, **os.environ}, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -40,10 +41,34 @@ def _until(cond: Any, what: str, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+@pytest.fixture(params=["redis", "amqp"])
+def broker(request: pytest.FixtureRequest, cc_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The workers' broker; this process (and the CLI it runs) is pointed at it too."""
+    if request.param == "redis":
+        yield {}
+        return
+    import worker
+
+    url = request.getfixturevalue("amqp_broker")
+    old = os.environ.get("CHAINCRAWL_BROKER_URL")
+    os.environ["CHAINCRAWL_BROKER_URL"] = url
+    reset_settings()
+    worker.configure(get_settings())
+    try:
+        yield {"CHAINCRAWL_BROKER_URL": url}
+    finally:
+        if old is None:
+            os.environ.pop("CHAINCRAWL_BROKER_URL", None)
+        else:
+            os.environ["CHAINCRAWL_BROKER_URL"] = old
+        reset_settings()
+        worker.configure(get_settings())
+
+
 def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
-    start_worker, test_site: Any, cc_env: dict[str, str]
+    broker: dict[str, str], start_worker, test_site: Any, cc_env: dict[str, str]
 ) -> None:
-    start_worker(concurrency=4, name="pause", CHAINCRAWL_VISIBILITY_TIMEOUT="120")
+    start_worker(concurrency=4, name="pause", CHAINCRAWL_VISIBILITY_TIMEOUT="120", **broker)
     key = f"pause{int(time.time() * 1000)}"
     run = chains.run(
         tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=0.3"), seeds=[{"per": PAGES}]
@@ -77,7 +102,8 @@ def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
     assert _hits(test_site, key) == [1] * PAGES  # each page fetched once: parked ones too
     # one item per page from the listing's entries and one per probe: none lost, none twice
     assert p.totals["stored"] == p.totals["items"] == 2 * PAGES == 16 * q.totals["items"]
-    print(f"\npaused after {at_pause} pages, {held - at_pause} more finished; "
+    where = broker.get("CHAINCRAWL_BROKER_URL", "redis").split("@")[-1]
+    print(f"\n{where}: paused after {at_pause} pages, {held - at_pause} more finished; "
           f"{PAGES - held} parked and resumed")  # fmt: skip
 
     assert chains.pause(run.run_id).was == "done"  # an ended run is left alone
