@@ -26,6 +26,7 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
                              periodic chains from schedules.yaml (Celery beat)
   limits [--json]            shared rate limits and concurrency caps, with live usage
   trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
+  runs [RUN_ID] [--json]     the newest runs, finished too, or one run's steps
   cancel RUN_ID [--reason R] stop a run; workers and other runs go on
   pause RUN_ID [--reason R]  hold a run: running tasks finish, the rest wait in Redis
   resume RUN_ID              let a paused run go on where it stopped

@@ -16,6 +16,7 @@ Keys (prefix `cc` by default):
                                `last` in the run hash is the time of the last commit
     kids:{tid}           list  child messages a committed task still has to send
     runs:active          set   run ids not yet done
+    runs:recent          zset  run ids by start time, the newest RECENT_KEEP (`control.sh runs`)
     outbox               stream items handed off for storage (drained by external_interface.outbox)
 
 A task's whole result is committed in one Lua script (a batch's tasks in one call): its items go
@@ -55,6 +56,7 @@ import redis
 from config import Settings, get_settings
 
 RUN_TTL = 7 * 24 * 3600  # run records and done sets outlive the run for a week
+RECENT_KEEP = 10_000  # runs listed by `recent` (their records expire after RUN_TTL anyway)
 
 COUNTERS = (
     "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed",
@@ -442,6 +444,10 @@ class RunState:
         return self.s.key("runs", "active")
 
     @property
+    def recent_key(self) -> str:
+        return self.s.key("runs", "recent")
+
+    @property
     def outbox_key(self) -> str:
         return self.s.key("outbox")
 
@@ -468,7 +474,23 @@ class RunState:
         pipe.hset(self.counters_key(rid), "outstanding", 0)
         pipe.expire(self.counters_key(rid), RUN_TTL)
         pipe.sadd(self.active_key, rid)
+        pipe.zadd(self.recent_key, {rid: float(now)})
+        pipe.zremrangebyrank(self.recent_key, 0, -RECENT_KEEP - 1)
         pipe.execute()
+
+    def recent(self, limit: int = 20) -> list[str]:
+        """Run ids, newest first, finished or not (whose records have not expired)."""
+        rids = [m.decode() for m in self.r.zrevrange(self.recent_key, 0, max(0, limit - 1))]
+        if not rids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for rid in rids:
+            pipe.exists(self.run_key(rid))
+        alive = pipe.execute()
+        gone = [rid for rid, ok in zip(rids, alive, strict=True) if not ok]
+        if gone:
+            self.r.zrem(self.recent_key, *gone)
+        return [rid for rid, ok in zip(rids, alive, strict=True) if ok]
 
     def cancel(self, rid: str, reason: str = "") -> Cancelled:
         """Stop a run without touching the workers or other runs: its waiting children are

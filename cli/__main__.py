@@ -117,6 +117,13 @@ def cmd_cancel(a: argparse.Namespace) -> None:
           "(items already stored stay)")  # fmt: skip
 
 
+def cmd_runs(a: argparse.Namespace) -> None:
+    from cli import procs, runs
+
+    procs.ensure_redis(procs.settings())
+    runs.show(a.run_id, a.limit, a.json)
+
+
 def cmd_pause(a: argparse.Namespace) -> None:
     import chains
     from cli import procs
@@ -237,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("run_id")
     cn.add_argument("--reason", help="kept with the run")
     cn.set_defaults(fn=cmd_cancel)
+
+    ru = sub.add_parser("runs", help="the newest runs (finished too), or one run's steps")
+    ru.add_argument("run_id", nargs="?")
+    ru.add_argument("--limit", type=int, default=20)
+    ru.add_argument("--json", action="store_true")
+    ru.set_defaults(fn=cmd_runs)
 
     pa = sub.add_parser("pause", help="hold a run without losing its place (resume goes on)")
     pa.add_argument("run_id")

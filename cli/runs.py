@@ -1,12 +1,16 @@
-"""Triggering chains and watching them: a live progress bar per step, then a summary."""
+"""Triggering chains and watching them (a live progress bar per step, then a summary), and
+listing the runs of the last days (`control.sh runs`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.table import Table
+from rich.text import Text
 
 import chains
 from chains.runner import Progress, RunHandle
@@ -36,3 +40,56 @@ def trigger(name: str, seeds: list[dict[str, Any]] | None, priority: int | None,
     if not wait:
         return handle
     return watch(handle, timeout, console)
+
+
+def _when(t: float) -> str:
+    lt = time.localtime(t)
+    fmt = "%H:%M:%S" if time.strftime("%Y%m%d", lt) == time.strftime("%Y%m%d") else "%m-%d %H:%M"
+    return time.strftime(fmt, lt)
+
+
+def recent_table(recs: list[dict[str, Any]]) -> Table:
+    """One line per run, newest first (`monitor.status.run_records` form)."""
+    t = Table(title=f"runs (newest {len(recs)})", title_justify="left")
+    for col in ("run", "chain", "status", "started", "took", "done/sent", "failed", "stored",
+                "why"):  # fmt: skip
+        t.add_column(col, justify="right" if col in ("took", "done/sent", "failed", "stored")
+                     else "left")  # fmt: skip
+    style = {"done": "green", "running": "", "paused": "yellow", "cancelling": "yellow",
+             "cancelled": "red"}  # fmt: skip
+    for r in recs:
+        tt = r["totals"]
+        done = tt.get("succeeded", 0) + tt.get("failed", 0) + tt.get("cancelled", 0)
+        t.add_row(
+            r["run_id"], r["chain"], Text(r["status"], style=style.get(r["status"], "")),
+            _when(r["created"]), f"{r['elapsed'] or 0:.0f}s", f"{done}/{tt.get('dispatched', 0)}",
+            Text(str(tt.get("failed", 0)), style="red" if tt.get("failed") else ""),
+            f"{tt.get('stored', 0)}/{tt.get('items', 0)}", r.get("reason") or "",
+        )  # fmt: skip
+    return t
+
+
+def show(run_id: str | None, limit: int, as_json: bool) -> None:
+    """`control.sh runs`: the newest runs, or one run's steps (finished runs too)."""
+    from monitor import status as ms
+    from utils.redis import get_redis
+
+    console = Console()
+    if run_id:
+        p = chains.get_run(run_id).progress().as_dict()
+        rec = ms.run_records(get_redis(), rids=[run_id])
+        p["reason"] = rec[0]["reason"] if rec else ""
+        if as_json:
+            print(json.dumps(p, indent=2))
+            return
+        console.print(run_table(p))
+        if p["reason"]:
+            console.print(f"{p['status']}: {p['reason']}")
+        return
+    recs = ms.recent_runs(get_redis(), limit=limit)
+    if as_json:
+        print(json.dumps(recs, indent=2))
+    elif not recs:
+        console.print("no runs yet: ./control.sh trigger CHAIN")
+    else:
+        console.print(recent_table(recs))

@@ -171,45 +171,60 @@ def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
     return int(client.hget(s.key("metrics", "broker"), "dead_worker_restored") or 0)
 
 
-def run_records(client: Any, s: Settings | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    """Active runs, newest first: chain, age and flat counters, without parsing chain trees.
+_RUN_FIELDS = ("chain", "created", "status", "priority", "cancelled", "paused", "finished",
+               "cancel_reason", "pause_reason")  # fmt: skip
 
-    Cheap enough for every scrape: two pipelined reads per run, capped at `limit` runs.
+
+def run_records(
+    client: Any, s: Settings | None = None, limit: int = 50, rids: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Active runs (or `rids`), newest first: chain, age and flat counters, without parsing
+    chain trees. Cheap enough for every scrape: two pipelined reads per run, capped at `limit`.
     """
     s = s or get_settings()
-    rids = sorted(m.decode() for m in client.smembers(s.key("runs", "active")))
+    if rids is None:
+        rids = sorted(m.decode() for m in client.smembers(s.key("runs", "active")))
     if not rids:
         return []
     pipe = client.pipeline(transaction=False)
     for rid in rids:
-        pipe.hmget(
-            s.key("run", rid), "chain", "created", "status", "priority", "cancelled", "paused"
-        )
+        pipe.hmget(s.key("run", rid), *_RUN_FIELDS)
         pipe.hgetall(s.key("run", rid, "counters"))
     res = pipe.execute()
     now = time.time()
     out = []
     for i, rid in enumerate(rids):
-        chain, created, status, prio, cancelled, paused = (
-            v.decode() if v else "" for v in res[2 * i]
-        )
+        f = dict(zip(_RUN_FIELDS, (v.decode() if v else "" for v in res[2 * i]), strict=True))
+        if not f["status"]:  # expired under us
+            continue
+        chain, created, prio = f["chain"], f["created"], f["priority"]
         counters = {k.decode(): int(v) for k, v in res[2 * i + 1].items()}
         steps: dict[str, dict[str, int]] = {}
         for k, v in counters.items():
             step, sep, c = k.rpartition(":")
             if sep:
                 steps.setdefault(step, {})[c] = v
+        finished = float(f["finished"]) if f["finished"] else None
         out.append({
-            "run_id": rid, "chain": chain,
-            "status": run_status({"status": status, "cancelled": cancelled, "paused": paused}),
+            "run_id": rid, "chain": chain, "status": run_status(f),
             "priority": prio, "created": float(created or 0),
             "age": round(now - float(created), 3) if created else None,
+            "elapsed": round((finished or now) - float(created), 3) if created else None,
+            "reason": f["pause_reason"] if f["paused"] else f["cancel_reason"],
             "outstanding": counters.get("outstanding", 0),
             "totals": {k: v for k, v in counters.items() if ":" not in k},
             "steps": steps,
         })  # fmt: skip
     out.sort(key=lambda r: r["created"], reverse=True)
     return out[:limit]
+
+
+def recent_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest runs, finished or not (`run_records` form)."""
+    from chains.state import RunState
+
+    s = s or get_settings()
+    return run_records(client, s, limit, RunState(client, s).recent(limit))
 
 
 def active_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list[dict[str, Any]]:

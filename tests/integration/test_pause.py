@@ -4,6 +4,7 @@ runs go on, and after resume the run completes with every page fetched exactly o
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -91,6 +92,10 @@ def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
     assert q.complete and q.steps["local.probe"]["succeeded"] == 5, q.totals
     time.sleep(1.0)
     assert sum(_hits(test_site, key)) == held, "nothing fetched while paused"
+    listed = json.loads(_cli(cc_env, "runs", "--json"))  # newest first, finished ones too
+    assert [(r["run_id"], r["status"], r["reason"]) for r in listed[:2]] == [
+        (other.run_id, "done", ""), (run.run_id, "paused", "test")
+    ]  # fmt: skip
 
     out = _cli(cc_env, "resume", run.run_id)
     assert f"run {run.run_id} resumed: {PAGES - held} waiting task(s) sent" in out, out
@@ -106,6 +111,8 @@ def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
     print(f"\n{where}: paused after {at_pause} pages, {held - at_pause} more finished; "
           f"{PAGES - held} parked and resumed")  # fmt: skip
 
+    shown = json.loads(_cli(cc_env, "runs", run.run_id, "--json"))
+    assert shown["status"] == "done" and shown["steps"]["local.probe"]["succeeded"] == PAGES
     assert chains.pause(run.run_id).was == "done"  # an ended run is left alone
     assert "nothing to resume" in _cli(cc_env, "resume", run.run_id)
     with pytest.raises(UnknownChainError, match="no run 'nope'"):

@@ -318,3 +318,13 @@ def test_pause_leaves_ended_runs_alone_and_cancel_drops_what_a_paused_run_holds(
     state.resume("r2", "x")
     rds.hset(state.run_key("r2"), "status", "done")
     assert state.pause("r2").was == "done" and "paused" not in state.info("r2")
+
+
+def test_recent_lists_runs_newest_first_and_forgets_expired_ones(state: RunState) -> None:
+    for i, rid in enumerate(("a", "b", "c")):
+        state.create_run(rid, "c", b"{}", 5)
+        state.r.zadd(state.recent_key, {rid: 1000 + i})  # started one second apart
+    assert state.recent(2) == ["c", "b"]
+    state.r.delete(state.run_key("b"))  # its record expired
+    assert state.recent(5) == ["c", "a"]
+    assert state.r.zcard(state.recent_key) == 2
