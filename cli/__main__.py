@@ -155,11 +155,11 @@ def cmd_deadletter(a: argparse.Namespace) -> None:
     from cli import deadletter
 
     if a.action == "list":
-        deadletter.list_view(a.limit, a.task, a.verbose)
+        deadletter.list_view(a.limit, a.task, a.verbose, a.run)
     else:
         if not a.ids and not a.all:
             raise UserError("replay needs dead-letter ids or --all")
-        n = deadletter.replay(a.ids, a.all, a.task)
+        n = deadletter.replay(a.ids, a.all, a.task, a.run)
         print(f"replayed {n} task(s)")
 
 
@@ -265,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("ids", nargs="*")
     dl.add_argument("--all", action="store_true")
     dl.add_argument("--task", help="only this task name")
+    dl.add_argument("--run", help="only this run's tasks")
     dl.add_argument("--limit", type=int, default=50)
     dl.add_argument("--verbose", "-v", action="store_true", help="show tracebacks")
     dl.set_defaults(fn=cmd_deadletter)

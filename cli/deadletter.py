@@ -15,9 +15,11 @@ from monitor.deadletter import DeadLetterStore
 from utils.redis import get_redis
 
 
-def list_view(limit: int = 50, task: str | None = None, verbose: bool = False) -> int:
+def list_view(
+    limit: int = 50, task: str | None = None, verbose: bool = False, run: str | None = None
+) -> int:
     store = DeadLetterStore(get_redis())
-    items = store.list(limit, task)
+    items = store.list(limit, task, run)
     console = Console()
     t = Table(title=f"dead letters ({store.count()} in all)", title_justify="left")
     for col in ("id", "failed at", "task", "run", "error", "params"):
@@ -35,14 +37,19 @@ def list_view(limit: int = 50, task: str | None = None, verbose: bool = False) -
     return len(items)
 
 
-def replay(ids: list[str] | None = None, all_: bool = False, task: str | None = None) -> int:
+def replay(
+    ids: list[str] | None = None,
+    all_: bool = False,
+    task: str | None = None,
+    run: str | None = None,
+) -> int:
     """Re-send dead-lettered tasks with fresh retries; a task of a run reopens that run."""
     from worker import app
 
     r = get_redis()
     store = DeadLetterStore(r)
     state = RunState(r)
-    targets = [d.id for d in store.list(10**9, task)] if all_ else list(ids or [])
+    targets = [d.id for d in store.list(10**9, task, run)] if all_ else list(ids or [])
     n = 0
     for dl_id in targets:
         d = store.get(dl_id)

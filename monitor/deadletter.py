@@ -46,8 +46,11 @@ class DeadLetterStore:
         if pipe is None:
             p.execute()
 
-    def list(self, limit: int = 100, task: str | None = None) -> list[DeadLetter]:
-        ids = self.r.zrevrange(self.index_key, 0, -1 if task else limit - 1)
+    def list(
+        self, limit: int = 100, task: str | None = None, run: str | None = None
+    ) -> list[DeadLetter]:
+        """The newest dead letters, of one task and/or one run if given."""
+        ids = self.r.zrevrange(self.index_key, 0, -1 if task or run else limit - 1)
         out: list[DeadLetter] = []
         if not ids:
             return out
@@ -55,7 +58,7 @@ class DeadLetterStore:
             if raw is None:
                 continue
             dl = DeadLetter(**orjson.loads(raw))
-            if task is None or dl.task == task:
+            if (task is None or dl.task == task) and (run is None or dl.meta.get("run") == run):
                 out.append(dl)
             if len(out) >= limit:
                 break
