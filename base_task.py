@@ -979,8 +979,11 @@ class SiteTask(Task):
                 begun = begun._replace(cancelled=hold == "cancelled", paused=hold == "paused")
         committed, deliveries, cancelled, paused = begun
         if paused and not (cancelled or committed):
+            # back as a new message: its retry number kept, its wait for a resource restarted
+            # (a pause is no time spent waiting for a pool: `resource_wait_max`)
+            kept = {k: v for k, v in meta.items() if k != "wait_since"}
             msg = orjson.dumps(
-                {"id": tid, "task": self.name, "params": params, "meta": {**meta, "rbase": attempt}}
+                {"id": tid, "task": self.name, "params": params, "meta": {**kept, "rbase": attempt}}
             )
             parked = state.park(rid, tid, msg, attempt, counted=deliveries > 0)
             if parked:

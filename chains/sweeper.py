@@ -50,9 +50,12 @@ CLEAN_MAX = 300.0  # longest wait before a stalled run found whole is looked at 
 _CHUNK = 1000
 
 _EXTEND = """
--- KEYS: 1 lock; ARGV: 1 token, 2 ttl ms. Extends the lock only if it is still ours.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- KEYS: 1 lock; ARGV: 1 token, 2 ttl ms. Extends the lock if it is still ours, takes it again
+-- if it expired and nobody took it; 0 if another holds it.
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
 end
 return 0
 """
@@ -303,7 +306,7 @@ class Sweeper:
         if not missing:
             return {}
         if self.confirm > 0:
-            time.sleep(self.confirm)
+            self.sleep(self.confirm)
         still = set(self.runs_to_check())
         present = self._present(missing)
         out: dict[str, dict[str, bytes]] = {}
@@ -333,7 +336,7 @@ class Sweeper:
             return 0
         n = 0
         found = unacked_owners.orphans(self.broker, self.broker_prefix, self.dead_after,
-                                       self.confirm)  # fmt: skip
+                                       self.confirm, self.sleep)  # fmt: skip
         for who, tags in found.items():
             k = self.restore(tags) if tags else 0
             log.warning("worker %s is gone (no heartbeat for %gs): %d of its %d "
@@ -398,12 +401,20 @@ class Sweeper:
     def lock_ttl(self) -> float:
         return max(1.0, self.interval)
 
+    def sleep(self, seconds: float) -> None:
+        """Wait inside a pass (the second look's delay), keeping the sweep lock meanwhile."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, self.lock_ttl / 4))
+            self.keep_lock()
+
     def keep_lock(self) -> None:
         """Called through a long pass (each chunk of the broker read, each run acted on): push
         the sweep lock's expiry out again once a third of its TTL has gone by, so no other
         worker starts a pass over this one (both would re-send the same lost messages: safe,
         but pages fetched twice). A lock lost anyway (this process stalled past the TTL, and
-        another took it) ends the pass: `_LockLost`."""
+        another took it) ends the pass: `_LockLost`; one that expired with nobody taking it is
+        taken again."""
         if self._lock is None:
             return
         token, at = self._lock

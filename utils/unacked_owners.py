@@ -215,19 +215,23 @@ def forget(client: redis.Redis, prefix: str, owners: Iterable[str]) -> None:
 
 
 def orphans(
-    client: redis.Redis, prefix: str, ttl: float, confirm: float = 1.0
+    client: redis.Redis,
+    prefix: str,
+    ttl: float,
+    confirm: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, list[str]]:
     """owner -> tags it still holds, for every owner (holding messages or registered) without
-    a heartbeat at two looks `confirm` s apart; a dead owner holding nothing maps to [].
-    Nothing while the broker's Redis has been up for less than `ttl` (heartbeats may just be
-    coming back from a restart)."""
+    a heartbeat at two looks `confirm` s apart (waited with `sleep`: the sweeper's keeps its
+    lock); a dead owner holding nothing maps to []. Nothing while the broker's Redis has been
+    up for less than `ttl` (heartbeats may just be coming back from a restart)."""
     if float(client.info("server").get("uptime_in_seconds", 0)) < ttl:
         return {}
     dead = dead_owners(client, prefix, set(held(client, prefix)) | registered(client, prefix))
     if not dead:
         return {}
     if confirm > 0:
-        time.sleep(confirm)
+        sleep(confirm)
     dead = dead_owners(client, prefix, dead)
     now = held(client, prefix)  # what they still hold (kombu may have restored some meanwhile)
     return {who: now.get(who, []) for who in dead}

@@ -185,7 +185,8 @@ def test_children_waiting_behind_the_cap_are_in_the_ledger(
 
 def sweeper(rds: redis.Redis, settings: Settings, sent: list[dict[str, Any]], **kw: Any) -> Sweeper:
     return Sweeper(rds, rds, f"{settings.key_prefix}:q:", sent.append, settings,
-                   interval=kw.pop("interval", 1), stall=kw.pop("stall", 30), confirm=0, **kw)  # fmt: skip
+                   interval=kw.pop("interval", 1), stall=kw.pop("stall", 30),
+                   confirm=kw.pop("confirm", 0), **kw)  # fmt: skip
 
 
 def stall(state: RunState, rid: str, seconds: float = 60) -> None:
@@ -541,3 +542,24 @@ def test_a_pass_that_lost_its_lock_stops_without_re_sending(
     t.join(10)
     assert out == [0] and sent == []
     assert rds.get(a.lock_key) == b"another-worker"
+
+
+def test_the_second_look_s_wait_keeps_the_lock(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """The pass waits `confirm` (1.5 s here) between its two looks, longer than the lock's
+    1 s: the lock is kept through the wait and the lost seed is re-sent (the first version
+    lost the lock there and stopped every such pass in the integration tests)."""
+    p = settings.key_prefix
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (seed,) = start_run(state, app, rid)
+    pop_and_lose(rds, p, seed)
+    stall(state, rid)
+    sent: list[dict[str, Any]] = []
+    a = sweeper(rds, settings, sent, interval=0.5, confirm=1.5)
+    assert a.try_sweep() == 1 and [k["id"] for k in sent] == [seed]
+    rds.delete(a.lock_key)
+    a._lock = (uuid.uuid4().hex, 0.0)  # mid-pass, its lock expired and nobody took it:
+    a.keep_lock()  # taken again
+    assert rds.get(a.lock_key) == a._lock[0].encode()
