@@ -240,25 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--timeout", type=float, default=None)
     tr.set_defaults(fn=cmd_trigger)
 
-    cn = sub.add_parser("cancel", help="stop a run (workers and other runs go on)")
-    cn.add_argument("run_id")
-    cn.add_argument("--reason", help="kept with the run")
-    cn.set_defaults(fn=cmd_cancel)
-
     ru = sub.add_parser("runs", help="the newest runs (finished too), or one run's steps")
     ru.add_argument("run_id", nargs="?")
     ru.add_argument("--limit", type=int, default=20)
     ru.add_argument("--json", action="store_true")
     ru.set_defaults(fn=cmd_runs)
 
-    pa = sub.add_parser("pause", help="hold a run without losing its place (resume goes on)")
-    pa.add_argument("run_id")
-    pa.add_argument("--reason", help="kept with the run while it is paused")
-    pa.set_defaults(fn=cmd_pause)
-
-    rs = sub.add_parser("resume", help="let a paused run go on")
-    rs.add_argument("run_id")
-    rs.set_defaults(fn=cmd_resume)
+    for name, fn, what, reason in (
+        ("cancel", cmd_cancel, "stop a run (workers and other runs go on)", "kept with the run"),
+        ("pause", cmd_pause, "hold a run without losing its place (resume goes on)",
+         "kept with the run while it is paused"),
+        ("resume", cmd_resume, "let a paused run go on", ""),
+    ):  # fmt: skip
+        rc = sub.add_parser(name, help=what)
+        rc.add_argument("run_id")
+        if reason:
+            rc.add_argument("--reason", help=reason)
+        rc.set_defaults(fn=fn)
 
     dl = sub.add_parser("deadletter", help="list or replay tasks that failed for good")
     dl.add_argument("action", choices=["list", "replay"])

@@ -471,17 +471,23 @@ def test_a_paused_run_is_not_stalled_and_its_parked_tasks_are_not_lost(
 # --- the sweep lock through a long pass -----------------------------------------------------------
 
 
+def lost_seed(rds: redis.Redis, settings: Settings, app: Celery) -> str:
+    """A stalled run whose seed bug 1 lost; -> the seed's id."""
+    state = RunState(rds, settings)
+    rid = uuid.uuid4().hex[:8]
+    (seed,) = start_run(state, app, rid)
+    pop_and_lose(rds, settings.key_prefix, seed)
+    stall(state, rid)
+    return seed
+
+
 def slow_pass(rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: Any) -> str:
     """A stalled run whose seed bug 1 lost, behind 10,000 other messages that take 0.25 ms
     each to read: a pass of about 2.5 s against a sweep lock of 1 s."""
     import chains.sweeper as sweeper_mod
 
     p = settings.key_prefix
-    state = RunState(rds, settings)
-    rid = uuid.uuid4().hex[:8]
-    (seed,) = start_run(state, app, rid)
-    pop_and_lose(rds, p, seed)
-    stall(state, rid)
+    seed = lost_seed(rds, settings, app)
     filler = [orjson.dumps({"headers": {"id": f"f{i}", "task": "t"}}) for i in range(10_000)]
     rds.lpush(f"{p}:q:filler", *filler)
     read = sweeper_mod.message_ids
@@ -550,12 +556,7 @@ def test_the_second_look_s_wait_keeps_the_lock(
     """The pass waits `confirm` (1.5 s here) between its two looks, longer than the lock's
     1 s: the lock is kept through the wait and the lost seed is re-sent (the first version
     lost the lock there and stopped every such pass in the integration tests)."""
-    p = settings.key_prefix
-    state = RunState(rds, settings)
-    rid = uuid.uuid4().hex[:8]
-    (seed,) = start_run(state, app, rid)
-    pop_and_lose(rds, p, seed)
-    stall(state, rid)
+    seed = lost_seed(rds, settings, app)
     sent: list[dict[str, Any]] = []
     a = sweeper(rds, settings, sent, interval=0.5, confirm=1.5)
     assert a.try_sweep() == 1 and [k["id"] for k in sent] == [seed]
