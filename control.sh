@@ -28,8 +28,10 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
   trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
   runs [RUN_ID] [--json]     the newest runs, finished too, or one run's steps
   cancel RUN_ID [--reason R] stop a run; workers and other runs go on
-  pause RUN_ID [--reason R]  hold a run: running tasks finish, the rest wait in Redis
-  resume RUN_ID              let a paused run go on where it stopped
+  pause RUN_ID|--chain C|--all [--reason R]
+                             hold runs: running tasks finish, the rest wait in Redis
+  resume RUN_ID|--chain C|--all
+                             let paused runs go on where they stopped
   deadletter list|replay     tasks that failed for good
   chains                     list the defined chains
   config                     check the CHAINCRAWL_* variables (a misspelled one is reported)

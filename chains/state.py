@@ -591,8 +591,16 @@ class RunState:
     def counters(self, rid: str) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}
 
-    def active_runs(self) -> list[str]:
-        return sorted(m.decode() for m in self.r.smembers(self.active_key))
+    def active_runs(self, chain: str | None = None) -> list[str]:
+        """Run ids not yet done (of one chain if given)."""
+        rids = sorted(m.decode() for m in self.r.smembers(self.active_key))
+        if chain is None or not rids:
+            return rids
+        pipe = self.r.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hget(self.run_key(rid), "chain")
+        names = pipe.execute()
+        return [rid for rid, c in zip(rids, names, strict=True) if c == chain.encode()]
 
     # task lifecycle
     def begin(self, rid: str, tid: str, retries: int) -> Begun:

@@ -124,19 +124,36 @@ def cmd_runs(a: argparse.Namespace) -> None:
     runs.show(a.run_id, a.limit, a.json)
 
 
+def _run_targets(a: argparse.Namespace) -> list[str]:
+    """RUN_ID, or with --chain / --all the active runs of that chain / every active run."""
+    from chains.state import RunState
+    from utils.redis import get_redis
+
+    given = [x for x in (a.run_id, a.chain, a.all) if x]
+    if len(given) != 1:
+        raise UserError(f"{a.cmd}: give one of RUN_ID, --chain NAME or --all")
+    if a.run_id:
+        return [a.run_id]
+    rids = RunState(get_redis()).active_runs(a.chain)
+    if not rids:
+        print(f"no active runs{f' of chain {a.chain}' if a.chain else ''}")
+    return rids
+
+
 def cmd_pause(a: argparse.Namespace) -> None:
     import chains
     from cli import procs
 
     procs.ensure_redis(procs.settings())
-    out = chains.pause(a.run_id, a.reason or "")
-    if out.was == "paused":
-        print(f"run {a.run_id} was already paused")
-    elif out.was != "running":
-        print(f"run {a.run_id} is {out.was}: nothing to pause")
-    else:
-        print(f"run {a.run_id} paused: tasks running now finish; the rest wait until "
-              f"./control.sh resume {a.run_id}")  # fmt: skip
+    for rid in _run_targets(a):
+        out = chains.pause(rid, a.reason or "")
+        if out.was == "paused":
+            print(f"run {rid} was already paused")
+        elif out.was != "running":
+            print(f"run {rid} is {out.was}: nothing to pause")
+        else:
+            print(f"run {rid} paused: tasks running now finish; the rest wait until "
+                  f"./control.sh resume {rid}")  # fmt: skip
 
 
 def cmd_resume(a: argparse.Namespace) -> None:
@@ -144,11 +161,12 @@ def cmd_resume(a: argparse.Namespace) -> None:
     from cli import procs
 
     procs.ensure_redis(procs.settings())
-    out = chains.resume(a.run_id)
-    if out.was != "paused":
-        print(f"run {a.run_id} is {out.was}, not paused: nothing to resume")
-        return
-    print(f"run {a.run_id} resumed: {out.released} waiting task(s) sent")
+    for rid in _run_targets(a):
+        out = chains.resume(rid)
+        if out.was != "paused":
+            print(f"run {rid} is {out.was}, not paused: nothing to resume")
+        else:
+            print(f"run {rid} resumed: {out.released} waiting task(s) sent")
 
 
 def cmd_deadletter(a: argparse.Namespace) -> None:
@@ -253,10 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", cmd_resume, "let a paused run go on", ""),
     ):  # fmt: skip
         rc = sub.add_parser(name, help=what)
-        rc.add_argument("run_id")
+        if name == "cancel":  # one run at a time: cancelling is not undone
+            rc.add_argument("run_id")
+        else:  # a site under maintenance, a proxy provider down: hold a chain's runs, or all
+            rc.add_argument("run_id", nargs="?")
+            rc.add_argument("--chain", help="every active run of this chain")
+            rc.add_argument("--all", action="store_true", help="every active run")
         if reason:
             rc.add_argument("--reason", help=reason)
-        rc.set_defaults(fn=fn)
+        rc.set_defaults(fn=fn, cmd=name)
 
     dl = sub.add_parser("deadletter", help="list or replay tasks that failed for good")
     dl.add_argument("action", choices=["list", "replay"])

@@ -75,7 +75,9 @@ def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
         tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=0.3"), seeds=[{"per": PAGES}]
     )
     _until(lambda: sum(_hits(test_site, key)) >= 8, "8 pages fetched")
-    assert f"run {run.run_id} paused" in _cli(cc_env, "pause", run.run_id, "--reason", "test")
+    # every active run of the chain, as for a site under maintenance
+    out = _cli(cc_env, "pause", "--chain", "testsite_probe", "--reason", "test")
+    assert f"run {run.run_id} paused" in out, out
     at_pause = sum(_hits(test_site, key))
 
     # every task of the run still in the broker comes up and is parked, without a request
@@ -97,7 +99,7 @@ def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
         (other.run_id, "done", ""), (run.run_id, "paused", "test")
     ]  # fmt: skip
 
-    out = _cli(cc_env, "resume", run.run_id)
+    out = _cli(cc_env, "resume", "--all")
     assert f"run {run.run_id} resumed: {PAGES - held} waiting task(s) sent" in out, out
     p = run.wait(timeout=60)
     assert p.complete and p.status == "done", p.as_dict()
@@ -117,6 +119,9 @@ def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
     assert "nothing to resume" in _cli(cc_env, "resume", run.run_id)
     with pytest.raises(UnknownChainError, match="no run 'nope'"):
         chains.resume("nope")
+    bad = subprocess.run([sys.executable, "-m", "cli", "pause"], cwd=ROOT, capture_output=True,
+                         text=True, env={**cc_env, **os.environ}, timeout=60)  # fmt: skip
+    assert bad.returncode != 0 and "give one of RUN_ID, --chain NAME or --all" in bad.stderr
 
 
 def test_a_task_parked_between_its_retries_keeps_its_retry_count(

@@ -328,3 +328,11 @@ def test_recent_lists_runs_newest_first_and_forgets_expired_ones(state: RunState
     state.r.delete(state.run_key("b"))  # its record expired
     assert state.recent(5) == ["c", "a"]
     assert state.r.zcard(state.recent_key) == 2
+
+
+def test_active_runs_of_one_chain(state: RunState) -> None:
+    """What `control.sh pause --chain NAME` holds."""
+    for rid, chain in (("a", "shop"), ("b", "news"), ("c", "shop")):
+        state.create_run(rid, chain, b"{}", 5)
+    assert state.active_runs() == ["a", "b", "c"]
+    assert state.active_runs("shop") == ["a", "c"] and state.active_runs("none") == []
