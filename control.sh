@@ -26,7 +26,8 @@ usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for detai
                              periodic chains from schedules.yaml (Celery beat)
   limits [--json]            shared rate limits and concurrency caps, with live usage
   trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
-  runs [RUN_ID] [--json]     the newest runs, finished too, or one run's steps
+  runs [RUN_ID] [--chain C] [--status S] [--json]
+                             the newest runs, finished too, or one run's steps
   cancel RUN_ID [--reason R] stop a run; workers and other runs go on
   pause RUN_ID|--chain C|--all [--reason R]
                              hold runs: running tasks finish, the rest wait in Redis

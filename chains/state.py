@@ -478,9 +478,13 @@ class RunState:
         pipe.zremrangebyrank(self.recent_key, 0, -RECENT_KEEP - 1)
         pipe.execute()
 
-    def recent(self, limit: int = 20) -> list[str]:
-        """Run ids, newest first, finished or not (whose records have not expired)."""
-        rids = [m.decode() for m in self.r.zrevrange(self.recent_key, 0, max(0, limit - 1))]
+    def recent(self, limit: int = 20, offset: int = 0) -> list[str]:
+        """Run ids, newest first from `offset`, finished or not (whose records have not
+        expired: those are dropped from the index as they are met)."""
+        rids = [
+            m.decode()
+            for m in self.r.zrevrange(self.recent_key, offset, offset + max(0, limit - 1))
+        ]
         if not rids:
             return []
         pipe = self.r.pipeline(transaction=False)

@@ -121,7 +121,7 @@ def cmd_runs(a: argparse.Namespace) -> None:
     from cli import procs, runs
 
     procs.ensure_redis(procs.settings())
-    runs.show(a.run_id, a.limit, a.json)
+    runs.show(a.run_id, a.limit, a.json, a.chain, a.status)
 
 
 def _run_targets(a: argparse.Namespace) -> list[str]:
@@ -262,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("run_id", nargs="?")
     ru.add_argument("--limit", type=int, default=20)
     ru.add_argument("--json", action="store_true")
+    ru.add_argument("--chain", help="only this chain's runs")
+    ru.add_argument("--status", choices=["running", "paused", "cancelling", "done", "cancelled"])
     ru.set_defaults(fn=cmd_runs)
 
     for name, fn, what, reason in (

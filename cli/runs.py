@@ -69,8 +69,15 @@ def recent_table(recs: list[dict[str, Any]]) -> Table:
     return t
 
 
-def show(run_id: str | None, limit: int, as_json: bool) -> None:
-    """`control.sh runs`: the newest runs, or one run's steps (finished runs too)."""
+def show(
+    run_id: str | None,
+    limit: int,
+    as_json: bool,
+    chain: str | None = None,
+    status: str | None = None,
+) -> None:
+    """`control.sh runs`: the newest runs (of a chain, in a status), or one run's steps
+    (finished runs too)."""
     from monitor import status as ms
     from utils.redis import get_redis
 
@@ -86,7 +93,7 @@ def show(run_id: str | None, limit: int, as_json: bool) -> None:
         if p["reason"]:
             console.print(f"{p['status']}: {p['reason']}")
         return
-    recs = ms.recent_runs(get_redis(), limit=limit)
+    recs = ms.recent_runs(get_redis(), limit=limit, chain=chain, status=status)
     if as_json:
         print(json.dumps(recs, indent=2))
     elif not recs:

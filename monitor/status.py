@@ -219,12 +219,28 @@ def run_records(
     return out[:limit]
 
 
-def recent_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list[dict[str, Any]]:
-    """The newest runs, finished or not (`run_records` form)."""
+def recent_runs(
+    client: Any,
+    s: Settings | None = None,
+    limit: int = 20,
+    chain: str | None = None,
+    status: str | None = None,
+) -> list[dict[str, Any]]:
+    """The newest runs, finished or not (`run_records` form), of one chain and/or in one
+    status (as shown: running, paused, cancelling, done, cancelled) if given."""
     from chains.state import RunState
 
     s = s or get_settings()
-    return run_records(client, s, limit, RunState(client, s).recent(limit))
+    state = RunState(client, s)
+    out: list[dict[str, Any]] = []
+    offset, page = 0, 200 if chain or status else limit
+    while len(out) < limit and offset < client.zcard(state.recent_key):
+        rids = state.recent(page, offset)  # expired ones are dropped from the index: the
+        offset += len(rids)  # next page starts right after the live ones read
+        out += [r for r in run_records(client, s, page, rids)
+                if (chain is None or r["chain"] == chain)
+                and (status is None or r["status"] == status)]  # fmt: skip
+    return out[:limit]
 
 
 def active_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list[dict[str, Any]]:

@@ -181,3 +181,24 @@ def test_monitor_command_registers_like_the_other_groups() -> None:
     a = p.parse_args(["monitor", "check", "--port", "9999", "--alerts", "x.yaml"])
     assert (a.action, a.port, a.alerts, a.fn) == ("check", 9999, "x.yaml", monitoring.dispatch)
     assert p.parse_args(["monitor"]).action == "start"
+
+
+def test_recent_runs_filters_by_chain_and_status_across_pages(rds, mon) -> None:
+    """`control.sh runs --chain C --status S`: the newest matches, however far back they are
+    (read 200 at a time; runs whose records expired are skipped and dropped from the index)."""
+    from chains.state import RunState
+    from monitor.status import recent_runs
+
+    state = RunState(rds, mon)
+    for i in range(450):
+        rid = f"r{i:03d}"
+        state.create_run(rid, "shop" if i % 150 == 0 else "news", b"{}", 5)
+        rds.zadd(state.recent_key, {rid: 1000 + i})
+    state.pause("r150")
+    for i in range(220, 450):  # the newest 230 expired: a whole first page of 200 is gone
+        rds.delete(state.run_key(f"r{i:03d}"))
+    assert [r["run_id"] for r in recent_runs(rds, mon, 2)] == ["r219", "r218"]
+    assert [r["run_id"] for r in recent_runs(rds, mon, 10, chain="shop")] == ["r150", "r000"]
+    got = recent_runs(rds, mon, 10, chain="shop", status="paused")
+    assert [(r["run_id"], r["status"]) for r in got] == [("r150", "paused")]
+    assert rds.zcard(state.recent_key) == 450 - 230
