@@ -18,13 +18,14 @@ import sites
 from base_task import get_endpoint
 from config import Settings, get_settings
 from external_interface.base import load_providers
-from utils import kombu_guard, logsafe
+from utils import broker_drops, kombu_guard, logsafe
 from utils.registry import UnknownNameError
 
 settings = get_settings()
 log = logging.getLogger("chaincrawl.worker")
 # a malformed queue payload or a channel closed after its connection must not end the consumer
 kombu_guard.apply()  # bugs 6 and 3 (docs/reliability.md); fails loudly if kombu changed
+broker_drops.apply()  # a dropped broker connection has the sweeper check every run (bug 1)
 
 app = Celery("chaincrawl")
 

@@ -180,6 +180,7 @@ class Sweeper:
         self.stale: set[str] = set()  # ids held unacknowledged too long, at the last look
         self._broker_id: str | None = None  # the broker Redis's run_id, to notice a restart
         self.broker_id_key = self.s.key("sweeper", "broker_run_id")
+        self.check_key = self.s.key("sweeper", "check_all")  # why, from any process
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -364,6 +365,27 @@ class Sweeper:
             self.check_all = self.check_all or "the broker restarted"
         return restarted
 
+    def note_connection_drops(self) -> None:
+        """Hand this process's broker connection drops (utils/broker_drops.py) to whichever
+        process sweeps next: its pass checks every active run."""
+        from utils import broker_drops
+
+        whys = broker_drops.take()
+        if not whys:
+            return
+        try:
+            self.r.set(self.check_key, whys[-1], ex=3600)
+        except redis.RedisError:
+            broker_drops.put_back(whys)
+            raise
+
+    def take_check_request(self) -> None:
+        """A drop noted by any process (`note_connection_drops`): check every run now."""
+        why = self.r.getdel(self.check_key)
+        if why is not None:
+            log.warning("%s: checking every active run's ledger", why.decode())
+            self.check_all = self.check_all or why.decode()
+
     def sweep_once(self) -> int:
         """One pass over the stalled runs; -> messages re-sent."""
         n = 0
@@ -437,6 +459,7 @@ class Sweeper:
         try:
             try:  # first: a stalled run may only be waiting for these
                 self.note_broker_restart()
+                self.take_check_request()
                 self.restore_dead_owners()
             except _LockLost:
                 raise
@@ -455,6 +478,7 @@ class Sweeper:
         stop = stop or self._stop
         while not stop.wait(self.interval):
             try:
+                self.note_connection_drops()
                 self.try_sweep()
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # Redis down: next time
                 log.warning("run ledger sweep skipped: %s", exc)

@@ -241,3 +241,48 @@ def test_a_message_lost_with_a_killed_worker_is_resent_within_seconds(
     assert "thief" in log and "re-sent (a worker died)" in log, log[-3000:]
     print(f"\nrun complete {took:.1f}s after the kill (sweep stall 600 s)")
     assert took < 30
+
+
+def test_a_message_lost_with_a_dropped_connection_is_resent_within_seconds(
+    start_worker, cc_env: dict[str, str]
+) -> None:
+    """Bug 1 without a death: the run's seed is gone from the broker (as when Redis popped it
+    for a worker's BRPOP whose connection then dropped), and the worker stays alive. Its
+    consumer reconnects after we cut its BRPOP connection (CLIENT KILL); the drop has the
+    sweeper check every run at once: the seed is re-sent and the run ends in seconds, where
+    before only the stall rule (600 s here) found it."""
+    from chains.state import RunState
+    from chains.sweeper import message_ids
+
+    env = {
+        "CHAINCRAWL_VISIBILITY_TIMEOUT": "600",
+        "CHAINCRAWL_SWEEP_INTERVAL": "1",
+        "CHAINCRAWL_SWEEP_STALL": "600",
+    }
+    key = f"drop{int(time.time())}"
+    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0"), seeds=[{"per": 3}])
+    s = get_settings()
+    broker = get_redis(s.broker_url)
+    (seed,) = RunState(get_redis(), s).ledger(run.run_id)
+    for k in broker.scan_iter(match=f"{s.broker_key_prefix}*", _type="list"):
+        for raw in broker.lrange(k, 0, -1):
+            if seed in message_ids(raw):
+                broker.lrem(k, 1, raw)  # popped for a reply that never arrived
+    w = start_worker(concurrency=4, name="dropped", **env)
+    time.sleep(3)
+    assert run.progress().outstanding == 1, "nothing finds the loss before the drop"
+    cut = 0
+    for c in broker.client_list():
+        if c.get("cmd") in ("brpop", "blpop"):
+            broker.client_kill_filter(_id=c["id"])
+            cut += 1
+    assert cut, "no consumer connection blocked in BRPOP"
+    t_cut = time.monotonic()
+    p = run.wait(timeout=60)
+    took = time.monotonic() - t_cut
+    assert p.complete and p.steps["local.probe"]["succeeded"] == 3, p.totals
+    assert p.totals.get("resent") == 1, p.totals
+    log = w.text()
+    assert "the broker connection dropped" in log and "re-sent (" in log, log[-3000:]
+    print(f"\nrun complete {took:.1f}s after the connection was cut (sweep stall 600 s)")
+    assert took < 30

@@ -564,3 +564,25 @@ def test_the_second_look_s_wait_keeps_the_lock(
     a._lock = (uuid.uuid4().hex, 0.0)  # mid-pass, its lock expired and nobody took it:
     a.keep_lock()  # taken again
     assert rds.get(a.lock_key) == a._lock[0].encode()
+
+
+def test_a_connection_drop_in_one_process_has_the_next_sweeper_check_every_run(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """utils/broker_drops.py: a drop noted in one process reaches the sweeper of whichever
+    process holds the lock next, whose pass checks every run (the seed's run is 60 s quiet,
+    far from the 600 s stall)."""
+    from utils import broker_drops
+
+    seed = lost_seed(rds, settings, app)
+    sent: list[dict[str, Any]] = []
+    dropped = sweeper(rds, settings, sent, stall=600)
+    sweeping = sweeper(rds, settings, sent, stall=600)
+    assert sweeping.try_sweep() == 0, "no stall, no death: nothing is checked"
+    rds.delete(sweeping.lock_key)
+    broker_drops.take()
+    broker_drops.note("host: the broker connection dropped (ConnectionError)")
+    dropped.note_connection_drops()  # its sweeper thread, each interval
+    assert broker_drops.take() == []
+    assert sweeping.try_sweep() == 1 and [k["id"] for k in sent] == [seed]
+    assert rds.get(sweeping.check_key) is None and sweeping.check_all == ""
