@@ -196,24 +196,21 @@ while True:  # BRPOP, as kombu's consumer; killed before it would record the mes
 """
 
 
-def test_a_message_lost_with_a_killed_worker_is_resent_within_seconds(
-    start_worker, cc_env: dict[str, str], tmp_path: Any, test_site: Any
-) -> None:
-    """Bug 1 in person: a worker process pops the run's seed (BRPOP) and is SIGKILLed before
-    it records it. Its heartbeat stops; the next worker's sweeper declares it dead and checks
-    every run's ledger at once: the seed is re-sent and the run ends in seconds, where before
-    it waited `CHAINCRAWL_SWEEP_STALL` (600 s here) after its last commit."""
+# the stall rule far away (600 s): what finds a loss within seconds is the event that caused it
+QUICK_SWEEP = {
+    "CHAINCRAWL_VISIBILITY_TIMEOUT": "600",
+    "CHAINCRAWL_SWEEP_INTERVAL": "1",
+    "CHAINCRAWL_SWEEP_STALL": "600",
+}
+
+
+def _run_and_its_seed(tag: str) -> tuple[Any, str, str, Any]:
+    """A 3-page probe run just started: (handle, its seed's task id, the broker list holding
+    the seed's message, the broker client)."""
     from chains.state import RunState
     from chains.sweeper import message_ids
-    from tests.procs import LoggedProc
 
-    env = {
-        "CHAINCRAWL_VISIBILITY_TIMEOUT": "600",
-        "CHAINCRAWL_DEAD_WORKER_AFTER": "2",
-        "CHAINCRAWL_SWEEP_INTERVAL": "1",
-        "CHAINCRAWL_SWEEP_STALL": "600",
-    }
-    key = f"thief{int(time.time())}"
+    key = f"{tag}{int(time.time())}"
     run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0"), seeds=[{"per": 3}])
     s = get_settings()
     broker = get_redis(s.broker_url)
@@ -223,6 +220,20 @@ def test_a_message_lost_with_a_killed_worker_is_resent_within_seconds(
         for k in broker.scan_iter(match=f"{s.broker_key_prefix}*", _type="list")
         if any(seed in message_ids(raw) for raw in broker.lrange(k, 0, -1))
     )
+    return run, seed, seed_queue, broker
+
+
+def test_a_message_lost_with_a_killed_worker_is_resent_within_seconds(
+    start_worker, cc_env: dict[str, str], tmp_path: Any, test_site: Any
+) -> None:
+    """Bug 1 in person: a worker process pops the run's seed (BRPOP) and is SIGKILLed before
+    it records it. Its heartbeat stops; the next worker's sweeper declares it dead and checks
+    every run's ledger at once: the seed is re-sent and the run ends in seconds, where before
+    it waited `CHAINCRAWL_SWEEP_STALL` (600 s here) after its last commit."""
+    from tests.procs import LoggedProc
+
+    env = {**QUICK_SWEEP, "CHAINCRAWL_DEAD_WORKER_AFTER": "2"}
+    run, seed, seed_queue, _ = _run_and_its_seed("thief")
     thief = LoggedProc([sys.executable, "-c", _THIEF, seed_queue, seed],
                        {**cc_env, **env}, tmp_path / "thief.log")  # fmt: skip
     thief.ready_marker = b"popped"
@@ -251,24 +262,13 @@ def test_a_message_lost_with_a_dropped_connection_is_resent_within_seconds(
     consumer reconnects after we cut its BRPOP connection (CLIENT KILL); the drop has the
     sweeper check every run at once: the seed is re-sent and the run ends in seconds, where
     before only the stall rule (600 s here) found it."""
-    from chains.state import RunState
     from chains.sweeper import message_ids
 
-    env = {
-        "CHAINCRAWL_VISIBILITY_TIMEOUT": "600",
-        "CHAINCRAWL_SWEEP_INTERVAL": "1",
-        "CHAINCRAWL_SWEEP_STALL": "600",
-    }
-    key = f"drop{int(time.time())}"
-    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0"), seeds=[{"per": 3}])
-    s = get_settings()
-    broker = get_redis(s.broker_url)
-    (seed,) = RunState(get_redis(), s).ledger(run.run_id)
-    for k in broker.scan_iter(match=f"{s.broker_key_prefix}*", _type="list"):
-        for raw in broker.lrange(k, 0, -1):
-            if seed in message_ids(raw):
-                broker.lrem(k, 1, raw)  # popped for a reply that never arrived
-    w = start_worker(concurrency=4, name="dropped", **env)
+    run, seed, seed_queue, broker = _run_and_its_seed("drop")
+    for raw in broker.lrange(seed_queue, 0, -1):
+        if seed in message_ids(raw):
+            broker.lrem(seed_queue, 1, raw)  # popped for a reply that never arrived
+    w = start_worker(concurrency=4, name="dropped", **QUICK_SWEEP)
     time.sleep(3)
     assert run.progress().outstanding == 1, "nothing finds the loss before the drop"
     cut = 0
