@@ -574,9 +574,6 @@ class RunState:
     def waiting(self, rid: str) -> int:
         return int(self.r.llen(self.pending_key(rid)))
 
-    def is_cancelled(self, rid: str) -> bool:
-        return bool(self.r.hexists(self.run_key(rid), "cancelled"))
-
     def hold(self, rid: str) -> str:
         """What holds the run's tasks back: "cancelled", "paused" or "" (nothing)."""
         cancelled, paused = self.r.hmget(self.run_key(rid), "cancelled", "paused")

@@ -430,6 +430,10 @@ class Sweeper:
             time.sleep(min(left, self.lock_ttl / 4))
             self.keep_lock()
 
+    def _extend_lock(self, token: str) -> bool:
+        """The lock for another `lock_ttl`, if it is still ours or free (`_EXTEND`)."""
+        return bool(self._extend(keys=[self.lock_key], args=[token, int(self.lock_ttl * 1000)]))
+
     def keep_lock(self) -> None:
         """Called through a long pass (each chunk of the broker read, each run acted on): push
         the sweep lock's expiry out again once a third of its TTL has gone by, so no other
@@ -443,7 +447,7 @@ class Sweeper:
         now = time.monotonic()
         if now - at < self.lock_ttl / 3:
             return
-        if not self._extend(keys=[self.lock_key], args=[token, int(self.lock_ttl * 1000)]):
+        if not self._extend_lock(token):
             self._lock = None
             raise _LockLost("the sweep lock expired during a pass and another worker took it")
         self._lock = (token, now)
@@ -471,7 +475,7 @@ class Sweeper:
             return 0
         finally:
             if self._lock is not None:  # the next pass: one interval after this one ended
-                self._extend(keys=[self.lock_key], args=[token, int(self.lock_ttl * 1000)])
+                self._extend_lock(token)
             self._lock = None
 
     def run(self, stop: threading.Event | None = None) -> None:

@@ -58,7 +58,7 @@ def replay(
         # a replay starts afresh: its retries (`rbase`: those before a pause), waits, avoided leases
         meta = {k: v for k, v in d.meta.items()
                 if k not in ("waits", "wait_since", "avoid", "rbase")}  # fmt: skip
-        if meta.get("run") and state.is_cancelled(meta["run"]):
+        if meta.get("run") and state.hold(meta["run"]) == "cancelled":
             print(f"{dl_id}: not replayed, its run {meta['run']} was cancelled")
             continue
         kid = {"id": uuid.uuid4().hex, "task": d.task, "params": d.params, "meta": meta}

@@ -9,12 +9,10 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 import chains
 from chains.runner import Progress, RunHandle
-from cli.tables import run_table
+from cli.tables import recent_table, run_table
 
 
 def watch(
@@ -40,33 +38,6 @@ def trigger(name: str, seeds: list[dict[str, Any]] | None, priority: int | None,
     if not wait:
         return handle
     return watch(handle, timeout, console)
-
-
-def _when(t: float) -> str:
-    lt = time.localtime(t)
-    fmt = "%H:%M:%S" if time.strftime("%Y%m%d", lt) == time.strftime("%Y%m%d") else "%m-%d %H:%M"
-    return time.strftime(fmt, lt)
-
-
-def recent_table(recs: list[dict[str, Any]]) -> Table:
-    """One line per run, newest first (`monitor.status.run_records` form)."""
-    t = Table(title=f"runs (newest {len(recs)})", title_justify="left")
-    for col in ("run", "chain", "status", "started", "took", "done/sent", "failed", "stored",
-                "why"):  # fmt: skip
-        t.add_column(col, justify="right" if col in ("took", "done/sent", "failed", "stored")
-                     else "left")  # fmt: skip
-    style = {"done": "green", "running": "", "paused": "yellow", "cancelling": "yellow",
-             "cancelled": "red"}  # fmt: skip
-    for r in recs:
-        tt = r["totals"]
-        done = tt.get("succeeded", 0) + tt.get("failed", 0) + tt.get("cancelled", 0)
-        t.add_row(
-            r["run_id"], r["chain"], Text(r["status"], style=style.get(r["status"], "")),
-            _when(r["created"]), f"{r['elapsed'] or 0:.0f}s", f"{done}/{tt.get('dispatched', 0)}",
-            Text(str(tt.get("failed", 0)), style="red" if tt.get("failed") else ""),
-            f"{tt.get('stored', 0)}/{tt.get('items', 0)}", r.get("reason") or "",
-        )  # fmt: skip
-    return t
 
 
 def show(

@@ -146,23 +146,12 @@ def malformed(client: Any, s: Settings | None = None) -> int:
 def idle_runs(client: Any, s: Settings | None = None, now: float | None = None) -> dict[str, float]:
     """`{chain}/{run id}` -> seconds since the run's last commit (or its start), for active
     runs with tasks outstanding that are not paused (a paused run is idle on purpose)."""
-    s = s or get_settings()
     now = time.time() if now is None else now
-    rids = sorted(m.decode() for m in client.smembers(s.key("runs", "active")))
-    if not rids:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for rid in rids:
-        pipe.hmget(s.key("run", rid), "chain", "last", "created", "paused")
-        pipe.hget(s.key("run", rid, "counters"), "outstanding")
-    res = pipe.execute()
-    out: dict[str, float] = {}
-    for i, rid in enumerate(rids):
-        (chain, last, created, paused), outstanding = res[2 * i], res[2 * i + 1]
-        if paused or not int(outstanding or 0) or not (last or created):
-            continue
-        out[f"{(chain or b'').decode()}/{rid}"] = max(0.0, now - float(last or created))
-    return out
+    return {
+        f"{r['chain']}/{r['run_id']}": max(0.0, now - (r["last"] or r["created"]))
+        for r in run_records(client, s, limit=10**9)
+        if not r["paused"] and r["outstanding"] and (r["last"] or r["created"])
+    }
 
 
 def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
@@ -172,7 +161,7 @@ def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
 
 
 _RUN_FIELDS = ("chain", "created", "status", "priority", "cancelled", "paused", "finished",
-               "cancel_reason", "pause_reason")  # fmt: skip
+               "cancel_reason", "pause_reason", "last")  # fmt: skip
 
 
 def run_records(
@@ -210,6 +199,8 @@ def run_records(
             "priority": prio, "created": float(created or 0),
             "age": round(now - float(created), 3) if created else None,
             "elapsed": round((finished or now) - float(created), 3) if created else None,
+            "last": float(f["last"]) if f["last"] else None,  # its last commit
+            "paused": bool(f["paused"]),  # also while a paused run is cancelled (`cancelling`)
             "reason": f["pause_reason"] if f["paused"] else f["cancel_reason"],
             "outstanding": counters.get("outstanding", 0),
             "totals": {k: v for k, v in counters.items() if ":" not in k},
