@@ -242,10 +242,11 @@ return {rh[1], was_paused, cancelled}
 _RESUME = (
     """
 -- KEYS: 1 counters, 2 run hash, 3 pending, 4 staging, 5 parked set; ARGV: 1 now
--- Reply: {status before ('' = no such run), was paused (0|1), tasks released into staging}
-local rh = redis.call('HMGET', KEYS[2], 'status', 'paused', 'cap')
-if not rh[1] then return {'', 0, 0} end
-if not rh[2] then return {rh[1], 0, 0} end
+-- Reply: {status before ('' = no such run), was paused (0|1), cancelled (0|1), tasks released
+-- into staging}; a cancelled run is left as it is (its waiting list was dropped)
+local rh = redis.call('HMGET', KEYS[2], 'status', 'paused', 'cap', 'cancelled')
+if not rh[1] then return {'', 0, 0, 0} end
+if not rh[2] or rh[4] then return {rh[1], rh[2] and 1 or 0, rh[4] and 1 or 0, 0} end
 redis.call('HDEL', KEYS[2], 'paused', 'pause_reason')
 redis.call('DEL', KEYS[5])
 redis.call('HSET', KEYS[2], 'last', ARGV[1])  -- the sweeper's stall clock starts again
@@ -253,7 +254,7 @@ local cap = tonumber(rh[3] or '0')
 local inflight = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
 """
     + _RELEASE_LOOP
-    + "return {rh[1], 1, moved}\n"
+    + "return {rh[1], 1, 0, moved}\n"
 )
 
 _PARK = """
@@ -518,7 +519,7 @@ class RunState:
     def resume(self, rid: str, staging: str) -> Resumed:
         """Un-pause a run: what waits is moved into `staging` (up to the cap) for the caller
         to send; the rest is released by commits as usual."""
-        status, paused, moved = self._resume(
+        status, paused, cancelled, moved = self._resume(
             keys=[
                 self.counters_key(rid),
                 self.run_key(rid),
@@ -528,7 +529,7 @@ class RunState:
             ],
             args=[f"{time.time():.3f}"],
         )
-        return Resumed(rid, _shown(status, paused, 0), int(moved))
+        return Resumed(rid, _shown(status, paused, cancelled), int(moved))
 
     def park(self, rid: str, tid: str, msg: bytes, attempt: int, counted: bool) -> int:
         """Put a task of a paused run back in its waiting list instead of running it: 1 parked,

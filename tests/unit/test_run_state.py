@@ -10,7 +10,7 @@ import orjson
 import pytest
 import redis
 
-from chains.state import _COMMIT, CommitCall, Kid, RunState, run_status
+from chains.state import _COMMIT, CommitCall, Kid, Resumed, RunState, run_status
 from config import Settings
 
 
@@ -313,6 +313,7 @@ def test_pause_leaves_ended_runs_alone_and_cancel_drops_what_a_paused_run_holds(
     assert state.park("r1", "b", msg("b"), 0, counted=False) == 0  # cancelled: b is skipped
     assert state.begin("r1", "b", 0).cancelled
     assert state.pause("r1").was == "cancelling"
+    assert state.resume("r1", "x") == Resumed("r1", "cancelling", 0)  # not "paused"
     state.create_run("r2", "c", b"{}", 5)  # a finished run
     assert state.pause("r2").was == "running"
     state.resume("r2", "x")
