@@ -40,7 +40,9 @@ paused run drops what waits. Both are one script each, so a task is parked or ru
 Backpressure: a run may have a `cap` on tasks in the broker (`inflight`). Children beyond it
 wait in `run:{rid}:pending` (still counted as dispatched and outstanding); every commit frees
 one slot and moves waiting children into the committing task's staging list, in the same
-script, so the broker never holds more than the cap of one run's tasks.
+script, so the broker never holds more than the cap of one run's tasks. While nothing waits and
+the cap has room, children go to the staging list directly (the usual case: no hop through
+`pending`, 2.5 fewer Redis calls per page); once some wait, new ones queue behind them.
 """
 
 from __future__ import annotations
@@ -85,8 +87,12 @@ if run ~= '' then
 end
 local replies, counts, touched = {}, {}, {}
 local delta, committed, ledger_grew = 0, 0, false
-local inflight0, inflight, drained = nil, 0, false  -- with a cap: tasks in the broker; pending empty
+local inflight0, inflight, waiting = nil, 0, nil  -- with a cap: tasks in the broker; pending's length
 local function count(field, by) counts[field] = (counts[field] or 0) + by end
+local function waits()  -- the waiting list's length: read once per call, then kept here
+  if waiting == nil then waiting = redis.call('LLEN', KEYS[5]) end
+  return waiting
+end
 for c = 1, n do
   local done_key, kids_key = KEYS[5 + 2 * c], KEYS[6 + 2 * c]
   local tid, step, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -112,10 +118,16 @@ for c = 1, n do
   else
     committed = committed + 1
     if run ~= '' then redis.call('HDEL', KEYS[6], tid) end
-    -- children: straight to this task's staging list, or (with a cap, or while the run is
-    -- paused) to the run's waiting list
-    local target = kids_key
-    if cap > 0 or paused then target = KEYS[5] end
+    if cap > 0 then  -- backpressure: this task leaves the broker (`inflight` is written once, at
+      if inflight0 == nil then  -- the end, as the net change)
+        inflight0 = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+        inflight = inflight0
+      end
+      inflight = inflight - 1
+    end
+    local staged = {}  -- the reply: the staged messages (the run's outstanding count goes first)
+    -- children: to this task's staging list; with a cap, to the run's waiting list when the
+    -- cap is reached or others wait ahead of them (order kept), and always while it is paused
     local total = 0
     if cancelled then  -- a cancelled run sends no more children (its items are kept)
       i = i + 3 * n_kids
@@ -130,8 +142,16 @@ for c = 1, n do
         touched[ukey] = true
       end
       if fresh == 1 then
+        local target = kids_key
+        if paused or (cap > 0 and (inflight >= cap or waits() > 0)) then
+          target = KEYS[5]
+          if waiting ~= nil then waiting = waiting + 1 end
+        elseif cap > 0 then
+          inflight = inflight + 1
+        end
         redis.call('RPUSH', target, msg)
-        drained = false
+        touched[target] = true
+        if target == kids_key then table.insert(staged, msg) end
         if run ~= '' then
           local kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
           redis.call('HSET', KEYS[6], kid_id, msg)
@@ -141,27 +161,20 @@ for c = 1, n do
         total = total + 1
       end
     end
-    if total > 0 then touched[target] = true end
     if run ~= '' then
-      -- backpressure: this task leaves the broker; release waiting children up to the cap
-      -- (`inflight` is kept here and written once at the end, as the net change)
-      if cap > 0 then
-        if inflight0 == nil then
-          inflight0 = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
-          inflight = inflight0
-        end
-        inflight = inflight - 1
+      -- release waiting children into the freed slots, oldest first
+      if cap > 0 and not paused then
         local moved = 0
-        while inflight + moved < cap and not drained and not paused do
+        while inflight < cap and waits() > 0 do
           local m = redis.call('LPOP', KEYS[5])
-          if not m then drained = true; break end
+          if not m then waiting = 0; break end
           redis.call('RPUSH', kids_key, m)
+          table.insert(staged, m)
+          waiting = waiting - 1
+          inflight = inflight + 1
           moved = moved + 1
         end
-        if moved > 0 then
-          inflight = inflight + moved
-          touched[kids_key] = true
-        end
+        if moved > 0 then touched[kids_key] = true end
       end
       count(step .. ':' .. outcome, 1)
       count(outcome, 1)
@@ -172,7 +185,7 @@ for c = 1, n do
       if total > 0 then count('dispatched', total) end
       delta = delta + total - 1
     end
-    replies[c] = 1
+    replies[c] = staged
   end
 end
 for key in pairs(touched) do redis.call('EXPIRE', key, ttl) end
@@ -192,11 +205,7 @@ if run ~= '' and committed > 0 then
   end
 end
 for c = 1, n do
-  if replies[c] == 1 then
-    local out = redis.call('LRANGE', KEYS[6 + 2 * c], 0, -1)
-    table.insert(out, 1, left)
-    replies[c] = out
-  end
+  if replies[c] ~= 0 then table.insert(replies[c], 1, left) end
 end
 return replies
 """

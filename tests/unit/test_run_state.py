@@ -113,6 +113,41 @@ def test_with_a_cap_each_commit_releases_waiting_children_to_itself(
     assert state.waiting("r1") == 1 and state.counters("r1")["inflight"] == 2
 
 
+def test_with_a_cap_children_skip_the_waiting_list_only_while_nothing_waits(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """Below the cap with nobody waiting, children go straight to the staging list (no
+    RPUSH/LPOP hop through `pending`); once some wait, later ones queue behind them, so the
+    order in which children are released stays the order they were made in."""
+    state.create_run("r1", "c", b"{}", 5, cap=3)
+    state.add_dispatched("r1", "s", 1)
+    rds.hset(state.counters_key("r1"), "inflight", 1)
+    calls: list[CommitCall] = []
+    first = [kid("k") for _ in range(2)]
+    commit(state, calls, "a", first)
+    rds.config_resetstat()
+    (a,) = state.run_commits(calls)
+    stats = rds.info("commandstats")
+    assert "cmdstat_lpop" not in stats and stats["cmdstat_rpush"]["calls"] == 2
+    assert a is not None and [orjson.loads(m)["id"] for m in a.staged] == [k.task_id for k in first]
+    assert not rds.exists(state.pending_key("r1"))
+    assert state.counters("r1")["inflight"] == 2
+    calls.clear()
+    # 2 in flight, cap 3: one of four goes, three wait; then a commit whose slot frees one more
+    # sends the oldest waiting child before its own new one, which waits behind the rest
+    four = [kid("k") for _ in range(4)]
+    commit(state, calls, first[0].task_id, four, step="k")
+    late = kid("k")
+    commit(state, calls, first[1].task_id, [late], step="k")
+    b, c = state.run_commits(calls)
+    assert b is not None and c is not None
+    assert [orjson.loads(m)["id"] for m in b.staged] == [four[0].task_id, four[1].task_id]
+    assert [orjson.loads(m)["id"] for m in c.staged] == [four[2].task_id]
+    waiting = [orjson.loads(m)["id"] for m in rds.lrange(state.pending_key("r1"), 0, -1)]
+    assert waiting == [four[3].task_id, late.task_id]
+    assert state.counters("r1")["inflight"] == 3
+
+
 def test_commits_of_different_runs_and_without_a_run_go_in_their_own_calls(
     state: RunState, rds: redis.Redis
 ) -> None:
