@@ -987,10 +987,12 @@ class SiteTask(Task):
             )
             parked = state.park(rid, tid, msg, attempt, counted=deliveries > 0)
             if parked:
-                metrics.outcome("paused")
+                outcome = "paused" if parked > 0 else "duplicate"
+                metrics.outcome(outcome)
                 _aggregate(metrics, spec, settings)
-                return "paused" if parked > 0 else "duplicate"
+                return outcome
         if committed:  # a redelivery of a committed task: send what is still staged
+            metrics.outcome("duplicate")
             _aggregate(metrics, spec, settings)
             self._send_staged(state, tid)
             return "duplicate"

@@ -23,7 +23,11 @@ from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("started", "succeeded", "failed", "retried", "waited")
+# every outcome a started attempt ends in: `cancelled` (its run was cancelled, not fetched),
+# `paused` (parked while its run was paused) and `duplicate` (a redelivery of an attempt
+# already committed or parked) so that started = the others summed, once attempts finish
+OUTCOMES = ("started", "succeeded", "failed", "retried", "waited", "cancelled", "paused",
+            "duplicate")  # fmt: skip
 ERROR_OUTCOMES = ("failed", "retried", "waited")
 
 # masking lives in utils/logsafe.py; re-exported for the callers of these names

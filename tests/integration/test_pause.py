@@ -17,7 +17,9 @@ import pytest
 import chains
 from config import ROOT, get_settings, reset_settings
 from exceptions import UnknownChainError
+from monitor import status as st
 from tests.testsite import chains as tchains
+from utils.redis import get_redis
 
 pytestmark = pytest.mark.integration
 
@@ -66,11 +68,17 @@ def broker(request: pytest.FixtureRequest, cc_env: dict[str, str]) -> Iterator[d
         worker.configure(get_settings())
 
 
+def probe_metrics() -> dict[str, Any]:
+    """The probe task's counters as `control.sh status` and the exporter show them."""
+    return st.summary(st.task_metrics(get_redis(), get_settings()).get("testsite.local.probe", {}))
+
+
 def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
     broker: dict[str, str], start_worker, test_site: Any, cc_env: dict[str, str]
 ) -> None:
     start_worker(concurrency=4, name="pause", CHAINCRAWL_VISIBILITY_TIMEOUT="120", **broker)
     key = f"pause{int(time.time() * 1000)}"
+    before = probe_metrics()
     run = chains.run(
         tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=0.3"), seeds=[{"per": PAGES}]
     )
@@ -109,6 +117,19 @@ def test_a_paused_run_waits_in_redis_and_resumes_to_an_exact_finish(
     assert _hits(test_site, key) == [1] * PAGES  # each page fetched once: parked ones too
     # one item per page from the listing's entries and one per probe: none lost, none twice
     assert p.totals["stored"] == p.totals["items"] == 2 * PAGES == 16 * q.totals["items"]
+
+    # the task metrics (Prometheus' view) account for every attempt: the parked ones end as
+    # `paused`, so started = succeeded + paused once the workers flush (each second); the
+    # counters are the test session's, so this test's share is what they grew by
+    def grown() -> dict[str, int]:
+        now = probe_metrics()
+        return {k: now[k] - before[k] for k in ("started", "succeeded", "paused",
+                                                            "duplicate")}  # fmt: skip
+
+    _until(lambda: grown()["succeeded"] == PAGES + 5, "metrics flushed")  # + the other run's
+    m = grown()
+    assert (m["paused"], m["duplicate"]) == (PAGES - held, 0), m
+    assert m["started"] == m["succeeded"] + m["paused"], m
     where = broker.get("CHAINCRAWL_BROKER_URL", "redis").split("@")[-1]
     print(f"\n{where}: paused after {at_pause} pages, {held - at_pause} more finished; "
           f"{PAGES - held} parked and resumed")  # fmt: skip

@@ -49,6 +49,7 @@ def populated(rds, mon):
            latency=0.03, nbytes=1000, items=24)  # fmt: skip
     record(rds, mon, "shop.web.detail", ok=5, latency=2.0, status=200, nbytes=50, items=5)
     rds.hset(mon.key("metrics", "task", "shop.web.detail"), "stored", 5)
+    rds.hset(mon.key("metrics", "task", "shop.web.listing"), mapping={"paused": 2, "duplicate": 1})
     state = RunState(rds, mon)
     state.create_run("r1", "shop_chain", b"{}", 5)
     state.add_dispatched("r1", "web.listing", 10)
@@ -86,6 +87,9 @@ def test_metrics_are_served_in_the_text_format(rds, populated) -> None:
     assert value(f, "chaincrawl_tasks", **lst, outcome="succeeded") == 8
     assert value(f, "chaincrawl_tasks", **lst, outcome="failed") == 2
     assert value(f, "chaincrawl_tasks", **lst, outcome="started") == 13
+    assert value(f, "chaincrawl_tasks", **lst, outcome="paused") == 2  # parked: run paused
+    assert value(f, "chaincrawl_tasks", **lst, outcome="duplicate") == 1
+    assert value(f, "chaincrawl_tasks", **lst, outcome="cancelled") == 0
     assert value(f, "chaincrawl_retries", **lst, reason="Throttled") == 3
     assert value(f, "chaincrawl_failures", **lst, reason="Throttled") == 2
     assert value(f, "chaincrawl_http_responses", **lst, status="200") == 8
