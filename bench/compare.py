@@ -430,6 +430,34 @@ def scale_base(system: str) -> str:
     return f"{m.group(1)} x1" + (f" {_cores(1)}" if m.group(2) else "")
 
 
+def scale_pairs(rs: list[Row]) -> list[str]:
+    """The ratio of each repeat's pair (x2 run i over x1 run i: the runs are interleaved, so a
+    pair shares the machine's moment), their median, and runs whose CPU per page strays more
+    than 10 % from their row's median: a noisy moment the fixed loop around a run can miss."""
+    lines = []
+    by_name = {r.system: r for r in rs}
+    for r in rs:
+        one = by_name.get(scale_base(r.system))
+        if one is None or one is r:
+            continue
+        pairs = zip(one.runs, r.runs, strict=False)  # a failed run leaves its row shorter
+        ratios = [b["pages_per_s"] / a["pages_per_s"] for a, b in pairs
+                  if a.get("pages_per_s") and b.get("pages_per_s")]  # fmt: skip
+        if not ratios:
+            continue
+        odd = [f"{row.system.split(' ', 1)[1]} run {i + 1} {run['cpu_ms_per_page']:.2f} ms"
+               for row in (one, r) for i, run in enumerate(row.runs)
+               if run.get("cpu_ms_per_page")
+               and abs(run["cpu_ms_per_page"] / row.med("cpu_ms_per_page") - 1) > 0.10]  # fmt: skip
+        lines.append(
+            f"{'':<18} {r.system}: pairs "
+            + " ".join(f"{x:.2f}x" for x in ratios)
+            + f", median {statistics.median(ratios):.2f}x"
+            + (f"; CPU/page off its row's median by >10 %: {', '.join(odd)}" if odd else "")
+        )
+    return lines
+
+
 def _f(x: float, width: int, prec: int = 1) -> str:
     return f"{x:{width}.{prec}f}" if x == x else f"{'-':>{width}}"
 
@@ -475,6 +503,8 @@ def table(rows: list[Row], meta: dict[str, Any]) -> str:
                 f"{vs_bound:>8} {rel_cpu:>13} {rel_pps:>13} "
                 f"{100 * r.med('cpu_util'):7.0f}% {r.med('load'):5.1f}"
             )
+        if name == "scale":
+            out += scale_pairs(rs)
         if sc.bound():
             extra = (
                 " (or the CPU limit 1000/CPU-ms, whichever is lower)"

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bench import pinning
-from bench.compare import scale_base
+from bench.compare import Row, scale_base, scale_pairs
 
 
 @pytest.mark.parametrize(
@@ -23,6 +23,23 @@ from bench.compare import scale_base
 )
 def test_scale_rows_divide_by_their_own_one_worker_row(system: str, base: str) -> None:
     assert scale_base(system) == base
+
+
+def test_scale_pairs_divide_each_repeat_by_its_own_partner_and_flag_a_noisy_run() -> None:
+    def row(system: str, runs: list[tuple[float, float]]) -> Row:
+        return Row("scale", system, "replay",
+                   [{"pages_per_s": p, "cpu_ms_per_page": c} for p, c in runs])  # fmt: skip
+
+    rows = [
+        row("chaincrawl x1", [(1000, 1.0), (900, 1.02)]),
+        row("chaincrawl x2", [(1700, 1.0), (1800, 1.01)]),
+        row("chaincrawl x1 on 1 core", [(800, 1.0), (800, 1.0), (700, 1.0)]),
+        row("chaincrawl x2 on 2 cores", [(1600, 1.0), (1300, 1.3), (1650, 1.0)]),
+    ]
+    unpinned, pinned = scale_pairs(rows)
+    assert unpinned.split(": ", 1)[1] == "pairs 1.70x 2.00x, median 1.85x"
+    assert "chaincrawl x2 on 2 cores: pairs 2.00x 1.62x 2.36x, median 2.00x" in pinned
+    assert pinned.endswith("by >10 %: x2 on 2 cores run 2 1.30 ms")
 
 
 @pytest.mark.skipif(not pinning.supported(), reason="no sched_setaffinity here")
