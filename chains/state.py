@@ -164,17 +164,15 @@ for c = 1, n do
     if run ~= '' then
       -- release waiting children into the freed slots, oldest first
       if cap > 0 and not paused then
-        local moved = 0
         while inflight < cap and waits() > 0 do
           local m = redis.call('LPOP', KEYS[5])
           if not m then waiting = 0; break end
           redis.call('RPUSH', kids_key, m)
+          touched[kids_key] = true
           table.insert(staged, m)
           waiting = waiting - 1
           inflight = inflight + 1
-          moved = moved + 1
         end
-        if moved > 0 then touched[kids_key] = true end
       end
       count(step .. ':' .. outcome, 1)
       count(outcome, 1)
