@@ -2,82 +2,96 @@
 # chaincrawl's one command line. Every command sets the project up first if needed.
 #   ./control.sh demo                 the demo crawl on the embedded defaults
 #   ./control.sh test [pytest args]   the test suite
-#   ./control.sh --help               every command
+#   ./control.sh --help               every command (the help comes from cli/parser.py)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
 VENV=.venv
 PY=${PYTHON:-python3}
 
-usage() {
-  cat <<'USAGE'
-usage: ./control.sh COMMAND [options]     (./control.sh COMMAND --help for details)
+# The lock files decide what is installed (requirements/*.txt, made by `./control.sh lock` from
+# pyproject.toml's ranges): the same versions on every machine, every time.
+LOCK=requirements/dev.txt          # runtime + demo + test: what this checkout needs
+BROWSER_LOCK=requirements/browser.txt
 
-  setup                      create .venv and install the project (done automatically)
-  demo [--size S]            the demo crawl: Redis, demo site, workers, Flower, chain, summary
-  start [--queues Q] [--pool P] [--concurrency N] [--workers N]
-                             start workers (one per core by default, gevent pool)
-  stop                       warm-stop workers, Flower, beat, demo site, embedded Redis
-  restart                    stop, then start with the same options
-  status [--json|--watch]    workers, queue depths, active runs, dead letters, backlog
-  flower                     start Flower with basic auth
-  monitor                    Prometheus /metrics exporter and alert rules
-  beat [--schedule F] [--check|--status|--foreground]
-                             periodic chains from schedules.yaml (Celery beat)
-  limits [--json]            shared rate limits and concurrency caps, with live usage
-  trigger CHAIN [JSON]       start a chain run; prints the run id and live progress
-  runs [RUN_ID] [--chain C] [--status S] [--json]
-                             the newest runs, finished too, or one run's steps
-  cancel RUN_ID [--reason R] stop a run; workers and other runs go on
-  pause RUN_ID|--chain C|--all [--reason R]
-                             hold runs: running tasks finish, the rest wait in Redis
-  resume RUN_ID|--chain C|--all
-                             let paused runs go on where they stopped
-  deadletter list|replay     tasks that failed for good
-  chains                     list the defined chains
-  config                     check the CHAINCRAWL_* variables (a misspelled one is reported)
-  new-site SITE PLATFORM ENDPOINT
-                             generate an endpoint module, schemas and a parser test
-  redis start|stop           the embedded Redis (used when REDIS_URL is unset)
-  test [pytest args]         run the test suite
-USAGE
-}
-
-deps_stamp() { "$PY" - <<'PYX'
-import hashlib, pathlib
-print(hashlib.sha1(pathlib.Path("pyproject.toml").read_bytes()).hexdigest()[:12])
+deps_stamp() { "$PY" - "$@" <<'PYX'
+import hashlib, pathlib, sys
+print(hashlib.sha1(b"".join(pathlib.Path(f).read_bytes() for f in sys.argv[1:])).hexdigest()[:12])
 PYX
 }
 
-setup() {
+need_python() {
   if ! command -v "$PY" >/dev/null; then echo "error: $PY not found; install Python 3.11+" >&2; exit 2; fi
   "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
     || { echo "error: Python 3.11+ needed, found $("$PY" --version)" >&2; exit 2; }
-  local stamp; stamp=$(deps_stamp)
+}
+
+setup() {
+  need_python
+  local locks=("$LOCK"); [[ -f $VENV/.with-browser ]] && locks+=("$BROWSER_LOCK")
+  local stamp; stamp=$(deps_stamp "${locks[@]}")
   if [[ -x $VENV/bin/python && -f $VENV/.deps-$stamp ]]; then return 0; fi
-  echo "setting up $VENV (first run or dependencies changed)..." >&2
+  echo "setting up $VENV from ${locks[*]} (first run or dependencies changed)..." >&2
   [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" - <<'PYX' > "$VENV/requirements.txt"
-import tomllib
-p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))
-PYX
-  "$VENV/bin/python" -m pip install -q -r "$VENV/requirements.txt" >&2
+  local lock; for lock in "${locks[@]}"; do
+    "$VENV/bin/python" -m pip install -q -r "$lock" >&2
+  done
   rm -f "$VENV"/.deps-*
   touch "$VENV/.deps-$stamp"
 }
 
-cmd=${1:-}
+# `./control.sh lock`: the lock files again from pyproject.toml's ranges (uv pip compile,
+# marker-aware so one file serves every platform); review the diff, then commit it.
+lock() {
+  setup
+  local spec name extras
+  for spec in "runtime:" "dev:--extra demo --extra test" \
+      "bench:--extra demo --extra test --extra bench" "browser:--extra browser" "kafka:--extra kafka"; do
+    name=${spec%%:*}; extras=${spec#*:}
+    # shellcheck disable=SC2086
+    "$VENV/bin/uv" pip compile pyproject.toml $extras --universal --python-version 3.11 -q \
+      -o "requirements/$name.txt" || exit 1
+  done
+  echo "locked: requirements/*.txt"
+}
+
+# Rendered pages need Playwright (the `browser` extra, remembered for later setups) and a
+# Chromium from the system's packages; the check says exactly what is missing (exit 1).
+setup_browser() {
+  touch "$VENV/.with-browser" 2>/dev/null || { setup; touch "$VENV/.with-browser"; }
+  setup
+  "$VENV/bin/python" -m external_interface.browser
+}
+
+# The command line is checked first, by the system Python and the standard library alone
+# (cli/parser.py): help, --version and usage errors are answered before a venv is made, Redis
+# started or a worker stopped. Its exit status: 0 valid, 3 help or version printed, 2 usage error.
+need_python
+rc=0; "$PY" -m cli.parser --check "$@" || rc=$?
+case $rc in
+  0) ;;
+  3) exit 0 ;;
+  *) exit "$rc" ;;
+esac
+
+cmd=$1
 case "$cmd" in
-  ""|-h|--help|help) usage; exit 0 ;;
-  setup) shift; PY=${PYTHON:-python3}; setup; echo "ready: $VENV" ;;
+  setup)
+    shift; PY=${PYTHON:-python3}
+    case "${1:-}" in
+      "") setup ;;
+      --browser) setup_browser ;;
+    esac
+    echo "ready: $VENV" ;;
+  lock) shift; lock ;;
   test)
     shift; setup
     exec "$VENV/bin/python" -m pytest "$@" ;;
   lint)
     shift; setup
-    "$VENV/bin/ruff" check . && exec "$VENV/bin/ruff" format --check . ;;
+    "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check . \
+      && exec "$VENV/bin/lint-imports" --no-cache ;;
   restart)
     shift; setup
     "$VENV/bin/python" -m cli stop --keep-redis

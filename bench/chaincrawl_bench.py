@@ -54,7 +54,8 @@ if __package__ in (None, ""):
 import psutil
 
 from bench.workload import expected_pages
-from config import DEFAULT_POOL
+from config import DEFAULT_POOL, Settings
+from utils import environ
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "benchsite"
@@ -115,8 +116,7 @@ class Worker:
             "-l", "INFO", "--without-gossip", *(extra or []),
         ]  # fmt: skip
         if events is None:  # as control.sh starts workers: -E only with CHAINCRAWL_TASK_EVENTS
-            raw = env.get("CHAINCRAWL_TASK_EVENTS", os.environ.get("CHAINCRAWL_TASK_EVENTS", ""))
-            events = raw.strip().lower() in ("1", "true", "yes", "on")
+            events = Settings.from_environ({**os.environ, **env}).task_events
         if events:
             cmd.insert(cmd.index("-l"), "-E")
         self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
@@ -206,12 +206,13 @@ class CrawlResult:
 class ChaincrawlBench:
     """A private redis-server for the whole session; workers started per configuration."""
 
-    def __init__(self, workdir: Path | None = None, key_prefix: str = "bench") -> None:
+    def __init__(self, workdir: Path | None = None, key_prefix: str = "bench",
+                 redis_binary: str | None = None) -> None:  # fmt: skip
         from utils.servers import RedisServer
 
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="bench-cc-"))
-        self.redis = RedisServer(self.workdir / "redis").start()
+        self.redis = RedisServer(self.workdir / "redis", binary=redis_binary).start()
         self.key_prefix = key_prefix
         self.env = {
             "CHAINCRAWL_REDIS_URL": self.redis.url,
@@ -219,16 +220,23 @@ class ChaincrawlBench:
             "CHAINCRAWL_EXTRA_SITE_PACKAGES": "bench.site",
             "CHAINCRAWL_VAR_DIR": str(self.workdir / "var"),
             "CHAINCRAWL_SINKS": "jsonl",
+            # the engine at full speed, as Scrapy's side runs without AutoThrottle or robots
+            "CHAINCRAWL_DEFAULT_LIMITS": "off",
+            "CHAINCRAWL_THROTTLE": "off",
+            "CHAINCRAWL_ROBOTS": "off",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         self._client_ready = False
+        self._saved_env: dict[str, str | None] = {}
         self.workers: list[Worker] = []
 
     # -- the client side (this process): chain runs and progress
     def _client(self) -> None:
         if self._client_ready:
             return
-        os.environ.update(self.env)
+        # close() puts these back: a bench run inside a test must not leave its sites and
+        # Redis to the tests that follow in the same process
+        self._saved_env = environ.apply(self.env)
         from config import get_settings, reset_settings
         from utils.redis import reset_clients
 
@@ -309,8 +317,19 @@ class ChaincrawlBench:
     def close(self) -> None:
         self.stop_workers()
         self.redis.stop()
+        if self._client_ready:
+            self._restore_client()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _restore_client(self) -> None:
+        from config import reset_settings
+        from utils.redis import reset_clients
+
+        environ.restore(self._saved_env)
+        reset_settings()
+        reset_clients()
+        self._client_ready = False
 
     def __enter__(self) -> ChaincrawlBench:
         return self

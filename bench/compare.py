@@ -264,7 +264,7 @@ class Metered:
 
 def loop_ms(n: int = 200_000) -> float:
     """CPU ms of a fixed pure-Python loop: the machine's speed at this moment. A shared VM's
-    speed swings (the ninth session's: 1.7x within a minute), so each run's line shows it
+    speed swings (1.7x within a minute has been seen), so each run's line shows it
     before and after, and an outlier run can be told from a slow moment of the machine."""
     t = time.process_time()
     x = 0

@@ -39,7 +39,7 @@ from config import DEFAULT_POOL
 ROOT = Path(__file__).resolve().parent.parent
 PYSPY = str(Path(sys.executable).with_name("py-spy"))
 
-PROJECT = {"base_task", "config", "worker", "exceptions", "chains", "external_interface",
+PROJECT = {"base_task", "config", "worker", "exceptions", "chains", "external_interface", "ledger",
            "monitor", "scheduling", "sites", "utils", "bench", "demo"}  # fmt: skip
 STDLIB_LABELS = {
     "json": "json (stdlib)",
@@ -125,7 +125,7 @@ TASK_ROOT = ("_WorkItem.run", "apply_timeout")
 PHASES: list[Rule] = [
     # the outbox drainer thread: items from the stream to the JSONL sink, counted stored
     ("outbox drainer thread (XREADGROUP, JSONL sink, ack script)",
-     lambda t, f: _has(f, "outbox.py") and not _has(f, *TASK_ROOT, *CONSUMER)),
+     lambda t, f: _has(f, "outbox/") and not _has(f, *TASK_ROOT, *CONSUMER)),
     # consumer loop: MainThread's asynloop (threads) or the synloop (gevent, solo)
     ("consumer: task-received events", lambda t, f: _has(f, *CONSUMER) and _has(f, "EventDispatcher")),
     ("consumer: 'Task received' log line", lambda t, f: _has(f, *CONSUMER) and _has(f, "logging/")),

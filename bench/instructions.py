@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.instructions                      # 1,000 pages, gevent (~2 min)
     .venv/bin/python -m bench.instructions --pages 2000 --pools gevent,threads --repeat 2
 
-Why: CPU time on a shared VM moves with the neighbours. On the ninth session's machine a fixed
+Why: CPU time on a shared VM moves with the neighbours. On one machine a fixed
 loop's CPU time swung 1.7x within a minute, and the cpu scenario's ratio read 0.63x, 0.84x and
 0.71x in three comparisons. callgrind counts the instructions a process executes: the same
 count for the same work, whatever else the machine does. Both crawlers run under `valgrind

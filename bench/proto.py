@@ -15,7 +15,7 @@ Flags left here:
                 cheaper metrics could still save)
     waits       diagnostic, gevent pool: counts every switch into the hub (a greenlet waiting)
                 by greenlet and by the code that waited, written to /tmp/waits-<pid>.txt
-                ($BENCH_WAITS_OUT) when the worker stops (docs/performance.md, seventh session)
+                ($BENCH_WAITS_OUT) when the worker stops (docs/performance.md)
     slots       diagnostic: the times of every request in the fetch slots (asked, slot taken,
                 response read, slot given back), written to /tmp/slots-<pid>.txt at shutdown;
                 `python -m bench.slot_report FILE...` reads them
@@ -32,12 +32,12 @@ ALL = ("nometrics",)  # "waits" and "slots" are diagnostics, not in "all"
 IN_CORE = {
     "noevents": "CHAINCRAWL_TASK_EVENTS (default off)",
     "quietlog": "CHAINCRAWL_TASK_LOG (default off)",
-    "rawpublish": "base_task.Publisher",
-    "commitkids": "chains.state: the commit returns the staged children",
-    "evalsha": "chains.state.RunState.run_commits",
-    "batchpublish": "base_task.Publisher",
+    "rawpublish": "ledger.publish.Publisher",
+    "commitkids": "ledger.state: the commit returns the staged children",
+    "evalsha": "ledger.state.RunState.run_commits",
+    "batchpublish": "ledger.publish.Publisher",
     "urllib3": "CHAINCRAWL_FETCHER (default urllib3)",
-    "orjson": "worker.use_orjson",
+    "orjson": "ledger.broker.use_orjson",
     "brokerpool": "CHAINCRAWL_BROKER_MAX_CONNECTIONS",
     "lazyattrs": "external_interface.fetch.lazy",
     "batch": "CHAINCRAWL_BATCH / CHAINCRAWL_BATCH_BACKLOG",

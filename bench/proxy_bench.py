@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from external_interface.proxy_channel import ChannelPool
-from external_interface.proxy_config import ProxySettings
-from external_interface.proxy_models import ProxyAddress
-from external_interface.proxy_pool import GlobalPool
+from config.proxy import ProxySettings
+from external_interface.proxy.channel import ChannelPool
+from external_interface.proxy.models import ProxyAddress
+from external_interface.proxy.pool import GlobalPool
 from utils.servers import RedisServer
 
 

@@ -9,7 +9,7 @@ steady middle of the run, how many requests waited for a slot meanwhile, and the
 the start and the end when fewer than all but one slot were busy (the bench's warm-up crawl
 of a few pages comes first), with the URLs fetched last:
 a tail of pages fetched one after the other (a batch running its pages in one slot) shows
-there (docs/performance.md, eighth session).
+there (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ if __package__ in (None, ""):
 import redis
 from celery import Celery
 
-from base_task import BATCH_TASK, send_kid
 from chains.sweeper import broker_task_ids
+from ledger.batching import BATCH_TASK
+from ledger.publish import send_kid
 from utils.servers import RedisServer
 
 PREFIX = "bench:q:"
@@ -55,7 +56,7 @@ def samples(r: redis.Redis, url: str) -> tuple[bytes, bytes]:
     """One single-page message and one batch of 20, as kombu puts them in a queue list."""
     app = _app(url)
     rid = uuid.uuid4().hex[:16]
-    send_kid(app, _kid(rid, 0))
+    send_kid(app, _kid(rid, 0), lambda task: "testsite")
     batch = [_kid(rid, i) for i in range(20)]
     app.send_task(BATCH_TASK, args=(batch,), task_id=uuid.uuid4().hex, priority=4)
     raws = [m for k in r.scan_iter(match=f"{PREFIX}*", _type="list") for m in r.lrange(k, 0, -1)]

@@ -12,9 +12,17 @@ Chain definitions live in `chains/defs/` (one module per business chain, importe
 
 from __future__ import annotations
 
-from chains.model import Chain, Step, StepOptions, chain_from_dict, load_chain_file, step
-from chains.registry import define, get_chain, load_all, names, register
+from chains.registry import (
+    chain_from_dict,
+    define,
+    get_chain,
+    load_all,
+    load_chain_file,
+    names,
+    register,
+)
 from chains.runner import RunHandle, cancel, get_run, pause, resume, run
+from ledger.model import Chain, Step, StepOptions, step
 
 __all__ = [
     "Chain",

@@ -1,14 +1,24 @@
-"""Chains by name. Modules under `chains/defs/` call `define(...)` at import time."""
+"""Chains by name. Modules under `chains/defs/` call `define(...)` at import time.
+
+Every chain is validated against the endpoints when it is defined or loaded from a file (unknown
+task with a "did you mean", a required parameter with no mapping, a mapping from a field the
+parent's items lack, a bad constant, a cycle), with every site loaded first.
+"""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
 import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from chains.model import Chain, Step
+import sites
 from config import get_settings
 from exceptions import UnknownChainError
+from ledger import model
+from ledger.model import Chain, Step
 from utils.registry import Registry, UnknownNameError
 
 _chains: Registry[Chain] = Registry("chain")
@@ -22,8 +32,18 @@ def register(chain: Chain) -> Chain:
 
 
 def define(name: str, root: Step) -> Chain:
-    """Define, validate and register a chain (validation imports the endpoint modules)."""
-    return register(Chain(name, root))
+    """Define, validate and register a chain."""
+    return register(Chain(name, root, lookup=sites.get_endpoint))
+
+
+def chain_from_dict(data: Mapping[str, Any], *, validate: bool = True) -> Chain:
+    """A chain from its data form (a tree or a graph of named steps), validated."""
+    return model.chain_from_dict(data, lookup=sites.get_endpoint if validate else None)
+
+
+def load_chain_file(path: str | Path, *, validate: bool = True) -> Chain:
+    """A chain from a YAML or JSON file, validated."""
+    return model.load_chain_file(path, lookup=sites.get_endpoint if validate else None)
 
 
 def load_all() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -9,28 +10,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from celery import Celery
 
-from chains.model import Chain, chain_from_dict
+import sites
+from base_task import queue_for, runtime
 from chains.registry import get_chain
-from chains.state import (
+from config import get_settings
+from exceptions import ParamsError, UnknownChainError
+from ledger.broker import default_app
+from ledger.meta import TaskMeta
+from ledger.model import Chain, chain_from_dict
+from ledger.publish import send_kid
+from ledger.state import (
     COUNTERS,
     Cancelled,
     Paused,
     Resumed,
     RunState,
+    items_settled,
     run_status,
+    stalled_resends,
     step_counters,
 )
-from config import get_settings
-from exceptions import ParamsError, UnknownChainError
+from ledger.workers import TaskSets
 from utils.redis import get_redis
+
+log = logging.getLogger("chaincrawl.runs")
 
 
 @dataclass
 class Progress:
     run_id: str
     chain: str
-    status: str  # running | paused | cancelling (tasks still draining) | done | cancelled
+    status: str  # running | paused | cancelling (tasks still draining) | storing | done | cancelled
     steps: dict[str, dict[str, int]]
     totals: dict[str, int]
     outstanding: int
@@ -38,12 +50,37 @@ class Progress:
     created: float
     finished: float | None
     tasks: dict[str, str] = field(default_factory=dict)  # step id -> task name
+    resending: int = 0  # tasks the sweeper re-sent since the run's last commit
 
     @property
     def complete(self) -> bool:
         """Every dispatched task finished and every item it produced reached the sinks (stored,
-        or refused by a sink as invalid and dead-lettered in the outbox: `store_failed`)."""
+        or refused by a sink as invalid and dead-lettered in the outbox: `store_failed`); a run
+        whose tasks are done while items wait in the outbox is `storing`, not yet `done`.
+
+        Complete is not "every task succeeded": a task that failed for good (dead-lettered)
+        has finished too. `failed` counts those, `ok` says the run ended without any."""
         return self.status == "done" and self.items_settled
+
+    @property
+    def failed(self) -> int:
+        """Tasks of the run that failed for good (its dead letters; a replay takes one back)."""
+        return self.totals.get("failed", 0)
+
+    @property
+    def ok(self) -> bool:
+        """Complete, with every task succeeded and every item stored (none refused by a sink)."""
+        return self.complete and self.failed == 0 and self.totals.get("store_failed", 0) == 0
+
+    @property
+    def ending(self) -> str | None:
+        """How the run ended: "ok", "failed" (complete, but with failed tasks or refused
+        items), "cancelled"; None while it has not ended."""
+        if not self.ended:
+            return None
+        if self.status == "cancelled":
+            return "cancelled"
+        return "ok" if self.ok else "failed"
 
     @property
     def ended(self) -> bool:
@@ -53,8 +90,16 @@ class Progress:
 
     @property
     def items_settled(self) -> bool:
+        return items_settled(self.totals)
+
+    @property
+    def skips(self) -> dict[str, int]:
+        """Requests not made, by reason: `robots` (tasks that ended without their request),
+        `seen` (children crawled before, `skip_seen_hours`), `unique` (children this run
+        sent already)."""
         t = self.totals
-        return t["stored"] + t["store_failed"] >= t["items"]
+        return {"robots": t.get("skipped", 0), "seen": t.get("skipped_seen", 0),
+                "unique": t.get("skipped_unique", 0)}  # fmt: skip
 
     @property
     def elapsed(self) -> float:
@@ -67,10 +112,15 @@ class Progress:
             "status": self.status,
             "complete": self.complete,
             "ended": self.ended,
+            "ending": self.ending,
+            "ok": self.ok,
+            "failed": self.failed,
             "outstanding": self.outstanding,
             "waiting": self.waiting,
+            "resending": self.resending,
             "elapsed": round(self.elapsed, 3),
             "totals": self.totals,
+            "skips": self.skips,
             "steps": {s: {"task": self.tasks.get(s, ""), **c} for s, c in self.steps.items()},
         }
 
@@ -80,6 +130,7 @@ class RunHandle:
         self.run_id = run_id
         self.chain = chain
         self.state = state or RunState(get_redis())
+        self.note = ""  # a warning from the start (`run`): no worker was up to check against
 
     def __repr__(self) -> str:
         return f"RunHandle({self.chain.name!r}, run_id={self.run_id!r})"
@@ -90,7 +141,7 @@ class RunHandle:
         return Progress(
             run_id=self.run_id,
             chain=self.chain.name,
-            status=run_status(info),
+            status=run_status(info, c),
             steps=step_counters(c, list(self.chain.steps)),
             totals={k: c.get(k, 0) for k in COUNTERS},
             outstanding=c.get("outstanding", 0),
@@ -98,6 +149,7 @@ class RunHandle:
             created=float(info.get("created", 0) or 0),
             finished=float(info["finished"]) if info.get("finished") else None,
             tasks={s.id: s.task for s in self.chain.root.walk()},
+            resending=stalled_resends(info),
         )
 
     def wait(
@@ -107,7 +159,10 @@ class RunHandle:
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Progress:
         """Block until the run is complete (tasks finished, items stored), or cancelled and
-        drained (`p.status == "cancelled"`, `p.complete` False); TimeoutError if neither."""
+        drained (`p.status == "cancelled"`, `p.complete` False); TimeoutError if neither.
+
+        A complete run may still have failed tasks (dead letters): check `p.ok` (or
+        `p.failed`, `p.ending`) before reading complete as success."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             p = self.progress()
@@ -162,21 +217,20 @@ def pause(run_id: str, reason: str = "") -> Paused:
     return out
 
 
-def resume(run_id: str) -> Resumed:
+def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     """Let a paused run go on: what waits is sent now (up to the run's cap, the rest as its
-    tasks finish). A run that is not paused is left as it is (`was` says so)."""
-    from base_task import publisher
-    from worker import app
-
+    tasks finish). A run that is not paused is left as it is (`was` says so). `app`: the
+    Celery app to send with (default: `ledger.broker.default_app()`)."""
+    app = app or default_app()
     settings = get_settings()
     state = RunState(get_redis(), settings)
-    staging = settings.key("kids", f"client-resume-{run_id}-{uuid.uuid4().hex[:8]}")
+    staging = state.kids_key(f"client-resume-{uuid.uuid4().hex[:8]}", run_id)
     out = state.resume(run_id, staging)
     _known(out.was, run_id)
     if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
         staged = state.r.lrange(staging, 0, -1)
         outstanding = state.counters(run_id).get("outstanding", 0)
-        publisher(app, settings).publish(state, [(staged, staging)], outstanding)
+        runtime.current().publisher(app).publish(state, [(staged, staging)], outstanding)
     return out
 
 
@@ -187,12 +241,15 @@ def run(
     *,
     run_id: str | None = None,
     max_in_flight: int | None = None,
+    app: Celery | None = None,
+    check_workers: bool = True,
 ) -> RunHandle:
-    """Start a run: validate the seeds against the root step's Params, record the run and
-    its chain definition in Redis, and send the root tasks. Returns at once."""
-    from base_task import get_endpoint, send_kid
-    from worker import app
-
+    """Start a run: validate the seeds against the root step's Params, check that the live
+    workers know every task of the chain (`WorkersOutdated` if one lacks one; a warning in
+    `RunHandle.note` when no worker is up), record the run and its chain definition in Redis,
+    and send the root tasks. Returns at once. `app`: the Celery app to send with (default:
+    `ledger.broker.default_app()`, the worker's where one runs)."""
+    app = app or default_app()
     ch = chain if isinstance(chain, Chain) else get_chain(chain)
     settings = get_settings()
     prio = settings.default_priority if priority is None else int(priority)
@@ -201,7 +258,7 @@ def run(
     seed_list = list(seeds) if seeds is not None else [{}]
     if not seed_list:
         raise ParamsError(f"chain {ch.name!r}: no seeds given")
-    spec = get_endpoint(ch.root.task)
+    spec = sites.get_endpoint(ch.root.task)
     params = []
     for i, s in enumerate(seed_list):
         if not isinstance(s, Mapping):
@@ -210,24 +267,39 @@ def run(
             params.append(spec.validate_params({**ch.root.const, **s}).model_dump(mode="json"))
         except ParamsError as exc:
             raise ParamsError(f"seed {i}: {exc}") from None
+    note = workers_check(ch) if check_workers else ""
     cap = settings.run_max_in_flight if max_in_flight is None else int(max_in_flight)
-    rid = run_id or uuid.uuid4().hex[:16]
     state = RunState(get_redis(), settings)
+    rid = run_id or state.new_run_id()
     state.create_run(rid, ch.name, ch.to_json(), prio, cap)
-    meta: dict[str, Any] = {"run": rid, "step": ch.root.id, "prio": prio}
-    if ch.root.options.queue:
-        meta["queue"] = ch.root.options.queue
+    meta = TaskMeta(run_id=rid, step=ch.root.id, priority=prio, queue=ch.root.options.queue or "")
+    wire = meta.to_wire()
     msgs = [
-        orjson.dumps({"id": uuid.uuid4().hex, "task": ch.root.task, "params": p, "meta": meta})
+        orjson.dumps({"id": uuid.uuid4().hex, "task": ch.root.task, "params": p, "meta": wire})
         for p in params
     ]
-    staging = settings.key("kids", f"client-{rid}")
+    staging = state.kids_key("client", rid)
     state.enqueue_and_release(rid, ch.root.id, msgs, staging)
     r = state.r
     for raw in r.lrange(staging, 0, -1):
-        send_kid(app, orjson.loads(raw))
+        send_kid(app, orjson.loads(raw), queue_for)
     r.delete(staging)
-    return RunHandle(rid, ch, state)
+    handle = RunHandle(rid, ch, state)
+    handle.note = note
+    return handle
+
+
+def workers_check(ch: Chain) -> str:
+    """Refuse a chain that a live worker consuming one of its queues would drop as unknown
+    (an endpoint added or a route changed after the workers started): `WorkersOutdated`,
+    naming the tasks and the workers, before anything is recorded or sent. -> a warning
+    ("" if none): no worker up yet, or none consuming a queue (the run waits for them)."""
+    needed = {s.task: s.options.queue or queue_for(s.task) for s in ch.root.walk()}
+    check = TaskSets(get_redis()).check(needed)
+    check.raise_if_outdated()
+    if check.note:
+        log.warning("chain %s: %s", ch.name, check.note)
+    return check.note
 
 
 def get_run(run_id: str) -> RunHandle:
@@ -236,4 +308,4 @@ def get_run(run_id: str) -> RunHandle:
     raw = state.chain_def(run_id)
     if raw is None:
         raise UnknownChainError(f"no run {run_id!r} in {get_settings().redis_url.split('@')[-1]}")
-    return RunHandle(run_id, chain_from_dict(orjson.loads(raw), validate=False), state)
+    return RunHandle(run_id, chain_from_dict(orjson.loads(raw)), state)

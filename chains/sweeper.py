@@ -1,16 +1,17 @@
-"""The run-ledger sweeper: re-sends run tasks whose message the broker lost (bug 1).
+"""The run-ledger sweeper: re-sends run tasks whose message the broker lost.
 
 kombu's Redis transport pops a message (BRPOP) and only afterwards records it in `unacked`; a
 worker killed in between takes the message with it, and nothing would ever redeliver it. Every
 task of a run is therefore in the run's ledger (`run:{rid}:ledger`, tid -> message) from before
-it is sent until it commits (chains/state.py). A stalled run (no commit for `sweep_stall`
+it is sent until it commits (ledger/state.py). A stalled run (no commit for `sweep_stall`
 seconds) whose ledger holds a task found nowhere in the broker - not in a queue list (priority
 sub-queues included), not in `unacked` (where messages being run, waiting for an ETA or
 prefetched are; one held there for twice the visibility timeout counts as lost), not in the
 run's backpressure list - and not committed, has lost that message:
 the sweeper sends it again with its task id. A re-send of a message that was not in fact lost is
 harmless (the commit runs once per task id); the stall condition and a second look after
-`confirm` seconds keep that rare.
+`confirm` seconds keep that rare. A task id a worker refused as unknown (ledger/workers.py,
+base_task/unknown.py) is never re-sent: the worker dead-lettered it, naming the fix.
 
 The same pass first gives back the unacknowledged messages of dead workers (heartbeat gone for
 `dead_worker_after` seconds; utils/unacked_owners.py), which kombu would restore only after the
@@ -40,25 +41,22 @@ from typing import Any
 import orjson
 import redis
 
-from chains.state import RunState
+from base_task import queue_for
 from config import Settings, get_settings
+from ledger.batching import BATCH_TASK
+from ledger.publish import send_kid
+from ledger.state import RunState
+from ledger.workers import TaskSets
+from utils import broker_drops, unacked_owners
+from utils.keyspace import Keyspace
+from utils.lua import script
+from utils.redis import get_redis
 
 log = logging.getLogger("chaincrawl.sweeper")
 
-BATCH_TASK = "chaincrawl.batch"  # one broker message carrying several children (args[0])
 CLEAN_MAX = 300.0  # longest wait before a stalled run found whole is looked at again
 _CHUNK = 1000
-
-_EXTEND = """
--- KEYS: 1 lock; ARGV: 1 token, 2 ttl ms. Extends the lock if it is still ours, takes it again
--- if it expired and nobody took it; 0 if another holds it.
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] or not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
+COMPACT_LOOK = 20  # newest runs the sweep looks at for a finished run not compacted yet
 
 
 class _LockLost(Exception):
@@ -110,7 +108,7 @@ def broker_task_ids(
     With `stale_after`, an `unacked` message delivered longer ago than that (its
     `unacked_index` score) does not count: kombu restores every message after the visibility
     timeout, so one still there long after means its restore sweeps are not running (a
-    backstop; bug 9, first taken for such a message, was a task re-queueing itself: a fresh
+    backstop; a task re-queueing itself, once taken for such a message, sends a fresh
     message every time). Re-sending it is safe: the commit runs once per task id. The ids of
     such messages go to `stale_ids` when given. `tick()` is called after each chunk read (a
     long read keeps its caller's lock with it)."""
@@ -164,6 +162,7 @@ class Sweeper:
         self.broker_prefix = broker_prefix
         self.send = send
         self.state = RunState(client, self.s)
+        self.sets = TaskSets(client, self.s)
         self.interval = self.s.sweep_interval if interval is None else interval
         self.stall = self.s.sweep_stall if stall is None else stall
         self.confirm = confirm
@@ -173,7 +172,7 @@ class Sweeper:
         self.restored = 0  # by this process
         self.lock_key = self.s.key("sweeper", "lock")
         self._lock: tuple[str, float] | None = None  # (token, monotonic time last extended)
-        self._extend = client.register_script(_EXTEND)
+        self._extend = client.register_script(script(__file__, "extend_lock.lua"))
         self.resent = 0  # by this process
         # why the next pass checks every active run, not only stalled ones ("" = no reason)
         self.check_all = ""
@@ -187,10 +186,6 @@ class Sweeper:
     @classmethod
     def for_app(cls, app: Any, settings: Settings | None = None, **kw: Any) -> Sweeper | None:
         """The sweeper of a worker process, or None when the broker is not Redis."""
-        from base_task import send_kid
-        from utils import unacked_owners
-        from utils.redis import get_redis
-
         s = settings or get_settings()
         if not s.redis_broker or (s.sweep_stall <= 0 and s.dead_worker_after <= 0):
             return None
@@ -199,7 +194,7 @@ class Sweeper:
             get_redis(s.redis_url),
             get_redis(s.broker_url),
             s.broker_key_prefix,
-            lambda kid: send_kid(app, kid),
+            lambda kid: send_kid(app, kid, queue_for),
             s,
             restore=restore,
             **kw,
@@ -272,7 +267,7 @@ class Sweeper:
 
     def _present(self, rids: Iterable[str]) -> set[str]:
         """Task ids that will run without us: in the broker, in a run's waiting list, or staged
-        in `kids:{tid}` by a committed task whose own message is still in the broker (its
+        in `run:{rid}:kids:<tid>` by a committed task whose own message is still in the broker (its
         redelivery sends them). Children staged by a task whose message is gone are not."""
         self.stale = set()
         ids = broker_task_ids(
@@ -282,11 +277,11 @@ class Sweeper:
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))
-        staging = self.s.key("kids", "")
-        for key in self.r.scan_iter(match=f"{staging}*", count=1000, _type="list"):
-            if key.decode()[len(staging) :] in ids:
-                for raw in self.r.lrange(key, 0, -1):
-                    ids.update(_kid_id(raw))
+        for pattern in self.state.ks.kids_patterns():
+            for key in self.r.scan_iter(match=pattern, count=1000, _type="list"):
+                if Keyspace.kids_tid(key.decode()) in ids:
+                    for raw in self.r.lrange(key, 0, -1):
+                        ids.update(_kid_id(raw))
         return ids
 
     def runs_to_check(self, now: float | None = None) -> list[str]:
@@ -322,6 +317,9 @@ class Sweeper:
             if committed:  # committed but left in the ledger: nothing to send
                 self.r.hdel(self.state.ledger_key(rid), *committed)
             lost = {t: ledgers[rid][t] for t, d in zip(cand, done, strict=True) if not d}
+            refused = self.sets.unknown(lost)  # a worker did not know the task: its
+            for t in refused:  # dead letter says so; re-sending would only loop
+                del lost[t]
             if lost:
                 out[rid] = lost
         return out
@@ -331,8 +329,6 @@ class Sweeper:
     def restore_dead_owners(self) -> int:
         """Give back the messages that dead worker processes held unacknowledged (their
         heartbeat gone for `dead_worker_after` s); -> messages restored."""
-        from utils import unacked_owners
-
         if self.restore is None or self.dead_after <= 0:
             return 0
         n = 0
@@ -368,8 +364,6 @@ class Sweeper:
     def note_connection_drops(self) -> None:
         """Hand this process's broker connection drops (utils/broker_drops.py) to whichever
         process sweeps next: its pass checks every active run."""
-        from utils import broker_drops
-
         whys = broker_drops.take()
         if not whys:
             return
@@ -379,6 +373,29 @@ class Sweeper:
             broker_drops.put_back(whys)
             raise
 
+    def restore_held_before_drop(self, now: float | None = None) -> int:
+        """Give back what this process took before its broker connection dropped (and still
+        holds: its ack or reject failed, or it is still running, then it runs twice, which a
+        task's commit allows); -> messages restored. Two intervals after the drop."""
+        who = unacked_owners.owner()
+        if self.restore is None or who is None:
+            return 0
+        at = broker_drops.dropped_before(time.time() if now is None else now, 2 * self.interval)
+        if at is None:
+            return 0
+        try:
+            tags = [t for t, taken in unacked_owners.held_since(self.broker, self.broker_prefix,
+                                                                who).items() if taken < at]  # fmt: skip
+            n = self.restore(tags) if tags else 0
+        except redis.RedisError:
+            broker_drops.put_back_drop(at)
+            raise
+        if n:
+            log.warning("%d message(s) taken before the broker connection dropped given back "
+                        "(their ack or reject could not reach the broker)", n)  # fmt: skip
+        self.restored += n
+        return n
+
     def take_check_request(self) -> None:
         """A drop noted by any process (`note_connection_drops`): check every run now."""
         why = self.r.getdel(self.check_key)
@@ -386,9 +403,19 @@ class Sweeper:
             log.warning("%s: checking every active run's ledger", why.decode())
             self.check_all = self.check_all or why.decode()
 
+    def compact_finished(self) -> list[str]:
+        """Compact the newest runs that are complete and stored but not compacted yet: the
+        drainer that stores a run's last items does it, unless that drainer runs on its own
+        (`python -m external_interface.outbox`) without the worker's hook."""
+        return self.state.compact_settled(self.state.recent(COMPACT_LOOK))
+
     def sweep_once(self) -> int:
         """One pass over the stalled runs; -> messages re-sent."""
         n = 0
+        try:
+            self.compact_finished()
+        except redis.exceptions.RedisError as exc:
+            log.warning("compacting finished runs failed: %s", exc)
         if self.stall <= 0:
             return 0
         why = self.check_all
@@ -414,6 +441,7 @@ class Sweeper:
             for step, c in steps.items():
                 if step:
                     pipe.hincrby(ck, f"{step}:resent", c)
+            self.state.note_resends(rid, len(lost), pipe)
             pipe.execute()
             n += len(lost)
         self.resent += n
@@ -431,7 +459,7 @@ class Sweeper:
             self.keep_lock()
 
     def _extend_lock(self, token: str) -> bool:
-        """The lock for another `lock_ttl`, if it is still ours or free (`_EXTEND`)."""
+        """The lock for another `lock_ttl`, if it is still ours or free (`extend_lock.lua`)."""
         return bool(self._extend(keys=[self.lock_key], args=[token, int(self.lock_ttl * 1000)]))
 
     def keep_lock(self) -> None:
@@ -483,6 +511,7 @@ class Sweeper:
         while not stop.wait(self.interval):
             try:
                 self.note_connection_drops()
+                self.restore_held_before_drop()
                 self.try_sweep()
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # Redis down: next time
                 log.warning("run ledger sweep skipped: %s", exc)

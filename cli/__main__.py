@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
+import redis
+
 from cli import UserError
-from config import DEFAULT_POOL, POOLS
+from cli.parser import SHELL_COMMANDS, parse
 
 
 def _seeds(text: str | None) -> list[dict[str, Any]] | None:
@@ -19,13 +24,46 @@ def _seeds(text: str | None) -> list[dict[str, Any]] | None:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(
-            f"seeds are not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
+            f"seeds are not valid JSON ({exc.msg} at column {exc.colno}): {text[:200]!r}"
         ) from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
         raise UserError("seeds must be a JSON object or a list of objects, e.g. '[{\"page\": 1}]'")
     return data
+
+
+def _seeds_file(path: str) -> list[dict[str, Any]]:
+    """Seeds from a file ('-': standard input): one JSON list (or object), or JSON lines. A
+    file has no length limit, where a command-line argument stops at the system's ARG_MAX."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--seeds-file {path}: {exc}") from None
+    where = "standard input" if path == "-" else path
+    try:
+        seeds = _seeds(text) or []
+    except UserError:
+        seeds = _json_lines(text, where)
+    if not seeds:
+        raise UserError(f"{where}: no seeds")
+    return seeds
+
+
+def _json_lines(text: str, where: str) -> list[dict[str, Any]]:
+    seeds = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            seed = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where} line {n}: not JSON ({exc.msg} at column {exc.colno}); "
+                            "expected a JSON list or one JSON object per line") from None  # fmt: skip
+        if not isinstance(seed, dict):
+            raise UserError(f"{where} line {n}: a seed must be a JSON object")
+        seeds.append(seed)
+    return seeds
 
 
 def cmd_start(a: argparse.Namespace) -> None:
@@ -68,16 +106,15 @@ def cmd_status(a: argparse.Namespace) -> None:
     from cli import procs, status
 
     s = procs.settings()
-    if not procs.port_open(*_redis_hostport(s)):
+    if procs.embedded_redis_stopped(s):  # not a restart: nothing to wait for
         raise UserError("Redis is not running: start it with ./control.sh start")
     status.main(a)
 
 
 def _redis_hostport(s: Any) -> tuple[str, int]:
-    from urllib.parse import urlparse
+    from cli import procs
 
-    u = urlparse(s.redis_url)
-    return u.hostname or "127.0.0.1", u.port or 6379
+    return procs.redis_hostport(s)
 
 
 def cmd_flower(a: argparse.Namespace) -> None:
@@ -89,18 +126,36 @@ def cmd_flower(a: argparse.Namespace) -> None:
     print(f"flower: {url} (user {s.flower_user!r}, password in {where})")
 
 
-def cmd_trigger(a: argparse.Namespace) -> None:
+def cmd_trigger(a: argparse.Namespace) -> int:
+    """Exit status (documented in `trigger --help` and docs/cli.md): 0 every task succeeded,
+    1 ended with failed tasks or refused items, 2 usage error, 3 cancelled, 4 still running."""
     from cli import procs, runs
 
+    if a.seeds is not None and a.seeds_file is not None:
+        raise UserError("give the seeds as an argument or with --seeds-file, not both")
+    seeds = _seeds_file(a.seeds_file) if a.seeds_file is not None else _seeds(a.seeds)
     s = procs.settings()
     procs.ensure_redis(s)
-    result = runs.trigger(a.chain, _seeds(a.seeds), a.priority, not a.no_wait, a.timeout)
-    if not a.no_wait and not result.complete:  # type: ignore[union-attr]
-        if result.status == "cancelled":  # type: ignore[union-attr]
-            raise UserError(f"run {result.run_id} was cancelled")  # type: ignore[union-attr]
-        raise UserError(
-            f"run not complete after {a.timeout}s (it goes on; see ./control.sh status)"
-        )
+    result = runs.trigger(a.chain, seeds, a.priority, not a.no_wait, a.timeout)
+    if a.no_wait:
+        return 0
+    p: Any = result  # a Progress once watched
+    if p.ending == "cancelled":
+        print(f"run {p.run_id} was cancelled", file=sys.stderr)
+        return 3
+    if p.ending is None:
+        print(f"run {p.run_id} still running after {a.timeout}s (it goes on; "
+              f"./control.sh runs {p.run_id})", file=sys.stderr)  # fmt: skip
+        return 4
+    if p.ending == "failed":
+        refused = p.totals.get("store_failed", 0)
+        what = [f"{p.failed} failed task(s)"] if p.failed else []
+        what += [f"{refused} item(s) refused by a sink"] if refused else []
+        print(f"run {p.run_id} ended with {' and '.join(what)}: "
+              f"./control.sh deadletter list --run {p.run_id}", file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"run {p.run_id} complete: every task succeeded")
+    return 0
 
 
 def cmd_cancel(a: argparse.Namespace) -> None:
@@ -126,7 +181,7 @@ def cmd_runs(a: argparse.Namespace) -> None:
 
 def _run_targets(a: argparse.Namespace) -> list[str]:
     """RUN_ID, or with --chain / --all the active runs of that chain / every active run."""
-    from chains.state import RunState
+    from ledger.state import RunState
     from utils.redis import get_redis
 
     given = [x for x in (a.run_id, a.chain, a.all) if x]
@@ -170,15 +225,16 @@ def cmd_resume(a: argparse.Namespace) -> None:
 
 
 def cmd_deadletter(a: argparse.Namespace) -> None:
-    from cli import deadletter
+    from cli import deadletter, procs
 
+    if procs.embedded_redis_stopped(procs.settings()):
+        raise UserError("Redis is not running: start it with ./control.sh start")
     if a.action == "list":
         deadletter.list_view(a.limit, a.task, a.verbose, a.run)
+    elif a.action == "replay":
+        print(f"replayed {deadletter.replay(a.ids, a.all, a.task, a.run)} task(s)")
     else:
-        if not a.ids and not a.all:
-            raise UserError("replay needs dead-letter ids or --all")
-        n = deadletter.replay(a.ids, a.all, a.task, a.run)
-        print(f"replayed {n} task(s)")
+        print(f"purged {deadletter.purge(a.ids, a.all, a.task, a.run)} dead letter(s)")
 
 
 def cmd_chains(a: argparse.Namespace) -> None:
@@ -191,12 +247,19 @@ def cmd_chains(a: argparse.Namespace) -> None:
 
 def cmd_config(a: argparse.Namespace) -> None:
     """The CHAINCRAWL_* variables set (names only: values may be secrets), and any that
-    nothing reads."""
-    from utils import envcheck
+    nothing reads; `--list`: every variable chaincrawl reads, with its default."""
+    if a.list:
+        from config import reference
 
-    names = sorted(n for n in os.environ if n.startswith(envcheck.PREFIX))
+        print(reference.markdown())
+        return
+    import sites
+    from config import envcheck
+    from external_interface.pool import known_kinds
+
+    names = envcheck.set_names()
     print(f"{len(names)} CHAINCRAWL_* variable(s) set" + (": " + ", ".join(names) if names else ""))
-    problems = envcheck.current()
+    problems = envcheck.current(sites.sites(), known_kinds())
     for p in problems:
         print(f"  {p}")
     if problems:
@@ -215,122 +278,82 @@ def cmd_redis(a: argparse.Namespace) -> None:
         print("stopped" if procs.stop_redis(s) else "embedded redis was not running")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="control.sh", description="chaincrawl control")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def handler(name: str | Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
+    """A command's function from its name in cli.parser ("module:function", or a function here);
+    modules that import only the standard library (cli.ops, cli.monitoring) give the function."""
+    if callable(name):
+        return name
+    if ":" not in name:
+        return globals()[name]  # type: ignore[no-any-return]
+    module, func = name.split(":")
+    return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
 
-    st = sub.add_parser("start", help="start workers (and the embedded Redis if needed)")
-    st.add_argument("--queues", help="comma-separated queues (default: every site + resources)")
-    st.add_argument("--pool", default=DEFAULT_POOL,
-                    help=f"{DEFAULT_POOL} (default), " + ", ".join(p for p in POOLS if p != DEFAULT_POOL))  # fmt: skip
-    st.add_argument("--concurrency", "-c", type=int, default=16, help="slots per worker (16)")
-    st.add_argument("--fetch-slots", type=int, default=None,
-                    help="most requests in flight per worker (default: CHAINCRAWL_FETCH_SLOTS, "
-                    "else one per slot); e.g. -c 20 --fetch-slots 16 keeps 16 requests "
-                    "going while finished pages parse")  # fmt: skip
-    st.add_argument("--workers", "-n", type=int, default=os.cpu_count() or 1,
-                    help="worker processes on this machine (default: one per core)")  # fmt: skip
-    st.add_argument("--name", default="w", help="worker name prefix (w)")
-    st.set_defaults(fn=cmd_start)
 
-    sp = sub.add_parser("stop", help="warm-stop workers and everything control.sh started")
-    sp.add_argument("--timeout", type=float, default=120, help="seconds to let tasks finish")
-    sp.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running")
-    sp.set_defaults(fn=cmd_stop)
+REDIS_UNREACHABLE = 5  # exit status: Redis (or the broker) did not answer within REDIS_WAIT
 
-    ss = sub.add_parser("status", help="workers, queues, runs, dead letters, backlog")
-    ss.add_argument("--json", action="store_true", help="machine-readable snapshot")
-    ss.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
-    ss.add_argument("--interval", type=float, default=1.0)
-    ss.add_argument("--inspect-timeout", type=float, default=1.0,
-                    help="seconds to wait for workers to answer")  # fmt: skip
-    ss.add_argument("--no-workers", action="store_true", help="skip asking the workers")
-    ss.set_defaults(fn=cmd_status)
 
-    fl = sub.add_parser("flower", help="start Flower (basic auth on)")
-    fl.set_defaults(fn=cmd_flower)
+def _redis_where() -> str:
+    from config import get_settings
 
-    tr = sub.add_parser("trigger", help="start a chain run and show its live progress")
-    tr.add_argument("chain")
-    tr.add_argument("seeds", nargs="?", help="JSON object or list of objects (root parameters)")
-    tr.add_argument("--priority", type=int, help="0..9, 9 most urgent")
-    tr.add_argument("--no-wait", action="store_true", help="print the run id and return")
-    tr.add_argument("--timeout", type=float, default=None)
-    tr.set_defaults(fn=cmd_trigger)
+    host, port = _redis_hostport(get_settings())
+    return f"{host}:{port}"
 
-    ru = sub.add_parser("runs", help="the newest runs (finished too), or one run's steps")
-    ru.add_argument("run_id", nargs="?")
-    ru.add_argument("--limit", type=int, default=20)
-    ru.add_argument("--json", action="store_true")
-    ru.add_argument("--chain", help="only this chain's runs")
-    ru.add_argument("--status", choices=["running", "paused", "cancelling", "done", "cancelled"])
-    ru.set_defaults(fn=cmd_runs)
 
-    for name, fn, what, reason in (
-        ("cancel", cmd_cancel, "stop a run (workers and other runs go on)", "kept with the run"),
-        ("pause", cmd_pause, "hold a run without losing its place (resume goes on)",
-         "kept with the run while it is paused"),
-        ("resume", cmd_resume, "let a paused run go on", ""),
-    ):  # fmt: skip
-        rc = sub.add_parser(name, help=what)
-        if name == "cancel":  # one run at a time: cancelling is not undone
-            rc.add_argument("run_id")
-        else:  # a site under maintenance, a proxy provider down: hold a chain's runs, or all
-            rc.add_argument("run_id", nargs="?")
-            rc.add_argument("--chain", help="every active run of this chain")
-            rc.add_argument("--all", action="store_true", help="every active run")
-        if reason:
-            rc.add_argument("--reason", help=reason)
-        rc.set_defaults(fn=fn, cmd=name)
+def _patient_redis() -> None:
+    """Every Redis call of this command waits out a restart or a load (CHAINCRAWL_REDIS_WAIT),
+    saying so on one line, instead of failing with a traceback."""
+    from config import get_settings
+    from utils.redis import be_patient
 
-    dl = sub.add_parser("deadletter", help="list or replay tasks that failed for good")
-    dl.add_argument("action", choices=["list", "replay"])
-    dl.add_argument("ids", nargs="*")
-    dl.add_argument("--all", action="store_true")
-    dl.add_argument("--task", help="only this task name")
-    dl.add_argument("--run", help="only this run's tasks")
-    dl.add_argument("--limit", type=int, default=50)
-    dl.add_argument("--verbose", "-v", action="store_true", help="show tracebacks")
-    dl.set_defaults(fn=cmd_deadletter)
+    try:
+        s = get_settings()
+    except Exception:  # invalid settings: the command itself reports them
+        return
+    where, wait = _redis_where(), s.redis_wait
 
-    ch = sub.add_parser("chains", help="list the defined chains")
-    ch.set_defaults(fn=cmd_chains)
+    def notify(error: Exception | None) -> None:
+        if error is None:
+            print(f"Redis at {where} answers again", file=sys.stderr)
+        elif isinstance(error, redis.BusyLoadingError):
+            print(f"Redis at {where} is loading, waiting… (up to {wait:.0f}s: "
+                  "CHAINCRAWL_REDIS_WAIT)", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"Redis at {where} does not answer ({_first_line(error)}), waiting… (up to "
+                  f"{wait:.0f}s: CHAINCRAWL_REDIS_WAIT)", file=sys.stderr)  # fmt: skip
 
-    cf = sub.add_parser("config", help="check the CHAINCRAWL_* variables for misspellings")
-    cf.set_defaults(fn=cmd_config)
+    be_patient(wait, notify)
 
-    rd = sub.add_parser("redis", help="start/stop the embedded Redis")
-    rd.add_argument("action", choices=["start", "stop"])
-    rd.set_defaults(fn=cmd_redis)
 
-    for mod in (
-        "cli.demo",
-        "cli.newsite",
-        "cli.ops",
-        "cli.monitoring",
-    ):  # command groups added by other issues
-        try:
-            __import__(mod)
-        except ImportError as exc:
-            if exc.name != mod:
-                raise
-            continue
-        sys.modules[mod].register(sub)
-    return p
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     from exceptions import ChainCrawlError
 
-    args = build_parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.subcommand in SHELL_COMMANDS:
+        print(f"error: ./control.sh {args.subcommand} (control.sh runs it itself)", file=sys.stderr)
+        return 2
+    _patient_redis()
     try:
-        args.fn(args)
-    except (UserError, ChainCrawlError) as exc:
+        rc = handler(args.fn)(args)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included
+        print(f"error: Redis at {_redis_where()} did not answer: {_first_line(exc)}",
+              file=sys.stderr)  # fmt: skip
+        return REDIS_UNREACHABLE
+    except kombu.exceptions.OperationalError as exc:  # the broker (Redis or RabbitMQ)
+        print(f"error: the broker did not answer: {_first_line(exc)}", file=sys.stderr)
+        return REDIS_UNREACHABLE
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ChainCrawlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,16 +1,22 @@
-"""`control.sh deadletter list|replay`: inspect and re-send tasks that failed for good."""
+"""`control.sh deadletter list|replay|purge`: inspect, re-send or delete tasks that failed for good."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
+from typing import Any
 
 import orjson
 from rich.console import Console
 from rich.table import Table
 
-from base_task import send_kid
-from chains.state import RunState
+from base_task import queue_for
+from cli import UserError
+from cli.tables import Fit, Part, ident_column
+from ledger.publish import send_kid
+from ledger.state import RunState
+from ledger.workers import TaskSets
 from monitor.deadletter import DeadLetterStore
 from utils.redis import get_redis
 
@@ -21,20 +27,61 @@ def list_view(
     store = DeadLetterStore(get_redis())
     items = store.list(limit, task, run)
     console = Console()
-    t = Table(title=f"dead letters ({store.count()} in all)", title_justify="left")
-    for col in ("id", "failed at", "task", "run", "error", "params"):
-        t.add_column(col)
+    title = f"dead letters ({store.count()} in all)"
+    t = Table(title=title, title_justify="left")
+    for col in ("id", "failed at", "task", "run"):
+        ident_column(t, col)
+    t.add_column("error", overflow="fold")
+    t.add_column("params", overflow="fold")
+    rows: list[tuple[Part, list[Part]]] = []
     for d in items:
-        t.add_row(
-            d.id, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.failed_at)), d.task,
-            d.meta.get("run", ""), f"{d.error_type}: {d.error}"[:80], str(d.params)[:60],
-        )  # fmt: skip
-    console.print(t)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.failed_at))
+        error, params = f"{d.error_type}: {d.error}"[:200], str(d.params)[:120]
+        t.add_row(d.id, when, d.task, d.meta.get("run", ""), error, params)
+        head = f"{d.id}  {when}\n{d.task}  run {d.meta.get('run') or '-'}"
+        rows.append((head, [error, f"params {params}"]))
+    console.print(Fit(t, title, rows))
     if verbose:
         for d in items:
             console.rule(d.id)
             console.print(d.traceback, markup=False, highlight=False)
+            if d.capture:
+                console.print(capture_text(d.capture), markup=False, highlight=False)
     return len(items)
+
+
+def capture_text(cap: dict[str, Any]) -> str:
+    """Where a failed render's screenshot and DOM are (`monitor.deadletter.keep_capture`)."""
+    lines = [f"page capture of {cap.get('page_url') or '?'} on host {cap.get('host', '?')}:"]
+    for name, size in (cap.get("files") or {}).items():
+        lines.append(f"  {Path(cap.get('dir', '')) / name}  ({size:,} bytes)")
+    if cap.get("dom_cut_from"):
+        lines.append(f"  (the DOM was cut from {cap['dom_cut_from']:,} bytes)")
+    if cap.get("screenshot_left_out"):
+        lines.append(
+            f"  (a {cap['screenshot_left_out']:,}-byte screenshot was left out: too large)"
+        )
+    if cap.get("error"):
+        lines.append(f"  (not written: {cap['error']})")
+    return "\n".join(lines)
+
+
+def select(
+    store: DeadLetterStore,
+    action: str,
+    ids: list[str] | None = None,
+    all_: bool = False,
+    task: str | None = None,
+    run: str | None = None,
+) -> list[str]:
+    """The dead letters an action works on: the ids given, else those the selectors pick
+    (--run, --task, both, or --all). Nothing given is refused: a bare purge deletes nothing."""
+    if ids:
+        return list(ids)
+    if not (all_ or task or run):
+        raise UserError(f"{action} needs dead-letter ids or a selector: --run RUN_ID, "
+                        "--task TASK or --all")  # fmt: skip
+    return [d.id for d in store.list(10**9, task, run)]
 
 
 def replay(
@@ -49,11 +96,12 @@ def replay(
     r = get_redis()
     store = DeadLetterStore(r)
     state = RunState(r)
-    targets = [d.id for d in store.list(10**9, task, run)] if all_ else list(ids or [])
+    sets = TaskSets(r)
     n = 0
-    for dl_id in targets:
+    for dl_id in select(store, "replay", ids, all_, task, run):
         d = store.get(dl_id)
         if d is None:
+            print(f"{dl_id}: no such dead letter")
             continue
         # a replay starts afresh: its retries (`rbase`: those before a pause), waits, avoided leases
         meta = {k: v for k, v in d.meta.items()
@@ -61,10 +109,35 @@ def replay(
         if meta.get("run") and state.hold(meta["run"]) == "cancelled":
             print(f"{dl_id}: not replayed, its run {meta['run']} was cancelled")
             continue
+        lacking = sets.check({d.task: meta.get("queue") or queue_for(d.task)}).missing
+        if lacking:  # it would only be dead-lettered again (`NotRegistered`)
+            print(f"{dl_id}: not replayed, live worker(s) {', '.join(sorted(lacking))} do not "
+                  f"know task {d.task}: restart the workers so they load it")  # fmt: skip
+            continue
         kid = {"id": uuid.uuid4().hex, "task": d.task, "params": d.params, "meta": meta}
-        if meta.get("run"):  # the run's ledger gets the message (bug 1: the sweeper re-sends)
+        if meta.get(
+            "run"
+        ):  # the run's ledger gets the message (the sweeper re-sends it if the broker loses it)
             state.reopen_failed(meta["run"], meta.get("step", ""), orjson.dumps(kid))
-        send_kid(app, kid)
+        send_kid(app, kid, queue_for)
         store.remove(dl_id)
         n += 1
+    return n
+
+
+def purge(
+    ids: list[str] | None = None,
+    all_: bool = False,
+    task: str | None = None,
+    run: str | None = None,
+) -> int:
+    """Delete dead letters (and their page captures). Their runs keep counting them as
+    failed: a purge forgets the message, it does not pretend the task succeeded."""
+    store = DeadLetterStore(get_redis())
+    n = 0
+    for dl_id in select(store, "purge", ids, all_, task, run):
+        if store.remove(dl_id):
+            n += 1
+        else:
+            print(f"{dl_id}: no such dead letter")
     return n

@@ -18,9 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import UserError, procs
-from config import DEFAULT_POOL, Settings
-
-DEMO_FEATURES = "ua_check,sign,device,login,soft_fail"
+from config import Settings
 
 
 def _demo_url(port: int) -> str:
@@ -55,7 +53,7 @@ def start_demo_site(s: Settings, a: argparse.Namespace) -> str:
 
 def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] | None) -> Table:
     from base_task import get_endpoint
-    from external_interface.sinks.jsonl import default_root, read_items
+    from external_interface.sinks.jsonl import default_root, read_items, type_files
     from monitor.deadletter import DeadLetterStore
     from utils.redis import get_redis
 
@@ -80,7 +78,7 @@ def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] |
         title=f"demo crawl summary · run {progress.run_id}", title_justify="left", show_header=False
     )
     t.add_column(style="bold")
-    t.add_column()
+    t.add_column(overflow="fold")  # paths and URLs wrap whole, never cut with "…"
     t.add_row("chain", progress.chain)
     t.add_row(
         "pages fetched", f"{pages} ({tt['retried']} of them retries after soft failures or bans)"
@@ -107,14 +105,34 @@ def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] |
         t.add_row("errors", "none")
     t.add_row("elapsed", f"{elapsed:.1f}s")
     t.add_row("throughput", f"{pages / elapsed:.1f} pages/s")
-    t.add_row("items are in", f"{root}/<type>/*.jsonl (JSON Lines; sinks: {s.sinks})")
-    t.add_row(
-        "look at them", f"head -n 3 {root}/demo_post/*.jsonl   or   ./control.sh items demo.post"
-    )
+    files = {typ: type_files(typ, root) for typ in types}
+    shown = [str(path) for typ in types for path in files[typ]]
+    t.add_row("items are in", "\n".join(shown) + f"\n(JSON Lines, one item a line; sinks: {s.sinks})"
+              if shown else f"the sinks {s.sinks} (the JSONL store at {root} holds none)")  # fmt: skip
+    look = next((typ for typ in ("demo.post", *types) if files.get(typ)), None)
+    if look is not None:
+        t.add_row("look at them", f"head -n 3 {files[look][0]}\n./control.sh items {look}"
+                  f"   (--format csv --out {look}.csv for a spreadsheet)")  # fmt: skip
     if flower:
         t.add_row("flower", f"{flower[0]}  (user {s.flower_user!r}, password in {flower[1]})")
     t.add_row("stop everything", "./control.sh stop")
     return t
+
+
+def check_browser(chain: str) -> None:
+    """A chain with rendered steps needs Chromium and Playwright here: say what to install
+    before anything starts (docs/browser.md)."""
+    import chains
+    from base_task import get_endpoint
+    from external_interface.browser.check import problems
+
+    rendered = [s.task for s in chains.get_chain(chain).root.walk() if get_endpoint(s.task).renders]
+    missing = problems() if rendered else []
+    if missing:
+        raise UserError(
+            f"chain {chain} renders pages in a browser ({', '.join(rendered)}): "
+            + "; ".join(missing)
+        )
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
@@ -122,18 +140,32 @@ def cmd_demo(a: argparse.Namespace) -> None:
 
     console = Console()
     s = procs.settings()
+    check_browser(a.chain)
     console.print(f"[bold]redis[/bold]: {procs.ensure_redis(s)} ({s.redis_url.split('@')[-1]})")
     url = start_demo_site(s, a)
     os.environ["DEMO_BASE_URL"] = url  # reaches the workers started below
+    # The polite defaults (a request rate per site, the adaptive delay) are for other people's
+    # sites; the demo crawls the local demo platform, so they are off for it unless set.
+    if "default_limits" not in s.model_fields_set:
+        os.environ["CHAINCRAWL_DEFAULT_LIMITS"] = "off"
+    if "throttle" not in s.model_fields_set:
+        os.environ["CHAINCRAWL_THROTTLE"] = "off"
     console.print(f"[bold]demo site[/bold]: {url} (size {a.size}, features {a.features or 'none'})")
-    if procs.running("worker-", s):
-        console.print("[bold]workers[/bold]: already running (./control.sh stop to restart them)")
+    if names := list(procs.running("worker-", s)):
+        up = procs.answering_workers(names)
+        console.print(f"[bold]workers[/bold]: {len(up)} of {len(names)} already started here "
+                      "answer (./control.sh stop to restart them)")  # fmt: skip
     else:
         import worker
 
         names = procs.start_workers(s, ",".join(worker.queues()), a.pool, a.concurrency, a.workers)
         procs.wait_workers_ready(names, s)
-        console.print(f"[bold]workers[/bold]: {len(names)} x {a.pool}({a.concurrency})")
+        up = procs.answering_workers(names)
+        console.print(f"[bold]workers[/bold]: {len(up)} x {a.pool}({a.concurrency}) running"
+                      + (f" ({len(names)} started)" if len(up) < len(names) else ""))  # fmt: skip
+    if len(up) < len(names):
+        quiet = ", ".join(n for n in names if n not in up)
+        console.print(f"[yellow]not answering: {quiet} (see {procs.log_dir(s)})[/yellow]")
     flower = None
     if not a.no_flower:
         flower = procs.start_flower(s)
@@ -145,36 +177,3 @@ def cmd_demo(a: argparse.Namespace) -> None:
         raise UserError(
             f"the run did not complete within {a.timeout}s; it goes on (./control.sh status)"
         )
-
-
-def cmd_items(a: argparse.Namespace) -> None:
-    from external_interface.sinks.jsonl import read_items
-
-    items = read_items(a.type)
-    if not items:
-        raise UserError(f"no stored items of type {a.type!r} in the JSONL sink")
-    for item in items[-a.limit :]:
-        print(item)
-    print(f"({len(items)} {a.type} items in all)", file=sys.stderr)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the demo crawl on the embedded defaults")
-    p.add_argument("--size", default="small", help="demo site size: tiny, small, medium, large")
-    p.add_argument("--chain", default="demo_social", help="chain to run (demo_social)")
-    p.add_argument("--features", default=DEMO_FEATURES,
-                   help=f"demo anti-crawl features ({DEMO_FEATURES}); '' for none")  # fmt: skip
-    p.add_argument("--soft-fail-rate", type=float, default=0.02)
-    p.add_argument("--latency-ms", type=float, default=20.0, help="demo site latency per response")
-    p.add_argument("--port", type=int, default=8700, help="demo site port (8700)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--pool", default=DEFAULT_POOL, help=f"worker pool ({DEFAULT_POOL})")
-    p.add_argument("--priority", type=int, default=None)
-    p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--no-flower", action="store_true")
-    p.set_defaults(fn=cmd_demo)
-    it = sub.add_parser("items", help="print stored items of a type from the JSONL sink")
-    it.add_argument("type", help="item type, e.g. demo.post")
-    it.add_argument("--limit", type=int, default=10)
-    it.set_defaults(fn=cmd_items)

@@ -28,7 +28,7 @@ def _settings() -> Any:
 
 
 def _monitor_settings(a: argparse.Namespace) -> Any:
-    from monitor.exporter import MonitorSettings
+    from config.monitor import MonitorSettings
 
     ms = MonitorSettings()
     if getattr(a, "address", None):
@@ -49,8 +49,10 @@ def _alert_config(a: argparse.Namespace) -> Any:
 
 def run(a: argparse.Namespace) -> None:
     """Foreground: exporter thread + evaluator loop until a signal."""
-    from monitor.alerts import AlertSettings, evaluator_from_settings
+    from config.monitor import AlertSettings
+    from monitor.alerts import evaluator_from_settings
     from monitor.exporter import serve
+    from worker import app
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -74,7 +76,7 @@ def run(a: argparse.Namespace) -> None:
         if a.no_alerts or not AlertSettings().enabled:
             stop.wait()
         else:
-            evaluator_from_settings(s, cfg).run(stop)
+            evaluator_from_settings(s, cfg, app).run(stop)
     finally:
         server.close()
 
@@ -132,13 +134,14 @@ def check(a: argparse.Namespace) -> None:
 
     from monitor.alerts import Evaluator, celery_ping, rules_table
     from utils.redis import get_redis
+    from worker import app
 
     s = _settings()
     cfg = _alert_config(a)
     console = Console()
     console.print(f"rules: {cfg.source or '(none)'}; interval {cfg.interval:g}s; "
                   f"webhook {'set' if cfg.webhook else 'not set (log only)'}")  # fmt: skip
-    ev = Evaluator(get_redis(s.redis_url), cfg, s, ping=celery_ping)
+    ev = Evaluator(get_redis(s.redis_url), cfg, s, ping=lambda: celery_ping(app))
     values = ev.values()
     t = Table("rule", "kind", "limit", "window", "for", "values now")
     for row, rule in zip(rules_table(cfg), cfg.rules, strict=True):

@@ -1,5 +1,15 @@
-"""`control.sh new-site SITE PLATFORM ENDPOINT`: an endpoint module, its schemas and a parser
-test with a fixture placeholder, in the house style, so adding an endpoint takes minutes."""
+"""`control.sh new-site SITE PLATFORM ENDPOINT [--kind list|detail|api]`: an endpoint module
+of the kind asked, its item type in the site's shared `items.py`, the site's base URL from a
+per-site setting, and a parser test that replays a recorded page.
+
+    list     an HTML page of entries with a next-page link      {"page": 1}
+    detail   one HTML page about one thing                       {"id": "..."}
+    api      a JSON answer with a list and the next page         {"page": 1}
+
+Nothing a user wrote is overwritten: an endpoint module or test that exists stops the command
+before anything is written; a site package, platform package or `items.py` that exists is kept
+(an item class it lacks is appended to `items.py`, and the command says so).
+"""
 
 from __future__ import annotations
 
@@ -8,65 +18,128 @@ import keyword
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli import UserError
+from cli.parser import SITE_KINDS
 from config import ROOT
+from config.sitevars import SITE_VARS
+from external_interface.mock import fixture_dir
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+KINDS = SITE_KINDS
 
-SITE_INIT = '''"""Site {site}: endpoints under sites/{site}/<platform>/."""
+SITE_INIT = '''"""Site {site}: endpoints under sites/{site}/<platform>/, item types in sites/{site}/items.py."""
 
 from __future__ import annotations
 
-import os
+from config.sitevars import site_env
+from exceptions import ConfigError
+
+DEFAULT_BASE_URL = "{base_url}"
 
 
 def base_url() -> str:
-    """Where the site lives; set {env} to point the crawl elsewhere."""
-    return os.environ.get("{env}", "http://127.0.0.1:8080")
+    """Where the site lives: {env} when set, else DEFAULT_BASE_URL."""
+    url = site_env("base_url", "{site}") or DEFAULT_BASE_URL
+    if not url:
+        raise ConfigError("site {site} has no base URL: set {env}")
+    return url.rstrip("/")
 '''
 
-PLATFORM_INIT = '''"""{site} {platform} endpoints."""
-'''
-
-ENDPOINT = '''"""{site} {platform}: {endpoint}. TODO: say in one line what this page is."""
+ITEMS_HEAD = '''"""Item types of site {site}, shared by its endpoints (a list page and a detail page may yield
+the same type)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from base_task import Context, Item, Outputs, Params, endpoint
-from sites.{site} import base_url
+from base_task import Item
+'''
 
+ITEM_CLASS = """
 
-class {camel}Params(Params):
-    page: int = 1
-
-
-class {camel}Item(Item):
-    item_type: ClassVar[str] = "{site}.{endpoint}"
+class {cls}(Item):
+    item_type: ClassVar[str] = "{site}.{item}"
     key_fields: ClassVar[tuple[str, ...]] = ("id",)
 
     id: str
     title: str
     url: str
+"""
+
+PLATFORM_INIT = '''"""{site} {platform} endpoints."""
+'''
+
+HEAD = '''"""{site} {platform}: {endpoint}. TODO: say in one line what this page is."""
+
+from __future__ import annotations
+{stdlib}
+from base_task import Context, Outputs, Params, endpoint
+from sites.{site} import base_url
+from sites.{site}.items import {cls}
+'''
+
+LIST = (
+    HEAD
+    + """
+
+class {camel}Params(Params):
+    page: int = 1
 
 
-@endpoint({camel}Params, items=[{camel}Item])
+@endpoint({camel}Params, items=[{cls}])
 def {endpoint}(ctx: Context, p: {camel}Params) -> Outputs:
     resp = ctx.get(f"{{base_url()}}/{endpoint}", params={{"page": p.page}})
     for row in resp.css("div.item"):
-        yield {camel}Item(
+        link = row.css("a")
+        yield {cls}(
             id=row.attrib.get("data-id", ""),
-            title=row.css("a::text").get(default="").strip(),
-            url=resp.url,
+            title=link.css("::text").get(default="").strip(),
+            url=urljoin(resp.url, link.attrib.get("href", "")),
         )
     if resp.css("a.next"):
         yield ctx.follow(page=p.page + 1)
-'''
+"""
+)
 
-TEST = '''"""Parser test for {site}.{platform}.{endpoint} against a saved page."""
+DETAIL = (
+    HEAD
+    + """
+
+class {camel}Params(Params):
+    id: str
+
+
+@endpoint({camel}Params, items=[{cls}])
+def {endpoint}(ctx: Context, p: {camel}Params) -> Outputs:
+    resp = ctx.get(f"{{base_url()}}/{endpoint}/{{p.id}}")
+    yield {cls}(id=p.id, title=resp.css("h1::text").get(default="").strip(), url=resp.url)
+"""
+)
+
+API = (
+    HEAD
+    + """
+
+class {camel}Params(Params):
+    page: int = 1
+
+
+@endpoint({camel}Params, items=[{cls}])
+def {endpoint}(ctx: Context, p: {camel}Params) -> Outputs:
+    resp = ctx.get(f"{{base_url()}}/api/{endpoint}", params={{"page": p.page}})
+    data = resp.json()
+    for row in data["items"]:
+        yield {cls}(id=str(row["id"]), title=row["title"], url=resp.url)
+    if data.get("next"):
+        yield ctx.follow(page=data["next"])
+"""
+)
+
+TEST = '''"""Parser test for {task} ({kind} page): replays the answers recorded by
+`{record}` (fixtures/{endpoint}/)."""
 
 from __future__ import annotations
 
@@ -75,23 +148,54 @@ from pathlib import Path
 import pytest
 
 from base_task import run_endpoint
-from external_interface.mock import FixtureFetcher
+from external_interface.mock import load_case, outputs_of
 
-FIXTURE = Path(__file__).parent / "fixtures" / "{endpoint}.html"
+CASE = Path(__file__).parent / "fixtures" / "{endpoint}"
+RECORD = {record_repr}
 
-
-@pytest.mark.skipif(
-    not FIXTURE.exists(), reason=f"no fixture yet: save a real page as {{FIXTURE}}"
+pytestmark = pytest.mark.skipif(
+    not (CASE / "case.json").exists(), reason=f"no recorded page yet: run {{RECORD}}"
 )
-def test_{endpoint}_parses_saved_page() -> None:
-    items, follows = run_endpoint(
-        "{site}.{platform}.{endpoint}", {{"page": 1}}, FixtureFetcher({{"^/": FIXTURE}})
+
+
+def test_{endpoint}_parses_the_recorded_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    # any host: recorded answers are matched by path and query
+    monkeypatch.setenv("{env}", "http://{site}.test")
+    case = load_case(CASE)
+    items, follows = run_endpoint("{task}", case.params, case.fetcher())
+{checks}
+    assert outputs_of(items, follows) == case.outputs, (
+        f"the parser's output changed since the page was recorded; if that is meant, record "
+        f"it again: {{RECORD}}"
     )
-    assert items, "the saved page should yield at least one item"
-    for item in items:
-        assert item.id and item.title
-    assert all(f.params["page"] == 2 for f in follows), "a next-page link leads to page 2"
 '''
+
+CHECKS = {
+    "list": """    assert items, "a list page yields items"
+    assert all(item.id and item.title for item in items)
+    assert all(f.params["page"] == case.params.get("page", 1) + 1 for f in follows)""",
+    "detail": """    assert len(items) == 1, "a detail page yields its one item"
+    assert items[0].id == case.params["id"] and items[0].title
+    assert not follows""",
+    "api": """    assert items, "an API page yields items"
+    assert all(item.id and item.title for item in items)
+    assert all(f.params["page"] > case.params.get("page", 1) for f in follows)""",
+}
+
+TEMPLATES = {"list": LIST, "detail": DETAIL, "api": API}
+SAMPLE_PARAMS = {"list": '{"page": 1}', "detail": '{"id": "1"}', "api": '{"page": 1}'}
+SAMPLE_PATH = {"list": "/{endpoint}", "detail": "/{endpoint}/1", "api": "/api/{endpoint}"}
+
+
+@dataclass
+class Plan:
+    """What `generate` writes, keeps, or appends to."""
+
+    created: list[Path] = field(default_factory=list)
+    kept: list[Path] = field(default_factory=list)
+    appended: list[tuple[Path, str]] = field(default_factory=list)  # (file, class name)
+    record: str = ""  # the command that records the page the test replays
+    test: Path | None = None
 
 
 def _check(kind: str, name: str) -> str:
@@ -100,59 +204,136 @@ def _check(kind: str, name: str) -> str:
     return name
 
 
-def generate(site: str, platform: str, endpoint: str, root: Path = ROOT) -> list[Path]:
-    """Write the files; never overwrite an existing endpoint or test."""
+def camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def generate(site: str, platform: str, endpoint: str, root: Path = ROOT, *, kind: str = "list",
+             item: str | None = None, base_url: str = "") -> Plan:  # fmt: skip
+    """Write the files (module docstring); -> what was created, kept and appended to."""
     site, platform, endpoint = (
         _check("site", site), _check("platform", platform), _check("endpoint", endpoint)
     )  # fmt: skip
-    camel = "".join(part.capitalize() for part in endpoint.split("_"))
-    fmt = {"site": site, "platform": platform, "endpoint": endpoint, "camel": camel,
-           "env": f"{site.upper()}_BASE_URL"}  # fmt: skip
-    module = root / "sites" / site / platform / f"{endpoint}.py"
-    test = root / "tests" / "sites" / site / platform / f"test_{endpoint}.py"
-    for path in (module, test):
-        if path.exists():
-            raise UserError(f"{path.relative_to(root)} exists already; not overwriting it")
-    written: list[Path] = []
+    item = _check("item", item or endpoint)
+    if kind not in KINDS:
+        raise UserError(f"--kind {kind!r}: expected one of {', '.join(KINDS)}")
+    if base_url and not re.match(r"^https?://[^/\s]+", base_url):
+        raise UserError(f"--base-url {base_url!r} must be an http:// or https:// URL")
+    task = f"{site}.{platform}.{endpoint}"
+    env = SITE_VARS["base_url"].name(site)
+    record = f"./control.sh parse {task} '{SAMPLE_PARAMS[kind]}' --save-fixture"
+    fmt = {"site": site, "platform": platform, "endpoint": endpoint, "camel": camel(endpoint),
+           "cls": camel(item), "item": item, "env": env, "base_url": base_url.rstrip("/"),
+           "task": task, "kind": kind, "record": record}  # fmt: skip
+    fmt["checks"] = CHECKS[kind]
+    fmt["record_repr"] = repr(record)
+    fmt["stdlib"] = "\nfrom urllib.parse import urljoin\n" if kind == "list" else ""
+    pkg = root / "sites" / site
+    module = pkg / platform / f"{endpoint}.py"
+    test = fixture_dir(task, root / "tests").parent.parent / f"test_{endpoint}.py"
+    clash = [p.relative_to(root) for p in (module, test) if p.exists()]
+    if clash:
+        raise UserError(f"{', '.join(map(str, clash))} exist(s) already; not overwriting "
+                        "(remove it, or choose another endpoint name)")  # fmt: skip
+    init = pkg / "__init__.py"
+    if init.exists() and not re.search(r"^def base_url\(", init.read_text(), re.M):
+        raise UserError(f"{init.relative_to(root)} exists without a base_url() function, which "
+                        f"the endpoint imports: add one (e.g. reading {env}) and run again")  # fmt: skip
+    items = pkg / "items.py"
+    append = _item_class(items, fmt)
+    plan = Plan(record=record, test=test)
 
     def write(path: Path, text: str) -> None:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            written.append(path)
+        if path.exists():
+            plan.kept.append(path)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_formatted(text))
+        plan.created.append(path)
 
-    write(root / "sites" / site / "__init__.py", SITE_INIT.format(**fmt))
-    write(root / "sites" / site / platform / "__init__.py", PLATFORM_INIT.format(**fmt))
-    write(module, ENDPOINT.format(**fmt))
+    write(init, SITE_INIT.format(**fmt))
+    if append and items.exists():
+        with items.open("a") as f:
+            f.write(_formatted(ITEM_CLASS.format(**fmt), snippet=True))
+        plan.appended.append((items, fmt["cls"]))
+    elif not items.exists():
+        write(items, ITEMS_HEAD.format(**fmt) + ITEM_CLASS.format(**fmt))
+    else:
+        plan.kept.append(items)
+    write(pkg / platform / "__init__.py", PLATFORM_INIT.format(**fmt))
+    write(module, TEMPLATES[kind].format(**fmt))
     for d in (test.parents[2], test.parents[1], test.parent):
         write(d / "__init__.py", "")
-    (test.parent / "fixtures").mkdir(exist_ok=True)
     write(test, TEST.format(**fmt))
-    _format(written)
-    return written
+    return plan
 
 
-def _format(paths: list[Path]) -> None:
-    """Wrap lines the way the project's formatter would, whatever the names' lengths."""
+def _item_class(items: Path, fmt: dict[str, str]) -> bool:
+    """Whether the item class must be added: False when `items.py` has it already."""
+    if not items.exists():
+        return True
+    text = items.read_text()
+    if re.search(rf"^class {fmt['cls']}\(", text, re.M):
+        return False
+    missing = [
+        imp for imp in ("ClassVar", "Item") if not re.search(rf"\bimport\b.*\b{imp}\b", text)
+    ]
+    if missing:
+        raise UserError(f"{items} does not import {' and '.join(missing)}, which the class "
+                        f"{fmt['cls']} needs: add the imports and run again")  # fmt: skip
+    return True
+
+
+def _formatted(text: str, snippet: bool = False) -> str:
+    """The text as the project's formatter writes it (lines wrap whatever the names' lengths);
+    as it is where ruff is not installed."""
     ruff = ROOT / ".venv" / "bin" / "ruff"
     exe = str(ruff) if ruff.exists() else shutil.which("ruff")
-    if exe and paths:
-        subprocess.run([exe, "format", "-q", *map(str, paths)], cwd=ROOT, check=False)
+    if not exe or not text.strip():
+        return text
+    out = subprocess.run([exe, "format", "--stdin-filename", "generated.py", "-"], input=text,
+                         capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
+    if out.returncode != 0:
+        return text
+    return "\n\n" + out.stdout if snippet else out.stdout
 
 
-def cmd_new_site(a: argparse.Namespace) -> None:
-    files = generate(a.site, a.platform, a.endpoint)
-    for f in files:
-        print(f"created {f.relative_to(ROOT)}")
-    fixture = Path("tests/sites") / a.site / a.platform / "fixtures" / f"{a.endpoint}.html"
-    print(
-        f"next: edit the selectors, save a real page as {fixture}, run ./control.sh test {fixture.parent.parent}"
+def _written_base_url(init: Path) -> str:
+    """The default an earlier `new-site --base-url` wrote into the site's package, if any."""
+    found = (
+        re.search(r'^DEFAULT_BASE_URL = "([^"]*)"', init.read_text(), re.M)
+        if init.exists()
+        else None
     )
+    return found.group(1) if found else ""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("new-site", help="generate an endpoint module, schemas and a parser test")
-    p.add_argument("site")
-    p.add_argument("platform", help="e.g. pc, h5, app, common")
-    p.add_argument("endpoint", help="e.g. user_info")
-    p.set_defaults(fn=cmd_new_site)
+def run(site: str, platform: str, endpoint: str, *, kind: str = "list", item: str | None = None,
+        base_url: str = "") -> int:  # fmt: skip
+    """The command: generate, then say what was written and what to do next; -> 0."""
+    plan = generate(site, platform, endpoint, kind=kind, item=item, base_url=base_url)
+    for path in plan.created:
+        print(f"created {path.relative_to(ROOT)}")
+    for path, cls in plan.appended:
+        print(f"added class {cls} to {path.relative_to(ROOT)}")
+    for path in plan.kept:
+        if path.name != "__init__.py" or path.parent.name == site:
+            print(f"kept {path.relative_to(ROOT)} (exists)")
+    env = SITE_VARS["base_url"].name(site)
+    base_url = base_url.rstrip("/") or _written_base_url(ROOT / "sites" / site / "__init__.py")
+    where = base_url or f"${env}"
+    sample = SAMPLE_PATH[kind].format(endpoint=endpoint)
+    test = plan.test.relative_to(ROOT) if plan.test else ""
+    print(f"""
+the site's base URL: {base_url or "(none yet)"}; {env} overrides it
+next:
+  ./control.sh shell {where}{sample} --site {site}     try selectors on the live page
+  edit sites/{site}/{platform}/{endpoint}.py until this prints the right items:
+  {plan.record.removesuffix(" --save-fixture")}
+  {plan.record}                 record the page
+  ./control.sh test {test}          replays it, offline""")
+    return 0
+
+
+def main(a: argparse.Namespace) -> int:
+    return run(a.site, a.platform, a.endpoint, kind=a.kind, item=a.item, base_url=a.base_url)

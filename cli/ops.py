@@ -32,7 +32,7 @@ def _schedule_path(a: argparse.Namespace) -> Path:
 
 
 def cmd_beat(a: argparse.Namespace) -> None:
-    from cli import procs
+    from cli import beat, procs
     from scheduling import periodic
 
     path = _schedule_path(a)
@@ -48,14 +48,14 @@ def cmd_beat(a: argparse.Namespace) -> None:
     s = procs.settings()
     procs.ensure_redis(s)
     if a.foreground:
-        periodic.run_beat(path, a.loglevel)
+        beat.main(["--schedule", str(path), "--loglevel", a.loglevel])
         return
     pidfile = procs.run_dir(s) / "beat.pid"
     if (pid := procs.alive(pidfile)) is not None:
         raise UserError(f"beat is already running (pid {pid}); ./control.sh stop, or kill {pid}")
     logf = procs.log_dir(s) / "beat.log"
     offset = logf.stat().st_size if logf.exists() else 0
-    cmd = [sys.executable, "-m", "scheduling.periodic", "--schedule", str(path),
+    cmd = [sys.executable, "-m", "cli.beat", "--schedule", str(path),
            "--loglevel", a.loglevel]  # fmt: skip
     pid = procs.start_bg("beat", cmd, s)
     deadline = time.monotonic() + 30
@@ -72,7 +72,7 @@ def cmd_beat(a: argparse.Namespace) -> None:
 
 
 def _beat_status(schedule: Any) -> None:
-    from chains.state import RunState
+    from ledger.state import RunState
     from scheduling.tasks import entry_key
     from utils.redis import get_redis
 
@@ -88,18 +88,15 @@ def _beat_status(schedule: Any) -> None:
 
 
 def cmd_limits(a: argparse.Namespace) -> None:
-    from scheduling.ratelimit import RedisGate, configured_limits, load_limits
+    from scheduling.gate import politeness_report
 
-    raw = configured_limits()
-    limits = load_limits(raw)  # ConfigError names the bad entry
-    if not limits:
-        print("no limits configured (set CHAINCRAWL_LIMITS; see docs/scheduling.md)")
-        return
-    rows = RedisGate(limits).usage()
+    report = politeness_report()  # ConfigError names a bad entry
     if a.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(report, indent=2))
         return
-    for row in rows:
+    if not report["limits"]:
+        print("limits: none (CHAINCRAWL_LIMITS unset, CHAINCRAWL_DEFAULT_LIMITS=off)")
+    for row in report["limits"]:
         live = []
         if row["in_flight"] is not None:
             live.append(f"{row['in_flight']} in flight")
@@ -107,6 +104,25 @@ def cmd_limits(a: argparse.Namespace) -> None:
             live.append(f"{row['backlog']:.2f}s of tokens reserved ahead")
         scope = row["scope"] + (" (each site without its own entry)" if row["scope"] == "*" else "")
         print(f"{scope}: {row['limits']}" + (f"  [{', '.join(live)}]" if live else ""))
+    rd = report["render"]
+    own = f"; own entries: {', '.join(rd['scopes'])}" if rd["scopes"] else ""
+    print(f"renders per site (<site>.render): {rd['default']} "
+          f"(CHAINCRAWL_BROWSER_SITE_LIMIT){own}")  # fmt: skip
+    t = report["throttle"]
+    if not t["on"]:
+        print("adaptive delay: off (CHAINCRAWL_THROTTLE)")
+    else:
+        print(f"adaptive delay: on, aiming at {t['target_concurrency']:g} request(s) in flight "
+              f"per site; starts at {t['start_delay']:g}s, at most {t['max_delay']:g}s; "
+              f"Retry-After honoured up to {t['max_retry_after']:g}s")  # fmt: skip
+        for row in t["sites"]:
+            paused = f", paused {row['paused_for']:.1f}s more" if row["paused_for"] else ""
+            print(f"  {row['site']}: delay {row['delay']:.3f}s, latency {row['latency']:.3f}s "
+                  f"({row['samples']} answers, {row['backoffs']} back-offs{paused})")  # fmt: skip
+    r = report["robots"]
+    ignored = f"; not for {', '.join(r['ignored_sites'])}" if r["ignored_sites"] else ""
+    print(f"robots.txt: {'honoured' if r['on'] else 'off'} (user agent {r['user_agent']!r}, "
+          f"kept {r['ttl']:g}s{ignored})")  # fmt: skip
 
 
 def register(sub: Any) -> None:

@@ -6,6 +6,7 @@ Each runs in its own session with a pid file under `var/run/` and a log under `v
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -16,8 +17,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cli import UserError
-from config import POOLS, ROOT, Settings, get_settings
+import redis
+
+from cli import StartFailed, UserError
+from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
+from utils.redis import cluster_client, get_redis
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
 
 
@@ -34,8 +38,13 @@ def log_dir(s: Settings) -> Path:
 
 
 def alive(pidfile: Path) -> int | None:
+    """The pid in `pidfile` if that process runs. One we started ourselves and that exited
+    is reaped here: until then it is a zombie, which `kill(pid, 0)` takes for alive."""
     try:
         pid = int(pidfile.read_text().strip())
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return None
         os.kill(pid, 0)
         return pid
     except (OSError, ValueError):
@@ -57,11 +66,13 @@ def start_bg(name: str, cmd: list[str], s: Settings, env: dict[str, str] | None 
 
 
 def stop_named(prefix: str, s: Settings, timeout: float = 60.0) -> list[str]:
-    """SIGTERM (warm shutdown for workers) every process whose pid file starts with prefix."""
+    """SIGTERM (warm shutdown for workers) every process whose pid file starts with prefix;
+    its pid file and its start's log offset (`.logpos`) go with it."""
     stopped = []
     for pidfile in sorted(run_dir(s).glob(f"{prefix}*.pid")):
         if stop_pidfile(pidfile, signal.SIGTERM, timeout):
             stopped.append(pidfile.stem)
+        pidfile.with_suffix(".logpos").unlink(missing_ok=True)
     return stopped
 
 
@@ -78,8 +89,20 @@ def running(prefix: str, s: Settings) -> dict[str, int]:
 
 
 def uses_embedded_redis(s: Settings) -> bool:
+    if is_cluster_url(s.redis_url):
+        return False
     u = urlparse(s.redis_url)
     return u.hostname in ("127.0.0.1", "localhost") and u.port == s.embedded_redis_port
+
+
+def redis_hostport(s: Settings) -> tuple[str, int]:
+    """Where the state store answers (a cluster's first listed node)."""
+    if is_cluster_url(s.redis_url):
+        first = s.redis_url.split("://", 1)[1].rpartition("@")[2].split(",")[0]
+        host, _, port = first.rpartition(":")
+        return host or "127.0.0.1", int(port or 6379)
+    u = urlparse(s.redis_url)
+    return u.hostname or "127.0.0.1", u.port or 6379
 
 
 def port_open(host: str, port: int) -> bool:
@@ -91,18 +114,61 @@ def port_open(host: str, port: int) -> bool:
 
 
 def ensure_redis(s: Settings) -> str:
-    """Start the embedded Redis when REDIS_URL is not set; check reachability either way."""
+    """Start the embedded Redis when REDIS_URL is not set (with the password from
+    var/redis.secret, its files private: utils.servers.RedisServer), and check that an embedded
+    Redis already running wants that password; either way, wait until Redis answers (one
+    restarting or loading its data: up to CHAINCRAWL_REDIS_WAIT, cli/__main__.py). A cluster
+    is only checked to answer (the embedded Redis is never started for it)."""
+    if is_cluster_url(s.redis_url):
+        try:
+            cluster_client(s.redis_url).close()  # it read the slot map from a node
+        except (redis.RedisError, redis.exceptions.RedisClusterException, ValueError) as exc:
+            raise UserError(f"the Redis Cluster of REDIS_URL is not reachable: {exc}") from None
+        return "running"
     u = urlparse(s.redis_url)
     host, port = u.hostname or "127.0.0.1", u.port or 6379
     if port_open(host, port):
-        return "running"
-    if not uses_embedded_redis(s):
-        raise UserError(f"Redis at {host}:{port} (REDIS_URL) is not reachable")
-    server = RedisServer(s.var_dir / "redis", port=s.embedded_redis_port, appendonly=True)
-    server.data_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(server.command(daemonize=True), check=True, cwd=ROOT)
-    wait_for_port(s.embedded_redis_port, timeout=20)
-    return "started"
+        if uses_embedded_redis(s) and not _wants_our_password(s, host, port):
+            raise UserError(
+                f"the embedded Redis on port {port} does not want the password in "
+                f"{s.var_dir / 'redis.secret'} (started without one, or from another var/): "
+                "`./control.sh redis stop`, then start it again"
+            )
+        how = "running"
+    elif not uses_embedded_redis(s):
+        how = "running"  # or restarting: the ping below waits for it (REDIS_WAIT)
+    else:
+        RedisServer(s.var_dir / "redis", s.embedded_redis_port, password=u.password).daemonize()
+        how = "started"
+    get_redis(s.redis_url).ping()  # a Redis loading its append-only file: wait (REDIS_WAIT)
+    return how
+
+
+def embedded_redis_stopped(s: Settings) -> bool:
+    """The embedded Redis is ours and not running (no process behind its pid file): a command
+    says so at once rather than wait CHAINCRAWL_REDIS_WAIT for a restart that is not coming."""
+    if not uses_embedded_redis(s) or port_open("127.0.0.1", s.embedded_redis_port):
+        return False
+    return alive(s.var_dir / "redis" / "redis.pid") is None
+
+
+def _wants_our_password(s: Settings, host: str, port: int) -> bool:
+    """Whether the Redis there refuses a client without a password and takes ours (a Redis
+    busy loading counts as yes: the command's own calls wait or say so)."""
+    try:
+        redis.Redis(host=host, port=port, socket_timeout=5).ping()
+        return False  # open to anyone
+    except redis.AuthenticationError:
+        pass
+    except redis.RedisError:
+        return True
+    try:
+        redis.Redis.from_url(s.redis_url, socket_timeout=5).ping()
+    except (redis.AuthenticationError, redis.ResponseError):
+        return False
+    except redis.RedisError:
+        pass
+    return True
 
 
 def stop_redis(s: Settings) -> bool:
@@ -113,6 +179,8 @@ def stop_redis(s: Settings) -> bool:
 
 
 # --- workers and friends -----------------------------------------------------------------
+
+READY_MARKER = " ready."  # what a Celery worker logs once it consumes
 
 
 def start_workers(
@@ -150,26 +218,77 @@ def start_workers(
             cmd.insert(cmd.index("-l"), "-E")
         if supervise:
             cmd = [sys.executable, "-m", "cli.supervisor", "--name", wname,
-                   "--ready-marker", " ready.", "--", *cmd]  # fmt: skip
+                   "--ready-marker", READY_MARKER,
+                   "--start-attempts", str(s.worker_start_attempts), "--", *cmd]  # fmt: skip
+        if alive(run_dir(s) / f"{wname}.pid") is None:  # this start's output begins here
+            logf = log_dir(s) / f"{wname}.log"
+            (run_dir(s) / f"{wname}.logpos").write_text(
+                str(logf.stat().st_size if logf.exists() else 0)
+            )
         start_bg(wname, cmd, s, env)
         started.append(wname)
     return started
 
 
-def wait_workers_ready(names: list[str], s: Settings, timeout: float = 60) -> None:
+def _this_start(name: str, s: Settings) -> bytes:
+    """What worker `name` logged since `control.sh` last started it (its log is appended to
+    across starts: an earlier start's " ready." must not count)."""
+    logf = log_dir(s) / f"{name}.log"
+    try:
+        pos = int((run_dir(s) / f"{name}.logpos").read_text().strip())
+    except (OSError, ValueError):
+        pos = 0
+    try:
+        with open(logf, "rb") as f:
+            f.seek(pos)
+            return f.read()
+    except OSError:
+        return b""
+
+
+def wait_workers_ready(names: list[str], s: Settings, timeout: float | None = None) -> None:
+    """Wait until every worker has logged " ready." in this start. A worker that dies first is
+    started again by its supervisor (CHAINCRAWL_WORKER_START_ATTEMPTS in all); once the
+    supervisor gives up: `StartFailed` with the worker's last log lines."""
+    if timeout is None:  # a start may take a while on a busy machine, and may be tried again
+        timeout = 60.0 * s.worker_start_attempts
     deadline = time.monotonic() + timeout
     pending = set(names)
     while pending and time.monotonic() < deadline:
-        for n in list(pending):
-            logf = log_dir(s) / f"{n}.log"
-            if logf.exists() and b" ready." in logf.read_bytes()[-20000:]:
+        for n in sorted(pending):
+            if READY_MARKER.encode() in _this_start(n, s):
                 pending.discard(n)
             elif alive(run_dir(s) / f"{n}.pid") is None:
-                tail = logf.read_text(errors="replace")[-1500:] if logf.exists() else ""
-                raise UserError(f"{n} exited during start; see {logf}\n{tail}")
+                lines = _this_start(n, s).decode(errors="replace").splitlines()
+                tail = "\n".join("  " + line for line in lines[-25:])
+                raise StartFailed(
+                    f"{n} did not start (tried {s.worker_start_attempts} time(s), "
+                    f"CHAINCRAWL_WORKER_START_ATTEMPTS); the last lines of "
+                    f"{log_dir(s) / (n + '.log')}:\n{tail}"
+                )
         time.sleep(0.2)
     if pending:
-        raise UserError(f"workers not ready after {timeout}s: {sorted(pending)} (see var/log/)")
+        raise StartFailed(
+            f"workers not ready after {timeout:.0f}s: {', '.join(sorted(pending))} "
+            f"(see {log_dir(s)})"
+        )
+
+
+def answering_workers(names: list[str], timeout: float = 2.0, tries: int = 3) -> list[str]:
+    """Which of our workers (pid file names: worker-w1 is node w1@host) answer a ping: the
+    workers actually running, not the number asked for (a busy worker gets a few tries)."""
+    from worker import app
+
+    nodes: set[str] = set()
+    for _ in range(tries):
+        try:
+            replies = app.control.ping(timeout=timeout) or []
+        except Exception:  # the broker is unreachable: none answers
+            replies = []
+        nodes |= {node.split("@", 1)[0] for reply in replies for node in reply}
+        if all(n.removeprefix("worker-") in nodes for n in names):
+            break
+    return [n for n in names if n.removeprefix("worker-") in nodes]
 
 
 def flower_password(s: Settings) -> str:
@@ -187,7 +306,7 @@ def flower_password(s: Settings) -> str:
 def start_flower(s: Settings) -> tuple[str, str]:
     url = f"http://{s.flower_address}:{s.flower_port}/"
     cmd = [
-        sys.executable, "-m", "celery", "-A", "worker", "flower",
+        sys.executable, "-m", "monitor.flower",  # celery -A worker flower, metrics guarded
         f"--address={s.flower_address}", f"--port={s.flower_port}",
         "--persistent=False", "--purge_offline_workers=60",
         "--tasks_columns=name,uuid,state,args,received,started,runtime,retries,worker",

@@ -35,6 +35,8 @@ def trigger(name: str, seeds: list[dict[str, Any]] | None, priority: int | None,
     handle = chains.run(name, seeds=seeds, priority=priority)
     console = Console()
     console.print(f"run id: [bold]{handle.run_id}[/bold]  chain: {name}")
+    if handle.note:
+        console.print(f"[yellow]warning:[/yellow] {handle.note}")
     if not wait:
         return handle
     return watch(handle, timeout, console)

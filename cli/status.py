@@ -1,6 +1,6 @@
 """`control.sh status`: workers, queues, active runs with a bar per step, error rates, pools.
 
-`--json` prints one snapshot (monitor.status.snapshot) for scripts; `--watch` redraws it live.
+`--json` prints one snapshot (monitor.snapshot.snapshot) for scripts; `--watch` redraws it live.
 In watch mode the broadcast to workers (which waits `--inspect-timeout` seconds for replies)
 runs in a background thread, so the view keeps its refresh rate, and error rates are also
 shown over the last refresh (`recent`), not only since the counters began.
@@ -19,8 +19,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cli.tables import run_table
+from cli.tables import Fit, Part, ident_column, labelled, run_table
 from config import Settings, get_settings
+from ledger.broker import default_app
+from monitor import snapshot as msnap
 from monitor import status as ms
 
 
@@ -32,7 +34,7 @@ def queue_depths(s: Settings, queues: list[str]) -> dict[str, int]:
 
 
 def snapshot(s: Settings, workers_timeout: float | None = 1.0) -> dict[str, Any]:
-    return ms.snapshot(s, workers_timeout=workers_timeout)
+    return msnap.snapshot(s, workers_timeout=workers_timeout)
 
 
 # --- rendering ---------------------------------------------------------------------------------
@@ -54,27 +56,45 @@ def _rate_style(x: float | None) -> str:
     return "bold red" if x >= 0.2 else "yellow" if x >= 0.05 else "green"
 
 
-def _workers_table(snap: dict[str, Any]) -> Table:
+def _workers_table(snap: dict[str, Any]) -> Table | Fit:
     t = Table(title="workers", title_justify="left")
-    for col in ("worker", "active", "running now"):
-        t.add_column(col, justify="right" if col == "active" else "left")
     w = snap.get("workers")
+    ident_column(t, "worker")
+    t.add_column("active", justify="right")
+    t.add_column("running now", no_wrap=True)  # task names, one a line
+    procs = snap.get("processes") or {}
+    if procs:
+        t.caption = "started here: " + ", ".join(
+            f"{n} ({p})" if not n.startswith("worker-") or _has_child(p)
+            else f"{n} ({p}, no worker process: starting it again)"
+            for n, p in procs.items()
+        )  # fmt: skip
     if w is None:
         t.add_row("(not inspected)" if "workers" in snap else "-", "", "")
     elif not w:
         t.add_row(Text("no worker answered", style="bold red"), "0", "")
-    for name, info in sorted((w or {}).items()):
+    if not w:
+        return t
+    rows: list[tuple[Part, list[Part]]] = []
+    for name, info in sorted(w.items()):
         names = sorted({x["name"] or "?" for x in info["tasks"]})
-        t.add_row(name, str(info["active"]), ", ".join(names)[:80])
-    procs = snap.get("processes") or {}
-    if procs:
-        t.caption = "started here: " + ", ".join(f"{n} ({p})" for n, p in procs.items())
-    return t
+        t.add_row(name, str(info["active"]), "\n".join(names))
+        rows.append((name, [f"active {info['active']}", *names]))
+    return Fit(t, "workers", rows, str(t.caption or ""))
+
+
+def _has_child(pid: int) -> bool:
+    """Whether a worker's supervisor has its worker running (Linux; elsewhere: assume so)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return bool(f.read().split())
+    except OSError:
+        return True
 
 
 def _queues_table(snap: dict[str, Any]) -> Table:
     t = Table(title="queues", title_justify="left")
-    t.add_column("queue")
+    ident_column(t, "queue")
     t.add_column("waiting", justify="right")
     for name, n in snap["queues"].items():
         t.add_row(name, Text(str(n), style="bold" if n else "dim"))
@@ -83,13 +103,16 @@ def _queues_table(snap: dict[str, Any]) -> Table:
     return t
 
 
-def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None) -> Table:
-    t = Table(title="tasks (since counters began)", title_justify="left")
-    cols = ["task", "ok", "failed", "fail %", "retried", "retry %", "p95", "top errors"]
+def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None) -> Fit:
+    title = "tasks (since counters began)"
+    t = Table(title=title, title_justify="left")
+    cols = ["ok", "failed", "fail %", "retried", "retry %", "p95", "top errors"]
     if recent is not None:
-        cols.insert(4, "fail % recent")
+        cols.insert(3, "fail % recent")
+    ident_column(t, "task")
     for col in cols:
-        t.add_column(col, justify="left" if col in ("task", "top errors") else "right")
+        t.add_column(col, justify="left" if col == "top errors" else "right")
+    rows: list[tuple[Part, list[Part]]] = []
     for task, m in sorted(snap["tasks"].items()):
         errs: dict[str, int] = {}
         for breakdown in m["errors"].values():
@@ -97,21 +120,23 @@ def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None)
                 errs[k] = errs.get(k, 0) + v
         top = ", ".join(f"{k} {v}" for k, v in sorted(errs.items(), key=lambda kv: -kv[1])[:3])
         row: list[Any] = [
-            task, str(m["succeeded"]), str(m["failed"]),
+            str(m["succeeded"]), str(m["failed"]),
             Text(_pct(m["fail_rate"]), style=_rate_style(m["fail_rate"])),
             str(m["retried"]), _pct(m["retry_rate"]), _secs(m["latency_p95"]), top,
         ]  # fmt: skip
         if recent is not None:
             rr = (recent.get(task) or {}).get("fail_rate")
-            row.insert(4, Text(_pct(rr), style=_rate_style(rr)))
-        t.add_row(*row)
-    return t
+            row.insert(3, Text(_pct(rr), style=_rate_style(rr)))
+        t.add_row(task, *row)
+        rows.append((task, [labelled(c, v) for c, v in zip(cols, row, strict=True) if str(v)]))
+    return Fit(t, title, rows)
 
 
 def _pools_table(snap: dict[str, Any]) -> Table:
     t = Table(title="resource pools", title_justify="left")
-    for col in ("pool", "size", "banned", "produced", "reported"):
-        t.add_column(col, justify="left" if col == "pool" else "right")
+    ident_column(t, "pool")
+    for col in ("size", "banned", "produced", "reported"):
+        t.add_column(col, justify="right")
     for p in snap["pools"]:
         size = Text(str(p["size"]), style="bold red" if p["size"] <= 0 else "")
         when = "live" if p["source"] == "live" else f"{p['age']:.0f}s ago"
@@ -131,6 +156,9 @@ def _footer(snap: dict[str, Any]) -> Text:
         parts.append(f"refused items: {ob['dead']}")
     if snap.get("malformed"):
         parts.append(f"malformed broker messages: {snap['malformed']} (kept in broker:malformed)")
+    if snap.get("unknown_tasks"):
+        parts.append(f"tasks refused as unknown by workers: {snap['unknown_tasks']} "
+                     "(restart the workers; deadletter list)")  # fmt: skip
     if snap.get("dead_worker_restored"):
         parts.append(f"messages restored from dead workers: {snap['dead_worker_restored']}")
     return Text("   ".join(parts))
@@ -195,7 +223,7 @@ class WorkerPoller:
 
     def _loop(self) -> None:
         while not self.stop.is_set():
-            self.latest = ms.workers(self.timeout)
+            self.latest = ms.workers(default_app(), self.timeout)
             self.stop.wait(self.every)
 
     def start(self) -> WorkerPoller:
@@ -212,7 +240,7 @@ def watch(
     try:
         with Live(console=Console(), refresh_per_second=4, screen=False) as live:
             while True:
-                snap = ms.snapshot(s, workers_timeout=None)
+                snap = msnap.snapshot(s, workers_timeout=None)
                 snap["workers"] = poller.latest
                 history.append(snap)
                 while len(history) > 2 and history[1]["time"] <= snap["time"] - window:

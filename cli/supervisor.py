@@ -2,17 +2,18 @@
 unexpectedly, as systemd's `Restart=on-failure` would.
 
 `control.sh start` runs every worker under one (cli/procs.py `start_workers`): a worker that
-exits by itself (a crash, an "Unrecoverable error" in the broker connection, bug 3 in
-docs/reliability.md) is restarted after a back-off (1 s, doubling up to `--max-backoff`, back
+exits by itself (a crash, an "Unrecoverable error" in the broker connection: see "A worker
+survives a Redis restart" in docs/reliability.md) is restarted after a back-off (1 s, doubling up to `--max-backoff`, back
 to 1 s once it has run for a minute), at most `--max-restarts` times within `--window`
 seconds; then the supervisor gives up and exits with the worker's code. Every exit and restart
 is logged (to the worker's log: the supervisor shares its stdout).
 
 Not restarted: an exit with code 0 (a warm shutdown asked for by someone, e.g. `celery control
-shutdown`), and a worker that fails on its very first start (a configuration or import error:
-`control.sh start` reports it instead of looping): with `--ready-marker`, one that exits before
-writing the marker (" ready." for Celery) to the log; without, one that exits within
-`--start-grace` seconds.
+shutdown`). A worker that has never been ready (with `--ready-marker`: one that exits before
+this run wrote the marker, " ready." for Celery, to the log; without: one that exits within
+`--start-grace` seconds) failed to start: it is started again with the same back-off up to
+`--start-attempts` times in all (CHAINCRAWL_WORKER_START_ATTEMPTS), then the supervisor gives
+up, so that `control.sh start` fails with the worker's last log lines instead of looping.
 
 SIGTERM/SIGINT to the supervisor (what `control.sh stop` sends to the pid file's pid) are
 passed on to the worker (warm shutdown); the supervisor waits for it and exits without
@@ -59,6 +60,7 @@ class Supervisor:
         healthy_after: float = 60.0,
         start_grace: float = 10.0,
         ready_marker: str | None = None,
+        start_attempts: int = 3,
     ) -> None:
         self.name = name
         self.cmd = list(cmd)
@@ -69,6 +71,7 @@ class Supervisor:
         self.healthy_after = healthy_after
         self.start_grace = start_grace
         self.ready_marker = ready_marker.encode() if ready_marker else None
+        self.start_attempts = max(1, start_attempts)
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts: deque[float] = deque()
         self.stopping = threading.Event()
@@ -104,7 +107,8 @@ class Supervisor:
         return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def _became_ready(self, offset: int | None, ran: float) -> bool:
-        """Did the child's first run get going (not a start failure)?"""
+        """Did this run get going (not a start failure)? Only its own output counts: the log
+        is appended to across runs and starts, so an earlier run's marker is no sign."""
         if self.ready_marker is None or offset is None:
             return ran >= self.start_grace
         try:
@@ -117,11 +121,13 @@ class Supervisor:
 
     def run(self) -> int:
         delay = self.backoff
-        first = True
+        ever_ready = False
+        attempts = 0  # starts while the child has never been ready
         while True:
             started = time.monotonic()
-            offset = self._log_size() if first else None
+            offset = self._log_size()
             proc = self.start()
+            attempts += not ever_ready
             self.log("INFO", f"started pid {proc.pid}")
             code = proc.wait()
             ran = time.monotonic() - started
@@ -132,24 +138,31 @@ class Supervisor:
                 self.log("INFO", f"pid {proc.pid} exited normally; not restarting")
                 return 0
             how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            if first and not self._became_ready(offset, ran):
-                self.log("ERROR", f"pid {proc.pid} {how} {ran:.1f}s after its first start, "
-                                  "before it was ready; not restarting (see the lines above)")  # fmt: skip
-                return code if code > 0 else 1
-            first = False
-            now = time.monotonic()
-            while self.restarts and now - self.restarts[0] > self.window:
-                self.restarts.popleft()
-            if len(self.restarts) >= self.max_restarts:
-                self.log("ERROR", f"pid {proc.pid} {how}; {len(self.restarts)} restarts in the "
-                                  f"last {self.window:.0f}s: giving up")  # fmt: skip
-                return code if code > 0 else 1
-            if ran >= self.healthy_after:
-                delay = self.backoff
-            self.restarts.append(now)
-            self.log("WARNING", f"pid {proc.pid} {how} after {ran:.1f}s; restarting in "
-                                f"{delay:.1f}s (restart {len(self.restarts)} of at most "
-                                f"{self.max_restarts} per {self.window:.0f}s)")  # fmt: skip
+            ever_ready = ever_ready or self._became_ready(offset, ran)
+            if not ever_ready:
+                if attempts >= self.start_attempts:
+                    self.log("ERROR", f"pid {proc.pid} {how} {ran:.1f}s after it started, "
+                                      f"before it was ready; {attempts} failed start(s): giving "
+                                      "up (see the lines above)")  # fmt: skip
+                    return code if code > 0 else 1
+                self.log("WARNING", f"pid {proc.pid} {how} {ran:.1f}s after it started, "
+                                    f"before it was ready; starting it again in {delay:.1f}s "
+                                    f"(start {attempts + 1} of at most "
+                                    f"{self.start_attempts})")  # fmt: skip
+            else:
+                now = time.monotonic()
+                while self.restarts and now - self.restarts[0] > self.window:
+                    self.restarts.popleft()
+                if len(self.restarts) >= self.max_restarts:
+                    self.log("ERROR", f"pid {proc.pid} {how}; {len(self.restarts)} restarts in "
+                                      f"the last {self.window:.0f}s: giving up")  # fmt: skip
+                    return code if code > 0 else 1
+                if ran >= self.healthy_after:
+                    delay = self.backoff
+                self.restarts.append(now)
+                self.log("WARNING", f"pid {proc.pid} {how} after {ran:.1f}s; restarting in "
+                                    f"{delay:.1f}s (restart {len(self.restarts)} of at most "
+                                    f"{self.max_restarts} per {self.window:.0f}s)")  # fmt: skip
             if self.stopping.wait(delay):
                 self.log("INFO", "stopped while waiting to restart")
                 return 0
@@ -166,9 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--healthy-after", type=float, default=60.0,
                    help="a run this long resets the back-off")  # fmt: skip
     p.add_argument("--start-grace", type=float, default=10.0,
-                   help="a first run shorter than this that fails is not restarted")  # fmt: skip
+                   help="without --ready-marker: a run shorter than this failed to start")  # fmt: skip
+    p.add_argument("--start-attempts", type=int, default=3,
+                   help="starts of a child that never got ready before giving up")  # fmt: skip
     p.add_argument("--ready-marker", default=None,
-                   help="text the child logs once it is up (a first run that exits before "
+                   help="text the child logs once it is up (a run that exits before "
                    "it is a start failure); needs stdout to be the log file")  # fmt: skip
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
     a = p.parse_args(argv)
@@ -178,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sup = Supervisor(
         a.name, cmd, max_restarts=a.max_restarts, window=a.window, backoff=a.backoff,
         max_backoff=a.max_backoff, healthy_after=a.healthy_after, start_grace=a.start_grace,
-        ready_marker=a.ready_marker,
+        ready_marker=a.ready_marker, start_attempts=a.start_attempts,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, sup.on_signal)
     signal.signal(signal.SIGINT, sup.on_signal)

@@ -73,6 +73,10 @@ class DemoConfig(BaseSettings):
     app_default_size: int = Field(data.APP_DEFAULT_SIZE, ge=1)
     app_max_size: int = Field(data.APP_MAX_SIZE, ge=1)
     proxies_page_size: int = Field(20, ge=1)
+    js_feed_page_size: int = Field(data.JS_FEED_PAGE_SIZE, ge=1)
+    js_batch_size: int = Field(
+        data.JS_BATCH_SIZE, ge=1, description="feed entries per load-more click / scroll batch"
+    )
 
     # --- latency --------------------------------------------------------------------------
     latency_ms: float = Field(0.0, ge=0)
@@ -197,6 +201,8 @@ class DemoConfig(BaseSettings):
             h5_comments_page_size=self.h5_comments_page_size,
             app_page_size=app_page_size or self.app_default_size,
             app_max_size=self.app_max_size,
+            js_feed_page_size=self.js_feed_page_size,
+            js_batch_size=self.js_batch_size,
         )
 
 

@@ -36,6 +36,8 @@ H5_STATUSES_PAGE_SIZE = 10
 H5_COMMENTS_PAGE_SIZE = 20
 APP_DEFAULT_SIZE = 20
 APP_MAX_SIZE = 50
+JS_FEED_PAGE_SIZE = 20
+JS_BATCH_SIZE = 5
 
 _FAMILY = [
     ("Wang", "王"), ("Li", "李"), ("Zhang", "张"), ("Liu", "刘"), ("Chen", "陈"),
@@ -335,6 +337,8 @@ def expected_counts(
     h5_comments_page_size: int = H5_COMMENTS_PAGE_SIZE,
     app_page_size: int = APP_DEFAULT_SIZE,
     app_max_size: int = APP_MAX_SIZE,
+    js_feed_page_size: int = JS_FEED_PAGE_SIZE,
+    js_batch_size: int = JS_BATCH_SIZE,
 ) -> dict[str, object]:
     """Items of each type and pages (= requests) per endpoint for one full crawl per front end.
 
@@ -365,6 +369,13 @@ def expected_counts(
     }
     for front in (pc, h5, app):
         front["requests"] = sum(front.values())
+    batches = page_count(u, js_batch_size)
+    js = {  # rendered in a browser: pages and the API calls their scripts make
+        "feed_pages": page_count(u, js_feed_page_size),
+        "batches": batches,
+        "load_more_clicks": batches - 1,
+        "post_pages": u * p,
+    }
     return {
         "users": u,
         "posts": u * p,
@@ -373,4 +384,5 @@ def expected_counts(
         "pc": pc,
         "h5": h5,
         "app": app,
+        "js": js,
     }

@@ -29,7 +29,7 @@ from demo.state import DemoState, state_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-FRONTS = ("pc", "h5", "app")
+FRONTS = ("pc", "h5", "app", "js")
 COMMENT_ROUTES = frozenset({"pc.comments", "h5.comments", "app.comments"})
 NO_SOFT_FAIL_ROUTES = frozenset({"app.device_register"})
 APP_UA = re.compile(r"DemoApp/\d+(?:\.\d+)*")
@@ -42,7 +42,7 @@ def is_exempt(path: str) -> bool:
 
 
 def ua_ok(front: str, ua: str) -> bool:
-    if front == "pc":
+    if front in ("pc", "js"):  # the JavaScript site is a desktop site too
         return "Mozilla/" in ua and "Mobile" not in ua
     if front == "h5":
         return "Mobile" in ua

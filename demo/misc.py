@@ -33,6 +33,7 @@ async def index(request: web.Request) -> web.Response:
         '<li><a href="/pc/feed">pc: HTML site</a></li>\n'
         '<li><a href="/h5/api/feed">h5: mobile JSON API (cursor paging)</a></li>\n'
         '<li><a href="/app/api/feed">app: app JSON API (page/size paging)</a></li>\n'
+        '<li><a href="/js/feed">js: pages filled in by JavaScript (render them)</a></li>\n'
         '<li><a href="/proxies">free proxy list</a></li>\n</ul>'
     )
     return html_response(layout("DemoNews", "page-index", main))

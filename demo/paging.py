@@ -16,11 +16,6 @@ def page_count(total: int, size: int) -> int:
     return max(1, -(-total // size))
 
 
-def page_slice(page: int, size: int) -> tuple[int, int]:
-    """(offset, limit) of 1-based `page`."""
-    return (page - 1) * size, size
-
-
 def encode_cursor(scope: str, offset: int) -> str:
     """An opaque, URL-safe cursor naming a position in one list (`scope`)."""
     raw = f"{scope}|{offset}".encode()

@@ -13,8 +13,8 @@ HTML_PREFIXES = ("/pc/", "/proxies")
 
 
 def front_of(path: str) -> str:
-    """Which front end a path belongs to: "pc", "h5", "app" or "other"."""
-    for front in ("pc", "h5", "app"):
+    """Which front end a path belongs to: "pc", "h5", "app", "js" or "other"."""
+    for front in ("pc", "h5", "app", "js"):
         if path.startswith(f"/{front}/") or path == f"/{front}":
             return front
     return "other"
@@ -22,6 +22,8 @@ def front_of(path: str) -> str:
 
 def wants_html(path: str) -> bool:
     """Errors on these paths are HTML pages; everywhere else they are JSON."""
+    if path.startswith("/js/"):
+        return not path.startswith(("/js/api/", "/js/static/"))
     return path == "/" or path == "/pc" or path.startswith(HTML_PREFIXES)
 
 
@@ -49,15 +51,19 @@ def html_response(
     )
 
 
-def layout(title: str, body_class: str, main: str, charset: str = "utf-8") -> str:
-    """A complete HTML document in the site's chrome."""
+def layout(
+    title: str, body_class: str, main: str, charset: str = "utf-8", head: str = "",
+    body_attrs: str = "",
+) -> str:  # fmt: skip
+    """A complete HTML document in the site's chrome; `head` goes at the end of <head>,
+    `body_attrs` (e.g. ` data-view="feed"`) into the <body> tag."""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="zh-CN">\n<head>\n'
         f'<meta charset="{charset}">\n'
         f"<title>{escape(title)} - {SITE_NAME}</title>\n"
-        "</head>\n"
-        f'<body class="{body_class}">\n'
+        f"{head}</head>\n"
+        f'<body class="{body_class}"{body_attrs}>\n'
         '<header class="site-header"><a class="logo" href="/pc/feed">'
         f"{SITE_NAME}</a>"
         '<nav class="site-nav"><a href="/pc/feed">首页 Home</a> '

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from demo import appapi, h5, misc, pc
+from demo import appapi, h5, jsfront, misc, pc
 from demo.config import DemoConfig
 from demo.guards import pipeline
 from demo.state import STATE, DemoState
@@ -23,7 +23,7 @@ def build_app(config: DemoConfig | None = None) -> web.Application:
     """The whole platform as one aiohttp app (usable with aiohttp's test client too)."""
     app = web.Application(middlewares=[pipeline], client_max_size=1024 * 1024)
     app[STATE] = DemoState(config or DemoConfig())
-    for module in (pc, h5, appapi, misc):
+    for module in (pc, h5, appapi, jsfront, misc):
         app.router.add_routes(module.routes)
     return app
 

@@ -2,8 +2,9 @@
 
 A provider prepares an outgoing request (adds a proxy, a user agent, a cookie, a signature,
 a device id) and hears how it went (latency, status, error) so it can score, rotate or retire
-the resource it lent. Providers are chosen per site by name from `providers` (see
-`ResourceConfig` in base_task / the endpoint declaration); the defaults here do nothing.
+the resource it lent. An endpoint names the kinds it needs (`@endpoint(resources=[...])`);
+each kind's provider is chosen by name from `providers` (`CHAINCRAWL_PROVIDERS` may pick
+another per site); the defaults here do nothing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A store is one namespace (per site and item type). For an id and an optional con
 answers NEW, UNCHANGED or CHANGED plus the hour the id was first seen, so a chain step can
 "skip if seen within 7 days", "re-crawl if older than a day" or "store only if changed".
 
-Marking happens after the item is durably stored (seed 002): `check_many` is read-only and
+Marking happens after the item is durably stored, so a crash between the two re-crawls a page
+rather than losing it: `check_many` is read-only and
 `mark_many` records (and returns what it saw before, so it doubles as check-and-mark). A step
 checks (or `filter_new`s), crawls, stores, and marks only the ids whose write was confirmed; a
 failed store never marks, so the id comes back as NEW next time.
@@ -55,11 +56,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 import redis
+from redis.crc import key_slot
 
 try:
     from hiredis import pack_command as _pack_command
@@ -67,6 +68,8 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; this is only 
     _pack_command = None
 
 from exceptions import ConfigError
+from utils.lua import load_lua
+from utils.redis import is_cluster
 from utils.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -81,7 +84,7 @@ HOUR_MAX = 0xFFFF
 MAX_SUBS = 4096  # sub-buckets per key: uint16 on the wire, one Lua unpack at a merge
 LAYOUT_VERSION = 1  # bump when the bucket format changes
 BLOCK = 16  # sub-buckets per directory block (uint32 start, then uint16 in-block ends)
-SCRIPT = (Path(__file__).with_name("dedup.lua")).read_text()
+SCRIPT = load_lua(__file__, "dedup.lua")
 _OP = struct.Struct(">BH")  # one result: status, first-seen hour (since the namespace epoch)
 _ONE_OP = struct.Struct(">QH")  # a bucket's only op: sub-bucket << 40 | fp, content fp
 
@@ -345,6 +348,10 @@ class RedisDedup(DedupBase):
     Every batch is grouped per bucket client-side and sent as a few EVALSHA calls (at most
     `max_ops_per_call` ops each, so no single script blocks Redis for long) in one pipeline:
     one round trip. Each call is atomic; a batch spanning calls is not (nor needs to be).
+
+    On a Redis Cluster every bucket key hashes to its own slot (the buckets spread over the
+    masters): a call holds the buckets of one slot only, and the calls are pipelined per
+    master, each on one connection of its own, all written before any reply is read.
     """
 
     def __init__(
@@ -384,6 +391,7 @@ class RedisDedup(DedupBase):
         )
         self._layout: Layout | None = None
         self._sha = hashlib.sha1(SCRIPT.encode()).hexdigest()
+        self.cluster = is_cluster(client)
 
     # -- layout / meta --------------------------------------------------------------------
     @property
@@ -489,7 +497,17 @@ class RedisDedup(DedupBase):
         nops = 0
         base = self.base + ":"
         one = _ONE_OP.pack
-        for b, g in groups.items():
+        items: Any = groups.items()
+        slot = -1
+        if self.cluster:  # a call's buckets on one slot: grouped by it, one call per slot
+            items = sorted(items, key=lambda bg: key_slot((base + str(bg[0])).encode()))
+        for b, g in items:
+            if self.cluster:
+                s = key_slot((base + str(b)).encode())
+                if keys and s != slot:
+                    yield keys, args, order
+                    keys, args, order, nops = [], [], [], 0
+                slot = s
             n = len(g)
             if n == 1:  # the usual case for small batches in big stores
                 k = g[0]
@@ -515,21 +533,35 @@ class RedisDedup(DedupBase):
         self, todo: Iterator[_Call], head: tuple[int, ...], out: list[Seen], epoch: int
     ) -> list[tuple[_Call, Exception]]:
         """Send every call, then read and decode every reply into `out`; return the failures."""
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
-        sent: list[_Call] = []
+        conns: dict[str, tuple[Any, Any]] = {}  # master -> (pool, connection); "" one Redis
+
+        def connection(keys: list[str]) -> Any:
+            name, pool = "", None
+            if self.cluster:
+                node = self.client.get_node_from_key(keys[0])
+                name = node.name
+                if name not in conns:
+                    pool = self.client.get_redis_connection(node).connection_pool
+            elif "" not in conns:
+                pool = self.client.connection_pool
+            if pool is not None:
+                conns[name] = (pool, pool.get_connection())
+            return conns[name][1]
+
+        sent: list[tuple[_Call, Any]] = []
         failed: list[tuple[_Call, Exception]] = []
         new, statuses, unpack = tuple.__new__, _STATUSES, _OP.iter_unpack
         try:
             for call in todo:
                 keys, args, _ = call
+                conn = connection(keys)
                 cmd = ("EVALSHA", self._sha, len(keys), *keys, *head, *args)
                 if _pack_command is None:
                     conn.send_command(*cmd)
                 else:  # skips redis-py's per-argument Python pass
                     conn.send_packed_command([_pack_command(cmd)])
-                sent.append(call)
-            for call in sent:
+                sent.append((call, conn))
+            for call, conn in sent:
                 try:
                     reply = conn.read_response(disable_decoding=True)
                 except redis.exceptions.ResponseError as e:
@@ -541,10 +573,12 @@ class RedisDedup(DedupBase):
                             out[i] = new(Seen, (statuses[st], epoch + hr))
             return failed
         except BaseException:
-            conn.disconnect()  # replies may be pending: never hand this socket to anyone
+            for _, conn in conns.values():
+                conn.disconnect()  # replies may be pending: never hand this socket to anyone
             raise
         finally:
-            pool.release(conn)
+            for pool, conn in conns.values():
+                pool.release(conn)
 
     # -- housekeeping ---------------------------------------------------------------------
     def _scan_buckets(self) -> list[bytes | str]:

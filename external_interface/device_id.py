@@ -19,6 +19,7 @@ import redis
 
 from config import Settings
 from external_interface.base import OutgoingRequest, providers
+from external_interface.health import PoolHealth
 from external_interface.pool import Lease, Lender, Pool, health_records
 
 KIND = "device_id"
@@ -53,11 +54,9 @@ def add_device(
     return device_pool(site, **kw).add(device, member_id)
 
 
-def pool_health(client: redis.Redis, settings: Settings) -> list[Any]:
+def pool_health(client: redis.Redis, settings: Settings) -> list[PoolHealth]:
     """monitor.health source: the device pools as PoolHealth records."""
     return health_records(client, settings.key_prefix, KIND)
 
 
 providers.add(KIND, lambda site, platform: DeviceProvider(site, platform))
-
-import external_interface.production  # noqa: E402, F401 - production chains and site rules

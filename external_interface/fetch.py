@@ -14,6 +14,7 @@ enforces the response size limit.
 
 from __future__ import annotations
 
+import codecs
 import json as stdjson
 import re
 import threading
@@ -29,6 +30,7 @@ import requests
 import requests.adapters
 import urllib3
 from parsel import Selector
+from w3lib.encoding import html_body_declared_encoding, read_bom, resolve_encoding
 
 from exceptions import (
     ConnectError,
@@ -39,10 +41,11 @@ from exceptions import (
     TooManyRedirects,
     TransportError,
     TruncatedResponse,
+    UndecodableText,
 )
+from external_interface.httpcache import CachedResponse, HttpCache, storable
 from utils.ranked_slots import RankedSlots
 
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_\-]+)""", re.I)
 _CHUNK = 64 * 1024
 _T = TypeVar("_T")
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
@@ -80,26 +83,48 @@ class Response:
     elapsed: float
     declared_encoding: str | None = None
     history: list[str] = field(default_factory=list)
+    from_cache: bool = False  # answered by the development HTTP cache (CHAINCRAWL_HTTP_CACHE)
+    # bytes the charset cannot decode: "replace" (U+FFFD, reported to `on_undecodable`) or
+    # "strict" (`text` raises UndecodableText); set by the endpoint's Context
+    decode_errors: str = field(default="replace", repr=False, compare=False)
+    on_undecodable: Callable[[Response, int], None] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @lazy
     def encoding(self) -> str:
-        """Header charset, else an HTML/XML meta charset, else UTF-8 (lenient on errors)."""
-        enc = self.declared_encoding
-        if not enc:
-            m = _META_CHARSET.search(self.content[:4096])
-            enc = m.group(1).decode("ascii") if m else "utf-8"
-        enc = enc.lower()
-        if enc in ("gb2312", "gbk"):
-            enc = "gb18030"  # a superset: real sites label gb18030 text as gb2312
-        try:
-            "".encode(enc)
-        except LookupError:
-            enc = "utf-8"
-        return enc
+        """w3lib's detection: a byte order mark, else the header's charset, else an HTML/XML
+        meta charset, else UTF-8; labels resolved as browsers do (gb2312 -> gb18030,
+        latin-1 -> cp1252), an unknown one taken as UTF-8."""
+        bom, _ = read_bom(self.content)
+        if bom:
+            return bom
+        if self.declared_encoding:
+            enc = resolve_encoding(self.declared_encoding)
+            if enc:
+                return enc
+        return html_body_declared_encoding(self.content) or "utf-8"
+
+    @lazy
+    def undecodable(self) -> int:
+        """Bytes of the body its encoding cannot decode (0: clean)."""
+        return decode_counting(self.content, self.encoding)[1]
 
     @lazy
     def text(self) -> str:
-        return self.content.decode(self.encoding, errors="replace")
+        """The body decoded. Bytes the charset cannot decode are replaced with U+FFFD and
+        reported (`on_undecodable`: the page's metrics and a warning), or with
+        `decode_errors="strict"` raise UndecodableText: never silently."""
+        text, n = decode_counting(self.content, self.encoding)
+        if n:
+            if self.decode_errors == "strict":
+                raise UndecodableText(
+                    f"{self.url}: {n} bytes are not valid {self.encoding} "
+                    f"(declared: {self.declared_encoding or 'none'})"
+                )
+            if self.on_undecodable is not None:
+                self.on_undecodable(self, n)
+        return text
 
     def json(self) -> Any:
         try:
@@ -210,7 +235,7 @@ class RequestsFetcher:
             headers=resp.headers,
             content=content,
             elapsed=time.monotonic() - start,
-            declared_encoding=_header_charset(resp.headers.get("content-type", "")),
+            declared_encoding=header_charset(resp.headers.get("content-type", "")),
             history=[r.url for r in resp.history],
         )
 
@@ -332,7 +357,7 @@ class Urllib3Fetcher:
             headers=resp.headers,
             content=content,
             elapsed=time.monotonic() - start,
-            declared_encoding=_header_charset(resp.headers.get("content-type", "")),
+            declared_encoding=header_charset(resp.headers.get("content-type", "")),
             history=history,
         )
 
@@ -409,15 +434,62 @@ def _map_error(exc: BaseException | None, req: FetchRequest) -> Exception:
     return TransportError(f"request failed for {req.url}: {text}")
 
 
-def default_fetcher(max_redirects: int = 10, kind: str = "urllib3", slots: int = 0) -> Fetcher:
+def default_fetcher(
+    max_redirects: int = 10, kind: str = "urllib3", slots: int = 0, cache: HttpCache | None = None
+) -> Fetcher:
     """The fetcher workers use (`CHAINCRAWL_FETCHER`: urllib3, the default, or requests),
-    limited to `slots` requests in flight when that is set (`CHAINCRAWL_FETCH_SLOTS`)."""
+    limited to `slots` requests in flight when that is set (`CHAINCRAWL_FETCH_SLOTS`), behind
+    the development HTTP cache when one is given (`HttpCache.from_settings()`)."""
     inner: Fetcher
     if kind == "requests":
         inner = RequestsFetcher(max_redirects=max_redirects)
     else:
         inner = Urllib3Fetcher(max_redirects=max_redirects)
-    return LimitedFetcher(inner, slots) if slots > 0 else inner
+    if slots > 0:
+        inner = LimitedFetcher(inner, slots)
+    return CachingFetcher(inner, cache) if cache is not None else inner
+
+
+class CachingFetcher:
+    """GETs answered from the development HTTP cache when it holds them, stored when not
+    (external_interface/httpcache.py). Outermost, so a cached answer takes no fetch slot."""
+
+    def __init__(self, inner: Fetcher, cache: HttpCache) -> None:
+        self.inner = inner
+        self.cache = cache
+
+    def lookup(self, req: FetchRequest) -> Response | None:
+        """The stored answer to `req`, or None: a caller that finds one can skip the rate
+        limits, the throttle and robots.txt too, as no request goes out."""
+        key = self.cache.key(req.method, req.url, req.params, req.headers)
+        hit = self.cache.get(key) if key is not None else None
+        if hit is None:
+            return None
+        headers = urllib3.HTTPHeaderDict(hit.headers)
+        return Response(
+            url=hit.url,
+            status=hit.status,
+            headers=headers,
+            content=hit.content,
+            elapsed=0.0,
+            declared_encoding=header_charset(headers.get("content-type", "")),
+            history=hit.history,
+            from_cache=True,
+        )
+
+    def fetch(self, req: FetchRequest) -> Response:
+        key = self.cache.key(req.method, req.url, req.params, req.headers)
+        if key is None:
+            return self.inner.fetch(req)
+        hit = self.lookup(req)
+        if hit is not None:
+            return hit
+        resp = self.inner.fetch(req)
+        if storable(resp.status) and not resp.from_cache:
+            entry = CachedResponse(resp.url, resp.status, list(resp.headers.items()),
+                                   resp.content, list(resp.history))  # fmt: skip
+            self.cache.put(key, entry, {"method": req.method, "url": req.url})
+        return resp
 
 
 class LimitedFetcher:
@@ -486,7 +558,36 @@ class _NoStore(DefaultCookiePolicy):
         return False
 
 
-def _header_charset(content_type: str) -> str | None:
+_BAD = threading.local()
+
+
+def _count_and_replace(exc: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: U+FFFD, as `errors="replace"`, counting the bytes replaced."""
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    _BAD.n = getattr(_BAD, "n", 0) + (exc.end - exc.start)
+    return "\ufffd", exc.end
+
+
+codecs.register_error("chaincrawl-count", _count_and_replace)
+
+
+def decode_counting(data: bytes, encoding: str) -> tuple[str, int]:
+    """`data` decoded as `errors="replace"` does, and how many bytes were replaced. The
+    strict decode goes first: a clean page (the usual case) costs no more than before."""
+    bom_enc, bom = read_bom(data)
+    body = data[len(bom) :] if bom and bom_enc == encoding else data
+    try:
+        return body.decode(encoding), 0
+    except UnicodeDecodeError:
+        pass
+    _BAD.n = 0  # a decode never yields to another greenlet: the count is this call's
+    text = body.decode(encoding, errors="chaincrawl-count")
+    return text, _BAD.n
+
+
+def header_charset(content_type: str) -> str | None:
+    """The charset a Content-Type names (`text/html; charset=gbk` -> `gbk`), or None."""
     for part in content_type.split(";")[1:]:
         k, _, v = part.strip().partition("=")
         if k.lower() == "charset" and v:

@@ -1,28 +1,25 @@
 """Per-site resource pools in Redis (cookies, device ids): exclusive leases with rotation,
 cool-down, use limits, a health score, retire-on-ban, and production when a pool runs low.
 
-Keys of pool `<p>:pool:<kind>:<site>` (kind = the provider kind, "cookie" or "device_id"):
+A pool of kind <kind> ("cookie", "device_id": the provider kind) for site <site> runs on the
+lease engine (`external_interface.lease`, whose docstring lists its keys) under the base
+`<p>:site:{<site>}:pool:<kind>` (utils/keyspace.py), ordered least recently used first, with
+these keys besides:
 
-    :idle     zset  id -> ready at (ms)   members not lent; usable once `ready at` <= now, so the
-                                          least recently used ready member goes out first (rotation)
-    :lease    zset  id -> expiry (ms)     lent members; Redis server time, worker clocks never matter
-    :token    hash  id -> lease token     fences a late return from a lease that was reclaimed
-    :uses     hash  id -> uses            completed requests per member (use limit)
-    :score    hash  id -> health score    +1 per success, -penalty per failure, retired at 0
-    :secret   hash  id -> JSON            the secret itself (cookie values, device id, its UA):
-                                          the only place it lives; messages carry the opaque id
-    :stats    hash  produced checkouts bans retired retired:<reason> reclaimed cancelled
-                    production_runs production_dry_runs   (counters since the pool was created)
-    :retired  zset  id -> unix time       the last 1000 retired ids, for inspection
     :producing  str "<run id> <produced>" the latest production run (PX produce_ttl): while it
                                           is not done no other run starts (stampede guard)
     :produce_gap str (PX gap)             least time between two production runs; doubles
     :dry_streak  int                      with every run in a row that added nothing
     <p>:pools   set "kind:site"           every pool, for health reports
 
-Every state change is one Lua script, so checkouts are exclusive across all workers: a member
-is in `:idle` or in `:lease`, never both, and only the holder of the current token returns it.
-A ban retires the member even when its lease had already been reclaimed (the site has spoken).
+Every key of a pool carries its site's hash tag, so each script (`lease.lua`, `produce.lua`)
+runs on one Redis Cluster slot. The registry `<p>:pools` is global: it is only ever written by
+a plain, idempotent SADD beside a script (`add`, `try_start_production`), never inside one, so
+on a cluster it lives on its own slot and `pool_names`/`pool_stats` still find every pool.
+
+The secret (`:secret`, sealed: utils/seal.py) is a JSON object: {"cookies": {...}} for a
+session, {"device_id", "user_agent", ...} for a device. A site registers how its pools are refilled
+(`register_producer`) and tunes them (`configure_pool`) when its modules load.
 """
 
 from __future__ import annotations
@@ -31,27 +28,38 @@ import functools
 import json
 import logging
 import os
-import secrets
-import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import redis
 
 from config import SITE_VARS, get_settings
-from exceptions import BannedError, ConfigError, LoginRequired, ResourceUnavailable
+from exceptions import BannedError, ConfigError, ResourceUnavailable
 from external_interface.base import Outcome, OutgoingRequest
-from utils.redis import get_redis
+from external_interface.health import PoolHealth
+from external_interface.lease import (
+    LENT,
+    Checkout,
+    Lease,
+    LeasePool,
+    avoid_next_time,
+    avoided,
+    cancel_leases,
+)
+from external_interface.rules import Verdict, judge
+from utils.keyspace import Keyspace
+from utils.redis import as_str
 from utils.registry import UnknownNameError
+from utils.seal import Sealer
 
 log = logging.getLogger(__name__)
 
-RECLAIM_LIMIT = 32
 MAX_PRODUCE_GAP = 300.0  # longest back-off between production runs that add nothing
-RETIRED_KEEP = 1000
+ACQUIRE = Path(__file__).with_name("produce.lua").read_text()
 
 
 # --- configuration -------------------------------------------------------------------------
@@ -132,95 +140,31 @@ def reset_pool_config() -> None:
     pool_config.cache_clear()
 
 
-# --- ban detection ------------------------------------------------------------------------
+# --- production ---------------------------------------------------------------------------
+
+Seeds = list[dict[str, Any]]
 
 
-class Verdict:
-    """What a response says about the member that was lent for it."""
-
-    OK = "ok"  # it worked: score +1
-    FAILED = "failed"  # the member's fault (e.g. an unexplained 403): score -penalty
-    NEUTRAL = "neutral"  # not the member's business (5xx, timeouts, an IP ban): no change
-    BANNED = "banned"  # the site rejected the member: retire it, raise a BannedError
+def _slots(n: int) -> Seeds:
+    return [{"slot": i} for i in range(n)]
 
 
 @dataclass(frozen=True)
-class Rule:
-    """A ban-detection rule: matches when the status fits (None = any) and, if `markers` are
-    given, one of them occurs in the body's first bytes."""
-
-    verdict: str
-    status: frozenset[int] | None = None
-    markers: tuple[str, ...] = ()
-    error: type[BannedError] = BannedError
-    reason: str = ""
-
-    def matches(self, outcome: Outcome) -> bool:
-        if outcome.status is None:
-            return False
-        if self.status is not None and outcome.status not in self.status:
-            return False
-        return not self.markers or any(m in outcome.text_sample for m in self.markers)
-
-
-def rule(
-    verdict: str,
-    status: Iterable[int] | None = None,
-    markers: Iterable[str] = (),
-    error: type[BannedError] = BannedError,
-    reason: str = "",
-) -> Rule:
-    return Rule(
-        verdict, frozenset(status) if status is not None else None, tuple(markers), error, reason
-    )
-
-
-_RULES: dict[tuple[str, str], list[Rule]] = {}
-
-# What every site gets after its own rules: generic signs of a dead session or device.
-GENERIC_RULES: dict[str, list[Rule]] = {
-    "cookie": [
-        rule(Verdict.BANNED, {401}, error=LoginRequired, reason="401"),
-        rule(Verdict.FAILED, {403}, reason="403"),
-    ],
-    "device_id": [rule(Verdict.FAILED, {401, 403}, reason="forbidden")],
-}
-
-
-def add_rules(site: str, kind: str, *rules: Rule) -> None:
-    """Register a site's ban rules for a pool kind; earlier rules win."""
-    _RULES.setdefault((site, kind), []).extend(rules)
-
-
-def site_rule(site: str, kind: str, outcome: Outcome) -> Rule | None:
-    """The first of the site's own rules for `kind` that matches (no generic rules): lets a
-    provider with its own default judgement (the proxy's `classify`) defer to the site."""
-    return next((r for r in _RULES.get((site, kind), ()) if r.matches(outcome)), None)
-
-
-def judge(site: str, kind: str, outcome: Outcome) -> tuple[str, Rule | None]:
-    """The verdict on a lent member: the site's rules, then the generic ones, then by status."""
-    for r in (*_RULES.get((site, kind), ()), *GENERIC_RULES.get(kind, ())):
-        if r.matches(outcome):
-            return r.verdict, r
-    if outcome.error is not None or outcome.status is None:
-        return Verdict.NEUTRAL, None
-    return (Verdict.OK if outcome.status < 400 else Verdict.NEUTRAL), None
-
-
-# --- production ---------------------------------------------------------------------------
-
-
-@dataclass
 class Producer:
-    """How a pool is refilled: a chain (built lazily, so endpoint modules load first) and the
-    seeds for `n` new members."""
+    """How a pool is refilled, supplied by the site code that registers it: `start(seeds,
+    run_id)` launches a production run under that id (a chain run, say), `finished(run_id)`
+    tells whether that run is over (done or cancelled), `seeds(n)` are the seeds for n new
+    members. `name` says what runs, for logs."""
 
-    chain: Callable[[], Any]
-    seeds: Callable[[int], list[dict[str, Any]]] = field(
-        default=lambda n: [{"slot": i} for i in range(n)]
-    )
+    name: str
+    start: Callable[[Seeds, str], None]
+    finished: Callable[[str], bool]
+    seeds: Callable[[int], Seeds] = field(default=_slots)
 
+
+# Test hooks in place of a producer's own start and finished: start(producer, seeds, run_id).
+Starter = Callable[[Producer, Seeds, str], None]
+Finished = Callable[[str], bool]
 
 _PRODUCERS: dict[tuple[str, str], Producer] = {}
 _warned: set[str] = set()
@@ -239,228 +183,10 @@ def known_kinds() -> set[str]:
     return {k for k, _ in _PRODUCERS} | set(_KIND_DEFAULTS) | {k for k, _ in _SITE_DEFAULTS}
 
 
-def _start_run(chain: Any, seeds: list[dict[str, Any]], run_id: str) -> None:
-    import chains
-
-    chains.run(chain, seeds=seeds, priority=9, run_id=run_id)
-
-
-def _run_finished(rds: redis.Redis, run_id: str) -> bool:
-    from chains.state import RunState
-
-    return RunState(rds, get_settings()).info(run_id).get("status") in ("done", "cancelled")
-
-
-# --- Lua ----------------------------------------------------------------------------------
-
-# KEYS: idle lease token uses score secret stats retired ; shared prologue: server time, and
-# leases whose holder vanished go back to idle (ready at once).
-_PROLOGUE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, RECLAIM_LIMIT)
-for _, id in ipairs(expired) do
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
-  if redis.call('HEXISTS', KEYS[6], id) == 1 then
-    redis.call('ZADD', KEYS[1], now, id)
-    redis.call('HINCRBY', KEYS[7], 'reclaimed', 1)
-  end
-end
-local function retire(id, reason)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('HDEL', KEYS[4], id)
-  redis.call('HDEL', KEYS[5], id)
-  redis.call('HDEL', KEYS[6], id)
-  redis.call('HINCRBY', KEYS[7], 'retired', 1)
-  redis.call('HINCRBY', KEYS[7], 'retired:' .. reason, 1)
-  redis.call('ZADD', KEYS[8], math.floor(now / 1000), id)
-  redis.call('ZREMRANGEBYRANK', KEYS[8], 0, -RETIRED_KEEP)
-end
-local function sizes()
-  local avail = redis.call('ZCOUNT', KEYS[1], '-inf', now)
-  return avail, redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-end
-""".replace("RECLAIM_LIMIT", str(RECLAIM_LIMIT)).replace("RETIRED_KEEP", str(RETIRED_KEEP + 1))
-
-# ARGV: lease_ms token avoid...
-# -> {id, secret, uses, score, available, size, 0} | {'', '', 0, 0, available, size, wait_ms}
-_CHECKOUT = (
-    _PROLOGUE
-    + """
-local avoid, n_avoid = {}, 0
-for i = 3, #ARGV do
-  if not avoid[ARGV[i]] then avoid[ARGV[i]] = true; n_avoid = n_avoid + 1 end
-end
-local function lend(id)
-  redis.call('ZREM', KEYS[1], id)
-  local secret = redis.call('HGET', KEYS[6], id)
-  if not secret then return nil end
-  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), id)
-  redis.call('HSET', KEYS[3], id, ARGV[2])
-  redis.call('HINCRBY', KEYS[7], 'checkouts', 1)
-  local avail, size = sizes()
-  return {id, secret, redis.call('HGET', KEYS[4], id) or '0',
-          redis.call('HGET', KEYS[5], id) or '0', avail, size, 0}
-end
-local cands = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, n_avoid + 1)
-local fallback = nil
-for _, id in ipairs(cands) do
-  if not avoid[id] then
-    local res = lend(id)
-    if res then return res end
-  elseif not fallback then
-    fallback = id
-  end
-end
--- Every ready member is one the task avoids. Waiting helps while a member it does not avoid
--- exists (lent, resting); when none does, nothing would ever come and the task would wait
--- for good (bug 9): it gets the avoided member idle longest after all.
-if fallback then
-  local others = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-  for id in pairs(avoid) do
-    if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id) then
-      others = others - 1
-    end
-  end
-  if others <= 0 then
-    local res = lend(fallback)
-    if res then return res end
-  end
-end
-local avail, size = sizes()
-local wait = -1
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if first[2] then wait = math.max(0, tonumber(first[2]) - now) end
-return {'', '', 0, 0, avail, size, wait}
-"""
-)
-
-# ARGV: id token action cooldown_ms max_uses delta max_score reason
-# action: ok | fail | neutral (a use) ; cancel (no use) ; ban | retire
-# -> {state, size}: state 0 stale/unknown, 1 back to idle, 2 retired
-_RELEASE = (
-    _PROLOGUE
-    + """
-local id, action = ARGV[1], ARGV[3]
-if redis.call('HEXISTS', KEYS[6], id) == 0 then
-  local _, size = sizes()
-  return {0, size}
-end
-if redis.call('HGET', KEYS[3], id) ~= ARGV[2] then
-  if action == 'ban' then
-    redis.call('HINCRBY', KEYS[7], 'bans', 1)
-    retire(id, 'banned')
-    local _, size = sizes()
-    return {2, size}
-  end
-  local _, size = sizes()
-  return {0, size}
-end
-redis.call('ZREM', KEYS[2], id)
-redis.call('HDEL', KEYS[3], id)
-local state = 1
-if action == 'ban' then
-  redis.call('HINCRBY', KEYS[7], 'bans', 1)
-  retire(id, 'banned')
-  state = 2
-elseif action == 'retire' then
-  retire(id, ARGV[8])
-  state = 2
-elseif action == 'cancel' then
-  redis.call('ZADD', KEYS[1], now, id)
-  redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
-else
-  local uses = redis.call('HINCRBY', KEYS[4], id, 1)
-  local score = tonumber(redis.call('HGET', KEYS[5], id) or '0') + tonumber(ARGV[6])
-  score = math.min(score, tonumber(ARGV[7]))
-  local max_uses = tonumber(ARGV[5])
-  if score <= 0 then
-    retire(id, 'unhealthy')
-    state = 2
-  elseif max_uses > 0 and uses >= max_uses then
-    retire(id, 'used_up')
-    state = 2
-  else
-    redis.call('HSET', KEYS[5], id, score)
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), id)
-  end
-end
-local _, size = sizes()
-return {state, size}
-"""
-)
-
-# ARGV: id secret initial_score -> 1 added, 0 already known
-_ADD = (
-    _PROLOGUE
-    + """
-if redis.call('HSETNX', KEYS[6], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('HSET', KEYS[5], ARGV[1], ARGV[3])
-redis.call('HSET', KEYS[4], ARGV[1], 0)
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('HINCRBY', KEYS[7], 'produced', 1)
-return 1
-"""
-)
-
-# ARGV: id reason -> 1 retired, 0 unknown (whether idle or lent)
-_RETIRE = (
-    _PROLOGUE
-    + """
-if redis.call('HEXISTS', KEYS[6], ARGV[1]) == 0 then return 0 end
-retire(ARGV[1], ARGV[2])
-return 1
-"""
-)
-
-# ARGV: (none) -> {available, size, leased, now_ms}
-_SIZES = (
-    _PROLOGUE
-    + """
-local avail, size = sizes()
-return {avail, size, redis.call('ZCARD', KEYS[2]), now}
-"""
-)
-
-# KEYS: producing gap ; ARGV: expected ('' = none) run_id ttl_ms gap_ms -> 1 acquired
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1]) or ''
-if cur ~= ARGV[1] then return 0 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', tonumber(ARGV[3]))
-if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[4])) end
-return 1
-"""
-
-
 # --- the pool -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Lease:
-    """One exclusive checkout. `secret` holds the member's values: kept out of repr and logs."""
-
-    kind: str
-    site: str
-    id: str
-    token: str
-    uses: int
-    score: int
-    secret: dict[str, Any] = field(repr=False)
-
-
-@dataclass(frozen=True)
-class Checkout:
-    lease: Lease | None
-    available: int  # ready members left after this checkout
-    size: int  # members in the pool (idle or lent)
-    wait: float | None  # seconds until the next member is ready (None: pool empty)
-
-
-class Pool:
+class Pool(LeasePool):
     """One site's pool of one kind; see the module docstring for keys and atomicity."""
 
     def __init__(
@@ -471,161 +197,91 @@ class Pool:
         rds: redis.Redis | None = None,
         prefix: str | None = None,
         config: PoolConfig | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
-        self.kind, self.site = kind, site
-        self.name = f"{kind}:{site}"
-        self._rds = rds
         self.prefix = prefix if prefix is not None else get_settings().key_prefix
+        ks = Keyspace(self.prefix)
+        super().__init__(kind, site, ks.pool(kind, site), rds=rds, sealer=sealer)
         self._config = config
-        self.base = f"{self.prefix}:pool:{kind}:{site}"
         b = self.base
-        self.keys = [
-            f"{b}:{k}"
-            for k in ("idle", "lease", "token", "uses", "score", "secret", "stats", "retired")
-        ]
-        (
-            self.k_idle,
-            self.k_lease,
-            _,
-            self.k_uses,
-            self.k_score,
-            self.k_secret,
-            self.k_stats,
-            self.k_retired,
-        ) = self.keys
-        self.k_producing, self.k_gap = f"{b}:producing", f"{b}:produce_gap"
-        self.k_pools = f"{self.prefix}:pools"
-        self._scripts: dict[str, Any] = {}
-
-    @property
-    def rds(self) -> redis.Redis:
-        """The given client, else the process's (looked up per call: safe across fork)."""
-        return self._rds if self._rds is not None else get_redis()
+        self.k_producing, self.k_gap, self.k_streak = (
+            f"{b}:producing",
+            f"{b}:produce_gap",
+            f"{b}:dry_streak",
+        )
+        self.k_pools = ks.pools
+        self._acquire: Any = None
 
     @property
     def config(self) -> PoolConfig:
         return self._config or pool_config(self.kind, self.site)
 
-    def _run(self, name: str, src: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(name)
-        if script is None:
-            script = self._scripts[name] = self.rds.register_script(src)
-        return script(keys=keys, args=args, client=self.rds)
+    def _lease(self, mid: str, token: str, uses: int, score: int, exp: int, text: str) -> Lease:
+        return Lease(self.kind, self.site, mid, token, uses, score, exp, json.loads(text))
 
     # --- lending -------------------------------------------------------------------------
     def checkout(self, avoid: Collection[str] = ()) -> Checkout:
         """Lend the ready member idle longest, not in `avoid`, exclusively until released.
         `avoid` is a preference: when every member of the pool is in it, waiting could never
         end (nothing comes back, a pool at its low-water mark produces nothing), so the
-        avoided member idle longest is lent after all (bug 9)."""
-        cfg = self.config
-        token = secrets.token_hex(8)
-        res = self._run(
-            "checkout", _CHECKOUT, self.keys, [int(cfg.lease_ttl * 1000), token, *avoid]
-        )
-        mid, raw, uses, score, avail, size, wait = res
-        mid = _s(mid)
-        if not mid:
-            return Checkout(
-                None, int(avail), int(size), None if int(wait) < 0 else int(wait) / 1000
-            )
-        lease = Lease(
-            self.kind, self.site, mid, token, int(uses), int(float(score)), json.loads(raw)
-        )
-        return Checkout(lease, int(avail), int(size), 0.0)
+        avoided member idle longest is lent after all (test_avoid_starvation.py)."""
+        return self.take(avoid, self.config.lease_ttl)
 
     def release(self, lease: Lease, verdict: str) -> tuple[str, int]:
         """Return a lease with the request's verdict; -> (state, pool size), state one of
         "returned", "retired", "stale" (the lease had expired and was reclaimed)."""
         cfg = self.config
-        action, delta = {
-            Verdict.OK: ("ok", 1),
-            Verdict.FAILED: ("fail", -cfg.fail_penalty),
-            Verdict.NEUTRAL: ("neutral", 0),
-            Verdict.BANNED: ("ban", 0),
-        }[verdict]
-        return self._release(lease, action, delta)
-
-    def cancel(self, lease: Lease) -> None:
-        """Give a lease back unused (the request was never sent): no use, no cool-down."""
-        self._release(lease, "cancel", 0)
-
-    def _release(self, lease: Lease, action: str, delta: int, reason: str = "") -> tuple[str, int]:
-        cfg = self.config
-        state, size = self._run(
-            "release",
-            _RELEASE,
-            self.keys,
-            [
-                lease.id,
-                lease.token,
-                action,
-                int(cfg.cooldown * 1000),
-                cfg.max_uses,
-                delta,
-                cfg.max_score,
-                reason,
-            ],
+        if verdict == Verdict.BANNED:
+            return self.give_back(lease, "ban", reason="banned")
+        delta = {Verdict.OK: 1, Verdict.FAILED: -cfg.fail_penalty, Verdict.NEUTRAL: 0}[verdict]
+        return self.give_back(
+            lease,
+            rest=cfg.cooldown,
+            max_uses=cfg.max_uses,
+            delta=delta,
+            max_score=cfg.max_score,
         )
-        return {0: "stale", 1: "returned", 2: "retired"}[int(state)], int(size)
 
     # --- membership ----------------------------------------------------------------------
     def add(self, secret: Mapping[str, Any], member_id: str | None = None) -> str | None:
         """Add a member (idempotent per id); returns its opaque id, None if it was known."""
         mid = member_id or f"{self.kind[:2]}-{uuid.uuid4().hex[:12]}"
         payload = json.dumps(dict(secret), separators=(",", ":"))
-        pipe = self.rds.pipeline(transaction=False)
-        pipe.sadd(self.k_pools, self.name)
-        pipe.execute()
-        added = self._run("add", _ADD, self.keys, [mid, payload, self.config.initial_score])
-        return mid if int(added) else None
+        self.rds.sadd(self.k_pools, self.name)
+        added = self.add_members([(mid, payload)], self.config.initial_score)
+        return mid if added else None
 
     def retire(self, member_id: str, reason: str = "removed") -> bool:
-        return bool(int(self._run("retire", _RETIRE, self.keys, [member_id, reason])))
-
-    def __contains__(self, member_id: object) -> bool:
-        return bool(self.rds.hexists(self.k_secret, str(member_id)))
+        return bool(self.retire_members([member_id], reason))
 
     def ids(self) -> list[str]:
-        return sorted(_s(x) for x in self.rds.hkeys(self.k_secret))
-
-    def retired(self) -> list[str]:
-        return [_s(x) for x in self.rds.zrange(self.k_retired, 0, -1)]
-
-    def uses(self, member_id: str) -> int | None:
-        v = self.rds.hget(self.k_uses, member_id)
-        return int(v) if v is not None else None
-
-    def score(self, member_id: str) -> int | None:
-        v = self.rds.hget(self.k_score, member_id)
-        return int(float(v)) if v is not None else None
+        return sorted(self.members())
 
     def clear(self) -> None:
-        self.rds.delete(*self.keys, self.k_producing, self.k_gap, f"{self.base}:dry_streak")
+        self.rds.delete(*self.keys, self.k_producing, self.k_gap, self.k_streak)
         self.rds.srem(self.k_pools, self.name)
 
     # --- health --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """size (members), available (ready now), cooling, leased, and the counters."""
-        avail, size, leased, _ = self._run("sizes", _SIZES, self.keys, [])
+        avail, size, leased = self.sizes()
         pipe = self.rds.pipeline(transaction=False)
         pipe.hgetall(self.k_stats)
         pipe.hvals(self.k_score)
         pipe.get(self.k_producing)
         raw, scores, producing = pipe.execute()
-        counters = {_s(k): int(v) for k, v in raw.items()}
-        idle = int(size) - int(leased)
+        counters = {as_str(k): int(v) for k, v in raw.items()}
         vals = [float(x) for x in scores]
         out: dict[str, Any] = {
             "pool": self.name,
             "kind": self.kind,
             "site": self.site,
-            "size": int(size),
-            "available": int(avail),
-            "cooling": idle - int(avail),
-            "leased": int(leased),
+            "size": size,
+            "available": avail,
+            "cooling": size - leased - avail,
+            "leased": leased,
             "score_avg": round(sum(vals) / len(vals), 2) if vals else None,
-            "last_run": _s(producing).split(" ")[0] if producing else None,  # latest production run
+            "last_run": as_str(producing).split(" ")[0] if producing else None,
         }
         for name in (
             "produced",
@@ -645,72 +301,72 @@ class Pool:
 
     # --- production ----------------------------------------------------------------------
     def try_start_production(
-        self,
-        n: int,
-        start: Callable[[Any, list[dict[str, Any]], str], None] | None = None,
-        finished: Callable[[str], bool] | None = None,
+        self, n: int, start: Starter | None = None, finished: Finished | None = None
     ) -> str | None:
-        """Start the production chain for `n` members unless a run is already going (one run
-        per pool at a time); returns the new run id or None."""
+        """Start the registered producer for `n` members unless a run is already going (one
+        run per pool at a time); returns the new run id or None. `start` and `finished`
+        stand in for the producer's own (tests)."""
         producer = get_producer(self.kind, self.site)
         if producer is None:
             if self.name not in _warned:
                 _warned.add(self.name)
-                log.warning("pool %s is low and has no production chain: register_producer() "
-                            "or fill it from outside (add_cookies/add_device)", self.name)  # fmt: skip
+                log.warning("pool %s is low and has no producer: a site registers one with "
+                            "register_producer(), or fill it from outside (add_cookies/add_device)",
+                            self.name)  # fmt: skip
             return None
         if n <= 0:
             return None
         cfg = self.config
         cur = self.rds.get(self.k_producing)
-        expected = _s(cur) if cur else ""  # "<run id> <produced count when it started>"
+        expected = as_str(cur) if cur else ""  # "<run id> <produced count when it started>"
         prev_rid, _, produced_then = expected.partition(" ")
-        if prev_rid and not (finished or (lambda r: _run_finished(self.rds, r)))(prev_rid):
+        if prev_rid and not (finished or producer.finished)(prev_rid):
             return None
         produced_now = int(self.rds.hget(self.k_stats, "produced") or 0)
-        k_streak = f"{self.base}:dry_streak"
         # the last run added nothing (site down, accounts refused): back off 2, 4, 8... x gap
         dry = bool(prev_rid and produced_then.isdigit() and int(produced_then) >= produced_now)
-        streak = int(self.rds.get(k_streak) or 0) + 1 if dry else 0
+        streak = int(self.rds.get(self.k_streak) or 0) + 1 if dry else 0
         gap = (
             min(cfg.produce_gap * 2 ** min(streak, 12), MAX_PRODUCE_GAP)
             if streak
             else cfg.produce_gap
         )
         rid = f"prod-{self.kind}-{self.site}-{uuid.uuid4().hex[:8]}"
-        got = self._run(
-            "acquire",
-            _ACQUIRE,
-            [self.k_producing, self.k_gap],
-            [
+        if self._acquire is None:
+            self._acquire = self.rds.register_script(ACQUIRE)
+        got = self._acquire(
+            keys=[self.k_producing, self.k_gap],
+            args=[
                 expected,
                 f"{rid} {produced_now}",
                 max(1, int(cfg.produce_ttl * 1000)),
                 int(gap * 1000),
             ],
+            client=self.rds,
         )
         if not int(got):
             return None
         if dry:
-            self.rds.set(k_streak, streak)
+            self.rds.set(self.k_streak, streak)
             self.rds.hincrby(self.k_stats, "production_dry_runs", 1)
             log.warning("pool %s: the last production run added nothing (%d in a row); next "
                         "one no sooner than %.0fs after this", self.name, streak, gap)  # fmt: skip
         else:
-            self.rds.delete(k_streak)
+            self.rds.delete(self.k_streak)
+        seeds = producer.seeds(n)
         try:
-            (start or _start_run)(producer.chain(), producer.seeds(n), rid)
+            if start is not None:
+                start(producer, seeds, rid)
+            else:
+                producer.start(seeds, rid)
         except Exception:
             self.rds.delete(self.k_producing)
             raise
         self.rds.hincrby(self.k_stats, "production_runs", 1)
         self.rds.sadd(self.k_pools, self.name)
-        log.info("pool %s: production run %s started for %d members", self.name, rid, n)
+        log.info("pool %s: production run %s (%s) started for %d members",
+                 self.name, rid, producer.name, n)  # fmt: skip
         return rid
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 # --- lending on behalf of providers ---------------------------------------------------------
@@ -718,15 +374,10 @@ def _s(v: bytes | str) -> str:
 
 class Lender:
     """What the cookie and device providers share: checkout in `prepare`, verdict and return
-    in `feedback`, production when the pool runs low, waiting when it is empty.
-
-    Leases in flight are kept per process (the fetch layer hands the same request object to
-    `feedback`), keyed by the request; only opaque ids reach `req.leases` and the logs.
-    """
+    in `feedback`, production when the pool runs low, waiting when it is empty. Leases of
+    requests in flight are kept in `lease.LENT`, with every other kind's."""
 
     kind: str = ""
-    _lent: dict[tuple[str, int], tuple[Pool, Lease, float]] = {}
-    _lent_lock = threading.Lock()
 
     def __init__(
         self,
@@ -736,8 +387,8 @@ class Lender:
         rds: redis.Redis | None = None,
         prefix: str | None = None,
         config: PoolConfig | None = None,
-        start: Callable[[Any, list[dict[str, Any]], str], None] | None = None,
-        finished: Callable[[str], bool] | None = None,
+        start: Starter | None = None,
+        finished: Finished | None = None,
     ) -> None:
         self.site, self.platform = site, platform
         self.pool = Pool(self.kind, site, rds=rds, prefix=prefix, config=config)
@@ -749,8 +400,7 @@ class Lender:
         raise NotImplementedError
 
     def prepare(self, req: OutgoingRequest, task: Any) -> None:
-        avoid = avoided(task, self.kind)
-        co = self.pool.checkout(avoid)
+        co = self.pool.checkout(avoided(task, self.kind))
         self._supply(co.size)
         if co.lease is None:
             cancel_leases(req)  # what other pools lent this request must not sit idle meanwhile
@@ -762,26 +412,19 @@ class Lender:
             raise ResourceUnavailable(
                 f"no {self.kind} free for site {self.site} ({co.size} in pool)", retry_after=wait
             )
-        with self._lent_lock:
-            if len(self._lent) > 2000:  # requests that never got feedback: long expired
-                old = time.monotonic() - 3600
-                for k in [k for k, v in self._lent.items() if v[2] < old]:
-                    del self._lent[k]
-            self._lent[(self.kind, id(req))] = (self.pool, co.lease, time.monotonic())
-        req.leases[self.kind] = co.lease.id
+        LENT.put(req, self.pool, co.lease)
         self.apply(req, co.lease)
 
     def feedback(self, req: OutgoingRequest, outcome: Outcome, task: Any) -> None:
-        held = self._take(req)
+        held = LENT.take(req, self.pool)
         if held is None:
             return
-        pool, lease, _ = held
+        pool = held[0] if isinstance(held[0], Pool) else self.pool
+        lease = held[1]
         verdict, why = judge(self.site, self.kind, outcome)
         state, size = pool.release(lease, verdict)
         if verdict in (Verdict.FAILED, Verdict.BANNED):
-            avoid = getattr(task, "avoid", None)
-            if isinstance(avoid, set):
-                avoid.add(f"{self.kind}:{lease.id}")
+            avoid_next_time(task, self.kind, lease.id)
         if state == "retired":
             self._supply(size)
         if verdict == Verdict.BANNED:
@@ -794,13 +437,9 @@ class Lender:
 
     def cancel(self, req: OutgoingRequest, task: Any = None) -> None:
         """Give back an unused lease (the request was not sent)."""
-        held = self._take(req)
+        held = LENT.take(req, self.pool)
         if held is not None:
             held[0].cancel(held[1])
-
-    def _take(self, req: OutgoingRequest) -> tuple[Pool, Lease, float] | None:
-        with self._lent_lock:
-            return self._lent.pop((self.kind, id(req)), None)
 
     def _supply(self, size: int) -> None:
         """Below the low-water mark: start production (checked at most twice a second here,
@@ -818,31 +457,11 @@ class Lender:
             log.exception("pool %s: could not start production", self.pool.name)
 
 
-def avoided(task: Any, kind: str) -> set[str]:
-    """Member ids of `kind` this task must not get again (`task.avoid` holds "kind:id")."""
-    p = f"{kind}:"
-    return {a[len(p) :] for a in getattr(task, "avoid", ()) or () if a.startswith(p)}
-
-
-def cancel_leases(req: OutgoingRequest) -> None:
-    """Return every pool lease this process lent `req` unused (a later provider could not lend)."""
-    with Lender._lent_lock:
-        held = [Lender._lent.pop(k) for k in [k for k in Lender._lent if k[1] == id(req)]]
-    for pool, lease, _ in held:
-        try:
-            pool.cancel(lease)
-        except redis.RedisError:
-            log.warning(
-                "%s %s: cancel failed; it returns when its lease expires", pool.kind, lease.id
-            )
-        req.leases.pop(pool.kind, None)
-
-
 # --- health ---------------------------------------------------------------------------------
 
 
 def pool_names(client: redis.Redis, prefix: str) -> list[str]:
-    return sorted(_s(x) for x in client.smembers(f"{prefix}:pools"))
+    return sorted(as_str(x) for x in client.smembers(Keyspace(prefix).pools))
 
 
 def pool_stats(
@@ -857,10 +476,8 @@ def pool_stats(
     return out
 
 
-def health_records(client: redis.Redis, prefix: str, kind: str) -> list[Any]:
-    """The pools of `kind` as monitor.health.PoolHealth records (bans = cooling down now)."""
-    from monitor.health import PoolHealth
-
+def health_records(client: redis.Redis, prefix: str, kind: str) -> list[PoolHealth]:
+    """The pools of `kind` as PoolHealth records (bans = cooling down now)."""
     return [
         PoolHealth(name, s["size"], s["cooling"], s["produced"], kind=kind, site=s["site"])
         for name, s in pool_stats(client, prefix, kind).items()
@@ -868,24 +485,17 @@ def health_records(client: redis.Redis, prefix: str, kind: str) -> list[Any]:
 
 
 __all__ = [
-    "Checkout",
     "Lease",
     "Lender",
     "Pool",
     "PoolConfig",
     "Producer",
-    "Rule",
-    "Verdict",
-    "add_rules",
-    "avoided",
-    "cancel_leases",
+    "Seeds",
     "configure_pool",
     "get_producer",
     "health_records",
-    "judge",
     "pool_config",
     "pool_stats",
     "register_producer",
     "reset_pool_config",
-    "rule",
 ]

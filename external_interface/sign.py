@@ -1,7 +1,8 @@
 """Request signatures: a per-site signer registry and the `sign` provider.
 
 The provider runs last (after every other provider changed the request) and lets the site's
-signer add its parameters. Register a signer factory per site:
+signer add its parameters. A site registers its signer factory when its modules load (workers
+load every site at start):
 
     signers.add("demo", lambda site: HmacQuerySigner(sign_key("demo", DEFAULT)))
 
@@ -93,7 +94,6 @@ class SignProvider:
     @property
     def signer(self) -> Signer:
         if self._signer is None:
-            _load_sites()
             if self.site not in signers:
                 raise ConfigError(
                     f"endpoint of site {self.site} wants 'sign' but no signer is registered"
@@ -106,11 +106,6 @@ class SignProvider:
 
     def feedback(self, req: OutgoingRequest, outcome: Outcome, task: TaskState) -> None:
         return None
-
-
-def _load_sites() -> None:
-    """Site resource modules register their signers (and UA sets, ban rules, producers)."""
-    import external_interface.production  # noqa: F401
 
 
 providers.add("sign", lambda site, platform: SignProvider(site, platform))

@@ -2,9 +2,9 @@
 
 An endpoint's platform (`sites/<site>/<platform>/...`) maps to a family: pc/web -> pc,
 h5/m/mobile/wap -> h5, app/phone_app/android/ios -> app (anything else: pc). Each (site, family)
-has a list; a site may register its own (`register(site, family, [...])`, e.g. its app's UA
-format), env `CHAINCRAWL_UA_<SITE>_<FAMILY>` (a JSON list) overrides it, and the generic lists
-below serve the rest.
+has a list; a site may register its own when its modules load (`register(site, family,
+[...])`, e.g. its app's UA format), env `CHAINCRAWL_UA_<SITE>_<FAMILY>` (a JSON list)
+overrides it, and the generic lists below serve the rest.
 
 The provider never replaces a `User-Agent` already on the request: the device provider (which
 runs first) sets the UA stored with the device, so an app request keeps its device's identity.
@@ -84,7 +84,6 @@ def agents_for(site: str, fam: str) -> tuple[str, ...]:
         if not isinstance(vals, list) or not vals:
             raise ValueError(f"{name} must be a non-empty JSON list of user agents")
         return tuple(str(v) for v in vals)
-    _load_sites()
     return _sets.get((site, fam)) or GENERIC[fam]
 
 
@@ -128,10 +127,6 @@ class UserAgentProvider:
 def user_agent(site: str, platform: str) -> str:
     """One user agent for ad-hoc requests outside the provider chain."""
     return random.choice(agents_for(site, family(platform)))
-
-
-def _load_sites() -> None:
-    import external_interface.production  # noqa: F401 - site modules register their sets
 
 
 providers.add("user_agent", lambda site, platform: UserAgentProvider(site, platform))

@@ -14,15 +14,16 @@ names another, `CHAINCRAWL_ALERTS_RULES` holds inline YAML). See docs/monitoring
         min_events: 10
 
 The evaluator (run by `control.sh monitor`) ticks every `interval`. Its state is in Redis so
-any number of monitors can run: a tick lock (`alerts:lock`) lets one of them evaluate per
-interval, and every state change is one Lua script, which is the only place a notification is
-queued: two monitors evaluating at once still queue one notice per incident. Keys:
+any number of monitors can run: a tick lock (`{alerts}:lock`) lets one of them evaluate
+per interval, and every state change is one Lua script, which is the only place a notification
+is queued: two monitors evaluating at once still queue one notice per incident. Keys (the
+`{alerts}` hash tag keeps the script's keys on one Redis Cluster slot):
 
-    alerts:samples   zset   JSON counter samples by time (the history windowed rates need)
-    alerts:state     hash   "{rule}|{subject}" -> JSON {state pending|firing, since, incident...}
-    alerts:notify    list   notifications waiting for the webhook (retried on failure)
-    alerts:history   list   the last 1000 notifications, newest first
-    monitor:workers  string JSON {time, workers: [...]} from the evaluator's ping
+    {alerts}:samples  zset    JSON counter samples by time (what windowed rates need)
+    {alerts}:state    hash    "{rule}|{subject}" -> JSON {state pending|firing, since...}
+    {alerts}:notify   list    notifications waiting for the webhook (retried on failure)
+    {alerts}:history  list    the last 1000 notifications, newest first
+    monitor:workers   string  JSON {time, workers: [...]} from the evaluator's ping
 """
 
 from __future__ import annotations
@@ -37,15 +38,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
+import requests
 import yaml
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from celery import Celery
 
 from config import ROOT, Settings, get_settings
+from config.monitor import AlertSettings, get_alert_settings
 from monitor import health
 from monitor import status as st
+from utils.keyspace import Keyspace
+from utils.lua import load_lua
+from utils.redis import get_redis
 
 log = logging.getLogger("chaincrawl.alerts")
 
@@ -61,23 +67,10 @@ KINDS = {
     "dead_letters": "tasks dead-lettered within window",
     "workers": "workers answering a ping",
     "run_idle": "seconds since a run with tasks outstanding last finished one (not paused)",
+    "run_resending": "tasks of a run the sweeper re-sent since the run last finished one",
 }
 RATE_KINDS = ("failure_rate", "retry_rate")
 HISTORY_MAX = 1000
-
-
-class AlertSettings(BaseSettings):
-    """`CHAINCRAWL_ALERTS_*` variables; they override the YAML file's top-level keys."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="CHAINCRAWL_ALERTS_", env_file=".env", extra="ignore"
-    )
-
-    file: str = Field("", description="Rules file; default alerts.yaml at the project root.")
-    rules: str = Field("", description="Inline YAML (a list of rules or a whole config).")
-    webhook: str = Field("", description="URL notifications are POSTed to (JSON).")
-    interval: str = Field("", description="Seconds (or 15s, 1m) between evaluations.")
-    enabled: bool = True
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -201,7 +194,7 @@ def parse_config(data: Any, source: str = "") -> AlertConfig:
 
 def load_config(path: str | Path | None = None, env: AlertSettings | None = None) -> AlertConfig:
     """The rules file (or inline rules), with CHAINCRAWL_ALERTS_* overrides applied."""
-    env = env or AlertSettings()
+    env = env or get_alert_settings()
     data: Any = {}
     source = ""
     p = Path(path or env.file or ROOT / "alerts.yaml")
@@ -229,12 +222,17 @@ def load_config(path: str | Path | None = None, env: AlertSettings | None = None
 
 
 class Keys:
+    """The evaluator's keys: all but `monitor:workers` share the `{alerts}` hash tag
+    (`Keyspace.alerts`), so the transition script, which takes state, notify and history,
+    runs on a Redis Cluster."""
+
     def __init__(self, s: Settings) -> None:
-        self.samples = s.key("alerts", "samples")
-        self.state = s.key("alerts", "state")
-        self.notify = s.key("alerts", "notify")
-        self.history = s.key("alerts", "history")
-        self.lock = s.key("alerts", "lock")
+        ks = Keyspace(s.key_prefix)
+        self.samples = ks.alerts("samples")
+        self.state = ks.alerts("state")
+        self.notify = ks.alerts("notify")
+        self.history = ks.alerts("history")
+        self.lock = ks.alerts("lock")
         self.workers = s.key("monitor", "workers")
 
 
@@ -293,6 +291,7 @@ class Observation:
     outbox: dict[str, Any]
     workers: list[str] | None
     idle_runs: dict[str, float] = field(default_factory=dict)  # `{chain}/{run}` -> seconds
+    resending: dict[str, int] = field(default_factory=dict)  # `{chain}/{run}` -> re-sends
 
 
 def observe(
@@ -304,7 +303,7 @@ def observe(
     sample = Sample(now, tasks, st.queue_depths(broker, s), st.dead_letters(client, s))
     pools = {h.name: h for h in health.collect(client, s)}
     return Observation(sample, pools, st.outbox(client, s), ping() if ping else None,
-                       st.idle_runs(client, s, now))  # fmt: skip
+                       st.idle_runs(client, s, now), st.resending_runs(client, s))  # fmt: skip
 
 
 def _delta(
@@ -357,6 +356,8 @@ def rule_values(rule: Rule, obs: Observation, base: Sample | None) -> dict[str, 
         vals["workers"] = float(len(obs.workers)) if obs.workers is not None else None
     elif rule.kind == "run_idle":
         vals = dict(obs.idle_runs)
+    elif rule.kind == "run_resending":
+        vals = {k: float(v) for k, v in obs.resending.items()}
     return {k: v for k, v in vals.items() if fnmatch.fnmatchcase(k, rule.match)}
 
 
@@ -383,6 +384,7 @@ def describe(rule: Rule, subject: str, value: float | None, recovered: bool = Fa
         "dead_letters": f"dead letters in {rule.window:g}s",
         "workers": "workers answering",
         "run_idle": f"time since run {subject} last finished a task (s)",
+        "run_resending": f"tasks of run {subject} re-sent since it last finished one",
     }.get(rule.kind, f"{subject} (rule no longer configured)")
     if recovered:
         return f"[{rule.name}] recovered: {what} is {fmt(value)} (limit {limit})"
@@ -391,65 +393,7 @@ def describe(rule: Rule, subject: str, value: float | None, recovered: bool = Fa
 
 # --- the transition script -------------------------------------------------------------------------
 
-_TRANSITION = """
--- KEYS: 1 state hash, 2 notify list, 3 history list
--- ARGV: 1 field, 2 breached (1/0), 3 now, 4 hold seconds, 5 value ('' = none),
---       6 new incident id, 7 payload JSON, 8 history max
-local f, breached, now, hold = ARGV[1], ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
-local value = tonumber(ARGV[5])
-local cur = redis.call('HGET', KEYS[1], f)
-local st = {state = 'ok'}
-if cur then st = cjson.decode(cur) end
-local function notify(status)
-  local n = cjson.decode(ARGV[7])
-  n.status = status
-  n.incident = st.incident
-  n.started_at = st.since
-  n.fired_at = st.fired_at
-  n.value = value
-  if status == 'resolved' then
-    n.summary = n.summary_resolved
-    n.resolved_at = now
-    n.duration = now - st.fired_at
-  else
-    n.summary = n.summary_firing
-  end
-  n.summary_firing = nil
-  n.summary_resolved = nil
-  local msg = cjson.encode(n)
-  redis.call('RPUSH', KEYS[2], msg)
-  redis.call('LPUSH', KEYS[3], msg)
-  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[8]) - 1)
-end
-if breached then
-  if st.state == 'firing' then
-    st.value = value
-    st.last = now
-    redis.call('HSET', KEYS[1], f, cjson.encode(st))
-    return 'firing'
-  end
-  if st.state ~= 'pending' then st = {state = 'pending', since = now} end
-  st.value = value
-  st.last = now
-  if now - st.since >= hold then
-    st.state = 'firing'
-    st.fired_at = now
-    st.incident = ARGV[6]
-    redis.call('HSET', KEYS[1], f, cjson.encode(st))
-    notify('firing')
-    return 'fire'
-  end
-  redis.call('HSET', KEYS[1], f, cjson.encode(st))
-  return 'pending'
-end
-if st.state == 'firing' then
-  notify('resolved')
-  redis.call('HDEL', KEYS[1], f)
-  return 'resolve'
-end
-if cur then redis.call('HDEL', KEYS[1], f) end
-return 'ok'
-"""
+_TRANSITION = load_lua(__file__, "alert_transition.lua")
 
 
 # --- delivery --------------------------------------------------------------------------------------
@@ -460,8 +404,6 @@ Poster = Callable[[str, Mapping[str, Any], Mapping[str, str], float], None]
 def post_json(
     url: str, payload: Mapping[str, Any], headers: Mapping[str, str], timeout: float
 ) -> None:
-    import requests
-
     resp = requests.post(
         url, json=payload, timeout=timeout,
         headers={"User-Agent": "chaincrawl-alerts", **headers},
@@ -470,11 +412,9 @@ def post_json(
         raise RuntimeError(f"webhook answered HTTP {resp.status_code}")
 
 
-def celery_ping(timeout: float = 1.0) -> list[str] | None:
+def celery_ping(app: Celery, timeout: float = 1.0) -> list[str] | None:
     """Names of workers answering a broadcast ping; None when the broker is unreachable."""
     try:
-        from worker import app
-
         replies = app.control.ping(timeout=timeout) or []
     except Exception as exc:
         log.warning("worker ping failed: %s", exc)
@@ -483,8 +423,6 @@ def celery_ping(timeout: float = 1.0) -> list[str] | None:
 
 
 def _host(url: str) -> str:
-    from urllib.parse import urlsplit
-
     u = urlsplit(url)
     return (
         f"{u.scheme}://{u.hostname}{':' + str(u.port) if u.port else ''}"  # no credentials, no path
@@ -671,14 +609,12 @@ class Evaluator:
 
 
 def evaluator_from_settings(
-    s: Settings | None = None, config: AlertConfig | None = None, ping: bool = True
+    s: Settings | None = None, config: AlertConfig | None = None, app: Celery | None = None
 ) -> Evaluator:
-    from utils.redis import get_redis
-
+    """An evaluator on the settings' Redis; with `app`, the `workers` rule pings through it."""
     s = s or get_settings()
-    return Evaluator(
-        get_redis(s.redis_url), config or load_config(), s, ping=celery_ping if ping else None
-    )
+    ping = (lambda: celery_ping(app)) if app is not None else None
+    return Evaluator(get_redis(s.redis_url), config or load_config(), s, ping=ping)
 
 
 def rules_table(cfg: AlertConfig) -> Iterable[tuple[str, str, str, str, str]]:

@@ -5,18 +5,37 @@ can list and replay them. The entry id is the task id, so recording the same fai
 (a redelivered message) keeps one entry. Parameters are stored as the task received them;
 endpoints never receive secrets as parameters (resources are lent by providers), so nothing
 secret is kept here.
+
+A rendered page that failed (`exceptions.PageCapture`: a timeout, a crash, a refused page)
+leaves what it showed: its screenshot (PNG) and DOM go to files under
+`VAR_DIR/captures/<dead-letter id>/` on the worker's machine, and the record names them
+(`capture`: directory, host, files and sizes). Files, not Redis: a screenshot is for opening
+in an image viewer, and a broken site failing thousands of pages must not fill the state
+store. The newest `CHAINCRAWL_BROWSER_CAPTURES` directories are kept, each file at most
+`CHAINCRAWL_BROWSER_CAPTURE_MAX_KB` (a longer DOM is cut, a larger screenshot left out).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import socket
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
 
 from config import Settings, get_settings
+from config.browser import BrowserSettings, get_browser_settings
+from exceptions import PageCapture
+
+CAPTURES = "captures"  # under VAR_DIR
+SCREENSHOT = "screenshot.png"
+DOM = "dom.html"
 
 
 @dataclass
@@ -30,6 +49,64 @@ class DeadLetter:
     traceback: str
     retries: int
     failed_at: float = field(default_factory=time.time)
+    capture: dict[str, Any] | None = None  # a failed render's screenshot and DOM (files)
+
+
+def keep_capture(
+    exc: BaseException,
+    dl_id: str,
+    var_dir: Path,
+    browser: BrowserSettings | None = None,
+) -> dict[str, Any] | None:
+    """Write a failed render's screenshot and DOM under `var_dir/captures/<dl_id>/` and
+    return what the dead letter records of them; None when `exc` carries no capture (or
+    captures are off). A disk that refuses is noted in the record, never raised: the dead
+    letter matters more than its picture."""
+    if not isinstance(exc, PageCapture) or not (exc.screenshot or exc.dom):
+        return None
+    b = browser or get_browser_settings()
+    if b.captures <= 0:
+        return None
+    limit = b.capture_max_kb * 1024
+    root = Path(var_dir) / CAPTURES
+    where = root / dl_id
+    record: dict[str, Any] = {"dir": str(where), "host": socket.gethostname(),
+                              "page_url": exc.page_url, "files": {}}  # fmt: skip
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        if exc.screenshot and len(exc.screenshot) <= limit:
+            (where / SCREENSHOT).write_bytes(exc.screenshot)
+            record["files"][SCREENSHOT] = len(exc.screenshot)
+        elif exc.screenshot:
+            record["screenshot_left_out"] = len(exc.screenshot)
+        if exc.dom:
+            dom = exc.dom.encode("utf-8", "replace")
+            (where / DOM).write_bytes(dom[:limit])
+            record["files"][DOM] = min(len(dom), limit)
+            if len(dom) > limit:
+                record["dom_cut_from"] = len(dom)
+        _prune(root, b.captures)
+    except OSError as exc2:
+        record["error"] = f"{type(exc2).__name__}: {exc2}"[:300]
+    return record
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Keep the newest `keep` capture directories."""
+    with os.scandir(root) as it:
+        dirs = [(e.stat().st_mtime, e.path) for e in it if e.is_dir(follow_symlinks=False)]
+    if len(dirs) > keep:
+        for _, path in sorted(dirs)[: len(dirs) - keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def drop_capture(dl: DeadLetter) -> None:
+    """Remove a dead letter's capture files, when they are on this machine."""
+    cap = dl.capture or {}
+    where = cap.get("dir")
+    if where and cap.get("host") == socket.gethostname() and Path(where).parent.name == CAPTURES:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(where)
 
 
 class DeadLetterStore:
@@ -69,6 +146,10 @@ class DeadLetterStore:
         return DeadLetter(**orjson.loads(raw)) if raw else None
 
     def remove(self, dl_id: str) -> bool:
+        """Forget a dead letter (a replayed task), its capture files with it."""
+        dl = self.get(dl_id)
+        if dl is not None:
+            drop_capture(dl)
         pipe = self.r.pipeline()
         pipe.hdel(self.hash_key, dl_id)
         pipe.zrem(self.index_key, dl_id)

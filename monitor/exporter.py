@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import base64
 import hmac
-import ipaddress
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -33,34 +31,22 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from config import Settings, get_settings
+from config.monitor import MonitorSettings, get_monitor_settings
 from monitor import alerts, health
 from monitor import status as st
+from utils.keyspace import Keyspace
+from utils.secretfile import read_or_create
+from utils.servers import is_loopback
 
 log = logging.getLogger("chaincrawl.exporter")
 
 TASK_LABELS = ["site", "task"]
 RUN_COUNTERS = (
     "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed", "resent",
-    "cancelled",
+    "cancelled", "skipped", "skipped_seen", "skipped_unique", "undecodable",
 )  # fmt: skip
-
-
-class MonitorSettings(BaseSettings):
-    """`CHAINCRAWL_MONITOR_*` variables (kept apart from config.Settings like the proxy ones)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="CHAINCRAWL_MONITOR_", env_file=".env", extra="ignore"
-    )
-
-    address: str = Field("127.0.0.1", description="Where /metrics listens; not loopback => auth.")
-    port: int = Field(9808, description="Port of /metrics.")
-    user: str = Field("metrics", description="Basic-auth user.")
-    password: str = Field("", description="Basic-auth password; generated into var/ if needed.")
-    runs_limit: int = Field(50, description="Active runs exported per scrape (label cardinality).")
 
 
 class ChaincrawlCollector(Collector):
@@ -146,6 +132,24 @@ class ChaincrawlCollector(Collector):
         store_failed = CounterMetricFamily(
             "chaincrawl_items_store_failed", "Items refused by a sink", labels=TASK_LABELS
         )
+        skips = CounterMetricFamily(
+            "chaincrawl_skips", "Requests never sent, by reason (robots, seen)",
+            labels=[*TASK_LABELS, "reason"],
+        )  # fmt: skip
+        undecodable = CounterMetricFamily(
+            "chaincrawl_undecodable_responses",
+            "Responses whose text had bytes their charset cannot decode (U+FFFD stored)",
+            labels=TASK_LABELS,
+        )
+        redelivered = CounterMetricFamily(
+            "chaincrawl_task_redelivered",
+            "Attempts delivered again after their worker died or lost its broker connection",
+            labels=TASK_LABELS,
+        )
+        undecodable_bytes = CounterMetricFamily(
+            "chaincrawl_undecodable_bytes", "Bytes replaced with U+FFFD in response text",
+            labels=TASK_LABELS,
+        )  # fmt: skip
         latency = HistogramMetricFamily(
             "chaincrawl_task_latency_seconds", "Task run time", labels=TASK_LABELS
         )
@@ -165,10 +169,19 @@ class ChaincrawlCollector(Collector):
                 stored.add_metric(lab, m["stored"])
             if "store_failed" in m:
                 store_failed.add_metric(lab, m["store_failed"])
+            summ = st.summary(m)
+            for reason, n in summ["skips"].items():
+                if n:
+                    skips.add_metric([*lab, reason], n)
+            if m.get("redelivered"):
+                redelivered.add_metric(lab, m["redelivered"])
+            if summ["undecodable"]:
+                undecodable.add_metric(lab, summ["undecodable"])
+                undecodable_bytes.add_metric(lab, summ["undecodable_bytes"])
             buckets = [(floatToGoString(b), n) for b, n in st.latency_buckets(m)]
             latency.add_metric(lab, buckets, sum_value=m.get("latency_ms_sum", 0) / 1000.0)
         return [tasks, retries, failures, waits, requests, responses, nbytes, items, stored,
-                store_failed, latency]  # fmt: skip
+                store_failed, skips, undecodable, undecodable_bytes, redelivered, latency]  # fmt: skip
 
     # -- broker -------------------------------------------------------------------------------------
     def _queues(self) -> list[Metric]:
@@ -206,6 +219,11 @@ class ChaincrawlCollector(Collector):
             "chaincrawl_broker_dead_worker_restored",
             "Unacknowledged messages given back because the worker holding them died",
             value=st.dead_worker_restored(self.r, self.s),
+        ))  # fmt: skip
+        out.append(GaugeMetricFamily(
+            "chaincrawl_tasks_unknown",
+            "Messages workers failed and dead-lettered because they do not know the task",
+            value=st.unknown_tasks(self.r, self.s),
         ))  # fmt: skip
         b = st.outbox(self.r, self.s)
         out.append(GaugeMetricFamily("chaincrawl_outbox_backlog", "Outbox entries not yet stored",
@@ -251,7 +269,7 @@ class ChaincrawlCollector(Collector):
     def _runs(self) -> list[Metric]:
         recs = st.run_records(self.r, self.s, limit=self.runs_limit)
         active = GaugeMetricFamily("chaincrawl_active_runs", "Chain runs not yet done",
-                                   value=int(self.r.scard(self.s.key("runs", "active"))))  # fmt: skip
+                                   value=int(self.r.scard(Keyspace(self.s.key_prefix).active_runs)))  # fmt: skip
         steps = GaugeMetricFamily("chaincrawl_run_tasks", "Per-step counters of an active run",
                                   labels=["run", "chain", "step", "counter"])  # fmt: skip
         outstanding = GaugeMetricFamily("chaincrawl_run_outstanding", "Tasks of a run not finished",
@@ -260,17 +278,29 @@ class ChaincrawlCollector(Collector):
                                 labels=["run", "chain"])  # fmt: skip
         paused = GaugeMetricFamily("chaincrawl_run_paused", "1 while a run is paused",
                                    labels=["run", "chain"])  # fmt: skip
+        storing = GaugeMetricFamily(
+            "chaincrawl_run_storing",
+            "1 while a run's tasks are done and its items still wait in the outbox",
+            labels=["run", "chain"],
+        )
+        resending = GaugeMetricFamily(
+            "chaincrawl_run_resends_stalled",
+            "Tasks of a run the sweeper re-sent since the run's last commit",
+            labels=["run", "chain"],
+        )
         for rec in recs:
             rid, chain = rec["run_id"], rec["chain"]
             outstanding.add_metric([rid, chain], rec["outstanding"])
+            resending.add_metric([rid, chain], rec["resending"])
             paused.add_metric([rid, chain], int(rec["status"] == "paused"))
+            storing.add_metric([rid, chain], int(rec["status"] == "storing"))
             if rec["age"] is not None:
                 age.add_metric([rid, chain], rec["age"])
             for step, counters in sorted(rec["steps"].items()):
                 for c in RUN_COUNTERS:
                     if c in counters:
                         steps.add_metric([rid, chain, step, c], counters[c])
-        return [active, steps, outstanding, age, paused]
+        return [active, steps, outstanding, age, paused, storing, resending]
 
     # -- alerts -----------------------------------------------------------------------------------------
     def _alerts(self) -> list[Metric]:
@@ -293,25 +323,12 @@ def make_registry(
 # --- HTTP ------------------------------------------------------------------------------------------
 
 
-def is_loopback(address: str) -> bool:
-    if address in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
 def monitor_password(s: Settings, ms: MonitorSettings) -> tuple[str, str]:
     """(password, where it comes from): configured, else generated once into var/monitor.secret."""
     if ms.password:
         return ms.password, "CHAINCRAWL_MONITOR_PASSWORD"
     f = s.var_dir / "monitor.secret"
-    if not f.exists():
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(secrets.token_urlsafe(12))
-        f.chmod(0o600)
-    return f.read_text().strip(), str(f)
+    return read_or_create(f), str(f)
 
 
 def auth_header(user: str, password: str) -> str:
@@ -399,7 +416,7 @@ def serve(
 ) -> tuple[ExporterServer, str]:
     """Start the exporter; returns it and a line describing the auth in force."""
     s = s or get_settings()
-    ms = ms or MonitorSettings()
+    ms = ms or get_monitor_settings()
     address = address or ms.address
     port = ms.port if port is None else port
     auth: str | None = None

@@ -1,27 +1,22 @@
 """Pool health: how full the resource pools are (proxies, cookies, device ids, ...).
 
-One record per pool, the same shape for every kind, so the exporter, `control.sh status` and
-the alert rules treat all pools alike:
+One `PoolHealth` record per pool (`external_interface.health`, where the pools build them):
 
     PoolHealth(name="cookie:demo", size=12, bans=3, produced=40)
-
-    name      "{kind}:{site}" for per-site pools, "{kind}" for a global pool
-    size      members usable now (gauge)
-    bans      members banned or cooling down now (gauge)
-    produced  members ever added to the pool (counter: harvested, logged in, generated)
 
 A pool reports its health in one of two ways (both may coexist; a live source wins):
 
 * **push** (any process, any language): `report(client, PoolHealth(...))` writes the hash
   `{prefix}:health:pool:{name}` (fields size, bans, produced, kind, site, updated) and adds the
   name to the set `{prefix}:health:pools`; `add_produced(client, name, n)` increments `produced`
-  where the pool only knows it made n more. Reports older than `STALE_AFTER` are still shown,
-  with their age, so a pool whose owner died is visible as such.
+  where the pool only knows it made n more. Reports older than `STALE_AFTER` (5 minutes,
+  `external_interface.health`) are still shown, with their age, so a pool whose owner died
+  is visible as such.
 * **pull**: a module listed in `SOURCE_MODULES` that defines
   `pool_health(client, settings) -> Iterable[PoolHealth]` is asked on every read, and
   `register_source(fn)` adds a callable of that signature at run time.
 
-The proxy pool (external_interface.proxy_pool / proxy_channel) is read directly from its own
+The proxy pool (external_interface.proxy: pool and channel) is read directly from its own
 keys when that package is present: `proxy` (the global pool) and `proxy:{site}` (channels).
 """
 
@@ -31,14 +26,12 @@ import importlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from config import Settings, get_settings
+from external_interface.health import PoolHealth
 
 log = logging.getLogger(__name__)
-
-STALE_AFTER = 300.0  # seconds after which a pushed report is flagged as stale
 
 # modules asked for `pool_health(client, settings)` when present (ImportError = not deployed)
 SOURCE_MODULES = (
@@ -48,35 +41,8 @@ SOURCE_MODULES = (
     "external_interface.user_agent",
 )
 
-Source = Callable[[Any, Settings], Iterable["PoolHealth"]]
+Source = Callable[[Any, Settings], Iterable[PoolHealth]]
 _sources: list[Source] = []
-
-
-@dataclass
-class PoolHealth:
-    name: str
-    size: int
-    bans: int = 0
-    produced: int = 0
-    kind: str = ""
-    site: str = ""
-    updated: float = field(default_factory=time.time)
-    source: str = "live"  # live (asked now) | report (pushed earlier)
-
-    def __post_init__(self) -> None:
-        head, _, tail = self.name.partition(":")
-        self.kind = self.kind or head
-        self.site = self.site or tail
-
-    @property
-    def age(self) -> float:
-        return max(0.0, time.time() - self.updated)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["age"] = round(self.age, 1)
-        d["stale"] = self.source == "report" and self.age > STALE_AFTER
-        return d
 
 
 def pools_key(s: Settings | None = None) -> str:
@@ -157,9 +123,9 @@ def register_source(fn: Source) -> Source:
 
 
 def proxy_health(client: Any, s: Settings) -> list[PoolHealth]:
-    """The proxy pools, read from the keys documented in external_interface.proxy_pool."""
+    """The proxy pools, read from the keys documented in external_interface.proxy.pool."""
     try:
-        from external_interface.proxy_pool import ProxyKeys
+        from external_interface.proxy.pool import ProxyKeys
     except ImportError:
         return []
     k = ProxyKeys(s.key_prefix)

@@ -5,8 +5,8 @@ Keys (prefix `cc`):
     metrics:site:{site}   hash  per site (sum over its endpoints)
 Fields (stable; dashboards and the exporter rely on them):
     started, succeeded, failed, failed:{ErrorType}, retried, retried:{ErrorType},
-    waited, items, requests, http:{status}, bytes, latency_ms_sum, latency_count,
-    latency_le:{bound_ms} (cumulative histogram buckets, Prometheus style, incl. +Inf)
+    waited, items, requests (renders included), renders, http:{status}, bytes, latency_ms_sum,
+    latency_count, latency_le:{bound_ms} (cumulative histogram buckets, Prometheus style, incl. +Inf)
 
 A worker adds each task's counts into a per-process `Aggregator` (a dict add under one lock);
 a background thread writes the sums every `CHAINCRAWL_METRICS_FLUSH_INTERVAL` (1 s) with one
@@ -200,17 +200,3 @@ def aggregator() -> Aggregator:
 
 def read(client: Any, key: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall(key).items()}
-
-
-def all_task_metrics(client: Any, s: Settings | None = None) -> dict[str, dict[str, int]]:
-    s = s or get_settings()
-    prefix = s.key("metrics", "task", "")
-    out: dict[str, dict[str, int]] = {}
-    for key in client.scan_iter(match=prefix + "*", count=500):
-        out[key.decode()[len(prefix) :]] = read(client, key)
-    return out
-
-
-def error_breakdown(m: Mapping[str, int], outcome: str = "failed") -> dict[str, int]:
-    p = outcome + ":"
-    return {k[len(p) :]: v for k, v in m.items() if k.startswith(p)}

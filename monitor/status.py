@@ -16,18 +16,30 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from chains.state import run_status
+import orjson
+from celery import Celery
+
+import sites
+from chains.runner import RunHandle
 from config import Settings, get_settings
+from external_interface.outbox import backlog
+from ledger.broker import BASE_QUEUES
+from ledger.model import chain_from_dict
+from ledger.state import RunState, run_status, stalled_resends
+from ledger.workers import TaskSets
+from monitor.deadletter import DeadLetterStore
 from monitor.metrics import LATENCY_BUCKETS_MS
+from utils.keyspace import Keyspace
 from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
+from utils.redis import get_redis
 
 log = logging.getLogger(__name__)
 
 # every outcome a started attempt ends in: `cancelled` (its run was cancelled, not fetched),
 # `paused` (parked while its run was paused) and `duplicate` (a redelivery of an attempt
 # already committed or parked) so that started = the others summed, once attempts finish
-OUTCOMES = ("started", "succeeded", "failed", "retried", "waited", "cancelled", "paused",
-            "duplicate")  # fmt: skip
+OUTCOMES = ("started", "succeeded", "failed", "retried", "waited", "skipped", "cancelled",
+            "paused", "duplicate")  # fmt: skip
 ERROR_OUTCOMES = ("failed", "retried", "waited")
 
 # masking lives in utils/logsafe.py; re-exported for the callers of these names
@@ -72,19 +84,12 @@ def broker_client(client: Any, s: Settings) -> Any:
     """A client on the broker's Redis: `client` itself unless BROKER_URL names another server."""
     if not s.redis_broker or s.broker_url == s.redis_url:
         return client
-    from utils.redis import get_redis
-
     return get_redis(s.broker_url)
 
 
 def queue_names() -> list[str]:
-    try:
-        import worker
-
-        return list(worker.queues())
-    except Exception:  # no sites importable here: the depths of known queues only
-        log.debug("worker queues unavailable", exc_info=True)
-        return ["default", "resources"]
+    """The queues workers consume: one per site, then the shared ones."""
+    return list(dict.fromkeys([*sites.sites(), *BASE_QUEUES]))
 
 
 def queue_depths(
@@ -125,19 +130,12 @@ def unacked(client: Any, s: Settings | None = None) -> int:
 
 
 def outbox(client: Any, s: Settings | None = None) -> dict[str, Any]:
-    """Items waiting for storage (external_interface.outbox.backlog when deployed)."""
+    """Items waiting for storage (external_interface.outbox.backlog)."""
     s = s or get_settings()
-    try:
-        from external_interface.outbox import backlog
-    except ImportError:
-        key = s.key("outbox")
-        return {"stream": key, "length": int(client.xlen(key)) if client.exists(key) else 0}
     return backlog(client, s.key_prefix)
 
 
 def dead_letters(client: Any, s: Settings | None = None) -> int:
-    from monitor.deadletter import DeadLetterStore
-
     return DeadLetterStore(client, s).count()
 
 
@@ -158,6 +156,22 @@ def idle_runs(client: Any, s: Settings | None = None, now: float | None = None) 
     }
 
 
+def resending_runs(client: Any, s: Settings | None = None) -> dict[str, int]:
+    """`{chain}/{run id}` -> tasks the sweeper re-sent since the run's last commit, for the
+    runs where that is not zero: re-sending that brings no progress is a loop (a message
+    every worker drops, a task that never commits) to be named, not waited out."""
+    return {
+        f"{r['chain']}/{r['run_id']}": r["resending"]
+        for r in run_records(client, s, limit=10**9)
+        if r["resending"]
+    }
+
+
+def unknown_tasks(client: Any, s: Settings | None = None) -> int:
+    """Messages workers refused as naming a task they do not know (ledger/workers.py)."""
+    return TaskSets(client, s or get_settings()).unknown_total()
+
+
 def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
     """Messages given back because the worker holding them died (utils/unacked_owners.py)."""
     s = s or get_settings()
@@ -165,24 +179,25 @@ def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
 
 
 _RUN_FIELDS = ("chain", "created", "status", "priority", "cancelled", "paused", "finished",
-               "cancel_reason", "pause_reason", "last")  # fmt: skip
+               "cancel_reason", "pause_reason", "last", "resend_mark", "resends_stalled")  # fmt: skip
 
 
 def run_records(
     client: Any, s: Settings | None = None, limit: int = 50, rids: list[str] | None = None
 ) -> list[dict[str, Any]]:
-    """Active runs (or `rids`), newest first: chain, age and flat counters, without parsing
-    chain trees. Cheap enough for every scrape: two pipelined reads per run, capped at `limit`.
-    """
+    """Active runs and those still storing their items (or `rids`), newest first: chain, age
+    and flat counters, without parsing chain trees. Cheap enough for every scrape: two
+    pipelined reads per run, capped at `limit`."""
     s = s or get_settings()
     if rids is None:
-        rids = sorted(m.decode() for m in client.smembers(s.key("runs", "active")))
+        rids = sorted(m.decode() for m in client.smembers(Keyspace(s.key_prefix).active_runs))
+        rids = list(dict.fromkeys(rids + RunState(client, s).storing_runs()))
     if not rids:
         return []
     pipe = client.pipeline(transaction=False)
     for rid in rids:
-        pipe.hmget(s.key("run", rid), *_RUN_FIELDS)
-        pipe.hgetall(s.key("run", rid, "counters"))
+        pipe.hmget(Keyspace(s.key_prefix).run(rid), *_RUN_FIELDS)
+        pipe.hgetall(Keyspace(s.key_prefix).counters(rid))
     res = pipe.execute()
     now = time.time()
     out = []
@@ -192,6 +207,7 @@ def run_records(
             continue
         chain, created, prio = f["chain"], f["created"], f["priority"]
         counters = {k.decode(): int(v) for k, v in res[2 * i + 1].items()}
+        status = run_status(f, counters)
         steps: dict[str, dict[str, int]] = {}
         for k, v in counters.items():
             step, sep, c = k.rpartition(":")
@@ -199,7 +215,7 @@ def run_records(
                 steps.setdefault(step, {})[c] = v
         finished = float(f["finished"]) if f["finished"] else None
         out.append({
-            "run_id": rid, "chain": chain, "status": run_status(f),
+            "run_id": rid, "chain": chain, "status": status,
             "priority": prio, "created": float(created or 0),
             "age": round(now - float(created), 3) if created else None,
             "elapsed": round((finished or now) - float(created), 3) if created else None,
@@ -207,6 +223,7 @@ def run_records(
             "paused": bool(f["paused"]),  # also while a paused run is cancelled (`cancelling`)
             "reason": f["pause_reason"] if f["paused"] else f["cancel_reason"],
             "outstanding": counters.get("outstanding", 0),
+            "resending": stalled_resends(f),  # re-sent by the sweeper since its last commit
             "totals": {k: v for k, v in counters.items() if ":" not in k},
             "steps": steps,
         })  # fmt: skip
@@ -222,9 +239,7 @@ def recent_runs(
     status: str | None = None,
 ) -> list[dict[str, Any]]:
     """The newest runs, finished or not (`run_records` form), of one chain and/or in one
-    status (as shown: running, paused, cancelling, done, cancelled) if given."""
-    from chains.state import RunState
-
+    status (as shown: running, paused, cancelling, storing, done, cancelled) if given."""
     s = s or get_settings()
     state = RunState(client, s)
     out: list[dict[str, Any]] = []
@@ -240,33 +255,25 @@ def recent_runs(
 
 def active_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list[dict[str, Any]]:
     """Progress of the newest active runs (as `RunHandle.progress().as_dict()`, chain order)."""
-    import orjson
-
-    from chains.model import chain_from_dict
-    from chains.runner import RunHandle
-    from chains.state import RunState
-
     state = RunState(client, s or get_settings())
     out = []
     for rec in run_records(client, s, limit):
         try:
             raw = state.chain_def(rec["run_id"])
-            chain = chain_from_dict(orjson.loads(raw), validate=False)  # type: ignore[arg-type]
+            chain = chain_from_dict(orjson.loads(raw))  # type: ignore[arg-type]
             out.append(RunHandle(rec["run_id"], chain, state).progress().as_dict())
         except Exception:  # a run record that expired under us
             continue
     return out
 
 
-def workers(timeout: float = 1.0) -> dict[str, Any] | None:
+def workers(app: Celery, timeout: float = 1.0) -> dict[str, Any] | None:
     """Workers answering a broadcast within `timeout`, with the tasks each is running.
 
     None when the broker cannot be reached. Our pid files (`processes`) list what this machine
     started; this lists what is alive anywhere on the broker.
     """
     try:
-        from worker import app
-
         replies = app.control.inspect(timeout=timeout).active() or {}
     except Exception as exc:
         log.warning("inspecting workers failed: %s", exc)
@@ -347,45 +354,13 @@ def summary(m: Mapping[str, int]) -> dict[str, Any]:
         "bytes": m.get("bytes", 0),
         "items": m.get("items", 0),
         "stored": m.get("stored"),
+        # requests never sent: robots.txt (`skipped:robots`), crawled before (`skip_seen_hours`)
+        "skips": {"robots": m.get("skipped:robots", 0), "seen": m.get("skipped_seen", 0)},
+        # responses decoded with U+FFFD for bytes their charset cannot decode, and those bytes
+        "undecodable": m.get("undecodable", 0),
+        "undecodable_bytes": m.get("undecodable_bytes", 0),
         "latency_avg": round(m.get("latency_ms_sum", 0) / n_lat / 1000, 4) if n_lat else None,
         "latency_p95": round(p95, 4) if p95 is not None else None,
         "http": breakdown(m, "http"),
         "errors": {o: breakdown(m, o) for o in ERROR_OUTCOMES if breakdown(m, o)},
-    }
-
-
-# --- the whole picture -----------------------------------------------------------------------
-
-
-def snapshot(
-    s: Settings | None = None,
-    client: Any = None,
-    *,
-    workers_timeout: float | None = 1.0,
-    runs_limit: int = 20,
-) -> dict[str, Any]:
-    """Everything `control.sh status` shows, JSON-ready. `workers_timeout=None` skips the
-    broadcast to workers (which costs that many seconds)."""
-    from monitor import alerts, health
-    from utils.redis import get_redis
-
-    s = s or get_settings()
-    r = client if client is not None else get_redis(s.redis_url)
-    broker = broker_client(r, s)
-    tasks = task_metrics(r, s)
-    return {
-        "time": time.time(),
-        "processes": processes(s),
-        "workers": workers(workers_timeout) if workers_timeout is not None else None,
-        "queues": queue_depths(broker, s),
-        "unacked": unacked(broker, s),
-        "active_runs": active_runs(r, s, runs_limit),
-        "dead_letters": dead_letters(r, s),
-        "malformed": malformed(r, s),
-        "dead_worker_restored": dead_worker_restored(r, s),
-        "outbox": outbox(r, s),
-        "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
-        "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},
-        "pools": [h.as_dict() for h in health.collect(r, s)],
-        "alerts": alerts.firing(r, s),
     }

@@ -17,17 +17,18 @@ Full reference: docs/scheduling.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
-import sys
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import yaml
+from celery.schedules import crontab
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from config import ROOT
+from config import ROOT, get_settings
 from exceptions import ConfigError
 
 TRIGGER_TASK = "resources.schedule.trigger_chain"
@@ -65,8 +66,6 @@ def parse_every(value: str | float) -> float:
 def parse_cron(expr: str) -> Any:
     """A 5-field cron expression (minute hour day-of-month month day-of-week) or an alias
     such as @hourly -> celery.schedules.crontab. Day of week 0 = Sunday, as in cron."""
-    from celery.schedules import crontab
-
     text = _ALIASES.get(expr.strip().lower(), expr.strip())
     fields = text.split()
     if len(fields) != 5:
@@ -167,8 +166,6 @@ def expand_env(value: Any) -> Any:
 
 def load_schedule(path: str | Path | None = None) -> Schedule:
     """Read and validate a schedule file; ConfigError names the file, entry and field."""
-    import yaml
-
     p = Path(path) if path else DEFAULT_SCHEDULE
     if not p.is_file():
         raise ConfigError(f"schedule file not found: {p}")
@@ -223,42 +220,19 @@ def describe(schedule: Schedule) -> list[str]:
     return lines
 
 
-def run_beat(path: str | Path | None = None, loglevel: str = "INFO") -> None:
-    """Run Celery beat in this process with the schedule file's entries (blocks)."""
+def run_beat(
+    app: Any,
+    path: str | Path | None = None,
+    loglevel: str = "INFO",
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Run Celery beat on `app` in this process with the schedule file's entries (blocks);
+    `extra`: more beat entries (the proxy pool's harvesters and validators)."""
     schedule = load_schedule(path)
-    from config import get_settings
-    from worker import app
-
     s = get_settings()
     run_dir = s.var_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    beats = beat_schedule(schedule)
-    try:  # the proxy pool's harvesters and validators run on the same beat
-        from external_interface.proxy_tasks import PROXY_BEAT_SCHEDULE
-
-        beats = {**PROXY_BEAT_SCHEDULE, **beats}
-    except ImportError:
-        pass
-    app.conf.beat_schedule = beats
+    app.conf.beat_schedule = {**(extra or {}), **beat_schedule(schedule)}
     if schedule.timezone:
         app.conf.timezone = schedule.timezone
     app.Beat(loglevel=loglevel, schedule=str(run_dir / "beat-schedule"), max_interval=60).run()
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m scheduling.periodic", description="Celery beat for periodic chains"
-    )
-    ap.add_argument("--schedule", default=str(DEFAULT_SCHEDULE), help="schedule file (YAML)")
-    ap.add_argument("--loglevel", default="INFO")
-    a = ap.parse_args(argv)
-    try:
-        run_beat(a.schedule, a.loglevel)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,6 +18,11 @@ Concurrency = leases: a sorted set per scope of task ids scored by expiry time. 
 script purges expired leases first, so a SIGKILLed worker's slots come back after the lease
 TTL; every request renews the running task's leases, so a live task never loses its slot.
 Every script reads the clock with `TIME` inside Redis: workers on different machines agree.
+
+Work scopes: some work costs far more than a request, so it has a scope of its own per site,
+taken around the work itself rather than around the task. A rendered page holds a place in
+`<site>.render` while the browser renders it (`enter`/`leave`): its `CHAINCRAWL_LIMITS` entry
+(`demo.render=2` or `demo.render=1/s,2`), else `CHAINCRAWL_BROWSER_SITE_LIMIT` (4 in flight).
 """
 
 from __future__ import annotations
@@ -25,98 +30,32 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 import re
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from config import Settings, get_settings
+from config.browser import BrowserSettings, get_browser_settings
 from exceptions import ConfigError, Throttled
-from scheduling.gate import gates
-from utils.redis import get_redis
+from scheduling.throttle import Throttle
+from utils.keyspace import Keyspace
+from utils.lua import load_lua
+from utils.redis import eval_scripts, get_redis
 
 LEASE_MARGIN = 15.0  # seconds a default lease outlives the task deadline (hard limit is +15)
 TINY_WAIT = 0.05  # admit waits this short are slept inside the worker, not re-queued
+RENDER = "render"  # the work scope of a site's rendered pages: `<site>.render`
 
-_LUA_HEAD = """
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local function fmt(x) return string.format('%.0f', x) end
-"""
-
-# KEYS: lease zsets (n_lease), then rate keys (n_rate)
-# ARGV: 1 task id, 2 n_lease, 3 n_rate, 4 max wait (us),
-#       then per lease key: cap, ttl (us); then per rate key: interval (us), tolerance (us)
-# Returns {0, backlog_us} admitted | {1, 0} a cap is full | {2, backlog_us} rate backlog too long
-_ADMIT = (
-    _LUA_HEAD
-    + """
-local tid, nl, nr, max_wait = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-for i = 1, nl do
-  local key, cap = KEYS[i], tonumber(ARGV[3 + 2 * i])
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
-  if not redis.call('ZSCORE', key, tid) and redis.call('ZCARD', key) >= cap then
-    return {1, 0}
-  end
-end
-local backlog = 0
-local base = 4 + 2 * nl
-for j = 1, nr do
-  local tat = tonumber(redis.call('GET', KEYS[nl + j]) or '0')
-  local w = tat - tonumber(ARGV[base + 2 * j]) - now
-  if w > backlog then backlog = w end
-end
-if backlog > max_wait then return {2, backlog} end
-for i = 1, nl do
-  local ttl = tonumber(ARGV[4 + 2 * i])
-  redis.call('ZADD', KEYS[i], fmt(now + ttl), tid)
-  redis.call('PEXPIRE', KEYS[i], math.ceil(ttl / 1000) + 60000)
-end
-return {0, backlog}
-"""
-)
-
-# KEYS: rate keys (n_rate), then lease zsets (n_lease) of the running task
-# ARGV: 1 task id, 2 n_rate, 3 n_lease, 4 max wait (us),
-#       then per rate key: interval (us), tolerance (us); then per lease key: ttl (us)
-# Returns {0, wait_us} reserved: send after wait_us | {1, wait_us} too long, nothing reserved
-_TOKEN = (
-    _LUA_HEAD
-    + """
-local tid, nr, nl, max_wait = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local tats = {}
-local wait = 0
-for j = 1, nr do
-  local tat = tonumber(redis.call('GET', KEYS[j]) or '0')
-  if tat < now then tat = now end
-  tats[j] = tat
-  local w = tat - tonumber(ARGV[4 + 2 * j]) - now
-  if w > wait then wait = w end
-end
-if wait > max_wait then return {1, wait} end
-local go = now + wait
-for j = 1, nr do
-  local tat = math.max(tats[j], go) + tonumber(ARGV[3 + 2 * j])
-  redis.call('SET', KEYS[j], fmt(tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
-end
-local base = 4 + 2 * nr
-for i = 1, nl do
-  if tid ~= '' then
-    local ttl = tonumber(ARGV[base + i])
-    if redis.call('ZADD', KEYS[nr + i], 'XX', 'CH', fmt(now + ttl), tid) == 1 then
-      redis.call('PEXPIRE', KEYS[nr + i], math.ceil(ttl / 1000) + 60000)
-    end
-  end
-end
-return {0, wait}
-"""
-)
+# admit: take a task's concurrency leases (or say how long to wait); token: reserve a request's
+# slot on every rate scope and renew the running task's leases. KEYS/ARGV in the files.
+_ADMIT = load_lua(__file__, "ratelimit_clock.lua", "ratelimit_admit.lua")
+_TOKEN = load_lua(__file__, "ratelimit_clock.lua", "ratelimit_token.lua")
 
 
 # --- configuration -----------------------------------------------------------------------
@@ -307,22 +246,53 @@ def load_limits(value: str | None = None) -> dict[str, Limit]:
 
 
 def configured_limits(settings: Settings | None = None) -> str:
-    """The raw limits setting (a `limits` Settings field once config.py has one, else env)."""
-    s = settings or get_settings()
-    return str(getattr(s, "limits", "") or os.environ.get("CHAINCRAWL_LIMITS", ""))
+    """The raw limits setting (CHAINCRAWL_LIMITS)."""
+    return (settings or get_settings()).limits
 
 
-def _seconds(settings: Settings, field: str, default: float) -> float:
-    """A Settings field once config.py has it, else env CHAINCRAWL_<FIELD>, else the default."""
-    value = getattr(settings, field, None)
-    if value is not None:
-        return float(value)
-    name = f"CHAINCRAWL_{field.upper()}"
-    raw = os.environ.get(name, "")
+OFF = frozenset(("", "off", "none", "no", "false", "0"))
+
+
+def is_off(value: str) -> bool:
+    """Whether a limits setting's value means "no limits" (`off`, `none`, empty...)."""
+    return value.strip().lower() in OFF
+
+
+def _every_site(value: str, variable: str) -> Limit | None:
+    """A setting holding the terms of one limits entry for every site (None when `off`)."""
+    raw = value.strip()
+    if is_off(raw):
+        return None
     try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+        return _limit_from_terms("*", raw.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"{variable}: {raw!r}: {exc}") from None
+
+
+def default_limit(settings: Settings | None = None) -> Limit | None:
+    """`CHAINCRAWL_DEFAULT_LIMITS` as a `*` entry (None when `off`): the limits of every site
+    without an entry of its own, unless `CHAINCRAWL_LIMITS` gives a `*` itself."""
+    raw = (settings or get_settings()).default_limits
+    return _every_site(raw, "CHAINCRAWL_DEFAULT_LIMITS")
+
+
+def render_limit(browser: BrowserSettings | None = None) -> Limit | None:
+    """`CHAINCRAWL_BROWSER_SITE_LIMIT`: the limit of every site's `<site>.render` scope that
+    `CHAINCRAWL_LIMITS` does not name (None when `off`)."""
+    raw = (browser or get_browser_settings()).site_limit
+    return _every_site(raw, "CHAINCRAWL_BROWSER_SITE_LIMIT")
+
+
+def effective_limits(settings: Settings | None = None) -> dict[str, Limit]:
+    """The limits workers obey: `CHAINCRAWL_LIMITS`, plus the default `*` entry when that
+    setting has none (`control.sh limits` prints these)."""
+    s = settings or get_settings()
+    limits = load_limits(configured_limits(s))
+    if "*" not in limits:
+        default = default_limit(s)
+        if default is not None:
+            limits["*"] = default
+    return limits
 
 
 # --- the gate ----------------------------------------------------------------------------
@@ -346,9 +316,13 @@ class _Plan:
 class RedisGate:
     """The `redis` gate: every worker shares the limits through two Lua scripts.
 
-    `max_sleep` (env CHAINCRAWL_GATE_MAX_SLEEP, default 1 s): the longest a request waits for
+    `max_sleep` (CHAINCRAWL_GATE_MAX_SLEEP, default 1 s): the longest a request waits for
     its token inside the task; longer waits re-queue the task. `retry` (CHAINCRAWL_GATE_RETRY,
     default 0.5 s): the countdown, with jitter, of a task refused by a full concurrency cap.
+    Without `limits`, the gate obeys `effective_limits` (the settings, with the default `*`).
+    With a `throttle` (scheduling/throttle.py), `before_request` also reserves the site's
+    adaptive slot, in the same round trip as the tokens. `render`: the limit of each site's
+    render scope that `limits` does not name (without `limits`: CHAINCRAWL_BROWSER_SITE_LIMIT).
     """
 
     def __init__(
@@ -359,13 +333,20 @@ class RedisGate:
         client: Any = None,
         max_sleep: float | None = None,
         retry: float | None = None,
+        throttle: Throttle | None = None,
+        render: Limit | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         s = self.settings
-        self.limits = dict(load_limits(configured_limits(s)) if limits is None else limits)
+        self.keys = Keyspace(s.key_prefix)
+        self.limits = dict(effective_limits(s) if limits is None else limits)
+        if render is None and limits is None:  # given limits are the whole set: no default
+            render = render_limit()
+        self.render_default = render  # each site's `<site>.render` scope without an entry
+        self.throttle = throttle
         self.r = client or get_redis(s.redis_url)
-        self.max_sleep = _seconds(s, "gate_max_sleep", 1.0) if max_sleep is None else max_sleep
-        self.retry = _seconds(s, "gate_retry", 0.5) if retry is None else retry
+        self.max_sleep = s.gate_max_sleep if max_sleep is None else max_sleep
+        self.retry = s.gate_retry if retry is None else retry
         self._admit = self.r.register_script(_ADMIT)
         self._token = self.r.register_script(_TOKEN)
         self._plans: dict[str, _Plan] = {}
@@ -374,8 +355,12 @@ class RedisGate:
     # scopes and keys
 
     def scopes(self, site: str, endpoint: str) -> list[Limit]:
-        """Every configured limit the endpoint passes, broadest first."""
+        """Every configured limit the endpoint passes, broadest first. The endpoint's name
+        must start with its site: every scope's keys then carry that site's hash tag, so one
+        script reaches them all on a Redis Cluster."""
         parts = endpoint.split(".")
+        if parts[0] != site:
+            raise ValueError(f"endpoint {endpoint!r} is not of site {site!r} (its first part)")
         names = [".".join(parts[: i + 1]) for i in range(len(parts))]
         if site not in names:
             names.insert(0, site)
@@ -385,9 +370,19 @@ class RedisGate:
         return found
 
     def key(self, scope: str, kind: str) -> str:
-        return self.settings.key("gate", scope, kind)
+        """A scope's `leases` or `tat` key, tagged with its site (`utils.keyspace`)."""
+        return self.keys.limit(scope, kind)
 
-    def _plan(self, site: str, endpoint: str) -> _Plan:
+    def work_scope(self, site: str, work: str) -> Limit | None:
+        """The limit of a site's work scope (`demo.render`): its own entry, else the default
+        for that work (renders: `render_default`), else None."""
+        name = f"{site}.{work}"
+        lim = self.limits.get(name)
+        if lim is None and work == RENDER and self.render_default is not None:
+            lim = dataclasses.replace(self.render_default, scope=name)
+        return lim
+
+    def _plan(self, site: str, endpoint: str, deadline: float | None = None) -> _Plan:
         plan = self._plans.get(endpoint)
         if plan is not None:
             return plan
@@ -398,7 +393,7 @@ class RedisGate:
         rate_args: list[int] = []
         for lim in self.scopes(site, endpoint):
             if lim.max is not None:
-                ttl = _us(lim.lease or self._default_lease(endpoint))
+                ttl = _us(lim.lease or self._default_lease(deadline))
                 lease_keys.append(self.key(lim.scope, "leases"))
                 lease_args += [lim.max, ttl]
                 ttls.append(ttl)
@@ -412,23 +407,16 @@ class RedisGate:
         self._plans[endpoint] = plan
         return plan
 
-    def _default_lease(self, endpoint: str) -> float:
+    def _default_lease(self, deadline: float | None) -> float:
         """Longer than the task can live: its deadline plus the hard time limit's margin."""
-        deadline = None
-        try:
-            from base_task import ENDPOINTS
-
-            if endpoint in ENDPOINTS:
-                deadline = ENDPOINTS.get(endpoint).deadline
-        except ImportError:
-            pass
         return (deadline or self.settings.task_deadline) + LEASE_MARGIN
 
     # the Gate interface
 
-    def admit(self, site: str, endpoint: str, task_id: str) -> float:
-        """0.0 when the task may run now (its leases taken), else seconds to wait first."""
-        plan = self._plan(site, endpoint)
+    def admit(self, site: str, endpoint: str, task_id: str, deadline: float | None = None) -> float:
+        """0.0 when the task may run now (its leases taken), else seconds to wait first.
+        `deadline`: the endpoint's own task deadline, when it sets one (its leases outlive it)."""
+        plan = self._plan(site, endpoint, deadline)
         if plan.empty:
             return 0.0
         keys = [*plan.lease_keys, *plan.rate_keys]
@@ -449,25 +437,99 @@ class RedisGate:
         return TINY_WAIT
 
     def before_request(self, site: str, endpoint: str) -> None:
-        """Take a token on every rate scope (sleeping until its slot), renew the task's leases;
-        raise Throttled when the slot is further away than max_sleep."""
+        """Take a token on every rate scope (sleeping until its slot), renew the task's leases
+        and, with a throttle, reserve the site's adaptive slot: one round trip for all. Raise
+        Throttled when a slot is further away than max_sleep."""
         plan = self._plan(site, endpoint)
-        if plan.empty:
+        calls = []
+        if not plan.empty:
+            tid = getattr(self._local, "task_id", "") or ""
+            keys = [*plan.rate_keys, *plan.lease_keys]
+            args = [tid, len(plan.rate_keys), len(plan.lease_keys), _us(self.max_sleep),
+                    *plan.rate_args, *plan.lease_ttls]  # fmt: skip
+            calls.append((self._token, keys, args))
+        if self.throttle is not None:
+            calls.append(self.throttle.call(site))
+        if not calls:
             return
-        tid = getattr(self._local, "task_id", "") or ""
-        keys = [*plan.rate_keys, *plan.lease_keys]
-        args = [tid, len(plan.rate_keys), len(plan.lease_keys), _us(self.max_sleep),
-                *plan.rate_args, *plan.lease_ttls]  # fmt: skip
-        status, wait_us = self._token(keys=keys, args=args)
-        wait = wait_us / 1e6
-        if status != 0:
-            retry_after = max(TINY_WAIT, wait - self.max_sleep / 2) * random.uniform(1.0, 1.3)
-            raise Throttled(
-                f"{endpoint}: next request slot in {wait:.2f}s (over its shared rate limit)",
-                retry_after=retry_after,
-            )
+        results = eval_scripts(self.r, calls)  # a slot one side reserved when the other
+        wait = 0.0  # refuses is left unused: the request goes later, never sooner
+        if self.throttle is not None:  # raises Throttled past max_sleep
+            wait = self.throttle.outcome(site, results.pop())
+        if results:
+            status, wait_us = results[0]
+            if status != 0:
+                slot = wait_us / 1e6
+                retry_after = max(TINY_WAIT, slot - self.max_sleep / 2) * random.uniform(1.0, 1.3)
+                raise Throttled(
+                    f"{endpoint}: next request slot in {slot:.2f}s (over its shared rate limit)",
+                    retry_after=retry_after,
+                )
+            wait = max(wait, wait_us / 1e6)
         if wait > 0:
             time.sleep(wait)
+
+    def feedback(self, site: str, latency: float, status: int, retry_after: float | None) -> None:
+        """An answer for the throttle (status 0: none came); buffered, sent with the next
+        reservation, except a 429/503, which every worker hears at once."""
+        if self.throttle is not None:
+            self.throttle.feedback(site, latency, status, retry_after)
+
+    def enter(self, site: str, work: str, ttl: float) -> str | None:
+        """Take a place in the site's `work` scope (`demo.render`) for work lasting at most
+        `ttl` seconds (its lease expires then, should the worker die, unless the entry sets
+        `lease=`). Returns the holder id for `leave`, or None when no limit applies. A full cap
+        is asked again until `max_sleep` has passed, then `Throttled` re-queues the task; a
+        rate slot further away than `max_sleep` does the same, a nearer one is slept."""
+        lim = self.work_scope(site, work)
+        if lim is None:
+            return None
+        holder = uuid.uuid4().hex
+        leases = [self.key(lim.scope, "leases")] if lim.max is not None else []
+        rates = [self.key(lim.scope, "tat")] if lim.rate is not None else []
+        ttl_us = _us(lim.lease or ttl)
+        lease_args = [lim.max, ttl_us] if leases else []
+        interval = 1.0 / lim.rate if lim.rate is not None else 0.0
+        rate_args = [_us(interval), _us(interval * (lim.burst - 1))] if rates else []
+        give_up = time.monotonic() + self.max_sleep
+        while True:
+            status, backlog_us = self._admit(
+                keys=[*leases, *rates],
+                args=[holder, len(leases), len(rates), _us(self.max_sleep), *lease_args,
+                      *rate_args],
+            )  # fmt: skip
+            if status == 0:
+                break
+            if status == 1:
+                wait = self.retry * random.uniform(0.5, 1.5)
+                why = f"{lim.scope}: {lim.max} in flight, its cap"
+            else:
+                wait = max(TINY_WAIT, backlog_us / 1e6 - self.max_sleep / 2)
+                why = f"{lim.scope}: next slot in {backlog_us / 1e6:.2f}s (over its rate)"
+            if time.monotonic() + wait > give_up:
+                raise Throttled(why, retry_after=wait * random.uniform(1.0, 1.3))
+            time.sleep(wait)
+        if rates:  # reserve the rate slot, as a request takes its token
+            status, wait_us = self._token(
+                keys=[*rates, *leases],
+                args=[holder, len(rates), len(leases), _us(self.max_sleep), *rate_args,
+                      *([ttl_us] if leases else [])],
+            )  # fmt: skip
+            if status != 0:
+                self.leave(site, work, holder)
+                raise Throttled(
+                    f"{lim.scope}: next slot in {wait_us / 1e6:.2f}s (over its rate)",
+                    retry_after=max(TINY_WAIT, wait_us / 1e6 - self.max_sleep / 2),
+                )
+            if wait_us > 0:
+                time.sleep(wait_us / 1e6)
+        return holder
+
+    def leave(self, site: str, work: str, holder: str | None) -> None:
+        """Give back the place `enter` took (nothing for None)."""
+        lim = self.work_scope(site, work) if holder is not None else None
+        if lim is not None and lim.max is not None:
+            self.r.zrem(self.key(lim.scope, "leases"), holder)
 
     def release(self, site: str, endpoint: str, task_id: str) -> None:
         plan = self._plan(site, endpoint)
@@ -506,6 +568,3 @@ class RedisGate:
 
 def _us(seconds: float) -> int:
     return math.ceil(seconds * 1_000_000)
-
-
-gates.add("redis", RedisGate)

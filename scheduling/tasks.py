@@ -18,21 +18,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import requests
 from celery import shared_task
 
-from chains.state import RunState
+import chains
 from config import get_settings
 from exceptions import ChainCrawlError
+from ledger.state import RunState
 from scheduling.periodic import TRIGGER_TASK, ScheduleEntry
+from scheduling.ratelimit import effective_limits
+from utils.lua import load_lua
 from utils.redis import get_redis
 
 log = logging.getLogger("chaincrawl.schedule")
 
 LOCK_MS = 30_000
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+_UNLOCK = load_lua(__file__, "trigger_unlock.lua")
 
 
 @dataclass
@@ -52,8 +53,6 @@ def entry_key(name: str) -> str:
 
 def _reachable(url: str, timeout: float = 3.0) -> bool:
     """Any HTTP answer counts: the point is that something is listening."""
-    import requests
-
     try:
         with requests.get(url, timeout=timeout, stream=True, allow_redirects=False):
             return True
@@ -63,8 +62,6 @@ def _reachable(url: str, timeout: float = 3.0) -> bool:
 
 def trigger(entry: ScheduleEntry) -> Outcome:
     """Start `entry`'s chain unless its last run is still going; never raises for a skip."""
-    import chains
-
     r = get_redis()
     state = RunState(r)
     key = entry_key(entry.name)
@@ -112,14 +109,12 @@ def _note(r: Any, name: str, outcome: Outcome) -> Outcome:
 
 
 def check_limits() -> None:
-    """Fail at worker start, not in every task, when CHAINCRAWL_LIMITS is malformed."""
-    from scheduling.ratelimit import configured_limits, load_limits
-
-    if configured_limits():
-        load_limits()
+    """Fail at worker start, not in every task, when CHAINCRAWL_LIMITS or
+    CHAINCRAWL_DEFAULT_LIMITS is malformed."""
+    effective_limits()
 
 
-check_limits()  # this module is imported by worker.py: a bad setting stops the worker at once
+check_limits()  # the worker imports this module: a bad setting stops the worker at once
 
 
 @shared_task(name=TRIGGER_TASK, ignore_result=True, acks_late=False)

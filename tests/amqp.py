@@ -5,7 +5,6 @@ yields its URL, or skips with the reason."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import uuid
@@ -17,7 +16,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-AMQP_URL = os.environ.get("CHAINCRAWL_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+from config.suite import get_suite_settings
+
+AMQP_URL = get_suite_settings().test_amqp_url
 
 
 def _add_vhost(vhost: str, user: str) -> list[str] | None:

@@ -5,8 +5,8 @@ worker is CPU-bound, and one page per message otherwise, because a latency-bound
 CPU to spare and a batch runs its pages one after the other in one slot. The CPU share alone
 cannot tell "latency-bound" from "CPU-bound on a shared machine": two workers on two cores,
 beside Redis and the page server, each got 0.6-0.8 of a core, read as latency-bound, sent
-four times the messages per page and paid twice the CPU per page for them (issue 7's scaling
-run: 1 worker 1.76 ms/page, 2 workers 3.5). Linux counts the time a thread was runnable but
+four times the messages per page and paid twice the CPU per page for them (the scaling
+benchmark: 1 worker 1.76 ms/page, 2 workers 3.5). Linux counts the time a thread was runnable but
 waited on a run queue (`run_delay`, second field of `/proc/<pid>/task/<tid>/schedstat`,
 CONFIG_SCHED_INFO); CPU + wait is what the process would have used with a core of its own.
 Where the kernel does not say, the wait reads 0 and the meter is the plain CPU share.

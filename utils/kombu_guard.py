@@ -3,9 +3,9 @@ saturated gevent/solo worker neither idling nor stuck.
 
 Applied once by `worker.py` at import (`apply()`); every patched function is checked first and
 the import fails loudly when kombu no longer has it in the expected shape, rather than running
-a worker that silently lacks the protection. docs/reliability.md, bugs 3 and 6.
+a worker that silently lacks the protection (docs/reliability.md).
 
-Bug 6, a malformed payload in a queue: `Channel._brpop_read` decodes a popped message in the
+A malformed payload in a queue: `Channel._brpop_read` decodes a popped message in the
 consumer's event loop with nothing around it: a payload that is not JSON (`loads`), a JSON
 value that is not a kombu envelope, or an envelope whose body is not base64 (`Message.__init__`,
 reached through `Transport._deliver`) raised out of the loop, and Celery shut the worker down
@@ -18,7 +18,7 @@ for inspection, counted in the hash
 exists (Celery's own handling, qos bookkeeping, the connection) propagate exactly as before.
 The payload had already left the queue (BRPOP), so nothing is lost that kombu would have kept.
 
-Bug 3, a worker exiting on a Redis restart: when the consumer's connection is closed, kombu
+A worker exiting on a Redis restart: when the consumer's connection is closed, kombu
 clears `transport.client` (`Connection._do_close_transport`) while a channel of that transport
 may still be closed later; `Channel.close` -> `QoS.restore_unacked_once` needs a new client and
 `Channel._connparams` reads `self.connection.client.hostname`: an AttributeError on None, not
@@ -171,7 +171,7 @@ def apply() -> None:
     log.debug("kombu %s: consumer guard installed", kombu.__version__)
 
 
-# --- bug 6: malformed payloads ---------------------------------------------------------------
+# --- malformed payloads --------------------------------------------------------------------
 
 
 def _patch_consumer() -> None:
@@ -270,7 +270,7 @@ def quarantine(queue: str, error: str, raw: str | bytes | None) -> None:
     )  # fmt: skip
 
 
-# --- bug 3: a channel closed after its connection ------------------------------------------------
+# --- a channel closed after its connection -----------------------------------------------------
 
 
 def _patch_connparams() -> None:
@@ -282,7 +282,7 @@ def _patch_connparams() -> None:
             counts["closed_connection"] += 1
             log.warning(
                 "kombu: a channel of a closed broker connection needed a new Redis client; "
-                "raising a connection error so the consumer reconnects (bug 3)"
+                "raising a connection error so the consumer reconnects"
             )
             raise redis.ConnectionError(
                 "kombu: broker connection already closed (a channel needed a new Redis client "

@@ -12,9 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 _PATTERNS = [
+    # an `Authorization` value's credentials, before the header rule masks only the scheme
+    (re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]{8,}"), r"\1\2***"),
     (re.compile(r"(//)[^/@\s:]+:[^/@\s]+@"), r"\1***:***@"),
+    # `name=value` or a header's `Name: value`; a colon with no space after it is a Redis key
+    # or a pool's `kind:site` name ("pool cookie:shop is empty"), which stays readable
     (re.compile(r"(?i)\b(session|sessionid|cookie|token|password|passwd|pwd|secret|sign|authorization)"
-                r"(\s*[=:]\s*)(['\"]?)[^\s'\";&,}]+"), r"\1\2\3***"),
+                r"(\s*=\s*|\s*:\s+)(['\"]?)[^\s'\";&,}]+"), r"\1\2\3***"),
 ]  # fmt: skip
 
 

@@ -1,20 +1,131 @@
-"""One Redis client per process and URL, safe across fork (prefork children reconnect)."""
+"""One Redis client per process and URL, safe across fork (prefork children reconnect).
+
+A `redis+cluster://host:port[,host:port...]` URL (`rediss+cluster://` with TLS) gives a
+`redis.cluster.RedisCluster`: the same command surface, each command sent to the master of its
+keys' slot, and a moved slot or a promoted replica followed on its own. The state store may be
+a cluster; the broker never is (config refuses it).
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
 
-from config import get_settings
+from config import get_settings, is_cluster_url
 
 _lock = threading.Lock()
 _clients: dict[tuple[str, int], redis.Redis] = {}
 
+_TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
+
+# What a Redis restarting or loading its data looks like to a client (BusyLoadingError, the
+# LOADING reply, is a ConnectionError)
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    socket.timeout,
+)
+
+Notify = Callable[[Exception | None], None]
+
+
+class _Outage:
+    """One message when calls start failing, one when they work again, however many
+    clients and connections wait meanwhile; and one deadline for all of them (a reconnect
+    retried inside a retried command must not wait twice as long)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.notify: Notify | None = None
+        self.since: float | None = None  # when calls began to fail
+
+    def failed(self, error: Exception) -> float:
+        """-> when this outage began."""
+        with self.lock:
+            if self.since is not None:
+                return self.since
+            self.since = since = time.monotonic()
+        if self.notify is not None:
+            self.notify(error)
+        return since
+
+    def worked(self) -> None:
+        with self.lock:
+            if self.since is None:
+                return
+            self.since = None
+        if self.notify is not None:
+            self.notify(None)
+
+
+_outage = _Outage()
+_patience: float | None = None  # None: redis-py's own few retries (workers: Celery retries)
+
+
+class PatientRetry(Retry):
+    """Retries a call through a Redis restart or a Redis loading its data, for up to
+    `patience` seconds (backing off up to 1 s), saying so once through `notify`; then the
+    last error is raised. redis-py's own `Retry` counts attempts, not time."""
+
+    def __init__(self, patience: float) -> None:
+        super().__init__(ExponentialBackoff(cap=1.0, base=0.05), 1_000_000, OUTAGE_ERRORS)
+        self.patience = patience
+
+    def call_with_retry(
+        self,
+        do: Callable[[], Any],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
+        self._backoff.reset()
+        failures = 0
+        while True:
+            try:
+                out = do()
+            except self._supported_errors as error:
+                if is_retryable and not is_retryable(error):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                deadline = _outage.failed(error) + self.patience
+                now = time.monotonic()
+                if now >= deadline:
+                    raise
+                time.sleep(min(self._backoff.compute(failures), deadline - now))
+            else:
+                if failures:
+                    _outage.worked()
+                return out
+
+
+def be_patient(patience: float, notify: Notify | None = None) -> None:
+    """Clients made from now on in this process wait out a Redis restart or load for up to
+    `patience` seconds (the CLI: CHAINCRAWL_REDIS_WAIT), calling `notify(error)` once when
+    the wait begins and `notify(None)` once Redis answers again. Not a cluster client: its
+    retries are redis-py's own (counted, each after reading the slot map again)."""
+    global _patience
+    _patience = patience
+    _outage.notify = notify
+    reset_clients()
+
 
 def get_redis(url: str | None = None) -> redis.Redis:
-    """A shared, thread-safe client (redis-py pools connections per client).
+    """A shared, thread-safe client (redis-py pools connections per client); a
+    `RedisCluster` for a cluster URL (typed as `redis.Redis`: callers use the common commands).
 
     Keyed by pid so a forked child never reuses its parent's sockets.
     """
@@ -25,18 +136,146 @@ def get_redis(url: str | None = None) -> redis.Redis:
         with _lock:
             client = _clients.get(key)
             if client is None:
-                client = redis.Redis.from_url(
-                    url,
-                    socket_connect_timeout=5,
-                    socket_timeout=30,
-                    health_check_interval=30,
-                    retry_on_timeout=True,
-                )
+                if is_cluster_url(url):
+                    client = cluster_client(url)  # type: ignore[assignment]
+                else:
+                    extra: dict[str, Any] = {}
+                    if _patience is not None:
+                        extra = {"retry": PatientRetry(_patience), "retry_on_error": OUTAGE_ERRORS}
+                    client = redis.Redis.from_url(
+                        url, health_check_interval=30, retry_on_timeout=True, **_TIMEOUTS, **extra
+                    )
                 _clients[key] = client
     return client
+
+
+def cluster_client(url: str, **kw: Any) -> RedisCluster:
+    """A `RedisCluster` from `redis[s]+cluster://[user:password@]host:port[,host:port...]`:
+    every listed node is a startup node (any one that answers gives the whole slot map)."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    nodes = []
+    for hp in hosts.split(","):
+        host, _, port = hp.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"cluster node {hp!r}: host:port expected")
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    opts: dict[str, Any] = dict(_TIMEOUTS)
+    if user:
+        opts["username"] = unquote(user)
+    if password:
+        opts["password"] = unquote(password)
+    if parts.scheme.startswith("rediss"):
+        opts["ssl"] = True
+    query = parse_qs(parts.query)
+    if "read_from_replicas" in query:
+        opts["read_from_replicas"] = query["read_from_replicas"][0] in ("1", "true", "yes")
+    client = RedisCluster(startup_nodes=nodes, **{**opts, **kw})
+    client.commands_parser = StreamKeys(client.commands_parser)  # its pipelines share it
+    return client
+
+
+class StreamKeys:
+    """The keys of XREADGROUP and XREAD read from the command itself (the stream names after
+    STREAMS). redis-py routes a command with "movable keys" by asking a node (`COMMAND
+    GETKEYS`) each time it is sent, pipelined or not: a round trip and a node's CPU per stream
+    read of every drainer poll. Every other command goes to redis-py's own parser."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+        if name.upper() in ("XREADGROUP", "XREAD"):
+            words = [a.decode("utf-8", "replace") if isinstance(a, bytes) else str(a) for a in args]
+            upper = [w.upper() for w in words]
+            if "STREAMS" in upper:
+                names = args[upper.index("STREAMS") + 1 :]
+                return list(names[: len(names) // 2])
+        return self._inner.get_keys(redis_conn, *args)
+
+
+class NotReplicated(redis.exceptions.TimeoutError):
+    """A write was not confirmed by enough replicas in time (`wait_replicas`): the caller
+    treats it as a timeout of the state store (a task's message is requeued, not acked)."""
+
+
+def wait_replicas(client: Any, keys: Sequence[str], replicas: int, timeout: float) -> None:
+    """Block until `replicas` replicas hold every write made so far to the masters of `keys`
+    (once per master on a cluster); raise `NotReplicated` when fewer confirm in `timeout` s.
+
+    WAIT counts the writes of its own connection, and the writes to wait for went out on
+    others (a pipeline's): so each master gets a tiny write of ours (a marker key beside the
+    first of `keys`, gone after a minute) and WAIT, in one pipeline on one connection, which
+    covers every write that master applied before."""
+    if replicas <= 0 or not keys:
+        return
+    ms = max(1, int(timeout * 1000))
+    if is_cluster(client):
+        by_node: dict[str, tuple[Any, str]] = {}
+        for k in keys:
+            node = client.get_node_from_key(k)
+            by_node.setdefault(node.name, (client.get_redis_connection(node), k))
+        targets = list(by_node.items())
+    else:
+        targets = [("", (client, keys[0]))]
+    for name, (node_client, key) in targets:
+        pipe = node_client.pipeline(transaction=False)
+        pipe.set(f"{key}:replicated", "1", px=60_000)
+        pipe.execute_command("WAIT", replicas, ms)
+        got = int(pipe.execute()[-1])
+        if got < replicas:
+            where = f" on {name}" if name else ""
+            raise NotReplicated(f"{got} of {replicas} replicas confirmed the write{where}")
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether a client (or a pipeline of one) talks to a Redis Cluster."""
+    return isinstance(client, RedisCluster) or type(client).__name__ == "ClusterPipeline"
+
+
+def pipeline(client: redis.Redis, transaction: bool = True) -> Any:
+    """`client.pipeline(transaction)`, without MULTI on a cluster, where a transaction cannot
+    span slots: callers whose keys share a hash tag keep their atomicity from a script, not
+    from MULTI (each command is still applied once, in order per slot)."""
+    return client.pipeline(transaction=transaction and not is_cluster(client))
 
 
 def reset_clients() -> None:
     """Drop cached clients (tests that switch servers call this)."""
     with _lock:
         _clients.clear()
+
+
+def eval_scripts(client: redis.Redis, calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]
+                 ) -> list[Any]:  # fmt: skip
+    """Run several registered scripts (`(script, keys, args)`) in one round trip.
+
+    A pipeline of `Script` objects first asks `SCRIPT EXISTS` on every execute (a second round
+    trip); plain EVALSHAs do not, and the rare NOSCRIPT (a restarted or flushed server) loads
+    that script and runs its call again on its own."""
+    if len(calls) == 1:
+        script, keys, args = calls[0]
+        return [script(keys=keys, args=args)]
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # cluster-safe too
+    results = pipe.execute(raise_on_error=False)
+    for i, res in enumerate(results):
+        if isinstance(res, redis.exceptions.NoScriptError):
+            script, keys, args = calls[i]
+            results[i] = script(keys=keys, args=args)  # Script.__call__ loads it
+        elif isinstance(res, Exception):
+            raise res
+    return results
+
+
+def as_str(value: bytes | str | None) -> str:
+    """A Redis reply as text (our clients do not decode responses; None reads as "")."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value

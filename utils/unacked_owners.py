@@ -16,7 +16,7 @@ Keys, in the broker's Redis under the broker's key prefix:
     owners                set: every owner that has not shut down cleanly
 
 The `owners` set finds the deaths that leave nothing in `unacked`: a worker killed between
-kombu's BRPOP and its bookkeeping takes the popped message with it (bug 1). The sweeper then
+kombu's BRPOP and its bookkeeping takes the popped message with it. The sweeper then
 checks every active run's ledger at once instead of waiting for the run to stall.
 
 A worker that is alive but was declared dead (its heartbeat stopped for that long) loses
@@ -25,7 +25,8 @@ a restored message also removes the `unacked` entry of the worker now holding it
 kombu's own restores; should that one die too, the run-ledger sweeper re-sends the task.)
 
 Right after a restart of the broker's Redis no owner is declared dead (every heartbeat may
-just have expired while Redis was down) until the heartbeats had time to come back.
+just have expired while Redis was down) until the heartbeats had time to come back: `ttl`
+seconds after the Redis finished loading its data, as this process saw it.
 """
 
 from __future__ import annotations
@@ -165,6 +166,21 @@ def start(client: redis.Redis, prefix: str, ttl: float, hostname: str = "") -> s
     return who
 
 
+def owner() -> str | None:
+    """This process's owner id (None before `start`, and outside workers)."""
+    return _owner
+
+
+def held_since(client: redis.Redis, prefix: str, who: str) -> dict[str, float]:
+    """The delivery tags `who` holds unacknowledged -> when each was taken (kombu's
+    `unacked_index`; a tag missing there was acked meanwhile)."""
+    tags = held(client, prefix).get(who, [])
+    if not tags:
+        return {}
+    scores = client.zmscore(f"{prefix}unacked_index", tags)
+    return {t: s for t, s in zip(tags, scores, strict=True) if s is not None}
+
+
 def stop() -> None:
     """Stop beating, as a killed worker would (tests)."""
     global _owner, _beat
@@ -214,6 +230,22 @@ def forget(client: redis.Redis, prefix: str, owners: Iterable[str]) -> None:
         client.srem(f"{prefix}{OWNERS}", *owners)
 
 
+_serving_since: dict[str, float] = {}  # a broker Redis's run id -> when first seen serving here
+
+
+def serving_for(client: redis.Redis, clock: Callable[[], float] = time.monotonic) -> float:
+    """Seconds the broker's Redis has been serving, as far as this process can tell: its
+    uptime, but no more than since this process first saw it (this run id) done loading.
+    Uptime alone counts the seconds a restarted Redis spends loading its append-only file,
+    when no heartbeat can be written: right after a long load every owner would look dead."""
+    info = client.info()  # the default sections: server (run id, uptime) and persistence
+    if int(info.get("loading", 0)):
+        return 0.0
+    now = clock()
+    first = _serving_since.setdefault(str(info.get("run_id", "")), now)
+    return min(float(info.get("uptime_in_seconds", 0)), now - first)
+
+
 def orphans(
     client: redis.Redis,
     prefix: str,
@@ -224,8 +256,9 @@ def orphans(
     """owner -> tags it still holds, for every owner (holding messages or registered) without
     a heartbeat at two looks `confirm` s apart (waited with `sleep`: the sweeper's keeps its
     lock); a dead owner holding nothing maps to []. Nothing while the broker's Redis has been
-    up for less than `ttl` (heartbeats may just be coming back from a restart)."""
-    if float(client.info("server").get("uptime_in_seconds", 0)) < ttl:
+    serving for less than `ttl` (`serving_for`: heartbeats may just be coming back from a
+    restart)."""
+    if ttl > 0 and serving_for(client) < ttl:
         return {}
     dead = dead_owners(client, prefix, set(held(client, prefix)) | registered(client, prefix))
     if not dead:

@@ -1,17 +1,30 @@
 """Chains over the local demo platform (sites/demo): the seed's business chain and friends.
 
-demo_social — seed 003's chain, spread over all three front ends:
+demo_social — the social platform's business chain, spread over all three front ends:
 
     h5.feed ─┬─> h5.user_info                                   (demo.user)
              └─> h5.user_statuses ─> app.detail ─> pc.comment   (demo.post, demo.comment)
 
-demo_pc_sharded — pc only; the feed index is sharded (seed 004): page 1 tells the page count,
+demo_pc_sharded — pc only; the feed index is sharded: page 1 tells the page count,
 so every index page is dispatched at once instead of walking "next" links one by one. The pc
 user page carries the profile, so user_statuses stores the users too:
 
     pc.feed_index ─> pc.feed (one task per page) ─> pc.user_statuses ─> pc.detail ─> pc.comment
 
 demo_h5, demo_app — the same business chain on one front end each.
+
+demo_js — the business chain from a list rendered in a browser: the js front end's "load
+more" page is rendered until the button is gone (its entries read from the page's own API
+answers), and plain API and HTML steps do the rest. Stores exactly what demo_social stores:
+
+    js.more ─┬─> h5.user_info                                   (demo.user)
+             └─> h5.user_statuses ─> app.detail ─> pc.comment   (demo.post, demo.comment)
+
+demo_js_render — rendered pages at two levels: the js list pages, and every post's js detail
+page (a browser page per post; the cost is in docs/browser.md):
+
+    js.feed ─┬─> h5.user_info
+             └─> h5.user_statuses ─> js.detail ─> pc.comment
 
 Every step below a list is `unique`: if the same user or post is reached twice in a run (a
 feed that shifts while being paged), it is crawled once and the stored counts stay exact.
@@ -37,9 +50,22 @@ def _social(front: str, *, detail: str, comment: str) -> Step:
     )
 
 
+def _rendered(list_step: str, detail: str) -> Step:
+    return step(list_step).then(
+        step("demo.h5.user_info", user_id="user_id", options=UNIQUE),
+        step("demo.h5.user_statuses", user_id="user_id", options=UNIQUE).then(
+            step(detail, post_id="post_id", options=UNIQUE).then(
+                step("demo.pc.comment", post_id="post_id", options=UNIQUE)
+            )
+        ),
+    )
+
+
 define("demo_social", _social("h5", detail="demo.app.detail", comment="demo.pc.comment"))
 define("demo_h5", _social("h5", detail="demo.h5.detail", comment="demo.h5.comment"))
 define("demo_app", _social("app", detail="demo.app.detail", comment="demo.app.comment"))
+define("demo_js", _rendered("demo.js.more", detail="demo.app.detail"))
+define("demo_js_render", _rendered("demo.js.feed", detail="demo.js.detail"))
 
 define(
     "demo_pc_sharded",

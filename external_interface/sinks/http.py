@@ -26,14 +26,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import requests
 
+from config.storage import get_storage_settings
 from exceptions import ConfigError
-from external_interface.storage import (
+from external_interface.sinks.base import (
     Origin,
     PermanentSinkError,
     SinkError,
-    env_float,
-    env_int,
-    env_str,
     key_values,
 )
 
@@ -80,12 +78,13 @@ class HttpSink:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HttpSink:
+        ss = get_storage_settings()
         return cls(
-            env_str("CHAINCRAWL_HTTP_SINK_URL"),
-            token=env_str("CHAINCRAWL_HTTP_SINK_TOKEN"),
-            timeout=env_float("CHAINCRAWL_HTTP_SINK_TIMEOUT", 10.0),
-            retries=env_int("CHAINCRAWL_HTTP_SINK_RETRIES", 3),
-            batch=env_int("CHAINCRAWL_HTTP_SINK_BATCH", 500),
+            ss.http_sink_url,
+            token=ss.http_sink_token,
+            timeout=ss.http_sink_timeout,
+            retries=ss.http_sink_retries,
+            batch=ss.http_sink_batch,
         )
 
     def write(

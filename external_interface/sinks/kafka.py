@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from config.storage import get_storage_settings
 from exceptions import ConfigError
-from external_interface.storage import (
+from external_interface.sinks.base import (
     Origin,
     PermanentSinkError,
     SinkError,
-    env_float,
-    env_str,
     key_values,
     safe_name,
 )
@@ -76,10 +75,11 @@ class KafkaSink:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KafkaSink:
+        ss = get_storage_settings()
         return cls(
-            env_str("CHAINCRAWL_KAFKA_BOOTSTRAP"),
-            topic_prefix=env_str("CHAINCRAWL_KAFKA_TOPIC_PREFIX", "chaincrawl."),
-            timeout=env_float("CHAINCRAWL_KAFKA_TIMEOUT", 10.0),
+            ss.kafka_bootstrap,
+            topic_prefix=ss.kafka_topic_prefix,
+            timeout=ss.kafka_timeout,
         )
 
     def topic(self, item_type: str) -> str:

@@ -3,7 +3,7 @@
 - Collection: the item type with every character outside `[A-Za-z0-9_]` replaced by `_`
   (`demo.post` -> `demo_post`), after an optional `CHAINCRAWL_MONGO_COLLECTION_PREFIX`.
 - A unique index on the type's key fields is created before the first write.
-- Field names are sanitised (`storage.sanitize_keys`: leading `$` -> U+FF04 full-width dollar,
+- Field names are sanitised (`sinks.base.sanitize_keys`: leading `$` -> U+FF04 full-width dollar,
   `.` -> U+FF0E full-width stop, NUL -> U+2400), so nothing from page content is ever read as
   an operator or a path.
 - Each document carries bookkeeping fields: `_v` (version: the outbox entry id as an integer),
@@ -38,16 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from config.storage import get_storage_settings
 from exceptions import ConfigError
-from external_interface.storage import (
+from external_interface.sinks.base import (
     Origin,
     PermanentSinkError,
     Policies,
     SinkError,
     TypePolicy,
-    env_float,
-    env_int,
-    env_str,
     key_values,
     sanitize_key,
     sanitize_keys,
@@ -150,13 +148,14 @@ class MongoSink:
 
     @classmethod
     def from_settings(cls, settings: Settings, policies: Policies | None = None) -> MongoSink:
+        ss = get_storage_settings()
         return cls(
             settings.mongo_url,
-            env_str("CHAINCRAWL_MONGO_DB") or None,
+            ss.mongo_db or None,
             policies=policies,
-            batch=env_int("CHAINCRAWL_MONGO_BATCH", 1000),
-            timeout=env_float("CHAINCRAWL_MONGO_TIMEOUT", 5.0),
-            collection_prefix=env_str("CHAINCRAWL_MONGO_COLLECTION_PREFIX"),
+            batch=ss.mongo_batch,
+            timeout=ss.mongo_timeout,
+            collection_prefix=ss.mongo_collection_prefix,
         )
 
     def collection(self, item_type: str) -> pymongo.collection.Collection:

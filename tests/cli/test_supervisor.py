@@ -67,7 +67,9 @@ def test_a_crashing_child_is_restarted_with_backoff_up_to_the_cap(tmp_path: Path
     assert "restart 3 of at most 3" in out.stdout and "giving up" in out.stdout
 
 
-def test_a_clean_exit_or_a_failed_first_start_is_not_restarted(tmp_path: Path) -> None:
+def test_a_clean_exit_is_not_restarted_and_a_failed_start_is_tried_a_few_times(
+    tmp_path: Path,
+) -> None:
     runs = tmp_path / "runs"
     write = f"import os, sys; open({str(runs)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
     ok = subprocess.run(supervisor("--start-grace", "0", *FAST, *child(write + "sys.exit(0)")),
@@ -76,23 +78,53 @@ def test_a_clean_exit_or_a_failed_first_start_is_not_restarted(tmp_path: Path) -
     assert len(pids(runs)) == 1
     bad = subprocess.run(supervisor(*FAST, *child(write + "sys.exit(2)")),  # default grace 10 s
                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert bad.returncode == 2 and "before it was ready; not restarting" in bad.stdout
-    assert len(pids(runs)) == 2
+    assert bad.returncode == 2, bad.stdout
+    assert len(pids(runs)) == 1 + 3  # the default: 3 starts in all
+    assert bad.stdout.count("before it was ready; starting it again") == 2
+    assert "start 3 of at most 3" in bad.stdout and "3 failed start(s): giving up" in bad.stdout
+
+
+def test_a_start_failure_once_is_followed_by_a_working_start(tmp_path: Path) -> None:
+    """A worker that dies during start-up (a Redis still loading, a flaky import) is started
+    again with back-off; once ready, it is supervised as usual."""
+    runs, log = tmp_path / "runs", tmp_path / "worker.log"
+    code = (
+        "import os, sys, time\n"
+        f"f = {str(runs)!r}\n"
+        "n = len(open(f).read().split()) if os.path.exists(f) else 0\n"
+        "open(f, 'a').write(f'{os.getpid()}\\n')\n"
+        "if n == 0: sys.exit(5)\n"
+        "print('w1 ready.', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with open(log, "ab") as out:
+        sup = subprocess.Popen([*supervisor("--ready-marker", " ready.", *FAST), *child(code)],
+                               cwd=ROOT, stdout=out)  # fmt: skip
+    try:
+        wait_for(lambda: "ready." in log.read_text(), what="the second start got ready")
+        assert sup.poll() is None and len(pids(runs)) == 2
+        assert "exited with code 5" in log.read_text() and "start 2 of at most 3" in log.read_text()
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+    finally:
+        if sup.poll() is None:
+            sup.kill()
 
 
 def test_the_ready_marker_tells_a_start_failure_from_a_crash(tmp_path: Path) -> None:
-    """With `--ready-marker` (what `control.sh start` passes), a first run that exits before
+    """With `--ready-marker` (what `control.sh start` passes), a run that exits before
     logging the marker is a start failure, however long it ran; one that exits after it is
     a crash and is restarted, however soon."""
     runs, log = tmp_path / "runs", tmp_path / "worker.log"
     log.write_bytes(b"an old ready. line from a previous start\n")  # the log is appended to
     write = f"import os, sys; open({str(runs)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
-    cmd = supervisor("--ready-marker", " ready.", "--max-restarts", "1", *FAST)
+    cmd = supervisor("--ready-marker", " ready.", "--max-restarts", "1", "--start-attempts",
+                     "1", *FAST)  # fmt: skip
     with open(log, "ab") as out:
         failed = subprocess.run([*cmd, *child(write + "sys.exit(4)")], cwd=ROOT, stdout=out,
                                 timeout=60)  # fmt: skip
     assert failed.returncode == 4 and len(pids(runs)) == 1
-    assert "before it was ready; not restarting" in log.read_text()
+    assert "before it was ready; 1 failed start(s): giving up" in log.read_text()
     with open(log, "ab") as out:
         crashed = subprocess.run(
             [*cmd, *child(write + "print('w1 ready.', flush=True); sys.exit(4)")],
@@ -190,3 +222,70 @@ def test_control_sh_start_restarts_a_worker_that_dies(tmp_path: Path) -> None:
 def children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(x) for x in f.read().split()]
+
+
+CRASHING_SITE = """
+import os, pathlib
+count = pathlib.Path(os.environ["CRASH_COUNT"])
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+if n < int(os.environ["CRASH_TIMES"]):
+    raise RuntimeError(f"crashsite refuses to import (start {n + 1})")
+"""
+
+
+def crashing_env(tmp_path: Path, url: str, times: int) -> dict[str, str]:
+    """A worker environment whose site package raises on import the first `times` times."""
+    (tmp_path / "pkgs" / "crashsite").mkdir(parents=True)
+    (tmp_path / "pkgs" / "crashsite" / "__init__.py").write_text(CRASHING_SITE)
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "pkgs"), str(ROOT)]),
+        "CHAINCRAWL_EXTRA_SITE_PACKAGES": "crashsite",
+        "CRASH_COUNT": str(tmp_path / "count"),
+        "CRASH_TIMES": str(times),
+        "CHAINCRAWL_REDIS_URL": url,
+        "CHAINCRAWL_BROKER_URL": url,
+        "CHAINCRAWL_KEY_PREFIX": "sup",
+        "CHAINCRAWL_VAR_DIR": str(tmp_path / "var"),
+        "CHAINCRAWL_SINKS": "jsonl",
+        "CHAINCRAWL_PROVIDERS": "user_agent=noop,device_id=noop,sign=noop,cookie=noop",
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("times", [1, 99])
+def test_control_sh_start_retries_a_worker_that_dies_at_start_up(
+    tmp_path: Path, times: int
+) -> None:
+    """A worker whose site package raises on import is started again; `start` waits for a
+    ready line of this start only (an earlier start's line in the appended log does not
+    count), and fails with exit 1 and the worker's own log lines once the tries run out."""
+    server = RedisServer(tmp_path / "redis").start()
+    env = {**crashing_env(tmp_path, server.url, times), "CHAINCRAWL_WORKER_START_ATTEMPTS": "2"}
+    (tmp_path / "var" / "log").mkdir(parents=True)
+    (tmp_path / "var" / "log" / "worker-w1.log").write_text("[old] celery@x ready.\n")
+    cli = [sys.executable, "-m", "cli"]
+    try:
+        start = subprocess.run([*cli, "start", "--workers", "1", "-c", "2", "--queues", "default",
+                                "--pool", "threads"], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=240)  # fmt: skip
+    finally:
+        stop = subprocess.run([*cli, "stop", "--keep-redis", "--timeout", "60"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        server.kill()
+    log = (tmp_path / "var" / "log" / "worker-w1.log").read_text(errors="replace")
+    assert "before it was ready; starting it again" in log
+    if times == 1:
+        assert start.returncode == 0, start.stdout + start.stderr
+        assert "workers ready: worker-w1" in start.stdout and log.count(" ready.") == 2
+        assert "worker-w1" in stop.stdout
+    else:
+        assert start.returncode == 1, start.stdout + start.stderr
+        err = start.stderr
+        assert "worker-w1 did not start (tried 2 time(s)" in err, err
+        assert "RuntimeError: crashsite refuses to import (start 2)" in err, err
+        assert "[old]" not in err  # this start's lines only
+        assert "2 failed start(s): giving up" in log
+        assert (tmp_path / "count").read_text() == "2"
+    assert not list((tmp_path / "var" / "run").glob("*.pid"))

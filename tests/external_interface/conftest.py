@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from tests.external_interface.browser_fixtures import (  # noqa: F401 - fixtures
+    browser,
+    js_demo,
+    make_browser,
+)
 from tests.external_interface.proxy_fixtures import (  # noqa: F401 - fixtures
     pool,
     proxies,
@@ -9,3 +14,4 @@ from tests.external_interface.proxy_fixtures import (  # noqa: F401 - fixtures
     proxy_settings,
     target_site,
 )
+from tests.external_interface.stores import store_url  # noqa: F401 - fixture

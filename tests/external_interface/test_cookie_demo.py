@@ -53,8 +53,9 @@ def test_production_steps_put_a_working_session_into_the_pool(
     member = produce_cookie()
     pool = Pool("cookie", "demo")
     assert pool.ids() == [member]
-    secret = rds.hget(pool.k_secret, member).decode()
-    assert '"session"' in secret
+    raw = rds.hget(pool.k_secret, member)
+    assert b"session" not in raw  # sealed at rest
+    assert '"session"' in pool.sealer.open(raw)
     assert demo.stats()["logins"]["ok"] == before + 1
     assert captcha_stats(rds, key_prefix, "demo") == {"solved": 1, "accepted": 1}
     # the login did not leave its session in the fetcher's cookie jar

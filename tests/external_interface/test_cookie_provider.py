@@ -1,5 +1,6 @@
 """The cookie and device providers around a request: lending, ban detection with the demo's
-rules, retire-on-ban, waiting on an empty pool, production triggers and secrets kept out of logs."""
+rules, retire-on-ban, waiting on an empty pool, production triggers and secrets kept out of logs;
+on one Redis and on a Redis Cluster (`[cluster]`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from external_interface.cookie import CookieProvider
 from external_interface.device_id import DeviceProvider
 from external_interface.pool import PoolConfig
 from external_interface.user_agent import UserAgentProvider
+from sites.demo import production  # noqa: F401 - registers the demo's ban rules and producers
+from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
 
 SITE = "demo"  # the demo's ban rules are registered for this site name
 

@@ -8,6 +8,7 @@ import random
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -26,6 +27,7 @@ from external_interface.dedup import (
     make_dedup,
     marking_hook,
 )
+from utils.redis import cluster_client
 from utils.registry import UnknownNameError
 from utils.servers import RedisServer
 
@@ -51,9 +53,16 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def dd(rds: redis.Redis, key_prefix: str, clock: Clock) -> Iterator[RedisDedup]:
-    store = RedisDedup("shop:item", rds, prefix=key_prefix, capacity=10_000, clock=clock)
+@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.integration)])
+def dd(
+    request: pytest.FixtureRequest, rds: redis.Redis, key_prefix: str, clock: Clock
+) -> Iterator[RedisDedup]:
+    """The store on one Redis, and on a Redis Cluster (buckets on every master, each call on
+    one slot): the same answers."""
+    client: Any = rds
+    if request.param == "cluster":
+        client = cluster_client(request.getfixturevalue("redis_cluster").url)
+    store = RedisDedup("shop:item", client, prefix=key_prefix, capacity=10_000, clock=clock)
     yield store
     store.clear()
 

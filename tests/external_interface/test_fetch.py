@@ -18,8 +18,16 @@ from exceptions import (
     ParseError,
     ResponseTooLarge,
     TooManyRedirects,
+    UndecodableText,
 )
-from external_interface.fetch import Fetcher, FetchRequest, RequestsFetcher, Urllib3Fetcher
+from external_interface.fetch import (
+    Fetcher,
+    FetchRequest,
+    RequestsFetcher,
+    Response,
+    Urllib3Fetcher,
+    decode_counting,
+)
 from tests.testsite.server import TestSite
 from utils.servers import free_port
 
@@ -101,6 +109,43 @@ def test_meta_charset_decoding(site, fetcher) -> None:
     r = fetcher.fetch(FetchRequest("GET", f"{site.url}/gbk"))
     assert r.encoding == "gb18030"
     assert r.css("p.t::text").get() == "中文标题"
+
+
+def test_mislabelled_text_is_replaced_and_reported_never_silently(site, fetcher) -> None:
+    r = fetcher.fetch(FetchRequest("GET", f"{site.url}/mislabelled"))
+    heard: list[int] = []
+    r.on_undecodable = lambda resp, n: heard.append(n)
+    assert r.encoding == "utf-8" and r.undecodable == 2
+    assert r.css("p.t::text").get() == "caf\ufffd cr\ufffdme"
+    assert heard == [2]  # once: the text is decoded once
+    strict = fetcher.fetch(FetchRequest("GET", f"{site.url}/mislabelled"))
+    strict.decode_errors = "strict"
+    with pytest.raises(UndecodableText, match="2 bytes are not valid utf-8"):
+        strict.css("p.t")  # the selector reads the text
+
+
+@pytest.mark.parametrize(
+    ("body", "declared", "encoding", "text"),
+    [
+        ("\ufeffhé".encode(), None, "utf-8", "hé"),  # a BOM wins, and is not text
+        ("hé".encode("utf-16"), "iso-8859-1", "utf-16-le", "hé"),
+        ("hé".encode("cp1252"), "latin-1", "cp1252", "hé"),  # labels resolved as browsers do
+        ("中文".encode("gb18030"), "gb2312", "gb18030", "中文"),
+        (b'<?xml version="1.0" encoding="iso-8859-1"?><a>\xe9</a>', None, "cp1252",
+         '<?xml version="1.0" encoding="iso-8859-1"?><a>é</a>'),
+        ("hé".encode(), "no-such-charset", "utf-8", "hé"),
+    ],
+)  # fmt: skip
+def test_charset_detection_is_w3lib_s(body: bytes, declared, encoding: str, text: str) -> None:
+    r = Response("u", 200, {}, body, 0.0, declared)
+    assert (r.encoding, r.text, r.undecodable) == (encoding, text, 0)
+
+
+def test_decode_counting_counts_each_replaced_byte() -> None:
+    assert decode_counting(b"ok", "utf-8") == ("ok", 0)
+    assert decode_counting(b"a\xff\xfeb\xe9", "utf-8") == ("a\ufffd\ufffdb\ufffd", 3)
+    assert decode_counting(b"\xe2\x82", "utf-8") == ("\ufffd", 2)  # a truncated sequence
+    assert decode_counting(b"x\xff", "utf-8") == ("x\ufffd", 1)  # a new count per call
 
 
 def test_redirect_loop(site, fetcher) -> None:

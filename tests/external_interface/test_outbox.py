@@ -11,7 +11,7 @@ import orjson
 import pytest
 import redis
 
-from config import Settings
+from config import Settings, reset_settings
 from external_interface.outbox import (
     Drainer,
     OutboxEntry,
@@ -23,8 +23,8 @@ from external_interface.outbox import (
     stream_key,
     xadd_entry,
 )
-from external_interface.sinks.jsonl import JsonlSink, iter_records, read_items
-from external_interface.storage import PermanentSinkError, SinkError, entry_version
+from external_interface.sinks.base import PermanentSinkError, SinkError, entry_version
+from external_interface.sinks.jsonl import JsonlSink, iter_records, read_items, type_files
 
 T = "demo.post"
 
@@ -73,7 +73,8 @@ class FlakySink:
 
 @pytest.fixture
 def jsonl(tmp_path: Path) -> JsonlSink:
-    return JsonlSink(tmp_path / "items", fsync=False)
+    """Append mode: every write stays in the file, so a test sees an entry written twice."""
+    return JsonlSink(tmp_path / "items", fsync=False, mode="append")
 
 
 @pytest.fixture
@@ -132,13 +133,28 @@ def test_drain_stores_acks_and_counts_once(
     assert len(read_items(T, jsonl.root)) == n + 1
     assert read_items("demo.user", jsonl.root) == [{"uid": "u1"}]
     assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n + 1, "user:stored": 1}
-    assert rds.ttl(counters_key(key_prefix, "r1")) > 0  # a hash we create never lives forever
+    # a hash we create never lives forever: as long as the run records (RUN_RETENTION, 7 days)
+    assert 6 * 86400 < rds.ttl(counters_key(key_prefix, "r1")) <= 7 * 86400
     assert rds.xlen(stream_key(key_prefix)) == 0  # acknowledged entries are deleted
     assert sum(c for t, c in seen if t == T) == n + 1  # hooks saw every stored item once
     assert [c for t, c in seen if t == "demo.user"] == [1]
     b = backlog(rds, Settings(key_prefix=key_prefix))  # the prefix or the settings
     assert (b["length"], b["pending"], b["undelivered"], b["errors"], b["dead"]) == (0, 0, 0, {}, 0)
     assert d.drain_once() == 0
+
+
+def test_counters_the_drainer_creates_live_as_long_as_the_run_records(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAINCRAWL_RUN_RETENTION", "5000")
+    reset_settings()
+    try:
+        xadd_entry(rds, key_prefix, T, ["post_id"], [{"post_id": 1}], run="r9", step="s", task="t")
+        assert Drainer(rds, key_prefix, [jsonl], batch=3, interval=0.1).drain_once() == 1
+        assert 4900 < rds.ttl(counters_key(key_prefix, "r9")) <= 5000
+    finally:
+        monkeypatch.undo()
+        reset_settings()
 
 
 def test_racing_drainers_count_each_entry_once(
@@ -165,8 +181,8 @@ def test_concurrent_drainer_threads(
     rds: redis.Redis, key_prefix: str, tmp_path: Path, drainers: list[Drainer]
 ) -> None:
     for i in range(3):
-        d = Drainer(rds, key_prefix, [JsonlSink(tmp_path / "items", fsync=False)], batch=7,
-                    interval=0.05, claim_idle=0.2)  # fmt: skip
+        sink = JsonlSink(tmp_path / "items", fsync=False, mode="append")
+        d = Drainer(rds, key_prefix, [sink], batch=7, interval=0.05, claim_idle=0.2)
         d.start_thread(name=f"drainer-{i}")
         drainers.append(d)
     n = 0
@@ -327,7 +343,7 @@ def test_horizon_reaches_the_jsonl_sink(
     d = Drainer(rds, key_prefix, [jsonl])
     d.update_horizon()
     assert jsonl._horizon is not None
-    from external_interface.storage import entry_version
+    from external_interface.sinks.base import entry_version
 
     assert jsonl._horizon == entry_version(first)
     d.drain_once()
@@ -335,7 +351,31 @@ def test_horizon_reaches_the_jsonl_sink(
     assert jsonl._horizon >= entry_version(first)
 
 
-# --- bug 2: an entry held twice after a Redis error ---------------------------------------------
+def test_nine_runs_through_the_drainer_leave_one_copy(
+    rds: redis.Redis, key_prefix: str, tmp_path: Path, drainers: list[Drainer]
+) -> None:
+    """The drainer settles its sinks when it holds nothing: the JSONL sink then compacts, so
+    the file holds each post once however many runs stored it."""
+    sink = JsonlSink(tmp_path / "items", fsync=False, compact_after=0.2)
+    d = Drainer(rds, key_prefix, [sink], batch=50, interval=0.05)
+    d.start_thread()
+    drainers.append(d)
+    n = 0
+    for run in range(9):
+        n += add_posts(rds, key_prefix, 10, per_entry=3, run=f"r{run}")
+        wait_until(lambda: rds.xlen(stream_key(key_prefix)) == 0, 10, f"run {run} stored")
+        time.sleep(0.1)
+    assert sum(counters(rds, key_prefix, f"r{run}")["stored"] for run in range(9)) == n
+
+    def lines() -> int:
+        return sum(len(p.read_bytes().splitlines()) for p in type_files(T, sink.root))
+
+    wait_until(lambda: lines() == 30, 10, "one line per post")
+    assert read_items(T, sink.root, run="r8") == read_items(T, sink.root)
+    assert [i["post_id"] for i in read_items(T, sink.root)] == list(range(30))
+
+
+# --- an entry held twice after a Redis error -------------------------------------------------
 
 
 def test_an_entry_passed_twice_is_written_once(

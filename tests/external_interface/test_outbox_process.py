@@ -113,7 +113,7 @@ def test_sigkilled_drainer_is_taken_over(
 def test_mongo_outage_and_restart(rds: redis.Redis, key_prefix: str, tmp_path: Path) -> None:
     server = MongoServer(tmp_path / "nx").start()
     sink = MongoSink(server.url, "outage", timeout=0.5)
-    jsonl = JsonlSink(tmp_path / "items", fsync=False)
+    jsonl = JsonlSink(tmp_path / "items", fsync=False, mode="append")
     d = Drainer(
         rds, key_prefix, [jsonl, sink], batch=20, interval=0.05, backoff=0.1, max_backoff=0.5
     )
@@ -157,7 +157,7 @@ def test_redis_down_at_start_then_up(tmp_path: Path) -> None:
 
     port = free_port()
     client = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=5)
-    jsonl = JsonlSink(tmp_path / "items", fsync=False)
+    jsonl = JsonlSink(tmp_path / "items", fsync=False, mode="append")
     d = Drainer(client, "cc", [jsonl], interval=0.05, backoff=0.05, max_backoff=0.3)
     d.start_thread()
     try:

@@ -19,7 +19,7 @@ KEY = "demo-sign-key"
 
 
 def demo_signer() -> HmacQuerySigner:
-    import external_interface.production  # noqa: F401 - registers the demo's signer
+    import sites.demo.production  # noqa: F401 - registers the demo's signer
 
     return signers.get("demo")("demo")  # type: ignore[return-value]
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from external_interface.sinks.base import Origin, PermanentSinkError, SinkError
 from external_interface.sinks.http import HttpSink
-from external_interface.storage import Origin, PermanentSinkError, SinkError
 from tests.external_interface.sink_servers import RecordingApi
 
 T = "demo.post"

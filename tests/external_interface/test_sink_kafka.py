@@ -7,7 +7,7 @@ import time
 import orjson
 import pytest
 
-from external_interface.storage import Origin, PermanentSinkError, SinkError
+from external_interface.sinks.base import Origin, PermanentSinkError, SinkError
 from utils.servers import free_port
 
 pytest.importorskip("confluent_kafka")

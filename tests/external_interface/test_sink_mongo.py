@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pymongo
 import pytest
 
+from external_interface.sinks.base import Origin, PermanentSinkError, Policies, SinkError
 from external_interface.sinks.mongo import MongoSink, collection_name
-from external_interface.storage import Origin, PermanentSinkError, Policies, SinkError
 from tests.external_interface.mongo_server import mongo_db, mongo_url  # noqa: F401 - fixtures
 from utils.servers import free_port
 

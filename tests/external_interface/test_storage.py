@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from config import Settings
+from config.storage import reset_storage_settings
 from exceptions import ConfigError
 from external_interface import storage
 from external_interface.storage import (
@@ -121,6 +122,7 @@ def test_router_sends_each_type_to_its_sinks() -> None:
 
 def test_build_sinks_from_settings(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CHAINCRAWL_SINK_ROUTES", "demo.both=jsonl,memo")
+    reset_storage_settings()  # read once per process
     storage.sink_registry.add("memo", lambda settings, policies: MemorySink("memo"))
     try:
         router = build_sinks(Settings(var_dir=tmp_path, sinks="jsonl"))
@@ -133,3 +135,5 @@ def test_build_sinks_from_settings(tmp_path, monkeypatch) -> None:
             build_sinks(Settings(var_dir=tmp_path, sinks=" , "))
     finally:
         storage.sink_registry._items.pop("memo", None)
+        monkeypatch.undo()
+        reset_storage_settings()

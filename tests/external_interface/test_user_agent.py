@@ -16,6 +16,7 @@ from external_interface.user_agent import (
     agents_for,
     family,
 )
+from sites.demo.production import profile  # noqa: F401 - registers the demo's user agents
 
 
 def test_platform_families() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from config import DEFAULT_POOL, get_settings, reset_settings
 from tests.procs import LoggedProc
 from tests.testsite.server import TestSite
+from utils import environ
 from utils.redis import reset_clients
 from utils.servers import RedisServer
 
@@ -45,8 +45,7 @@ def cc_env(
         "CHAINCRAWL_OUTBOX_CLAIM_IDLE": "2",
         "TESTSITE_URL": test_site.url,
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    saved = environ.apply(env)
     reset_settings()
     reset_clients()
     import sites
@@ -57,11 +56,7 @@ def cc_env(
     try:
         yield env
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        environ.restore(saved)
         reset_settings()
         reset_clients()
 

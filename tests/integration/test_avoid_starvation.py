@@ -1,4 +1,4 @@
-"""Bug 9: a retry that avoids every member of a resource pool waited for good.
+"""A retry that avoids every member of a resource pool must not wait for good.
 
 A failed request puts the leases it used into the task's `avoid` list, so its retry gets other
 members. When every member of the pool is in that list (a device pool at its low-water mark:

@@ -1,15 +1,20 @@
-"""Issue 2 end to end: real workers, a real Redis, a real HTTP site."""
+"""Chain runs end to end: real workers, a real Redis, a real HTTP site."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import time
 
 import pytest
 
 import chains
-from chains.state import RunState
-from config import get_settings
+from config import ROOT, get_settings
+from exceptions import ChainCrawlError
+from ledger.state import RunState
 from monitor.deadletter import DeadLetterStore
+from monitor.status import summary, task_metrics
 from tests.testsite import chains as tchains
 from tests.testsite.server import PAGES, PER_PAGE, REVIEW_PAGES, REVIEWS_PER_PAGE
 from utils.redis import get_redis
@@ -119,7 +124,7 @@ def test_worker_killed_mid_run_loses_no_task(start_worker) -> None:
 
 
 def test_bad_seed_is_rejected_at_trigger_time(cc_env) -> None:
-    with pytest.raises(chains.model.ChainDefinitionError.__mro__[1]) as ei:  # ChainCrawlError
+    with pytest.raises(ChainCrawlError) as ei:
         chains.run(tchains.deep(), seeds=[{"page": "not-a-number"}])
     assert "page" in str(ei.value) and "seed 0" in str(ei.value)
 
@@ -155,5 +160,66 @@ def test_skip_seen_dedups_requests_across_runs(start_worker, test_site) -> None:
     assert second.steps["local.detail"]["dispatched"] == 0  # all seen within 24 h
     after = sum(v for k, v in test_site.hits.items() if k.startswith("detail:"))
     assert after - before == ENTRIES
+    assert second.steps["local.detail"]["skipped_seen"] == second.totals["skipped_seen"] == ENTRIES
     third = chains.run(tchains.skip_seen(0), seeds=[{}]).wait(timeout=60)
     assert third.steps["local.detail"]["dispatched"] == 0  # 0 = skip if ever seen
+    assert third.steps["local.detail"]["skipped_seen"] == ENTRIES
+    deadline = time.monotonic() + 10  # the endpoint's metrics count them too (within a flush)
+    while time.monotonic() < deadline:
+        m = summary(task_metrics(get_redis()).get("testsite.local.detail", {}))
+        if m["skips"]["seen"] >= 2 * ENTRIES:
+            break
+        time.sleep(0.1)
+    assert m["skips"]["seen"] >= 2 * ENTRIES
+
+
+def test_unique_skips_are_counted_and_shown_by_runs(start_worker, cc_env) -> None:
+    """The same listing twice: every detail reached twice is sent once and counted as a
+    `unique` skip on its step, in the progress, `control.sh runs RID` and its JSON."""
+    start_worker()
+    run = chains.run(tchains.unique_details(), seeds=[{}, {}])
+    p = run.wait(timeout=60)
+    d = p.steps["local.detail"]
+    assert d["succeeded"] == ENTRIES and d["skipped_unique"] == ENTRIES
+    assert p.totals["skipped_unique"] == ENTRIES and p.totals["skipped_seen"] == 0
+    assert p.skips == {"robots": 0, "seen": 0, "unique": ENTRIES}
+    env = {**os.environ, "COLUMNS": "200"}
+    out = subprocess.run([str(ROOT / "control.sh"), "runs", run.run_id, "--json"], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert shown["steps"]["local.detail"]["skipped_unique"] == ENTRIES
+    out = subprocess.run([str(ROOT / "control.sh"), "runs", run.run_id], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"skipped: unique {ENTRIES}" in out.stdout
+
+
+def test_a_finished_run_leaves_only_its_summary_in_redis(start_worker, cc_env) -> None:
+    """Once complete and stored, a run's per-task bookkeeping is gone (committed task ids,
+    delivery counters, staging lists): its hash and counters remain, and its progress reads
+    as before."""
+    start_worker(concurrency=4)
+    s = get_settings()
+    r = get_redis()
+
+    def per_task() -> set[str]:
+        return {k for k in r.scan_iter(match=s.key("*")) if b":deliv:" in k or b":kids:" in k}
+
+    before = per_task()  # earlier tests' (a killed worker's, say)
+    run = chains.run(tchains.deep(), seeds=[{"page": 1}])
+    run.wait(timeout=90)
+    state = RunState(r, s)
+    deadline = time.monotonic() + 10
+    while "compacted" not in state.info(run.run_id) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the drainer compacts it right after counting its last items
+    assert "compacted" in state.info(run.run_id)
+    left = {k.decode()[len(s.key_prefix) + 1 :] for k in r.scan_iter(match=s.key("*"))}
+    assert {k for k in left if run.run_id in k} == {
+        f"run:{{{run.run_id}}}",
+        f"run:{{{run.run_id}}}:counters",
+    }
+    assert per_task() <= before
+    p = run.progress()
+    assert p.complete
+    expect_deep(p)

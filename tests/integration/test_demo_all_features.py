@@ -1,5 +1,5 @@
-"""Issue 4, the last acceptance criterion: every anti-crawl feature of the demo platform on at
-once, and the demo chain still stores 100 % of the site's items.
+"""Every anti-crawl feature of the demo platform on at once, and the demo chain still stores
+100 % of the site's items.
 
 The demo runs with `rate_limit` (per client IP, with bans), `ua_check`, `sign`, `device`,
 `login` (captcha login, session bans), `soft_fail`, and device bans. Every demo request of
@@ -35,11 +35,12 @@ import chains
 from config import get_settings
 from demo.testing import DemoServer
 from external_interface.pool import Pool, pool_stats
-from external_interface.proxy_channel import ChannelPool, channel_stats
-from external_interface.proxy_pool import GlobalPool
+from external_interface.proxy.channel import ChannelPool, channel_stats
+from external_interface.proxy.pool import GlobalPool
 from monitor.metrics import read, site_key
 from tests.external_interface.proxy_servers import ForwardProxy, ProxyFarm, dead_address
 from tests.integration.test_demo_resources import check_complete
+from utils.keyspace import Keyspace
 from utils.redis import get_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -125,7 +126,7 @@ def test_demo_chain_with_every_feature_on_through_rotating_proxies(
         )
 
         # --- the pool is fed the way a deployment feeds it: harvest, then first validation
-        from external_interface import proxy_tasks
+        from external_interface.proxy import tasks as proxy_tasks
 
         proxy_tasks.harvest.apply_async()
         wait_for(lambda: pool.raw_count() == len(listed), 20, "the harvest of /proxies")
@@ -207,9 +208,9 @@ def test_demo_chain_with_every_feature_on_through_rotating_proxies(
 def stuck_tasks(run_id: str) -> str:
     """The run's tasks sent but not committed (its ledger), where each is in the broker and
     what its live message says (a task re-queueing itself shows its `waits` growing and what
-    it `avoid`s: bug 9 looked like a message stuck in `unacked`), and the pools' state."""
+    it `avoid`s once looked like a message stuck in `unacked`), and the pools' state."""
     r, st = get_redis(), get_settings()
-    tids = [k.decode() for k in r.hkeys(st.key("run", run_id, "ledger"))]
+    tids = [k.decode() for k in r.hkeys(Keyspace(st.key_prefix).run(run_id, "ledger"))]
     found: dict[str, list[tuple[str, dict[str, Any]]]] = {tid: [] for tid in tids}
     for key in r.scan_iter(match=st.key_prefix + ":q:*", count=1000):
         kind = r.type(key)

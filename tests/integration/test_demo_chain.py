@@ -1,4 +1,4 @@
-"""Issue 3 end to end: the demo chains on real workers against a flaky demo platform.
+"""The demo chains end to end: on real workers against a flaky demo platform.
 
 One demo server (size small, page sizes small enough that every list and the pc feed index
 span several pages) answers ~10 % of requests with a soft failure: a 5xx, a body cut short, or a

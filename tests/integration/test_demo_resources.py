@@ -1,4 +1,4 @@
-"""Issue 4 (cookies, devices, UA, sign) end to end: real workers, a real Redis, the demo
+"""Cookies, devices, user agents and signatures end to end: real workers, a real Redis, the demo
 platform with `login`, `device`, `sign` and `ua_check` on and low ban thresholds.
 
 The demo business chains start with EMPTY cookie and device pools. Tasks that need a session
@@ -141,9 +141,13 @@ def check_no_secrets(worker: Any, demo: DemoServer) -> None:
         assert device_id not in text
     r = get_redis()
     for kind in ("cookie", "device_id"):
-        for raw in r.hvals(Pool(kind, "demo").k_secret):
-            for value in re.findall(r'"(?:session|device_id)": ?"([^"]+)"', raw.decode()):
-                assert value not in text
+        pool = Pool(kind, "demo")
+        for raw in r.hvals(pool.k_secret):
+            secret = pool.sealer.open(raw)
+            values = re.findall(r'"(?:session|device_id)": ?"([^"]+)"', secret)
+            assert values
+            for value in values:
+                assert value not in text and value.encode() not in raw
     assert "logged in as demo" in text  # logins were logged, by account name only
 
 

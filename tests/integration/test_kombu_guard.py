@@ -1,7 +1,7 @@
 """utils.kombu_guard in one process: kombu's own consumer on a private Redis (no Celery).
 
-The worker-level tests are `test_bug6_...` (tests/torture/test_core_bugs.py) and the Redis
-restart torture (bug 3)."""
+The worker-level tests are `test_a_malformed_broker_message_does_not_kill_the_worker`
+(tests/torture/test_crash_paths.py) and the Redis restart torture (tests/torture/test_redis_restart.py)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_malformed_payloads_are_skipped_kept_and_counted(
 def test_closing_a_channel_after_its_connection_was_released_is_a_connection_error(
     broker: Connection, rds: redis.Redis, key_prefix: str
 ) -> None:
-    """Bug 3, deterministically: a channel holding an unacknowledged message is closed after
+    """A worker exiting on a Redis restart, deterministically: a channel holding an unacknowledged message is closed after
     its transport lost its client (what Celery's reconnect does in some orders). kombu used to
     raise AttributeError ('NoneType' has no attribute 'hostname'); now a connection error,
     which `maybe_close_channel` ignores, and the message stays in `unacked`."""

@@ -19,6 +19,7 @@ from config import ROOT, get_settings, reset_settings
 from exceptions import UnknownChainError
 from monitor import status as st
 from tests.testsite import chains as tchains
+from utils import environ
 from utils.redis import get_redis
 
 pytestmark = pytest.mark.integration
@@ -53,17 +54,13 @@ def broker(request: pytest.FixtureRequest, cc_env: dict[str, str]) -> Iterator[d
     import worker
 
     url = request.getfixturevalue("amqp_broker")
-    old = os.environ.get("CHAINCRAWL_BROKER_URL")
-    os.environ["CHAINCRAWL_BROKER_URL"] = url
+    saved = environ.apply({"CHAINCRAWL_BROKER_URL": url})
     reset_settings()
     worker.configure(get_settings())
     try:
         yield {"CHAINCRAWL_BROKER_URL": url}
     finally:
-        if old is None:
-            os.environ.pop("CHAINCRAWL_BROKER_URL", None)
-        else:
-            os.environ["CHAINCRAWL_BROKER_URL"] = old
+        environ.restore(saved)
         reset_settings()
         worker.configure(get_settings())
 

@@ -207,8 +207,8 @@ QUICK_SWEEP = {
 def _run_and_its_seed(tag: str) -> tuple[Any, str, str, Any]:
     """A 3-page probe run just started: (handle, its seed's task id, the broker list holding
     the seed's message, the broker client)."""
-    from chains.state import RunState
     from chains.sweeper import message_ids
+    from ledger.state import RunState
 
     key = f"{tag}{int(time.time())}"
     run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0"), seeds=[{"per": 3}])
@@ -226,7 +226,7 @@ def _run_and_its_seed(tag: str) -> tuple[Any, str, str, Any]:
 def test_a_message_lost_with_a_killed_worker_is_resent_within_seconds(
     start_worker, cc_env: dict[str, str], tmp_path: Any, test_site: Any
 ) -> None:
-    """Bug 1 in person: a worker process pops the run's seed (BRPOP) and is SIGKILLed before
+    """A message lost with its worker: a worker process pops the run's seed (BRPOP) and is SIGKILLed before
     it records it. Its heartbeat stops; the next worker's sweeper declares it dead and checks
     every run's ledger at once: the seed is re-sent and the run ends in seconds, where before
     it waited `CHAINCRAWL_SWEEP_STALL` (600 s here) after its last commit."""
@@ -257,7 +257,7 @@ def test_a_message_lost_with_a_killed_worker_is_resent_within_seconds(
 def test_a_message_lost_with_a_dropped_connection_is_resent_within_seconds(
     start_worker, cc_env: dict[str, str]
 ) -> None:
-    """Bug 1 without a death: the run's seed is gone from the broker (as when Redis popped it
+    """A message lost without a death: the run's seed is gone from the broker (as when Redis popped it
     for a worker's BRPOP whose connection then dropped), and the worker stays alive. Its
     consumer reconnects after we cut its BRPOP connection (CLIENT KILL); the drop has the
     sweeper check every run at once: the seed is re-sent and the run ends in seconds, where

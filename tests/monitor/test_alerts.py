@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from config import ROOT
+from config import ROOT, Settings
+from config.monitor import AlertSettings
 from monitor import health
+from monitor import status as st
 from monitor.alerts import (
     AlertConfig,
-    AlertSettings,
     Evaluator,
     Rule,
     duration,
@@ -23,6 +24,8 @@ from monitor.alerts import (
 )
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from tests.monitor.conftest import record
+from utils.logsafe import RedactingFilter
+from utils.redis import cluster_client
 
 TASK = "shop.web.listing"
 
@@ -143,6 +146,30 @@ def test_two_monitors_never_double_fire(rds, mon, receiver) -> None:
     assert sorted(b["subject"] for b in receiver.bodies) == fired
 
 
+@pytest.mark.integration
+def test_on_a_cluster_two_monitors_fire_and_resolve_once(
+    redis_cluster, redis_url, key_prefix, tmp_path, receiver
+) -> None:
+    """The evaluator's keys share one hash tag: its transition script (state, notices,
+    history) runs on a Redis Cluster, and still queues one notice per change."""
+    s = Settings(redis_url=redis_cluster.url, broker_url=redis_url, key_prefix=key_prefix,
+                 var_dir=tmp_path / "var")  # fmt: skip
+    r = cluster_client(redis_cluster.url)
+    try:
+        rule = {"name": "pool_empty", "kind": "pool_size", "below": 1}
+        a, b = evaluator(r, s, receiver, rule), evaluator(r, s, receiver, rule)
+        health.report(r, health.PoolHealth("cookie:shop", size=0), s)
+        assert [t.action for t in a.tick(now=1000.0, force=True)] == ["fire"]
+        assert b.tick(now=1000.0, force=True) == []  # already firing: nothing new
+        health.report(r, health.PoolHealth("cookie:shop", size=2), s)
+        assert [t.action for t in b.tick(now=1010.0, force=True)] == ["resolve"]
+        assert [x["status"] for x in receiver.bodies] == ["firing", "resolved"]
+        assert [h["status"] for h in history(r, s)] == ["resolved", "firing"]
+        assert firing(r, s) == []
+    finally:
+        r.close()
+
+
 def test_the_tick_lock_lets_one_monitor_evaluate_per_interval(rds, mon, receiver) -> None:
     a = evaluator(rds, mon, receiver, FAIL_RULE, interval=30)
     b = evaluator(rds, mon, receiver, FAIL_RULE, interval=30)
@@ -167,6 +194,8 @@ def test_failed_webhook_is_retried_in_order(rds, mon, receiver, caplog) -> None:
 
 def test_without_webhook_the_log_line_is_the_notice(rds, mon, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="chaincrawl.alerts")
+    # as in a process whose handlers carry the secret-masking filter: the pool stays named
+    caplog.handler.addFilter(RedactingFilter())
     ev = evaluator(rds, mon, None, {"name": "p", "kind": "pool_size", "below": 1})
     health.report(rds, health.PoolHealth("cookie:shop", size=0), mon)
     ev.tick(now=1000.0, force=True)
@@ -202,7 +231,7 @@ def test_workers_queue_growth_and_dead_letters(rds, mon, receiver) -> None:
 
 
 def test_a_run_that_finishes_no_task_for_too_long_fires_unless_paused(rds, mon, receiver) -> None:
-    from chains.state import RunState
+    from ledger.state import RunState
 
     state = RunState(rds, mon)
     for rid in ("stuck", "held", "storing"):
@@ -223,6 +252,40 @@ def test_a_run_that_finishes_no_task_for_too_long_fires_unless_paused(rds, mon, 
     rds.hset(state.run_key("stuck"), "last", "1005")  # it finished a task again
     [t] = ev.tick(now=1010.0, force=True)
     assert (t.subject, t.action) == ("shop_chain/stuck", "resolve")
+
+
+def test_a_run_the_sweeper_keeps_re_sending_without_progress_is_named(rds, mon, receiver) -> None:
+    from ledger.state import RunState
+
+    state = RunState(rds, mon)
+    for rid in ("looping", "recovered"):
+        state.create_run(rid, "shop_chain", b"{}", 5)
+        state.add_dispatched(rid, "s", 1)
+        rds.hset(state.run_key(rid), "last", "50")
+
+    def resend(rid: str, n: int) -> None:  # what the sweeper does after a pass
+        pipe = rds.pipeline()
+        state.note_resends(rid, n, pipe)
+        pipe.execute()
+
+    for _ in range(3):
+        resend("looping", 2)  # three passes, no commit in between
+    resend("recovered", 4)
+    rds.hset(state.run_key("recovered"), "last", "60")  # a commit after the re-send
+    assert st.resending_runs(rds, mon) == {"shop_chain/looping": 6}
+    [rec] = [r for r in st.run_records(rds, mon) if r["run_id"] == "looping"]
+    assert rec["resending"] == 6
+    ev = evaluator(rds, mon, receiver, {"name": "run_resending", "kind": "run_resending",
+                                        "above": 5})  # fmt: skip
+    [t] = ev.tick(now=1000.0, force=True)
+    assert (t.rule, t.subject, t.action) == ("run_resending", "shop_chain/looping", "fire")
+    assert (
+        "tasks of run shop_chain/looping re-sent since it last finished one is 6"
+        in (receiver.bodies[0]["summary"])
+    )
+    rds.hset(state.run_key("looping"), "last", "70")  # it made progress
+    [t] = ev.tick(now=1010.0, force=True)
+    assert (t.subject, t.action) == ("shop_chain/looping", "resolve")
 
 
 def test_a_removed_rule_closes_its_incident(rds, mon, receiver) -> None:
@@ -249,7 +312,8 @@ def test_the_sample_rules_file_is_valid() -> None:
         ROOT / "alerts.yaml", AlertSettings(webhook="", rules="", file="", interval="")
     )
     names = {r.name for r in cfg.rules}
-    assert {"endpoint_failing", "pool_empty", "queue_growing", "no_workers"} <= names
+    assert {"endpoint_failing", "pool_empty", "queue_growing", "no_workers",
+            "run_resending"} <= names  # fmt: skip
     failing = next(r for r in cfg.rules if r.name == "endpoint_failing")
     assert (failing.kind, failing.above) == ("failure_rate", 0.2)
     assert (failing.window, failing.hold) == (300, 300)

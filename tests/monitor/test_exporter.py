@@ -8,10 +8,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chains.state import RunState
+from config.monitor import MonitorSettings
+from ledger.state import RunState
 from monitor import health
 from monitor.deadletter import DeadLetter, DeadLetterStore
-from monitor.exporter import MonitorSettings, is_loopback, serve
+from monitor.exporter import is_loopback, serve
 from tests.monitor.conftest import record
 
 
@@ -131,7 +132,7 @@ def test_metrics_are_served_in_the_text_format(rds, populated) -> None:
 
 
 def test_a_paused_run_shows_as_paused(rds, populated) -> None:
-    from chains.state import RunState
+    from ledger.state import RunState
 
     RunState(rds, populated).pause("r1")
     server, _ = serve(populated, MonitorSettings(), address="127.0.0.1", port=0, client=rds)

@@ -67,10 +67,10 @@ def test_forget_removes_a_pool(rds, mon) -> None:
 
 
 def test_the_proxy_pools_are_read_from_their_keys(rds, mon) -> None:
-    pytest.importorskip("external_interface.proxy_channel")
-    from external_interface.proxy_channel import ChannelPool
-    from external_interface.proxy_models import Event, ProxyAddress
-    from external_interface.proxy_pool import GlobalPool
+    pytest.importorskip("external_interface.proxy.channel")
+    from external_interface.proxy.channel import ChannelPool
+    from external_interface.proxy.models import Event, ProxyAddress
+    from external_interface.proxy.pool import GlobalPool
 
     pool = GlobalPool(rds, prefix=mon.key_prefix)
     for i in range(3):

@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import chains
 from config import ROOT, get_settings
-from monitor import status as ms
-from monitor.exporter import MonitorSettings, serve
+from config.monitor import MonitorSettings
+from monitor import snapshot as msnap
+from monitor.exporter import serve
 from tests.testsite import chains as tchains
 from tests.testsite.server import PAGES, PER_PAGE, REVIEW_PAGES
 from utils.servers import free_port
@@ -47,7 +48,7 @@ def test_status_during_a_run_and_metrics_after_it(start_worker, cc_env) -> None:
         run = chains.run(tchains.three_step(delay=0.3), seeds=[{"page": 1}])
         seen_worker = seen_run = False
         while not run.progress().complete:
-            snap = ms.snapshot(s, workers_timeout=1.0)
+            snap = msnap.snapshot(s, workers_timeout=1.0)
             seen_worker |= any(name.startswith("mon") for name in snap["workers"] or {})
             mine = [r for r in snap["active_runs"] if r["run_id"] == run.run_id]
             if mine:

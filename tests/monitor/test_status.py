@@ -13,10 +13,11 @@ import time
 import orjson
 from rich.console import Console
 
-from chains.state import RunState
 from cli import status as cli_status
 from config import ROOT
+from ledger.state import RunState
 from monitor import health
+from monitor import snapshot as msnap
 from monitor import status as ms
 from tests.monitor.conftest import record
 
@@ -43,7 +44,7 @@ def test_snapshot_has_everything_status_shows(rds, mon) -> None:
     make_run(rds, mon)
     health.report(rds, health.PoolHealth("cookie:shop", size=0, bans=2, produced=5), mon)
     rds.rpush(f"{mon.key_prefix}:q:shop", b"x", b"y")
-    snap = ms.snapshot(mon, rds, workers_timeout=None)
+    snap = msnap.snapshot(mon, rds, workers_timeout=None)
     json.dumps(snap)  # JSON-ready
     assert {"processes", "workers", "queues", "active_runs", "dead_letters", "outbox", "tasks",
             "sites", "pools", "alerts"} <= set(snap)  # fmt: skip
@@ -63,7 +64,7 @@ def test_render_draws_bars_tables_and_rates(rds, mon) -> None:
     record(rds, mon, "shop.web.listing", ok=6, failed=2)
     make_run(rds, mon)
     health.report(rds, health.PoolHealth("cookie:shop", size=0), mon)
-    snap = ms.snapshot(mon, rds, workers_timeout=None)
+    snap = msnap.snapshot(mon, rds, workers_timeout=None)
     snap["workers"] = {"w1@host": {"active": 1, "tasks": [{"name": "shop.web.detail"}]}}
     snap["alerts"] = [{"rule": "pool_empty", "subject": "cookie:shop", "value": 0}]
     console = Console(record=True, width=160, color_system=None)
@@ -186,7 +187,7 @@ def test_monitor_command_registers_like_the_other_groups() -> None:
 def test_recent_runs_filters_by_chain_and_status_across_pages(rds, mon) -> None:
     """`control.sh runs --chain C --status S`: the newest matches, however far back they are
     (read 200 at a time; runs whose records expired are skipped and dropped from the index)."""
-    from chains.state import RunState
+    from ledger.state import RunState
     from monitor.status import recent_runs
 
     state = RunState(rds, mon)

@@ -6,7 +6,6 @@ Every test gets its own key prefix (so its queues, run records and gate keys are
 from __future__ import annotations
 
 import importlib
-import os
 import signal
 import sys
 import uuid
@@ -15,15 +14,37 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from config import DEFAULT_POOL, get_settings, reset_settings
 from scheduling.gate import reset_gate
 from tests.procs import LoggedProc as Proc
 from tests.scheduling.server import SchedSite
-from utils.redis import reset_clients
+from utils import environ
+from utils.redis import cluster_client, reset_clients
 from utils.servers import RedisServer
 
 QUEUES = "sched,resources,default"
+
+
+@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.integration)])
+def new_client(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Callable[[], Any]]:
+    """`new_client()`: a client of the state store, a fresh one per call (as each worker has
+    its own): the private Redis, then a Redis Cluster, where each script of the gate and the
+    throttle must keep its keys on one slot."""
+    made: list[Any] = []
+
+    def new() -> Any:
+        if request.param == "cluster":
+            client: Any = cluster_client(request.getfixturevalue("redis_cluster").url)
+        else:
+            client = redis.Redis.from_url(redis_url)
+        made.append(client)
+        return client
+
+    yield new
+    for c in made:
+        c.close()
 
 
 @pytest.fixture(scope="session")
@@ -35,12 +56,8 @@ def sched_site() -> Iterator[SchedSite]:
         site.stop()
 
 
-def _apply_env(env: dict[str, str]) -> None:
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def _reload() -> None:
+    """This process anew from its environment: settings, clients, sites, the Celery app."""
     reset_settings()
     reset_clients()
     reset_gate()
@@ -81,12 +98,13 @@ def sched_env(
         "CHAINCRAWL_LIMITS": "",
         "SCHEDSITE_URL": sched_site.url,
     }
-    old = {k: os.environ.get(k) for k in env}
-    _apply_env(env)
+    saved = environ.apply(env)
+    _reload()
     try:
         yield env
     finally:
-        _apply_env(old)  # type: ignore[arg-type]
+        environ.restore(saved)
+        _reload()
 
 
 def worker_cmd(name: str, pool: str, concurrency: int, queues: str) -> list[str]:
@@ -132,7 +150,7 @@ def start_beat(sched_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[
     procs: list[Proc] = []
 
     def start(schedule: Path) -> Proc:
-        cmd = [sys.executable, "-m", "scheduling.periodic", "--schedule", str(schedule),
+        cmd = [sys.executable, "-m", "cli.beat", "--schedule", str(schedule),
                "--loglevel", "INFO"]  # fmt: skip
         p = Proc(cmd, sched_env, tmp_path / f"beat{len(procs)}.log")
         p.ready_marker = b"beat: Starting"

@@ -1,4 +1,6 @@
-"""The redis gate against a real Redis, in this process: token spacing, caps, lease expiry."""
+"""The redis gate against a real Redis, in this process: token spacing, caps, lease expiry;
+each test on one Redis and on a Redis Cluster (`new_client`), where every scope of a site
+shares its slot."""
 
 from __future__ import annotations
 
@@ -7,23 +9,24 @@ import time
 import uuid
 
 import pytest
-import redis
+from redis.crc import key_slot
 
 from config import Settings
 from exceptions import Throttled
+from scheduling.gate import politeness_report
 from scheduling.ratelimit import RedisGate, parse_limits
+from scheduling.throttle import Throttle
 
 
 @pytest.fixture
-def make_gate(redis_url: str, key_prefix: str):
-    client = redis.Redis.from_url(redis_url)
+def make_gate(redis_url: str, key_prefix: str, new_client):
+    """make_gate(limits): a gate with a client of its own, as each worker has."""
     settings = Settings(redis_url=redis_url, key_prefix=key_prefix)
 
     def make(limits: str, **kw) -> RedisGate:
-        return RedisGate(parse_limits(limits), settings=settings, client=client, **kw)
+        return RedisGate(parse_limits(limits), settings=settings, client=new_client(), **kw)
 
-    yield make
-    client.close()
+    return make
 
 
 def test_tokens_are_spaced_across_threads_and_gates(make_gate) -> None:
@@ -59,9 +62,9 @@ def test_burst_lets_idle_time_through_then_spaces(make_gate) -> None:
     assert time.monotonic() - t0 >= 0.08  # the sixth waits for its slot
 
 
-def test_long_wait_raises_throttled_and_reserves_nothing(make_gate, redis_url) -> None:
+def test_long_wait_raises_throttled_and_reserves_nothing(make_gate) -> None:
     g = make_gate("s=2/s", max_sleep=0.3)
-    r = redis.Redis.from_url(redis_url)
+    r = g.r
     g.before_request("s", "s.p.e")  # its slot is now; the next one is 0.5 s away
     tat = r.get(g.key("s", "tat"))
     with pytest.raises(Throttled) as err:
@@ -98,26 +101,24 @@ def test_concurrency_cap_and_release(make_gate) -> None:
     assert g.admit("s", "s.p.e", "t3") == 0
 
 
-def test_caps_are_all_or_nothing(make_gate, redis_url) -> None:
+def test_caps_are_all_or_nothing(make_gate) -> None:
     g = make_gate("s=3; s.p.slow=1")
     assert g.admit("s", "s.p.slow", "a") == 0
     assert g.admit("s", "s.p.slow", "b") > 0  # endpoint cap full: site lease not taken either
     assert g.admit("s", "s.p.fast", "c") == 0
     assert g.admit("s", "s.p.fast", "d") == 0
     assert g.admit("s", "s.p.fast", "e") > 0  # site cap (3) full
-    r = redis.Redis.from_url(redis_url)
-    assert {m.decode() for m in r.zrange(g.key("s", "leases"), 0, -1)} == {"a", "c", "d"}
+    assert {m.decode() for m in g.r.zrange(g.key("s", "leases"), 0, -1)} == {"a", "c", "d"}
 
 
-def test_expired_lease_is_purged(make_gate, redis_url) -> None:
+def test_expired_lease_is_purged(make_gate) -> None:
     """A task that never releases (its worker was killed) loses its slot after the lease TTL."""
     g = make_gate("s=1,lease=400ms")
     assert g.admit("s", "s.p.e", "dead") == 0
     assert g.admit("s", "s.p.e", "live") > 0
     time.sleep(0.45)
     assert g.admit("s", "s.p.e", "live") == 0
-    r = redis.Redis.from_url(redis_url)
-    assert [m.decode() for m in r.zrange(g.key("s", "leases"), 0, -1)] == ["live"]
+    assert [m.decode() for m in g.r.zrange(g.key("s", "leases"), 0, -1)] == ["live"]
 
 
 def test_requests_renew_the_running_tasks_lease(make_gate) -> None:
@@ -131,10 +132,10 @@ def test_requests_renew_the_running_tasks_lease(make_gate) -> None:
     assert g.admit("s", "s.p.e", "other") == 0
 
 
-def test_admit_refuses_while_the_rate_backlog_is_long(make_gate, redis_url) -> None:
+def test_admit_refuses_while_the_rate_backlog_is_long(make_gate) -> None:
     """A task is not admitted to sit in a worker slot waiting for a token far away."""
     g = make_gate("s=5/s", max_sleep=0.3)
-    r = redis.Redis.from_url(redis_url)
+    r = g.r
     sec, usec = r.time()
     r.set(g.key("s", "tat"), sec * 1_000_000 + usec + 2_000_000)  # 2 s of reserved slots
     wait = g.admit("s", "s.p.e", uuid.uuid4().hex)
@@ -148,3 +149,59 @@ def test_unlimited_endpoints_touch_nothing(make_gate) -> None:
     assert g.admit("s", "s.p.e", "x") == 0
     g.before_request("s", "s.p.e")
     g.release("s", "s.p.e", "x")
+
+
+def test_caps_are_shared_by_two_gates_over_every_scope_of_the_site(make_gate) -> None:
+    """Two gates (two workers) share the site's and the endpoint's caps; every scope's keys
+    are on the site's slot, so the one admit script takes them all, on a cluster too."""
+    limits = "s=3,100/s; s.p=2; s.p.e=1,50/s"
+    a, b = make_gate(limits), make_gate(limits)
+    keys = [a.key(scope, kind) for scope in ("s", "s.p", "s.p.e") for kind in ("leases", "tat")]
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+    assert a.admit("s", "s.p.e", "t1") == 0
+    assert b.admit("s", "s.p.e", "t2") > 0  # s.p.e holds 1: t1's, taken through the other gate
+    assert b.admit("s", "s.p.x", "t3") == 0
+    assert a.admit("s", "s.p.y", "t4") > 0  # s.p holds 2: t1's and t3's
+    a.release("s", "s.p.e", "t1")
+    assert b.admit("s", "s.p.e", "t2") == 0
+    assert {m.decode() for m in a.r.zrange(a.key("s", "leases"), 0, -1)} == {"t2", "t3"}
+
+
+def test_a_rate_spaces_the_requests_of_two_gates(make_gate) -> None:
+    """A request through one gate reserves the slot every scope's rate allows; the next one,
+    through another gate, finds its slot a minute away and is re-queued, reserving nothing."""
+    limits = "s=1/m; s.p.e=2/m"
+    a, b = make_gate(limits, max_sleep=0.5), make_gate(limits, max_sleep=0.5)
+    a.before_request("s", "s.p.e")  # idle until now: its slot is now
+    tats = [a.r.get(a.key(scope, "tat")) for scope in ("s", "s.p.e")]
+    assert all(tats)
+    with pytest.raises(Throttled) as err:
+        b.before_request("s", "s.p.e")
+    assert err.value.retry_after > 30  # the site's slot: a minute after the first
+    assert [b.r.get(b.key(scope, "tat")) for scope in ("s", "s.p.e")] == tats
+    assert b.admit("s", "s.p.e", "t") > 30  # nor is a task admitted to wait for it
+
+
+@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.integration)])
+def state_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """The state store's URL: the private Redis, then a Redis Cluster (`redis+cluster://`)."""
+    return request.getfixturevalue("redis_cluster").url if request.param == "cluster" else redis_url
+
+
+def test_the_report_reads_every_scope_and_throttled_site(
+    state_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """`control.sh limits`: leases and reserved slots of every scope, the adaptive delay of
+    every site, read from wherever their keys live (on a cluster: several sites' slots)."""
+    s = Settings(redis_url=state_url, broker_url=redis_url, key_prefix=key_prefix,
+                 limits="s=2,1/m; s.p.e=1; t=3",
+                 throttle=True, throttle_start_delay=0.0)  # fmt: skip
+    gate = RedisGate(parse_limits(s.limits), settings=s, throttle=Throttle(None, s))
+    for site in ("s", "t"):
+        assert gate.admit(site, f"{site}.p.e", f"{site}-task") == 0
+        gate.before_request(site, f"{site}.p.e")
+    report = politeness_report(s)
+    rows = {r["scope"]: r for r in report["limits"]}
+    assert [rows[n]["in_flight"] for n in ("s", "s.p.e", "t")] == [1, 1, 1]
+    assert rows["s"]["backlog"] > 30  # the next slot: a minute after the first request
+    assert [r["site"] for r in report["throttle"]["sites"]] == ["s", "t"]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from config import reset_settings
 from exceptions import ConfigError
 from scheduling.ratelimit import (
     Limit,
@@ -121,7 +122,21 @@ def test_workers_refuse_to_start_with_malformed_limits(monkeypatch) -> None:
     from scheduling.tasks import check_limits
 
     monkeypatch.setenv("CHAINCRAWL_LIMITS", "demo=20/s;demo.h5=fast")
-    with pytest.raises(ConfigError, match=r"entry 'demo\.h5=fast'"):
+    reset_settings()  # the settings are read once per process
+    try:
+        with pytest.raises(ConfigError, match=r"entry 'demo\.h5=fast'"):
+            check_limits()
+        monkeypatch.setenv("CHAINCRAWL_LIMITS", "demo=20/s")
+        reset_settings()
         check_limits()
-    monkeypatch.setenv("CHAINCRAWL_LIMITS", "demo=20/s")
-    check_limits()
+    finally:
+        monkeypatch.undo()
+        reset_settings()
+
+
+def test_an_endpoint_outside_its_site_is_refused() -> None:
+    """Every scope's keys carry its site's hash tag: an endpoint not named under its site
+    would put one script's keys on two sites' slots of a Redis Cluster."""
+    g = RedisGate(parse_limits("demo=20/s; news=1/s"), client=_NoRedis())
+    with pytest.raises(ValueError, match=r"'news\.app\.list' is not of site 'demo'"):
+        g.scopes("demo", "news.app.list")

@@ -11,6 +11,7 @@ import chains
 from chains import Chain, step
 from config import get_settings
 from tests.scheduling.server import SchedSite
+from utils.keyspace import Keyspace
 from utils.redis import get_redis
 
 pytestmark = pytest.mark.integration
@@ -70,7 +71,9 @@ def test_concurrency_cap_holds_across_workers(start_workers, sched_site: SchedSi
     assert p.totals["succeeded"] == 12 and p.totals["failed"] == 0
     print(f"\nmax in flight at the site: {sched_site.max_in_flight[tag]} (cap 3)")
     assert sched_site.max_in_flight[tag] == 3
-    leases = get_redis().zcard(get_settings().key("gate", "sched.local.slow", "leases"))
+    leases = get_redis().zcard(
+        Keyspace(get_settings().key_prefix).limit("sched.local.slow", "leases")
+    )
     assert leases == 0  # every finished task gave its lease back
 
 
@@ -87,7 +90,7 @@ def test_lease_of_a_killed_worker_expires(start_workers, sched_site: SchedSite) 
         assert time.monotonic() < deadline, "the holding tasks never reached the site"
         time.sleep(0.05)
     doomed.kill()
-    r, key = get_redis(), get_settings().key("gate", "sched.local.slow", "leases")
+    r, key = get_redis(), Keyspace(get_settings().key_prefix).limit("sched.local.slow", "leases")
     assert r.zcard(key) == 2  # still held by the dead worker's tasks
     expiry_us = min(score for _, score in r.zrange(key, 0, -1, withscores=True))  # first slot back
     sec, usec = r.time()

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from celery.schedules import crontab
 
-from chains.state import RunState
+from cli import beat
 from config import ROOT, get_settings
 from exceptions import ConfigError
-from scheduling import periodic
+from ledger.state import RunState
 from scheduling.periodic import TRIGGER_TASK, ScheduleEntry, beat_schedule, load_schedule
 from scheduling.tasks import entry_key, trigger
 from tests.scheduling.server import SchedSite
@@ -245,6 +245,6 @@ def test_cli_beat_check(tmp_path, capsys) -> None:
 
 
 def test_module_entry_point_reports_config_errors(tmp_path, capsys) -> None:
-    assert periodic.main(["--schedule", str(tmp_path / "missing.yaml")]) == 2
+    assert beat.main(["--schedule", str(tmp_path / "missing.yaml")]) == 2
     assert "schedule file not found" in capsys.readouterr().err
     assert get_settings()  # nothing else was touched

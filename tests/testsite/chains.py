@@ -44,3 +44,13 @@ def skip_seen(hours: float) -> Chain:
             step("testsite.local.detail", entry_id="entry_id", options={"skip_seen_hours": hours})
         ),
     )
+
+
+def unique_details() -> Chain:
+    """listing -> detail, where a detail reached twice in a run is sent once (`unique`)."""
+    return Chain(
+        "testsite_unique",
+        step("testsite.local.listing").then(
+            step("testsite.local.detail", entry_id="entry_id", options={"unique": True})
+        ),
+    )

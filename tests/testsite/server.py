@@ -40,6 +40,7 @@ class TestSite(ThreadedSite):
         app.router.add_get("/big", self.big)
         app.router.add_get("/redirect-loop", self.redirect_loop)
         app.router.add_get("/gbk", self.gbk)
+        app.router.add_get("/mislabelled", self.mislabelled)
         return app
 
     async def listing(self, req: web.Request) -> web.Response:
@@ -111,3 +112,9 @@ class TestSite(ThreadedSite):
             '<html><head><meta charset="gbk"></head><body><p class="t">中文标题</p></body></html>'
         )
         return web.Response(body=html.encode("gbk"), content_type="text/html")
+
+    async def mislabelled(self, req: web.Request) -> web.Response:
+        """Latin-1 text labelled UTF-8: two bytes (é, è) no UTF-8 decoder accepts."""
+        html = '<html><body><p class="t">café crème</p></body></html>'
+        return web.Response(body=html.encode("latin-1"),
+                            headers={"Content-Type": "text/html; charset=utf-8"})  # fmt: skip

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.torture.harness import Fleet, base_env, process_env
-from utils.servers import RedisServer
+from utils.servers import RedisClusterServer, RedisServer
 
 # name -> figures; printed in the terminal summary and appended to $TORTURE_REPORT (JSON lines)
 REPORTS: dict[str, dict[str, Any]] = {}
@@ -41,8 +41,9 @@ def sizes(short: Any, long: Any, timeouts: tuple[float, float] = (600, 3600)) ->
 
 def broker_env(broker: str, request: pytest.FixtureRequest) -> dict[str, str]:
     """The worker settings for a test's broker: "redis" (the torture's private Redis, the
-    default) or "amqp" (a private RabbitMQ vhost, `amqp_broker`; run state, outbox and items
-    stay in the Redis)."""
+    default), "amqp" (a private RabbitMQ vhost, `amqp_broker`; run state, outbox and items
+    stay in the Redis) or "cluster" (the broker is the private Redis, the state store a
+    Redis Cluster of the test's own: `torture_factory(cluster=True)`, see `on_cluster`)."""
     if broker == "amqp":
         return {"CHAINCRAWL_BROKER_URL": request.getfixturevalue("amqp_broker")}
     return {}
@@ -64,15 +65,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{name}: {json.dumps(figures, default=str)}")
 
 
+def on_cluster(broker: str) -> bool:
+    """Whether a test's broker parameter puts the state store on a Redis Cluster."""
+    return broker == "cluster"
+
+
 @dataclass
 class Torture:
-    """One test's private world: its Redis, its var dir, the environment its workers get."""
+    """One test's private world: its Redis, its var dir, the environment its workers get;
+    with `cluster`, the state store is that Redis Cluster and the Redis only the broker."""
 
     redis: RedisServer
     env: dict[str, str]
     var: Path
     logs: Path
     prefix: str
+    cluster: RedisClusterServer | None = None
 
     @property
     def items(self) -> Path:
@@ -83,29 +91,49 @@ class Torture:
 def torture_factory(
     tmp_path: Path,
 ) -> Iterator[Callable[..., Torture]]:
-    """Build a private world: `torture_factory(password=None, **env)`; applies it to this
-    process too (settings, clients, the Celery app) until the test ends."""
-    stack: list[Any] = []
+    """Build a private world: `torture_factory(password=None, cluster=False, **env)`; applies
+    it to this process too (settings, clients, the Celery app) until the test ends.
 
-    def make(password: str | None = None, **extra: str) -> Torture:
+    `cluster=True`: the state store (`CHAINCRAWL_REDIS_URL`) is a Redis Cluster of the
+    world's own (3 masters, a replica each, free ports), the private Redis stays the broker:
+    the sweeper and the unacked-owner restorer need a Redis broker."""
+    stack: list[tuple[Any, Any, RedisClusterServer | None]] = []
+
+    def make(password: str | None = None, cluster: bool = False, **extra: str) -> Torture:
         root = tmp_path / f"w{len(stack)}"
         server = RedisServer(root / "redis", appendonly=True, password=password).start()
+        nodes: RedisClusterServer | None = None
+        if cluster:
+            try:
+                nodes = RedisClusterServer(root / "cluster", password=password).start()
+            except BaseException:
+                server.kill()
+                raise
+            extra = {"CHAINCRAWL_REDIS_URL": nodes.url, **extra}
         var, logs = root / "var", root / "logs"
         var.mkdir(parents=True)
         logs.mkdir()
         prefix = f"tt{uuid.uuid4().hex[:6]}"
         env = base_env(server.url, var, prefix, **extra)
         ctx = process_env(env)
-        ctx.__enter__()
-        stack.append((server, ctx))
-        return Torture(server, env, var, logs, prefix)
+        try:
+            ctx.__enter__()
+        except BaseException:
+            server.kill()
+            if nodes is not None:
+                nodes.stop()
+            raise
+        stack.append((server, ctx, nodes))
+        return Torture(server, env, var, logs, prefix, nodes)
 
     try:
         yield make
     finally:
-        for server, ctx in reversed(stack):
+        for server, ctx, nodes in reversed(stack):
             ctx.__exit__(None, None, None)
             server.kill()
+            if nodes is not None:
+                nodes.stop()
 
 
 @pytest.fixture

@@ -24,6 +24,9 @@ from typing import Any
 import redis
 
 from config import DEFAULT_POOL, ROOT, get_settings, reset_settings
+from config.suite import get_suite_settings
+from utils import environ
+from utils.keyspace import Keyspace
 from utils.redis import reset_clients
 from utils.servers import RedisServer
 
@@ -31,7 +34,7 @@ from utils.servers import RedisServer
 
 # the pool of the workers the harness starts: the default pool, or `CHAINCRAWL_TORTURE_POOL=threads
 # ./control.sh test -m slow tests/torture` for the long suite on another one
-POOL = os.environ.get("CHAINCRAWL_TORTURE_POOL", DEFAULT_POOL)
+POOL = get_suite_settings().torture_pool or DEFAULT_POOL
 
 
 def base_env(redis_url: str, var: Path, prefix: str = "tt", **extra: str) -> dict[str, str]:
@@ -51,10 +54,12 @@ def base_env(redis_url: str, var: Path, prefix: str = "tt", **extra: str) -> dic
         "CHAINCRAWL_MAX_RETRIES": "6",
         "CHAINCRAWL_MAX_REDELIVERIES": "3",
         "CHAINCRAWL_SINKS": "jsonl",
+        # every write stays in the files: `check_store` sees an entry written twice
+        "CHAINCRAWL_JSONL_MODE": "append",
         "CHAINCRAWL_OUTBOX_FLUSH_INTERVAL": "0.1",
         "CHAINCRAWL_OUTBOX_CLAIM_IDLE": "2",
         "CHAINCRAWL_OUTBOX_MAX_BACKOFF": "2",
-        # bug 1: a run with no commit for 3 s is checked for messages the broker lost
+        # a run with no commit for 3 s is checked for messages the broker lost
         "CHAINCRAWL_SWEEP_STALL": "3",
         "CHAINCRAWL_SWEEP_INTERVAL": "1",
         # a killed worker's messages come back once its heartbeat is 3 s old
@@ -73,30 +78,21 @@ def process_env(env: Mapping[str, str]) -> Iterator[None]:
     import sites
     import worker
 
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    saved = environ.apply(env)
     _refresh()
     sites.load_all()
     worker.configure(get_settings())
     try:
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        environ.restore(saved)
         _refresh()
         worker.configure(get_settings())
 
 
 def _refresh() -> None:
-    import base_task
-
-    reset_settings()
+    reset_settings()  # a new settings object: a new runtime (providers, chains, run state)
     reset_clients()
-    base_task._provider_cache.clear()
-    base_task._chain_cache.clear()
 
 
 # --- workers ------------------------------------------------------------------------------------
@@ -303,7 +299,7 @@ def restart_redis(server: RedisServer, how: str = "term", down_for: float = 2.0)
 
 
 def counters(r: redis.Redis, prefix: str, rid: str) -> dict[str, int]:
-    raw = r.hgetall(f"{prefix}:run:{rid}:counters")
+    raw = r.hgetall(Keyspace(prefix).counters(rid))
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
@@ -387,7 +383,7 @@ class StoreReport:
 
     @property
     def rewrites(self) -> int:
-        """(key, entry) pairs written more than once: bug 2."""
+        """(key, entry) pairs written more than once (the drainer wrote an entry twice)."""
         return sum(t.rewrites for t in self.types)
 
     @property
@@ -486,49 +482,47 @@ def scan_values(r: redis.Redis, match: str) -> Iterable[tuple[str, bytes]]:
                     yield name, f + b"=" + v
 
 
-def redelivered(r: redis.Redis, prefix: str) -> int:
-    """Task attempts that were delivered more than once (their first worker died)."""
-    n = 0
-    keys = list(r.scan_iter(match=f"{prefix}:deliv:*", count=1000))
-    for i in range(0, len(keys), 500):
-        for v in r.mget(keys[i : i + 500]):
-            if v is not None and int(v) > 1:
-                n += 1
-    return n
+def redelivered(r: redis.Redis, prefix: str, settle: float = 3.0) -> int:
+    """Task attempts that were delivered more than once (their first worker died), from the
+    endpoints' `redelivered` metric (delivery counters go with their commits); `settle`: time
+    for the live workers' metric aggregators to flush."""
+    time.sleep(settle)
+    return sum(int(r.hget(k, "redelivered") or 0)
+               for k in r.scan_iter(match=f"{prefix}:metrics:task:*", count=1000))  # fmt: skip
 
 
-# --- known bugs and lost broker messages (docs/reliability.md) ----------------------------------
+# --- broken guarantees and lost broker messages (docs/reliability.md) --------------------------
 
 
-class KnownBug(AssertionError):
-    """A torture run met a core bug documented in docs/reliability.md (and shown on its own
-    by a strict xfail in test_core_bugs.py). Raised only after every other check passed, so a
-    torture test marked `xfail(raises=KnownBug)` still fails on anything else."""
+class BrokenGuarantee(AssertionError):
+    """A torture run broke a guarantee listed in docs/reliability.md (each is also shown on
+    its own in test_crash_paths.py). Raised only after every other check passed, so the
+    report names every other problem first."""
 
 
-class RewrittenEntries(KnownBug):
-    """Bug 2: one outbox entry written twice to the JSONL store (same key, same entry)."""
+class RewrittenEntries(BrokenGuarantee):
+    """One outbox entry written twice to the JSONL store (same key, same entry)."""
 
 
-def raise_known_bugs(resender: Any = None, store: StoreReport | None = None) -> None:
-    """Raise one KnownBug naming everything known that went wrong, if anything did.
+def raise_broken_guarantees(resender: Any = None, store: StoreReport | None = None) -> None:
+    """Raise one BrokenGuarantee naming every guarantee that was broken, if any was.
 
-    Messages the broker lost (bug 1) are no longer one: chaincrawl's sweeper re-sends them
+    Messages the broker lost are no longer one: chaincrawl's sweeper re-sends them
     (`resender` only reports how many, see `SweeperWatch`)."""
-    found: list[KnownBug] = []
+    found: list[BrokenGuarantee] = []
     if store is not None and store.rewrites:
         found.append(RewrittenEntries(f"{store.rewrites} item(s) written twice by one entry"))
     if len(found) == 1:
         raise found[0]
     if found:
-        raise KnownBug(" | ".join(f"{type(e).__name__}: {e}" for e in found))
+        raise BrokenGuarantee(" | ".join(f"{type(e).__name__}: {e}" for e in found))
 
 
 class SentLedger(threading.Thread):
     """Every `task-sent` event (workers and clients publish one per message they send):
     task id -> (task name, args repr, retries, queue), when the workers send task events
-    (`CHAINCRAWL_TASK_EVENTS`). It used to let a torture run re-send what the broker lost
-    (bug 1); chaincrawl's own run ledger and sweeper do that now (chains/sweeper.py)."""
+    (`CHAINCRAWL_TASK_EVENTS`): what a torture run checks the broker against (re-sending
+    what the broker lost is the run ledger's and sweeper's job, chains/sweeper.py)."""
 
     def __init__(self, url: str, prefix: str) -> None:
         super().__init__(name="sent-ledger", daemon=True)
@@ -582,7 +576,7 @@ class SentLedger(threading.Thread):
 
 class SweeperWatch:
     """Watches a run (`wait_complete(on_poll=...)`) for what chaincrawl's sweeper re-sent: the
-    messages the broker lost (bug 1, chains/sweeper.py), from the run's `resent` counter. The
+    messages the broker lost (chains/sweeper.py), from the run's `resent` counter. The
     test re-sends nothing itself: a loss the sweeper missed leaves the run incomplete."""
 
     def __init__(self, ledger: SentLedger | None = None, prefix: str = "", **_: Any) -> None:

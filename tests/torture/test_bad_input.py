@@ -30,8 +30,7 @@ import pytest
 
 import chains
 from base_task import get_endpoint
-from chains import Chain, step
-from chains.model import chain_from_dict, load_chain_file
+from chains import Chain, chain_from_dict, load_chain_file, step
 from config import get_settings
 from exceptions import (
     ChainCycleError,
@@ -384,7 +383,7 @@ def test_raw_task_with_bad_params_is_dead_lettered(alive: World) -> None:
 
 def test_garbage_messages_leave_the_worker_running(alive: World) -> None:
     """Messages the worker cannot use are refused with an error in its log; it lives on.
-    (Payloads that kill it today, bug 6, are in test_core_bugs.py.)"""
+    (More malformed payloads: test_crash_paths.py.)"""
     from worker import app
 
     r = get_redis()

@@ -16,9 +16,9 @@ stopped, kept down for a few seconds, and started again on the same port and dat
 
 Workers are not restarted by the test. A supervisor (as `control.sh start` or systemd would)
 stands by to replace one that exits by itself, so that the run still completes and every other
-check still reports, but any such exit fails the test: bug 3 (kombu reading a cleared
+check still reports, but any such exit fails the test: a worker exiting on a Redis restart (kombu reading a cleared
 connection on the reconnect) is fixed by utils/kombu_guard.py. Nothing may be written twice
-after SIGTERM either (bug 2, fixed in the outbox drainer).
+after SIGTERM either (an outbox entry the drainer wrote twice).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.torture.harness import (
     check_store,
     counters,
     demo_expected_ids,
-    raise_known_bugs,
+    raise_broken_guarantees,
     restart_redis,
     wait_complete,
     wait_for,
@@ -71,7 +71,7 @@ def test_redis_restart_mid_crawl_loses_nothing(
         t = torture_factory(DEMO_BASE_URL=demo.url)
         fleet = fleets(t, queues="demo", concurrency=8)
         fleet.start(2)
-        fleet.supervise(2)  # as a process manager would; any exit fails the test (bug 3)
+        fleet.supervise(2)  # as a process manager would; any exit fails the test
         exp = demo.expected()
         pages = social_pages(exp)
         items = exp["users"] + exp["posts"] + exp["comments"]
@@ -120,8 +120,8 @@ def test_redis_restart_mid_crawl_loses_nothing(
         assert p.totals["stored"] == p.totals["items"] == items, p.totals
         assert store.missing == 0 and store.items_checked == items, store.summary()
         assert store.dup_keys == 0, store.summary()  # no task committed twice
-        assert not fleet.deaths, f"workers exited by themselves (bug 3): {fleet.deaths}"
+        assert not fleet.deaths, f"workers exited by themselves on the restart: {fleet.deaths}"
         assert figures["restored_from_dead_workers"] == 0, figures
-        # raw rewrites of one entry (bug 2) fail the test after SIGTERM; after SIGKILL a lost
+        # raw rewrites of one entry (written twice by the drainer) fail the test after SIGTERM; after SIGKILL a lost
         # last second of the log could also cause them, so they are reported, not raised
-        raise_known_bugs(resender, store if how == "term" else None)
+        raise_broken_guarantees(resender, store if how == "term" else None)

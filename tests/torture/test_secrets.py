@@ -3,19 +3,22 @@ searched for them.
 
 The whole chain runs against a private Redis with `requirepass` (`redis://:<pw>@...`), every
 demo request goes through forward proxies that require Basic credentials
-(`http://user:<pw>@127.0.0.x:port`), and the demo site has its `login` feature on, with
-accounts whose passwords are known only to the workers' configuration
-(`CHAINCRAWL_ACCOUNTS_DEMO`): the cookie production chain logs in (captcha included) and the
-session cookies it gets are lent to the comment requests.
+(`http://user:<pw>@127.0.0.x:port`), and the demo site has its `login` and `device` features
+on, with accounts whose passwords are known only to the workers' configuration
+(`CHAINCRAWL_ACCOUNTS_DEMO`): the cookie production chain logs in (captcha included), the
+device chain registers devices, and the sessions and devices they get are lent to the
+requests that need them.
 
 Searched for every secret (the Redis password, the proxy password, the account passwords, the
-session cookie values the site handed out):
+session cookie values and device ids the site handed out, the sealing key):
 - every worker log (one worker at INFO, one at DEBUG);
 - every message in the broker, sampled every 0.1 s through the run (queues and `unacked`),
   with the base64 bodies decoded: the task arguments;
 - every Celery event published during the run (what Flower shows), bodies decoded;
-- every Redis key at the end, except the places documented to hold secrets: the cookie pool's
-  `:secret` hash, the proxy URL hashes (global pool and site channel) and the production vault.
+- every Redis key at the end: the places that keep secrets (pool members, proxy URLs, the
+  vault) keep them sealed (utils/seal.py), and they open to the real values;
+- Redis's files at rest: the append-only file (every write of the run) and an RDB dump taken
+  at the end (uncompressed, so a secret would show as plain bytes), both 0600 in a 0700 dir.
 """
 
 from __future__ import annotations
@@ -25,22 +28,26 @@ import contextlib
 import json
 import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 import chains
+from config import get_settings
 from demo.testing import DemoServer
 from external_interface.pool import Pool
-from external_interface.proxy_models import ProxyAddress
-from external_interface.proxy_pool import GlobalPool
+from external_interface.proxy.models import ProxyAddress
+from external_interface.proxy.pool import GlobalPool
 from tests.external_interface.proxy_servers import ProxyFarm
 from tests.torture.conftest import report
 from tests.torture.harness import scan_values, wait_complete
+from utils.seal import MAGIC, get_sealer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -48,8 +55,8 @@ REDIS_PW = "rds-" + secrets.token_hex(8)
 PROXY_USER = "crawler"
 PROXY_PW = "prx-" + secrets.token_hex(8)
 ACCOUNTS = {f"sec{i}": "acct-" + secrets.token_hex(6) for i in range(1, 4)}
-# more proxies than worker slots: until bug 8 is fixed, every task that waits for the first
-# session strands the proxy it had leased for the lease time (2 minutes)
+# more proxies than worker slots: a task that waits for the first login gives back the proxy
+# it had leased (test_crash_paths.py::test_a_proxy_lease_is_returned_when_a_later_provider_refuses)
 N_PROXIES = 24
 
 
@@ -78,12 +85,13 @@ class BrokerTap(threading.Thread):
         self.messages: dict[int, bytes] = {}
         self.events: list[bytes] = []
         self.sessions: set[str] = set()  # session cookies seen in the pool, to search for
+        self.devices: set[str] = set()  # device ids seen in the pool
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         ps = self.r.pubsub(ignore_subscribe_messages=True)
         ps.psubscribe(f"{self.prefix}:q:*")
-        secret_key = Pool("cookie", "demo").k_secret
+        cookies, devices = Pool("cookie", "demo"), Pool("device_id", "demo")
         while not self.stop_event.is_set():
             for key in self.r.scan_iter(match=f"{self.prefix}:q:*", count=500):
                 kind = self.r.type(key)
@@ -93,9 +101,11 @@ class BrokerTap(threading.Thread):
                 )  # fmt: skip
                 for v in values:
                     self.messages.setdefault(hash(v), decode(v))
-            for v in self.r.hvals(secret_key):
-                cookies = json.loads(v).get("cookies", {})
-                self.sessions.update(str(c) for c in cookies.values())
+            for v in self.r.hvals(cookies.k_secret):  # sealed: opened with the workers' key
+                jar = json.loads(cookies.sealer.open(v)).get("cookies", {})
+                self.sessions.update(str(c) for c in jar.values())
+            for v in self.r.hvals(devices.k_secret):
+                self.devices.add(str(json.loads(devices.sealer.open(v))["device_id"]))
             deadline = time.monotonic() + 0.1
             while (m := ps.get_message(timeout=max(0.0, deadline - time.monotonic()))) is not None:
                 if isinstance(m.get("data"), bytes):
@@ -118,15 +128,15 @@ def proxies() -> Iterator[list[Any]]:
 def test_secrets_never_reach_logs_messages_or_events(
     torture_factory: Any, fleets: Any, proxies: list[Any], request: pytest.FixtureRequest
 ) -> None:
-    with DemoServer(size="tiny", features=["login"], accounts=ACCOUNTS) as demo:
+    with DemoServer(size="tiny", features=["login", "device"], accounts=ACCOUNTS) as demo:
         t = torture_factory(
             password=REDIS_PW,
             DEMO_BASE_URL=demo.url,
-            CHAINCRAWL_EXTRA_SITE_PACKAGES="tests.testsite,tests.torture.site,"
-            "external_interface.production",
-            CHAINCRAWL_PROVIDERS="user_agent=noop,device_id=noop,sign=noop",
+            CHAINCRAWL_EXTRA_SITE_PACKAGES="tests.testsite,tests.torture.site",
+            CHAINCRAWL_PROVIDERS="user_agent=noop,sign=noop",
             CHAINCRAWL_ACCOUNTS_DEMO=",".join(f"{u}:{p}" for u, p in ACCOUNTS.items()),
             CHAINCRAWL_POOL_COOKIE_DEMO='{"low_water": 2, "target": 3, "produce_gap": 0.5}',
+            CHAINCRAWL_POOL_DEVICE_ID_DEMO='{"low_water": 2, "target": 3, "produce_gap": 0.5}',
             CHAINCRAWL_PROXY_SITES="demo",
             CHAINCRAWL_MAX_RETRIES="8",
             CHAINCRAWL_TASK_EVENTS="1",  # off by default: what Flower would show must be checked
@@ -157,6 +167,8 @@ def test_secrets_never_reach_logs_messages_or_events(
         assert p.totals["failed"] == 0
         assert p.totals["stored"] == exp["users"] + exp["posts"] + exp["comments"]
         assert site["logins"]["ok"] >= 1 and tap.sessions
+        issued_devices = set(site["devices"]["ids"])
+        assert issued_devices and tap.devices <= issued_devices
         assert sum(px.requests for px in proxies) >= p.totals["succeeded"]
         assert all(px.rejected_auth == 0 for px in proxies)
 
@@ -167,6 +179,8 @@ def test_secrets_never_reach_logs_messages_or_events(
             "proxy credentials": f"{PROXY_USER}:{PROXY_PW}",
             **{f"password of {u}": pw for u, pw in ACCOUNTS.items()},
             **{f"session cookie {i}": s for i, s in enumerate(sorted(tap.sessions))},
+            **{f"device id {i}": d for i, d in enumerate(sorted(issued_devices))},
+            "sealing key": get_settings().sealing_keys()[0],
         }
         logs = {f"log {n}": text.encode() for n, text in t_logs(t).items()}
         places: dict[str, bytes] = {
@@ -175,17 +189,22 @@ def test_secrets_never_reach_logs_messages_or_events(
             "events (Flower)": b"\n".join(tap.events),
         }
         r = redis.Redis.from_url(url)
-        # documented homes of secrets: the pool's :secret hash, the proxy URL hashes (global
-        # pool and channel), the production vault
-        allowed = re.compile(r":pool:cookie:demo:secret$|:proxy:(chan:[^:]+:)?url$|:vault:")
-        allowed_hits = 0
+        # the homes of secrets (pool members, the proxy URL hashes of the global pool and the
+        # site channel, the vault) hold them sealed: no key shows one, and they open to them
+        homes = re.compile(r":\{demo\}:pool:(cookie|device_id):secret$|:\{?proxy\}?:url$")
+        opened: list[str] = []
         for key, value in scan_values(r, f"{t.prefix}:*"):
             for what, secret in targets.items():
                 if secret.encode() in value:
-                    if allowed.search(key):
-                        allowed_hits += 1
-                    else:
-                        found.setdefault(what, []).append(f"redis key {key}")
+                    found.setdefault(what, []).append(f"redis key {key}")
+            if homes.search(key):
+                opened.append(get_sealer().open(value.split(b"=", 1)[1]))
+        # Redis's files at rest: the append-only file holds every write of the run; an RDB
+        # dump, uncompressed so that a secret would show as its plain bytes
+        r.config_set("rdbcompression", "no")
+        r.save()
+        files = at_rest(Path(t.redis.data_dir))
+        places.update({f"redis file {n}": blob for n, blob in files.items()})
         for place, blob in places.items():
             for what, secret in targets.items():
                 if secret.encode() in blob:
@@ -207,7 +226,22 @@ def test_secrets_never_reach_logs_messages_or_events(
         # the searches were not vacuous: the masked banner, the secrets where they belong
         assert b"redis://:**@127.0.0.1" in b"".join(logs.values())
         assert len(tap.messages) > 10 and len(tap.events) > 50
-        assert allowed_hits >= 2  # the proxy pool keeps the proxy URL with its credentials
+        # the proxy pool and the demo channel keep the proxy URL with its credentials, sealed
+        assert sum(f"{PROXY_USER}:{PROXY_PW}@" in o for o in opened) >= 2 * N_PROXIES
+        aof = files["appendonly.aof"]
+        assert len(aof) > 100_000 and MAGIC in aof and MAGIC in files["dump.rdb"]
+        assert b":{proxy}:url" in aof and b":{demo}:pool:device_id:secret" in files["dump.rdb"]
+
+
+def at_rest(data_dir: Path) -> dict[str, bytes]:
+    """Every file Redis keeps in `data_dir`, after checking that only its owner may read it."""
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    files = {}
+    for f in sorted(data_dir.iterdir()):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f"{f.name} is not 0600"
+        files[f.name] = f.read_bytes()
+    assert {"appendonly.aof", "dump.rdb"} <= set(files)
+    return files
 
 
 def t_logs(t: Any) -> dict[str, str]:

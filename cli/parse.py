@@ -1,0 +1,161 @@
+"""`control.sh parse TASK ['PARAMS']`: one endpoint, once, live, outside the broker.
+
+Prints what the endpoint yields as JSON lines on stdout, one object a line:
+
+    {"kind": "item", "type": "demo.post", "item": {...}}
+    {"kind": "follow", "params": {...}}                          the same step, next page
+    {"kind": "child", "step": "...", "task": "...", "params": {...}}   with --chain
+
+and the requests it made, with a summary, on stderr. Nothing is stored, nothing is sent to
+a broker. With `CHAINCRAWL_HTTP_CACHE` set, a second run answers from disk. `--save-fixture`
+records the answers for the endpoint's parser test (external_interface/mock.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+import chains
+import sites
+from base_task.endpoints import EndpointSpec
+from base_task.live import LiveResult, run_live
+from cli import UserError, procs
+from config import ROOT, get_settings
+from exceptions import ChainCrawlError
+from external_interface.mock import fixture_dir, outputs_of, save_case
+from ledger.model import Chain
+from utils.registry import UnknownNameError
+
+
+def params_arg(text: str | None) -> dict[str, Any]:
+    """The PARAMS argument: a JSON object (none: `{}`)."""
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"PARAMS is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
+                        ) from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise UserError(f"PARAMS must be a JSON object, e.g. '{{\"page\": 1}}', got {text!r}")
+    return data
+
+
+def endpoint(task: str) -> EndpointSpec:
+    try:
+        return sites.get_endpoint(task)
+    except UnknownNameError as exc:
+        raise UserError(str(exc)) from None
+
+
+def chain_step(chain_name: str, task: str, step: str | None) -> tuple[Chain, str]:
+    """The chain, and the step of it that runs `task` (named, or the only one)."""
+    try:
+        chain = chains.get_chain(chain_name)
+    except ChainCrawlError as exc:
+        raise UserError(str(exc)) from None
+    if step:
+        node = chain.steps.get(step)
+        if node is None:
+            raise UserError(
+                f"chain {chain_name} has no step {step!r} (steps: {', '.join(chain.steps)})"
+            )
+        if node.task != task:
+            raise UserError(f"step {step!r} of chain {chain_name} runs {node.task}, not {task}")
+        return chain, step
+    mine = [sid for sid, node in chain.steps.items() if node.task == task]
+    if len(mine) != 1:
+        which = f"steps {', '.join(mine)} run it" if mine else "no step runs it"
+        raise UserError(f"chain {chain_name}: {which}; name one with --step")
+    return chain, mine[0]
+
+
+def lines(result: LiveResult) -> Iterator[dict[str, Any]]:
+    for it in result.items:
+        yield {"kind": "item", "type": it.item_type, "item": it.model_dump(mode="json")}
+    for f in result.follows:
+        yield {"kind": "follow", "params": f.params}
+    for kid in result.children:
+        yield {"kind": "child", "step": kid.step, "task": kid.task, "params": kid.params}
+
+
+def run(
+    task: str,
+    params: dict[str, Any],
+    *,
+    chain: str | None = None,
+    step: str | None = None,
+    save_fixture: bool = False,
+    fixtures: str | None = None,
+) -> int:
+    """The command; -> exit status (1 when the endpoint failed)."""
+    spec = endpoint(task)
+    chain_obj, step_id = chain_step(chain, task, step) if chain else (None, "")
+    if procs.ensure_redis(get_settings()) == "started":  # providers and the gate live in Redis
+        print("redis: started the embedded Redis", file=sys.stderr)
+    started = time.monotonic()
+    result = run_live(spec, params, chain=chain_obj, step=step_id)
+    took = time.monotonic() - started
+    for req, resp in result.exchanges:
+        cached = " (from the HTTP cache)" if resp.from_cache else ""
+        print(f"{req.method} {resp.url} -> {resp.status}{cached}", file=sys.stderr)
+    if result.error is not None:
+        return _failed(result, save_fixture)
+    try:
+        for line in lines(result):
+            sys.stdout.buffer.write(orjson.dumps(line, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    cached = sum(1 for _, resp in result.exchanges if resp.from_cache)
+    types = sorted({it.item_type for it in result.items})
+    print(f"{task}: {len(result.items)} item(s)" + (f" ({', '.join(types)})" if types else "")
+          + f", {len(result.follows)} follow-up(s)"
+          + (f", {len(result.children)} child task(s) of step {step_id}" if chain_obj else "")
+          + f"; {len(result.exchanges)} request(s), {cached} from the HTTP cache, {took:.2f}s;"
+          " nothing stored", file=sys.stderr)  # fmt: skip
+    if save_fixture:
+        _save(result, fixtures)
+    return 0
+
+
+def _failed(result: LiveResult, save_fixture: bool) -> int:
+    exc = result.error
+    assert exc is not None
+    if isinstance(exc, ChainCrawlError):  # the machinery's typed errors say what happened
+        print(f"error: {result.spec.name} raised {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:  # a bug in the endpoint's own code: its traceback is what the developer needs
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    if save_fixture:
+        print("nothing recorded: the endpoint failed", file=sys.stderr)
+    return 1
+
+
+def _save(result: LiveResult, fixtures: str | None) -> None:
+    folder = Path(fixtures) if fixtures else fixture_dir(result.spec.name, ROOT / "tests")
+    files = save_case(folder, result.spec.name, result.params, result.exchanges,
+                      outputs_of(result.items, result.follows))  # fmt: skip
+    shown = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+    print(f"recorded {len(result.exchanges)} answer(s) in {shown}/ "
+          f"({', '.join(f.name for f in files)})", file=sys.stderr)  # fmt: skip
+    test = folder.parent.parent / f"test_{folder.name}.py"
+    if test.exists():
+        print(f"its parser test replays them: ./control.sh test {test.relative_to(ROOT)}",
+              file=sys.stderr)  # fmt: skip
+
+
+def main(a: argparse.Namespace) -> int:
+    return run(a.task, params_arg(a.params), chain=a.chain, step=a.step,
+               save_fixture=a.save_fixture, fixtures=a.fixture_dir)  # fmt: skip

@@ -1,0 +1,131 @@
+"""`control.sh shell URL [--site SITE | --task TASK]`: a page fetched through the fetch layer,
+in an interactive session to try selectors on.
+
+In the session: `resp` (the `Response`: `css`, `xpath`, `json`, `text`, `status`, `headers`),
+`fetch(url, **kw)` (another request the same way; it becomes `resp`) and `ctx`. With `--site`
+the requests carry what the site's endpoints carry (every resource kind any of them declares:
+proxy, user agent, cookie, device id, signature) and pass its shared limits; `--task` uses one
+endpoint's exactly; neither: the bare fetch layer. `CHAINCRAWL_HTTP_CACHE` is honoured. IPython
+when it is installed and the input is a terminal, else Python's own console; `-c CODE` runs
+CODE instead and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import code
+import sys
+import traceback
+from typing import Any
+from urllib.parse import urljoin
+
+import sites
+from base_task.context import Context
+from base_task.endpoints import EndpointSpec, Params
+from base_task.live import context, site_spec
+from cli import UserError, procs
+from config import get_settings
+from exceptions import ChainCrawlError
+from external_interface.fetch import Response
+from utils.registry import UnknownNameError
+
+ANY_STATUS = range(100, 600)  # the shell shows error pages too instead of raising
+
+
+def spec_for(site: str | None, task: str | None) -> EndpointSpec | None:
+    """The endpoint whose requests the shell imitates (None: the bare fetch layer)."""
+    if site and task:
+        raise UserError("give --site or --task, not both")
+    try:
+        if task:
+            return sites.get_endpoint(task)
+        if site:
+            sites.load_all()
+            name, _, platform = site.partition(".")
+            return site_spec(name, platform or None)
+    except UnknownNameError as exc:
+        raise UserError(str(exc)) from None
+    return None
+
+
+class Session:
+    """What the session's `fetch` does: a request through `ctx`, which becomes `resp`."""
+
+    def __init__(self, ctx: Context, namespace: dict[str, Any]) -> None:
+        self.ctx, self.ns = ctx, namespace
+
+    def fetch(self, url: str, method: str = "GET", **kw: Any) -> Response | None:
+        """`url` may be relative to the current `resp`; any status is shown, not raised."""
+        current = self.ns.get("resp")
+        if current is not None:
+            url = urljoin(current.url, url)
+        kw.setdefault("ok_statuses", ANY_STATUS)
+        try:
+            resp = self.ctx.request(method, url, **kw)
+        except ChainCrawlError as exc:
+            print(f"{method} {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return None
+        cached = ", from the HTTP cache" if resp.from_cache else ""
+        ctype = resp.headers.get("content-type", "?")
+        print(f"{method} {resp.url} -> {resp.status} ({ctype}, {len(resp.content)} bytes{cached})",
+              file=sys.stderr)  # fmt: skip
+        self.ns["resp"] = resp
+        return resp
+
+
+BANNER = """chaincrawl shell: {how}
+  resp                the response: resp.css("a::attr(href)").getall(), resp.xpath(...),
+                      resp.json(), resp.text, resp.status, resp.headers
+  fetch(url, **kw)    fetch another page the same way (it becomes resp)
+  ctx                 the endpoint context the requests go through"""
+
+
+def run(url: str, *, site: str | None = None, task: str | None = None,
+        command: str | None = None) -> int:  # fmt: skip
+    """The command; -> exit status (1 when `command` raised)."""
+    spec = spec_for(site, task)
+    if spec is not None:
+        procs.ensure_redis(get_settings())  # providers and shared limits live in Redis
+        # the endpoint's parameters are not needed to fetch a URL as it would
+        ctx = context(spec, spec.params.model_construct())
+        how = f"requests as {spec.name} (resources: {', '.join(spec.resources) or 'none'})"
+    else:
+        ctx = context(site_less(), {}, online=False)
+        how = "the bare fetch layer (--site SITE sends the site's headers, cookies, proxies)"
+    namespace: dict[str, Any] = {"ctx": ctx, "resp": None}
+    session = Session(ctx, namespace)
+    namespace["fetch"] = session.fetch
+    session.fetch(url)
+    if command is not None:
+        try:
+            exec(compile(command, "<shell -c>", "exec"), namespace)
+        except Exception:
+            traceback.print_exc()
+            return 1
+        return 0
+    interact(namespace, BANNER.format(how=how))
+    return 0
+
+
+def site_less() -> EndpointSpec:
+    """No site's endpoint: what the bare fetch layer's requests are made as."""
+    return EndpointSpec(name="shell.common.fetch", site="shell", platform="common",
+                        fn=lambda ctx, p: None, params=Params, item_types=(), resources={},
+                        queue="shell")  # fmt: skip
+
+
+def interact(namespace: dict[str, Any], banner: str) -> None:
+    if sys.stdin.isatty():
+        try:
+            from IPython import start_ipython  # optional, third-party: only when installed
+        except ImportError:
+            pass
+        else:
+            print(banner)
+            start_ipython(argv=[], user_ns=namespace)
+            return
+    code.interact(banner=banner, local=namespace, exitmsg="")
+
+
+def main(a: argparse.Namespace) -> int:
+    return run(a.url, site=a.site, task=a.task, command=a.command)

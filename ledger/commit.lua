@@ -1,0 +1,231 @@
+-- Commits of one run's tasks (a batch's, or a single task's), each at most once per task id.
+-- KEYS: 1 counters, 2 run hash, 3 outbox (on a cluster the run's own), 4 active runs (on a
+--       cluster the counters again: the caller updates the set), 5 pending, 6 ledger (tid ->
+--       message of every task sent and not yet committed, for the sweeper), 7 storing runs
+--       (done runs whose items still wait in the outbox; on a cluster the counters again: the
+--       caller updates the set); then per commit: its done set|key, its kids list
+-- ARGV: 1 run, 2 now, 3 ttl, 4 uniq key prefix, 5 number of commits n, 6 number of outbox
+--       entry groups; then the n task ids; then per group: kind (m: its members' items are
+--       merged, r: one entry written as it came), n_fields, fields... (an `m` group's without
+--       `items`); then per commit: tid, step, outcome, n_items, n_entries, per entry: its
+--       group, the inside of its items' JSON array; n_kids, per kid: step, uniq, json;
+--       n_counts, per count: step, counter, n (counted with the commit)
+-- Reply per commit: 0 (already committed) or {outstanding tasks of the run (0 without a run),
+-- then what was staged: the number (1-based) of each of its kids staged, whose message the
+-- caller holds, and the message of each waiting child released}, so the caller publishes
+-- them with no LRANGE round trip.
+-- Counters, EXPIREs and the run's `last` are written once per call, summed over its commits.
+local run, now, ttl, uprefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local n, n_groups = tonumber(ARGV[5]), tonumber(ARGV[6])
+local i = 7
+local tids = {}
+for c = 1, n do tids[c] = ARGV[i]; i = i + 1 end
+-- Outbox entries: the caller groups a call's entries that differ only in their items (same
+-- run, step, endpoint, item type, key); the fresh commits' items of a group become one entry,
+-- in commit order, XADDed after the loop: a batch of pages costs the outbox one entry per item
+-- type, not one a page (every entry is written, read, acknowledged and deleted by the
+-- drainer). The commits of one call are of tasks that ran side by side: no order is lost.
+local groups = {}
+for g = 1, n_groups do
+  local nf = tonumber(ARGV[i + 1])
+  groups[g] = {raw = ARGV[i] == 'r', at = i + 2, nf = nf, parts = {}, used = false}
+  i = i + 2 + nf
+end
+local cap, cancelled, paused, compacted = 0, false, false, false
+if run ~= '' then
+  local rh = redis.call('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted')
+  cap, cancelled, paused = tonumber(rh[1] or '0'), rh[2] ~= false, rh[3] ~= false
+  compacted = rh[4] ~= false  -- finished and its done set dropped: every task of it committed
+end
+local function chunked(cmd, key, list, step)  -- unpack() has a limit (the Lua C stack)
+  for a = 1, #list, step do
+    redis.call(cmd, key, unpack(list, a, math.min(a + step - 1, #list)))
+  end
+end
+local function write_entries()
+  for _, g in ipairs(groups) do
+    if g.used then
+      local args = {}
+      for f = g.at, g.at + g.nf - 1 do args[#args + 1] = ARGV[f] end
+      if not g.raw then
+        args[#args + 1] = 'items'
+        args[#args + 1] = '[' .. table.concat(g.parts, ',') .. ']'
+      end
+      redis.call('XADD', KEYS[3], '*', unpack(args))
+    end
+  end
+end
+local replies, counts, touched = {}, {}, {}
+local delta, committed = 0, 0
+local ledger_set, ledger_del = {}, {}  -- written with one HSET and one HDEL a call
+-- which task ids are fresh: one SMISMEMBER and one SADD for the whole call (each redis.call
+-- costs about as much as the command it runs)
+local fresh_ids = {}
+if run ~= '' and not compacted and n > 0 then
+  local member = {}
+  for a = 1, #tids, 4000 do
+    local part = redis.call('SMISMEMBER', KEYS[8], unpack(tids, a, math.min(a + 3999, #tids)))
+    for _, m in ipairs(part) do member[#member + 1] = m end
+  end
+  local new = {}
+  for k, tid in ipairs(tids) do
+    if member[k] == 0 and not fresh_ids[tid] then
+      fresh_ids[tid] = true
+      new[#new + 1] = tid
+    end
+  end
+  if #new > 0 then
+    chunked('SADD', KEYS[8], new, 4000)
+    touched[KEYS[8]] = true
+  end
+end
+local inflight0, inflight, waiting = nil, 0, nil  -- with a cap: tasks in the broker; pending's length
+local function count(field, by) counts[field] = (counts[field] or 0) + by end
+local function waits()  -- the waiting list's length: read once per call, then kept here
+  if waiting == nil then waiting = redis.call('LLEN', KEYS[5]) end
+  return waiting
+end
+for c = 1, n do
+  local done_key, kids_key = KEYS[6 + 2 * c], KEYS[7 + 2 * c]
+  local tid, step, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local n_items = tonumber(ARGV[i + 3])
+  i = i + 4
+  local fresh_task
+  if run == '' then
+    fresh_task = redis.call('SET', done_key, '1', 'NX', 'EX', ttl)
+  elseif compacted then
+    fresh_task = false
+  else  -- every commit of a run shares its done set (KEYS[8]); the first of a tid wins
+    fresh_task = fresh_ids[tid] == true
+    fresh_ids[tid] = nil
+  end
+  local n_entries = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n_entries do
+    if fresh_task then
+      local g = groups[tonumber(ARGV[i])]
+      g.used = true
+      if ARGV[i + 1] ~= '' then g.parts[#g.parts + 1] = ARGV[i + 1] end
+    end
+    i = i + 2
+  end
+  local n_kids = tonumber(ARGV[i]); i = i + 1
+  local kids_at = i  -- the counts after the kids are read first, then the kids
+  i = i + 3 * n_kids
+  local n_counts = tonumber(ARGV[i]); i = i + 1
+  if fresh_task and run ~= '' then
+    for k = i, i + 3 * n_counts - 1, 3 do
+      count(ARGV[k] .. ':' .. ARGV[k + 1], tonumber(ARGV[k + 2]))
+      count(ARGV[k + 1], tonumber(ARGV[k + 2]))
+    end
+  end
+  local next_commit = i + 3 * n_counts
+  i = kids_at
+  if not fresh_task then
+    replies[c] = 0
+  else
+    committed = committed + 1
+    if run ~= '' then ledger_del[#ledger_del + 1] = tid end
+    if cap > 0 then  -- backpressure: this task leaves the broker (`inflight` is written once, at
+      if inflight0 == nil then  -- the end, as the net change)
+        inflight0 = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+        inflight = inflight0
+      end
+      inflight = inflight - 1
+    end
+    local staged = {}  -- the reply: the staged messages (the run's outstanding count goes first)
+    -- children: to this task's staging list; with a cap, to the run's waiting list when the
+    -- cap is reached or others wait ahead of them (order kept), and always while it is paused
+    local total = 0
+    if cancelled then  -- a cancelled run sends no more children (its items are kept)
+      i = i + 3 * n_kids
+      n_kids = 0
+    end
+    for kn = 1, n_kids do
+      local kstep, uniq, msg = ARGV[i], ARGV[i + 1], ARGV[i + 2]; i = i + 3
+      local fresh = 1
+      if uniq ~= '' and run ~= '' then
+        local ukey = uprefix .. kstep
+        fresh = redis.call('SADD', ukey, uniq)
+        touched[ukey] = true
+      end
+      if fresh == 0 then  -- sent already in this run (a `unique` step)
+        count(kstep .. ':skipped_unique', 1)
+        count('skipped_unique', 1)
+      end
+      if fresh == 1 then
+        local target = kids_key
+        if paused or (cap > 0 and (inflight >= cap or waits() > 0)) then
+          target = KEYS[5]
+          if waiting ~= nil then waiting = waiting + 1 end
+        elseif cap > 0 then
+          inflight = inflight + 1
+        end
+        redis.call('RPUSH', target, msg)
+        touched[target] = true
+        if target == kids_key then table.insert(staged, kn) end  -- the caller has its message
+        if run ~= '' then
+          local kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
+          ledger_set[#ledger_set + 1] = kid_id
+          ledger_set[#ledger_set + 1] = msg
+          count(kstep .. ':dispatched', 1)
+        end
+        total = total + 1
+      end
+    end
+    if run ~= '' then
+      -- release waiting children into the freed slots, oldest first
+      if cap > 0 and not paused then
+        while inflight < cap and waits() > 0 do
+          local m = redis.call('LPOP', KEYS[5])
+          if not m then waiting = 0; break end
+          redis.call('RPUSH', kids_key, m)
+          touched[kids_key] = true
+          table.insert(staged, m)
+          waiting = waiting - 1
+          inflight = inflight + 1
+        end
+      end
+      count(step .. ':' .. outcome, 1)
+      count(outcome, 1)
+      if n_items > 0 then
+        count(step .. ':items', n_items)
+        count('items', n_items)
+      end
+      if total > 0 then count('dispatched', total) end
+      delta = delta + total - 1
+    end
+    replies[c] = staged
+  end
+  i = next_commit
+end
+write_entries()
+if #ledger_del > 0 then chunked('HDEL', KEYS[6], ledger_del, 4000) end
+if #ledger_set > 0 then
+  chunked('HSET', KEYS[6], ledger_set, 4000)  -- even: field, message pairs stay whole
+  touched[KEYS[6]] = true
+end
+for key in pairs(touched) do redis.call('EXPIRE', key, ttl) end
+local left = 0
+if run ~= '' and committed > 0 then
+  redis.call('HSET', KEYS[2], 'last', now)
+  if inflight0 ~= nil and inflight ~= inflight0 then
+    redis.call('HINCRBY', KEYS[1], 'inflight', inflight - inflight0)
+  end
+  for field, by in pairs(counts) do redis.call('HINCRBY', KEYS[1], field, by) end
+  left = redis.call('HINCRBY', KEYS[1], 'outstanding', delta)
+  if left <= 0 then
+    redis.call('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
+    if KEYS[4] ~= KEYS[1] then redis.call('SREM', KEYS[4], run) end  -- a cluster: the caller's
+    redis.call('DEL', KEYS[6])
+    if not cancelled then  -- shown as `storing` until the outbox has stored its last item
+      local c = redis.call('HMGET', KEYS[1], 'items', 'stored', 'store_failed')
+      if tonumber(c[1] or '0') > tonumber(c[2] or '0') + tonumber(c[3] or '0') then
+        if KEYS[7] ~= KEYS[1] then redis.call('SADD', KEYS[7], run) end  -- a cluster: the caller's
+      end
+    end
+  end
+end
+for c = 1, n do
+  if replies[c] ~= 0 then table.insert(replies[c], 1, left) end
+end
+return replies

@@ -1,0 +1,68 @@
+"""The whole picture `control.sh status` shows: processes, workers, queues, runs, dead letters,
+the outbox, task and site metrics, pool health and firing alerts, in one JSON-ready dict."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Celery
+
+from config import Settings, get_settings
+from ledger.broker import default_app
+from monitor import alerts, health
+from monitor.status import (
+    active_runs,
+    broker_client,
+    dead_letters,
+    dead_worker_restored,
+    malformed,
+    outbox,
+    processes,
+    queue_depths,
+    site_metrics,
+    site_of,
+    summary,
+    task_metrics,
+    unacked,
+    unknown_tasks,
+    workers,
+)
+from utils.redis import get_redis
+
+
+def snapshot(
+    s: Settings | None = None,
+    client: Any = None,
+    *,
+    workers_timeout: float | None = 1.0,
+    runs_limit: int = 20,
+    app: Celery | None = None,
+) -> dict[str, Any]:
+    """Everything `control.sh status` shows, JSON-ready. `workers_timeout=None` skips the
+    broadcast to workers (which costs that many seconds); `app` sends it (default:
+    `ledger.broker.default_app()`)."""
+    s = s or get_settings()
+    r = client if client is not None else get_redis(s.redis_url)
+    broker = broker_client(r, s)
+    tasks = task_metrics(r, s)
+    live = None
+    if workers_timeout is not None:
+        live = workers(app or default_app(), workers_timeout)
+    return {
+        "time": time.time(),
+        "processes": processes(s),
+        "workers": live,
+        "queues": queue_depths(broker, s),
+        "unacked": unacked(broker, s),
+        "active_runs": active_runs(r, s, runs_limit),
+        "dead_letters": dead_letters(r, s),
+        "malformed": malformed(r, s),
+        "dead_worker_restored": dead_worker_restored(r, s),
+        "unknown_tasks": unknown_tasks(r, s),
+        "outbox": outbox(r, s),
+        "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
+        "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},
+        "pools": [h.as_dict() for h in health.collect(r, s)],
+        "alerts": alerts.firing(r, s),
+    }

@@ -1,0 +1,1 @@
+"""Named chains for the CLI tests (CHAINCRAWL_EXTRA_CHAIN_PACKAGES)."""

@@ -1,0 +1,6 @@
+from __future__ import annotations
+
+from chains import define, step
+
+# one page per seed: `{"path": "/status/404"}` fails for good, `{"path": "/detail/x"}` succeeds
+define("cli_probe", step("testsite.local.probe"))

@@ -1,0 +1,79 @@
+"""`control.sh deadletter`: list, replay by run (as the README shows), purge with a selector
+only, one line when Redis is unreachable."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.cli.conftest import control
+from tests.cli.test_trigger import run_id, run_json
+from utils.servers import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def failed_run(env: dict[str, str], *codes: int) -> str:
+    seeds = json.dumps([{"path": f"/status/{c}?{i}"} for i, c in enumerate(codes)])
+    out = control("trigger", "cli_probe", seeds, "--timeout", "120", env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    return run_id(out.stdout)
+
+
+def listed(rid: str, env: dict[str, str]) -> list[str]:
+    out = control("deadletter", "list", "--run", rid, env=env)
+    assert out.returncode == 0, out.stderr
+    return re.findall(r"\b[0-9a-f]{32}\b", out.stdout)
+
+
+def test_replay_by_run_then_purge_by_run(crawl: dict[str, str]) -> None:
+    rid = failed_run(crawl, 404, 410)
+    ids = listed(rid, crawl)
+    assert len(ids) == 2  # full ids at 80 columns, in a pipe
+    shown = control("deadletter", "list", "--run", rid, env=crawl).stdout
+    assert f"NotFound: HTTP 404 for {crawl['TESTSITE_URL']}/status/404?0" in shown
+
+    out = control("deadletter", "replay", "--run", rid, env=crawl)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "replayed 2 task(s)"
+    deadline = time.monotonic() + 60
+    while not run_json(rid, crawl)["ended"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert run_json(rid, crawl)["failed"] == 2  # failed again: they are dead letters again
+    assert len(listed(rid, crawl)) == 2
+
+    out = control("deadletter", "purge", env=crawl)
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "error: purge needs dead-letter ids or a selector: --run RUN_ID, --task TASK or --all"
+    )
+    assert len(listed(rid, crawl)) == 2
+
+    out = control("deadletter", "purge", "--run", rid, env=crawl)
+    assert out.returncode == 0 and out.stdout.strip() == "purged 2 dead letter(s)"
+    assert listed(rid, crawl) == []
+
+
+def test_purge_by_id_keeps_the_others(crawl: dict[str, str]) -> None:
+    rid = failed_run(crawl, 404, 404)
+    first, second = listed(rid, crawl)
+    out = control("deadletter", "purge", first, env=crawl)
+    assert out.returncode == 0 and out.stdout.strip() == "purged 1 dead letter(s)"
+    assert listed(rid, crawl) == [second]
+    assert control("deadletter", "replay", env=crawl).returncode == 2
+
+
+@pytest.mark.parametrize("action", ["list", "replay", "purge"])
+def test_unreachable_redis_is_one_line(crawl_env: dict[str, str], action: str) -> None:
+    """A Redis of the user's that does not answer: the wait (`CHAINCRAWL_REDIS_WAIT`) said in one
+    line, then one error line and exit status 5, no traceback."""
+    env = {**crawl_env, "CHAINCRAWL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+           "CHAINCRAWL_REDIS_WAIT": "0.5"}  # fmt: skip
+    out = control("deadletter", action, "--all", env=env)
+    assert out.returncode == 5, out.stderr
+    waiting, error = out.stderr.strip().splitlines()
+    assert "waiting" in waiting and error.startswith("error: Redis at 127.0.0.1:")
+    assert "did not answer" in error and "Traceback" not in out.stderr

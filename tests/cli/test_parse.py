@@ -1,0 +1,162 @@
+"""`control.sh parse` and `control.sh shell` as a developer runs them against a live site:
+JSON lines, nothing stored, the HTTP cache answering the second time, a recorded case that
+replays offline, the children a chain's step would send, errors as one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from base_task import run_endpoint
+from config import ROOT
+from demo.testing import DemoServer
+from external_interface.mock import load_case, outputs_of
+from tests.cli.conftest import control as cli_control
+from tests.testsite.server import TestSite
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[TestSite]:
+    s = TestSite()
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def env(site: TestSite, redis_url: str, key_prefix: str, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "TESTSITE_URL": site.url, "CHAINCRAWL_REDIS_URL": redis_url,
+            "CHAINCRAWL_KEY_PREFIX": key_prefix, "CHAINCRAWL_VAR_DIR": str(tmp_path / "var"),
+            "CHAINCRAWL_JSONL_DIR": str(tmp_path / "items")}  # fmt: skip
+
+
+def control(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return cli_control(*args, env=env, timeout=120)
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [orjson.loads(x) for x in text.splitlines()]
+
+
+def test_parse_prints_json_lines_and_stores_nothing(
+    site: TestSite, env: dict[str, str], rds: redis.Redis, key_prefix: str, tmp_path: Path
+) -> None:
+    before = site.hits["list:2"]
+    out = control("parse", "testsite.local.listing", '{"page": 2}', env=env)
+    assert out.returncode == 0, out.stderr
+    assert json_lines(out.stdout) == [
+        *({"kind": "item", "type": "testsite.entry", "item": {"entry_id": f"e2-{i}", "n": i}}
+          for i in range(4)),
+        {"kind": "follow", "params": {"page": 3, "per": None}},
+    ]  # fmt: skip
+    assert f"GET {site.url}/list?page=2 -> 200" in out.stderr
+    assert "4 item(s) (testsite.entry), 1 follow-up(s); 1 request(s)" in out.stderr
+    assert site.hits["list:2"] == before + 1
+    assert rds.keys(f"{key_prefix}*") == []  # no run, no outbox, no counters, no metrics
+    assert not (tmp_path / "items").exists()
+
+
+def test_the_http_cache_answers_the_second_parse(
+    site: TestSite, env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**env, "CHAINCRAWL_HTTP_CACHE": str(tmp_path / "cache")}
+    first = control("parse", "testsite.local.detail", '{"entry_id": "c1"}', env=env)
+    assert first.returncode == 0 and site.hits["detail:c1"] == 1, first.stderr
+    second = control("parse", "testsite.local.detail", '{"entry_id": "c1"}', env=env)
+    assert second.returncode == 0, second.stderr
+    assert site.hits["detail:c1"] == 1  # no request reached the site
+    assert (
+        "-> 200 (from the HTTP cache)" in second.stderr and "1 from the HTTP cache" in second.stderr
+    )
+    assert second.stdout == first.stdout
+    unset = control(
+        "parse",
+        "testsite.local.detail",
+        '{"entry_id": "c1"}',
+        env=dict(env, CHAINCRAWL_HTTP_CACHE=""),
+    )
+    assert unset.returncode == 0 and site.hits["detail:c1"] == 2  # unset: never used
+
+
+def test_a_recorded_case_replays_offline(
+    site: TestSite, env: dict[str, str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "fixtures" / "listing"
+    out = control("parse", "testsite.local.listing", '{"page": 3, "per": 2}', "--save-fixture",
+                  "--fixture-dir", str(folder), env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"recorded 1 answer(s) in {folder}/ (case.json, 1.json)" in out.stderr
+    case = load_case(folder)
+    assert (case.task, case.params) == ("testsite.local.listing", {"page": 3, "per": 2})
+    assert [(a.method, a.status) for a in case.answers] == [("GET", 200)]
+    hits = sum(site.hits.values())
+    fetcher = case.fetcher()
+    items, follows = run_endpoint(case.task, case.params, fetcher)
+    assert sum(site.hits.values()) == hits  # offline: the site saw nothing
+    assert outputs_of(items, follows) == case.outputs
+    assert [i.model_dump() for i in items] == [
+        {"entry_id": "e3-0", "n": 0},
+        {"entry_id": "e3-1", "n": 1},
+    ]
+    assert follows == []  # page 3 is the last
+    with pytest.raises(Exception, match="no recorded answer for GET"):
+        run_endpoint(case.task, {"page": 1}, case.fetcher())
+
+
+def test_children_of_a_chain_step(tmp_path: Path, env: dict[str, str]) -> None:
+    with DemoServer(size="tiny", features=[]) as demo:
+        out = control("parse", "demo.h5.feed", "{}", "--chain", "demo_social",
+                      env=dict(env, DEMO_BASE_URL=demo.url))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = json_lines(out.stdout)
+    kids = [x for x in lines if x["kind"] == "child"]
+    entries = [x["item"] for x in lines if x["kind"] == "item"]
+    assert entries and kids
+    assert {k["task"] for k in kids} >= {"demo.h5.user_info", "demo.h5.user_statuses"}
+    users = {e["user_id"] for e in entries}
+    assert {k["params"]["user_id"] for k in kids if k["task"] == "demo.h5.user_info"} == users
+    assert "child task(s) of step" in out.stderr
+    wrong = control(
+        "parse", "demo.h5.feed", "{}", "--chain", "demo_social", "--step", "nope", env=env
+    )
+    assert wrong.returncode == 2 and "has no step 'nope'" in wrong.stderr
+
+
+def test_errors_are_one_line(site: TestSite, env: dict[str, str]) -> None:
+    bad = control("parse", "testsite.local.listing", "{page: 1}", env=env)
+    assert bad.returncode == 2 and "PARAMS is not valid JSON" in bad.stderr
+    wrong = control("parse", "testsite.local.listing", '{"page": "x"}', env=env)
+    assert wrong.returncode == 2 and "field 'page'" in wrong.stderr
+    missing = control("parse", "testsite.local.probe", '{"path": "/status/404"}', "--save-fixture",
+                      "--fixture-dir", "/nonexistent/never", env=env)  # fmt: skip
+    assert missing.returncode == 1
+    assert "error: testsite.local.probe raised NotFound" in missing.stderr
+    assert "nothing recorded" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_shell_fetches_as_the_site_and_runs_code(site: TestSite, env: dict[str, str]) -> None:
+    code = "print(resp.json()['title']); r = fetch('e7'); print(r.json()['title'], resp is r)"
+    out = control("shell", f"{site.url}/detail/e6", "--site", "testsite", "-c", code, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["Title e6", "Title e7 True"]
+    assert f"GET {site.url}/detail/e7 -> 200" in out.stderr  # relative to the page shown
+    gone = control("shell", f"{site.url}/status/404", "-c", "print(resp.status)", env=env)
+    assert gone.stdout.strip() == "404"  # an error page is shown, not raised
+    console = subprocess.run([str(ROOT / "control.sh"), "shell", f"{site.url}/list"], cwd=ROOT,
+                             env=env, input="len(resp.json()['entries'])\n", capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert console.returncode == 0 and "4" in console.stdout, console.stderr
+    assert "fetch(url, **kw)" in console.stderr
+    unknown = control("shell", site.url, "--site", "testsit", env=env)
+    assert unknown.returncode == 2 and "did you mean 'testsite'" in unknown.stderr

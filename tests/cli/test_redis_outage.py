@@ -1,0 +1,111 @@
+"""Commands outlive Redis: they wait out a restart or a Redis loading its append-only file,
+saying so on one line, and fail with one line (exit 5), never a traceback, once
+CHAINCRAWL_REDIS_WAIT has passed.
+
+Each test runs the real `control.sh` on its own var/ and embedded-Redis port.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from config import ROOT
+from tests.cli.test_demo_smoke import own_env
+from utils.servers import free_port
+
+CONTROL = str(ROOT / "control.sh")
+
+
+def control(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([CONTROL, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def write_big_aof(path: Path, keys: int) -> int:
+    """An append-only file of `keys` SETs (what a busy Redis leaves): seconds to load."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    value = b"v" * 40
+    with open(path, "wb") as f:
+        f.write(b"*2\r\n$6\r\nSELECT\r\n$1\r\n0\r\n")
+        for chunk in range(0, keys, 10000):
+            out = bytearray()
+            for i in range(chunk, min(keys, chunk + 10000)):
+                k = b"fill:%d" % i
+                out += b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$40\r\n%s\r\n" % (len(k), k, value)
+            f.write(out)
+    return path.stat().st_size
+
+
+def test_a_command_fails_with_one_line_when_redis_stays_away(tmp_path: Path) -> None:
+    env = {**own_env(tmp_path), "CHAINCRAWL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+           "CHAINCRAWL_REDIS_WAIT": "2"}  # fmt: skip
+    for args in (("deadletter", "list"), ("runs",), ("trigger", "demo_social", "--no-wait")):
+        out = control(env, *args, timeout=60)
+        assert out.returncode == 5, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+        assert "does not answer" in out.stderr and "waiting" in out.stderr
+        errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "did not answer" in errors[0], out.stderr
+
+
+@pytest.mark.integration
+def test_trigger_waits_while_the_embedded_redis_loads_a_big_append_only_file(
+    tmp_path: Path,
+) -> None:
+    env = own_env(tmp_path)
+    size = write_big_aof(tmp_path / "var" / "redis" / "appendonly.aof", 2_000_000)
+    assert size > 60_000_000
+    try:
+        out = control(env, "trigger", "demo_social", "--no-wait", timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "run id:" in out.stdout and "Traceback" not in out.stderr
+        assert "is loading, waiting" in out.stderr, out.stderr
+        assert "answers again" in out.stderr
+    finally:
+        control(env, "stop")
+
+
+@pytest.mark.integration
+def test_demo_survives_a_redis_restart_and_prints_its_summary(tmp_path: Path) -> None:
+    env = own_env(tmp_path)
+    log = tmp_path / "demo.out"
+    cmd = [CONTROL, "demo", "--size", "small", "--port", str(free_port()), "--workers", "1",
+           "--concurrency", "4", "--latency-ms", "100", "--no-flower"]  # fmt: skip
+    try:
+        with open(log, "w") as out:
+            demo = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while "run id:" not in log.read_text() and demo.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)
+        assert demo.poll() is None, log.read_text()[-3000:]  # still crawling
+        stopped = control(env, "redis", "stop")
+        assert "stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+        time.sleep(3)
+        started = control(env, "redis", "start")
+        assert started.returncode == 0, started.stdout + started.stderr
+        rc = demo.wait(600)
+        text = log.read_text()
+        assert rc == 0, text[-4000:]
+        assert "Traceback" not in text
+        assert "does not answer" in text and "answers again" in text
+        assert "demo crawl summary" in text and "620 of 620 produced" in text, text[-4000:]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        stop = control(env, "stop")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+
+
+def test_an_embedded_redis_never_started_is_said_at_once(tmp_path: Path) -> None:
+    env = own_env(tmp_path)  # the embedded Redis on a free port, not started
+    for args in (("status",), ("deadletter", "list")):  # no wait (120 s) for a restart
+        out = control(env, *args, timeout=60)
+        assert out.returncode == 2 and "Redis is not running" in out.stderr, out.stderr
+        assert "waiting" not in out.stderr

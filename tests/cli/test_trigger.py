@@ -1,0 +1,130 @@
+"""`control.sh trigger`: its exit status says how the run ended (0 every task succeeded,
+1 failed tasks, 2 usage, 3 cancelled, 4 still running), and seeds come from a file or stdin
+when there are too many for the command line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config import ROOT
+from tests.cli.conftest import control
+
+pytestmark = pytest.mark.integration
+
+
+def run_id(stdout: str) -> str:
+    m = re.search(r"run id: (\S+)", stdout)
+    assert m, stdout
+    return m.group(1)
+
+
+def run_json(rid: str, env: dict[str, str]) -> dict[str, Any]:
+    out = control("runs", rid, "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def test_every_task_succeeded_exits_0(crawl: dict[str, str]) -> None:
+    out = control("trigger", "cli_probe", '[{"path": "/detail/a"}, {"path": "/detail/b"}]',
+                  "--timeout", "120", env=crawl)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "every task succeeded" in out.stdout
+    p = run_json(run_id(out.stdout), crawl)
+    assert (p["ok"], p["ending"], p["failed"]) == (True, "ok", 0)
+
+
+def test_failed_tasks_exit_1_with_their_count_and_the_command_to_see_them(
+    crawl: dict[str, str],
+) -> None:
+    seeds = "\n".join(json.dumps({"path": p}) for p in
+                      ("/status/404?a", "/status/404?b", "/status/410", "/detail/c"))  # fmt: skip
+    out = control("trigger", "cli_probe", "--seeds-file", "-", "--timeout", "120",
+                  env=crawl, stdin=seeds)  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    rid = run_id(out.stdout)
+    assert out.stderr.strip() == (
+        f"run {rid} ended with 3 failed task(s): ./control.sh deadletter list --run {rid}"
+    )
+    p = run_json(rid, crawl)
+    assert p["status"] == "done" and p["complete"]  # the ledger's rule: every task finished
+    assert (p["ok"], p["ending"], p["failed"]) == (False, "failed", 3)
+    # at 80 columns, in a pipe: the run id and the task name whole, the failures said
+    shown = control("runs", rid, env=crawl).stdout
+    assert rid in shown and "testsite.local.probe" in shown
+    assert "done with 3 failed task(s)" in shown
+    assert rid in control("runs", env=crawl).stdout
+
+
+def test_still_running_at_the_timeout_exits_4(crawl: dict[str, str]) -> None:
+    out = control("trigger", "cli_probe", '{"path": "/slow?s=4"}', "--timeout", "0.5", env=crawl)
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert "still running after 0.5s" in out.stderr
+
+
+def running(env: dict[str, str]) -> set[str]:
+    out = control("runs", "--json", "--chain", "cli_probe", "--status", "running", env=env)
+    return {r["run_id"] for r in json.loads(out.stdout or "[]")}
+
+
+def test_a_cancelled_run_exits_3(crawl: dict[str, str]) -> None:
+    before = running(crawl)  # a slow run of another test may still be going
+    cmd = [str(ROOT / "control.sh"), "trigger", "cli_probe", '{"path": "/slow?s=6"}',
+           "--timeout", "120"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=crawl, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        rid = ""
+        deadline = time.monotonic() + 60
+        while not rid and time.monotonic() < deadline:
+            rid = next(iter(running(crawl) - before), "")
+            time.sleep(0.2)
+        assert rid, "the run did not show up"
+        assert control("cancel", rid, env=crawl).returncode == 0
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err
+    assert f"run {rid} was cancelled" in err
+
+
+def test_usage_errors_exit_2(crawl_env: dict[str, str], tmp_path: Path) -> None:
+    out = control("trigger", "no_such_chain", env=crawl_env)
+    assert out.returncode == 2 and out.stderr.startswith("error:"), out.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"path": "/a"}\n{"path": \n')
+    out = control("trigger", "cli_probe", "--seeds-file", str(bad), env=crawl_env)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"error: {bad} line 2: not JSON"), out.stderr
+    out = control("trigger", "cli_probe", "{}", "--seeds-file", str(bad), env=crawl_env)
+    assert out.returncode == 2 and "not both" in out.stderr
+
+
+@pytest.mark.parametrize("how", ["file-jsonl", "stdin-list"])
+def test_ten_thousand_seeds_from_a_file_or_stdin(crawl_env: dict[str, str], tmp_path: Path,
+                                                 how: str) -> None:  # fmt: skip
+    env = {**crawl_env, "CHAINCRAWL_KEY_PREFIX": f"many{uuid.uuid4().hex[:6]}"}  # no worker here
+    seeds = [{"path": f"/detail/e{i}"} for i in range(10_000)]
+    if how == "file-jsonl":
+        f = tmp_path / "seeds.jsonl"
+        f.write_text("".join(json.dumps(s) + "\n" for s in seeds))
+        out = control("trigger", "cli_probe", "--seeds-file", str(f), "--no-wait", env=env)
+    else:
+        out = control("trigger", "cli_probe", "--seeds-file", "-", "--no-wait", env=env,
+                      stdin=json.dumps(seeds))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    p = run_json(run_id(out.stdout), env)
+    assert p["totals"]["dispatched"] == 10_000
+
+
+def test_chains_lists_each_step_s_full_task_name(crawl_env: dict[str, str]) -> None:
+    out = control("chains", env=crawl_env)  # COLUMNS=80, a pipe
+    assert out.returncode == 0, out.stderr
+    assert "cli_probe: local.probe=testsite.local.probe" in out.stdout.splitlines()

@@ -1,0 +1,51 @@
+"""`control.sh trigger` against the live workers' task sets: refused in one line when a live
+worker lacks a task of the chain, sent with a warning when no worker is up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+
+from config import Settings
+from ledger.state import RunState
+from ledger.workers import TaskSets
+from tests.cli.conftest import control as cli_control
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(redis_url: str, key_prefix: str, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "CHAINCRAWL_REDIS_URL": redis_url, "CHAINCRAWL_KEY_PREFIX": key_prefix,
+            "CHAINCRAWL_VAR_DIR": str(tmp_path / "var")}  # fmt: skip
+
+
+def control(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return cli_control(*args, env=env, timeout=120)
+
+
+def test_trigger_refuses_a_chain_a_live_worker_does_not_know(
+    env: dict[str, str], rds: redis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    s = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    TaskSets(rds, s).publish("old@host", ["demo.h5.feed"], [])  # started before the others
+    out = control("trigger", "demo_social", "--no-wait", env=env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: live worker(s) old@host do not know task(s) ")
+    assert "demo.h5.user_info" in line and "restart the workers so they load" in line
+    assert rds.zcard(RunState(rds, s).recent_key) == 0  # nothing recorded
+
+
+def test_trigger_without_workers_warns_and_sends(
+    env: dict[str, str], rds: redis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    out = control("trigger", "demo_social", "--no-wait", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "warning: no worker is up yet" in out.stdout
+    s = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    assert rds.zcard(RunState(rds, s).recent_key) == 1

@@ -1,0 +1,40 @@
+"""The state stores the pool, lease and proxy tests run on: one Redis and a Redis Cluster.
+
+A test module that runs on both imports `rds_on_both_stores`, which overrides its `rds`
+with a client of `store_url`: the session Redis, then the session cluster
+(`redis+cluster://...`), so the same test checks that every script of the module keeps its
+keys on one cluster slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from config import is_cluster_url
+from utils.redis import cluster_client
+
+STORES = ["redis", pytest.param("cluster", marks=pytest.mark.integration)]
+
+
+@pytest.fixture(params=STORES)
+def store_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return str(request.getfixturevalue("redis_url"))
+
+
+def connect(url: str) -> Any:
+    """A client of either store (a `RedisCluster` for a cluster URL)."""
+    return cluster_client(url) if is_cluster_url(url) else redis.Redis.from_url(url)
+
+
+@pytest.fixture(name="rds")
+def rds_on_both_stores(store_url: str) -> Iterator[Any]:
+    """`rds` on one Redis, then on a Redis Cluster."""
+    client = connect(store_url)
+    yield client
+    client.close()

@@ -1,0 +1,48 @@
+"""The test servers of `utils.servers`: a Redis Cluster of real redis-servers, formed, used
+and always stopped."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import redis
+
+from utils.servers import RedisClusterServer
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_cluster_has_its_masters_and_replicas_and_covers_every_slot(tmp_path) -> None:
+    server = RedisClusterServer(tmp_path, masters=3, replicas=1)
+    with server:
+        assert len(server.nodes) == 6
+        assert len(server.masters()) == 3
+        client = server.nodes[0].client()
+        slots = client.execute_command("CLUSTER", "SLOTS")
+        covered = sum(int(end) - int(start) + 1 for start, end, *_ in slots)
+        assert covered == RedisClusterServer.SLOTS
+        assert all(len(entry[2:]) == 2 for entry in slots)  # a master and its replica
+        assert server.url.startswith("redis+cluster://127.0.0.1:")
+        assert all(n.port <= 55535 for n in server.nodes)  # the bus port is port + 10000
+    assert not any(_listening(n.port) for n in server.nodes)
+
+
+def test_a_cluster_that_cannot_form_is_stopped(tmp_path, monkeypatch) -> None:
+    server = RedisClusterServer(tmp_path, masters=3, replicas=0)
+
+    def refuse(*a, **kw):
+        raise redis.ResponseError("ERR refused")
+
+    monkeypatch.setattr(RedisClusterServer, "_form", refuse)
+    with pytest.raises(redis.ResponseError):
+        server.start()
+    assert all(n.proc is None for n in server.nodes)
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,173 @@
+"""Where chaincrawl's state lives in Redis: every key of a run, of a task without a run, of a
+site, in one place, with the hash tags that keep what one Lua script touches in one cluster
+slot.
+
+Redis Cluster hashes only the part of a key between the first `{` and the next `}` (its hash
+tag) when there is one, and runs a script only when all its keys share a slot. So:
+
+- a run's keys share `{<run id>}`: `cc:run:{r1}`, `cc:run:{r1}:counters`, `...:done`,
+  `...:ledger`, `...:pending`, `...:parked`, `...:uniq:<step>`, and the staging list and
+  delivery counter of each of its tasks (`...:kids:<tid>`, `...:deliv:<tid>:<attempt>`):
+  the commit, cancel, pause, resume and park scripts each stay on one slot;
+- tasks without a run share `{norun}` (`cc:done:{norun}:<tid>`, `cc:kids:{norun}:<tid>`,
+  their outbox on a cluster): a batch of them commits in one script; a delivery counter
+  without a run keeps its own tag (`cc:deliv:{<tid>}:<attempt>`), spread over the slots;
+- a site's keys share `{<site>}` (`site()`), so its pools and limits can be one script's: a
+  pool of cookies or devices (`pool()`), the site's proxy channel (`proxy_channel()`), the
+  leases and rate keys of every limit scope of the site (`limit()`: `demo`, `demo.h5.feed`,
+  `demo.render` all on `{demo}`) and its adaptive throttle (`throttle()`);
+- the global proxy pool shared by every site shares `{proxy}` (`proxy()`): one slot by design;
+- the alert evaluator's state, notices and history share `{alerts}` (`alerts()`): its
+  transition script touches three of them;
+- everything else (`runs:active`, `runs:storing`, `runs:recent`, the outbox, metrics, the set
+  of throttled sites) is global, untagged.
+
+The tags are written on a single Redis too: the braces are just characters there, so one
+naming serves both, and nothing depends on which one is running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NORUN = "{norun}"  # the hash tag of the keys of tasks without a run
+PROXY = "{proxy}"  # the hash tag of the global proxy pool's keys
+ALERTS = "{alerts}"  # the hash tag of the alert evaluator's keys
+
+
+def tag(value: object) -> str:
+    """A hash tag: `{value}` (a value holding `}` would end the tag early: refused)."""
+    text = str(value)
+    if "}" in text or "{" in text:
+        raise ValueError(f"a hash-tagged key part may not hold braces: {text!r}")
+    return "{" + text + "}"
+
+
+@dataclass(frozen=True)
+class Keyspace:
+    """The keys under one prefix (`CHAINCRAWL_KEY_PREFIX`)."""
+
+    prefix: str
+
+    def key(self, *parts: object) -> str:
+        """A global (untagged) key: `key("runs", "active")` -> `cc:runs:active`."""
+        return ":".join((self.prefix, *(str(p) for p in parts)))
+
+    # --- a run and its tasks -----------------------------------------------------------------
+
+    def run(self, rid: str, *parts: object) -> str:
+        """`cc:run:{rid}` and, with parts, `cc:run:{rid}:<parts>` (all on the run's slot)."""
+        return self.key("run", tag(rid), *parts)
+
+    def counters(self, rid: str) -> str:
+        return self.run(rid, "counters")
+
+    def done(self, rid: str, tid: str) -> str:
+        """The run's set of committed task ids; without a run, the task's own flag."""
+        return self.run(rid, "done") if rid else self.key("done", NORUN, tid)
+
+    def kids(self, tid: str, rid: str = "") -> str:
+        """The staging list of a task's children (`tid` may be a client's staging name)."""
+        return self.run(rid, "kids", tid) if rid else self.key("kids", NORUN, tid)
+
+    def kids_patterns(self) -> tuple[str, str]:
+        """SCAN patterns of every staging list (of runs', of tasks without a run); the task id
+        is what follows `:kids:`."""
+        return self.key("run", "*", "kids", "*"), self.key("kids", NORUN, "*")
+
+    @staticmethod
+    def kids_tid(key: str) -> str:
+        """The task id of a staging list's key."""
+        return key.rpartition(":kids:")[2]
+
+    def deliveries(self, tid: str, attempt: object, rid: str = "") -> str:
+        """How many times an attempt of a task was delivered (the poison-message cap)."""
+        if rid:
+            return self.run(rid, "deliv", tid, attempt)
+        return self.key("deliv", tag(tid), attempt)
+
+    def uniq_prefix(self, rid: str) -> str:
+        """`cc:run:{rid}:uniq:`, the step name follows (the commit script appends it)."""
+        return self.run(rid, "uniq", "")
+
+    # --- global ------------------------------------------------------------------------------
+
+    @property
+    def active_runs(self) -> str:
+        return self.key("runs", "active")
+
+    @property
+    def storing_runs(self) -> str:
+        return self.key("runs", "storing")
+
+    @property
+    def recent_runs(self) -> str:
+        return self.key("runs", "recent")
+
+    @property
+    def outbox(self) -> str:
+        return self.key("outbox")
+
+    def run_outbox(self, rid: str) -> str:
+        """On a cluster the commit script cannot reach the global outbox from the run's
+        slot: a run's items go to this stream of its own there."""
+        return self.run(rid, "outbox") if rid else self.key("outbox", NORUN)
+
+    @property
+    def outbox_dead_runs(self) -> str:
+        """On a cluster: the runs whose own streams hold dead letters (written by the drainer
+        beside its acknowledgement, so status readers need not SCAN every master)."""
+        return self.key("outbox", "deadruns")
+
+    def run_outbox_dead(self, rid: str) -> str:
+        """The dead letters of a run's own stream, in the run's slot (the global dead-letter
+        stream is on another): `cc:run:{rid}:outbox:dead`, `cc:outbox:{norun}:dead`."""
+        return self.run(rid, "outbox", "dead") if rid else self.key("outbox", NORUN, "dead")
+
+    # --- a site ------------------------------------------------------------------------------
+
+    def site(self, site: str, *parts: object) -> str:
+        """`cc:site:{site}:<parts>`: a site's keys on one slot."""
+        return self.key("site", tag(site), *parts)
+
+    def pool(self, kind: str, site: str) -> str:
+        """The base of a site's pool of one kind (cookie, device_id), `cc:site:{site}:pool:<kind>`:
+        the lease engine's keys and the production flag hang under it, on the site's slot."""
+        return self.site(site, "pool", kind)
+
+    def proxy_channel(self, site: str) -> str:
+        """The base of a site's proxy channel, `cc:site:{site}:proxy`, on the site's slot."""
+        return self.site(site, "proxy")
+
+    @property
+    def pools(self) -> str:
+        """The set of every pool ("kind:site"), for health reports: global, written beside the
+        scripts (a plain SADD), never from inside one."""
+        return self.key("pools")
+
+    def limit(self, scope: str, kind: str) -> str:
+        """A limit scope's `leases` zset or `tat` rate key, on the slot of its site (the
+        scope's first dotted part): `cc:site:{demo}:gate:demo.h5.feed:tat`. Every scope a task
+        passes starts with its site, so the gate's scripts stay on one slot."""
+        return self.site(scope.split(".", 1)[0], "gate", scope, kind)
+
+    def throttle(self, site: str) -> str:
+        """The site's adaptive-throttle hash (`cc:site:{site}:throttle`)."""
+        return self.site(site, "throttle")
+
+    @property
+    def throttled_sites(self) -> str:
+        """The set of sites with a throttle hash (global: the readers' index of them)."""
+        return self.key("throttled")
+
+    # --- the global proxy pool -----------------------------------------------------------------
+
+    def proxy(self, *parts: object) -> str:
+        """`cc:{proxy}:<parts>`: the global proxy pool's keys, one slot shared by every site."""
+        return self.key(PROXY, *parts)
+
+    # --- alerts ------------------------------------------------------------------------------
+
+    def alerts(self, part: str) -> str:
+        """`cc:{alerts}:<part>` (samples, state, notify, history, lock): one slot."""
+        return self.key(ALERTS, part)
