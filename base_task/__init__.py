@@ -343,15 +343,15 @@ class SiteTask(Task):
         A failure after the commit requeues the message: its redelivery finds the task
         committed and sends what is still staged, where acking it would strand the children
         (tests/base_task/test_send_path.py::test_a_publish_failure_after_the_commit_requeues...)."""
-        key = state.kids_key(tid, rid)
+        at = state.staged_at(tid, rid)
         try:
-            staged = res.staged if res is not None else state.r.lrange(key, 0, -1)
+            staged = res.staged if res is not None else state.staged(tid, rid)
             outstanding = res.outstanding if res is not None else 0
             batch = current_batch(rt)
             if batch is not None:
-                batch.add(staged, key, outstanding)
+                batch.add(staged, at, outstanding)
             elif staged:
-                rt.publisher(self.app).publish(state, [(staged, key)], outstanding)
+                rt.publisher(self.app).publish(state, [(staged, at)], outstanding)
         except Exception as exc:
             log.warning("%s: children of %s not sent (%s: %s); message requeued",
                         self.name, tid, type(exc).__name__, safe_text(exc))  # fmt: skip

@@ -145,11 +145,11 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         results = []
         state.r.unlink(bkey)
     for (_task, tid, _dd), res in zip(run.after, results, strict=True):
-        key = state.kids_key(tid, rid)
+        at = state.staged_at(tid, rid)
         if res is None:  # committed meanwhile by another delivery: send what it staged
-            run.add(state.r.lrange(key, 0, -1), key, 0)
+            run.add(state.staged(tid, rid), at, 0)
         else:
-            run.add(res.staged, key, res.outstanding)
+            run.add(res.staged, at, res.outstanding)
     if rest:
         log.info("%s %s: %d of %d pages handed to new messages",
                  BATCH_TASK, why, len(rest), len(entries))  # fmt: skip

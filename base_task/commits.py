@@ -15,7 +15,7 @@ import redis
 
 from base_task.endpoints import EndpointSpec
 from base_task.runtime import Runtime
-from ledger.state import CommitCall, Committed, RunState
+from ledger.state import CommitCall, Committed, RunState, StagedAt
 from monitor.metrics import TaskMetrics, aggregator
 from utils.redis import get_redis
 
@@ -29,12 +29,12 @@ class BatchRun:
     def __init__(self) -> None:
         self.calls: list[CommitCall] = []
         self.after: list[tuple[Any, str, str]] = []  # (task, tid, dedup id) per call
-        self.groups: list[tuple[list[bytes], str]] = []
+        self.groups: list[tuple[list[bytes], StagedAt]] = []
         self.outstanding = 0
 
-    def add(self, staged: list[bytes], key: str, outstanding: int) -> None:
+    def add(self, staged: list[bytes], at: StagedAt, outstanding: int) -> None:
         if staged:
-            self.groups.append((staged, key))
+            self.groups.append((staged, at))
         self.outstanding = max(self.outstanding, outstanding)
 
 

@@ -77,7 +77,7 @@ def crawl(state: RunState, runs: int, pages: int, placed: bool = True) -> int:
                                entries=[entry], kids=kids)  # fmt: skip
             assert res is not None
             q.extend(orjson.loads(m) for m in res.staged)
-            state.r.delete(state.kids_key(tid, rid))
+            state.clear_kids(tid, rid)
             done += 1
     for rid in queues:
         c = state.counters(rid)

@@ -62,6 +62,11 @@ def server_cpu(nodes: list[redis.Redis]) -> list[float]:
     return out
 
 
+def connections(nodes: list[redis.Redis]) -> int:
+    """Connections the servers accepted so far (`INFO stats`)."""
+    return sum(int(n.info("stats")["total_connections_received"]) for n in nodes)
+
+
 def commandstats(nodes: list[redis.Redis]) -> dict[str, tuple[int, int]]:
     """command -> (calls, usec), summed over the nodes."""
     out: dict[str, tuple[int, int]] = {}
@@ -213,11 +218,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         pages = cmds = usec = 0
         cpu = 0.0
+        conns = 0
         by_cmd: Counter[str] = Counter()
+        n_by_cmd: Counter[str] = Counter()
         for i in range(a.repeat):
             before, cpu0 = commandstats(nodes), server_cpu(nodes)
             b0 = server_cpu([broker_client])[0]
             t0 = node_usec(nodes)
+            c0 = connections(nodes)
             if a.runs > 1:
                 r = side_by_side(bench, demo, a.runs)
             else:
@@ -225,14 +233,16 @@ def main(argv: list[str] | None = None) -> int:
                                 workers=a.workers, env=env, keep_workers=i > 0)  # fmt: skip
             load = [x + t1 - t for x, t, t1 in zip(load, t0, node_usec(nodes), strict=True)]
             after, cpu1 = commandstats(nodes), server_cpu(nodes)
+            conns += connections(nodes) - c0
             broker_cpu += server_cpu([broker_client])[0] - b0
             each = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
             shares = [x + y for x, y in zip(shares, each, strict=True)]
             d_cpu = sum(each)
             d_calls = sum(c for c, _ in after.values()) - sum(c for c, _ in before.values())
             d_usec = sum(u for _, u in after.values()) - sum(u for _, u in before.values())
-            for k, (_, u) in after.items():
+            for k, (c, u) in after.items():
                 by_cmd[k] += u - before.get(k, (0, 0))[1]
+                n_by_cmd[k] += c - before.get(k, (0, 0))[0]
             pages += r.pages
             cmds += d_calls
             usec += d_usec
@@ -272,12 +282,16 @@ def main(argv: list[str] | None = None) -> int:
                 k: round(v / r.pages, 3) for k, v in top_by.most_common()
             },
             "commands_per_page": round(cmds / pages, 2),
+            "commands_by_command_per_page": {
+                k: round(v / pages, 2) for k, v in n_by_cmd.most_common() if v / pages >= 0.01
+            },
             "commands_in_scripts_per_page": round(in_scripts / r.pages, 2),
             "redis_usec_per_page": round(usec / pages, 1),
             "usec_by_command_per_page": {
                 k: round(v / pages, 2) for k, v in by_cmd.most_common() if v / pages >= 0.05
             },
             "redis_process_us_per_page": round(1e6 * cpu / pages, 1),
+            "connections_per_page": round(conns / pages, 4),
             "cpu_share_per_master": [round(x / sum(shares), 3) for x in shares],
             "load_share_per_master": [round(x / sum(load), 3) for x in load],
             "busiest_master_vs_mean": round(max(load) * len(load) / sum(load), 2),

@@ -27,6 +27,7 @@ from ledger.state import (
     Paused,
     Resumed,
     RunState,
+    StagedAt,
     items_settled,
     run_status,
     stalled_resends,
@@ -230,7 +231,8 @@ def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
         staged = state.r.lrange(staging, 0, -1)
         outstanding = state.counters(run_id).get("outstanding", 0)
-        runtime.current().publisher(app).publish(state, [(staged, staging)], outstanding)
+        runtime.current().publisher(app).publish(state, [(staged, StagedAt(staging))],
+                                                 outstanding)  # fmt: skip
     return out
 
 

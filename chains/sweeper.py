@@ -48,7 +48,6 @@ from ledger.publish import send_kid
 from ledger.state import RunState
 from ledger.workers import TaskSets
 from utils import broker_drops, unacked_owners
-from utils.keyspace import Keyspace
 from utils.lua import script
 from utils.redis import get_redis
 
@@ -267,7 +266,7 @@ class Sweeper:
 
     def _present(self, rids: Iterable[str]) -> set[str]:
         """Task ids that will run without us: in the broker, in a run's waiting list, or staged
-        in `run:{rid}:kids:<tid>` by a committed task whose own message is still in the broker (its
+        in `run:{rid}:staged` by a committed task whose own message is still in the broker (its
         redelivery sends them). Children staged by a task whose message is gone are not."""
         self.stale = set()
         ids = broker_task_ids(
@@ -277,11 +276,10 @@ class Sweeper:
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))
-        for pattern in self.state.ks.kids_patterns():
-            for key in self.r.scan_iter(match=pattern, count=1000, _type="list"):
-                if Keyspace.kids_tid(key.decode()) in ids:
-                    for raw in self.r.lrange(key, 0, -1):
-                        ids.update(_kid_id(raw))
+        for rid in rids:
+            for tid, kid_ids in self.r.hgetall(self.state.staged_key(rid)).items():
+                if tid.decode() in ids:
+                    ids.update(k.decode() for k in kid_ids.split())
         return ids
 
     def runs_to_check(self, now: float | None = None) -> list[str]:

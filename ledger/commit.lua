@@ -3,7 +3,8 @@
 --       cluster the counters again: the caller updates the set), 5 pending, 6 ledger (tid ->
 --       message of every task sent and not yet committed, for the sweeper), 7 storing runs
 --       (done runs whose items still wait in the outbox; on a cluster the counters again: the
---       caller updates the set); then per commit: its done set|key, its kids list
+--       caller updates the set); then per commit: its done set|key, its staging: with a
+--       run the run's staged hash (the same for every commit), without one its kids list
 -- ARGV: 1 run, 2 now, 3 ttl, 4 uniq key prefix, 5 number of commits n, 6 number of outbox
 --       entry groups; then the n task ids; then per group: kind (m: its members' items are
 --       merged, r: one entry written as it came), n_fields, fields... (an `m` group's without
@@ -13,7 +14,11 @@
 -- Reply per commit: 0 (already committed) or {outstanding tasks of the run (0 without a run),
 -- then what was staged: the number (1-based) of each of its kids staged, whose message the
 -- caller holds, and the message of each waiting child released}, so the caller publishes
--- them with no LRANGE round trip.
+-- them with no read-back round trip.
+-- Staged children of a run's task are recorded by id only, as `tid -> "id id ..."` in the
+-- run's staged hash (one HSET a call): their messages are in the ledger already, so a
+-- redelivered committed task finds them there (`RunState.staged`), and a page's message is
+-- written to Redis once, not twice.
 -- Counters, EXPIREs and the run's `last` are written once per call, summed over its commits.
 local run, now, ttl, uprefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local n, n_groups = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -58,6 +63,7 @@ end
 local replies, counts, touched = {}, {}, {}
 local delta, committed = 0, 0
 local ledger_set, ledger_del = {}, {}  -- written with one HSET and one HDEL a call
+local staged_set = {}  -- tid, its staged children's ids: one HSET of the staged hash a call
 -- which task ids are fresh: one SMISMEMBER and one SADD for the whole call (each redis.call
 -- costs about as much as the command it runs)
 local fresh_ids = {}
@@ -136,6 +142,7 @@ for c = 1, n do
     -- children: to this task's staging list; with a cap, to the run's waiting list when the
     -- cap is reached or others wait ahead of them (order kept), and always while it is paused
     local total = 0
+    local kid_ids = {}  -- with a run: the ids of the children staged for this task to send
     if cancelled then  -- a cancelled run sends no more children (its items are kept)
       i = i + 3 * n_kids
       n_kids = 0
@@ -160,11 +167,19 @@ for c = 1, n do
         elseif cap > 0 then
           inflight = inflight + 1
         end
-        redis.call('RPUSH', target, msg)
-        touched[target] = true
-        if target == kids_key then table.insert(staged, kn) end  -- the caller has its message
+        local kid_id = nil
         if run ~= '' then
-          local kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
+          kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
+        end
+        if target ~= kids_key or run == '' then
+          redis.call('RPUSH', target, msg)
+          touched[target] = true
+        end
+        if target == kids_key then
+          table.insert(staged, kn)  -- the caller has its message
+          if run ~= '' then kid_ids[#kid_ids + 1] = kid_id end
+        end
+        if run ~= '' then
           ledger_set[#ledger_set + 1] = kid_id
           ledger_set[#ledger_set + 1] = msg
           count(kstep .. ':dispatched', 1)
@@ -178,8 +193,8 @@ for c = 1, n do
         while inflight < cap and waits() > 0 do
           local m = redis.call('LPOP', KEYS[5])
           if not m then waiting = 0; break end
-          redis.call('RPUSH', kids_key, m)
-          touched[kids_key] = true
+          -- its message is in the ledger since it was queued
+          kid_ids[#kid_ids + 1] = string.match(m, '^{"id":"([^"]+)"') or cjson.decode(m)['id']
           table.insert(staged, m)
           waiting = waiting - 1
           inflight = inflight + 1
@@ -193,12 +208,20 @@ for c = 1, n do
       end
       if total > 0 then count('dispatched', total) end
       delta = delta + total - 1
+      if #kid_ids > 0 then
+        staged_set[#staged_set + 1] = tid
+        staged_set[#staged_set + 1] = table.concat(kid_ids, ' ')
+      end
     end
     replies[c] = staged
   end
   i = next_commit
 end
 write_entries()
+if #staged_set > 0 then  -- with a run every commit's staging is the run's staged hash
+  chunked('HSET', KEYS[9], staged_set, 4000)
+  touched[KEYS[9]] = true
+end
 if #ledger_del > 0 then chunked('HDEL', KEYS[6], ledger_del, 4000) end
 if #ledger_set > 0 then
   chunked('HSET', KEYS[6], ledger_set, 4000)  -- even: field, message pairs stay whole
@@ -217,6 +240,7 @@ if run ~= '' and committed > 0 then
     redis.call('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
     if KEYS[4] ~= KEYS[1] then redis.call('SREM', KEYS[4], run) end  -- a cluster: the caller's
     redis.call('DEL', KEYS[6])
+    if KEYS[9] then redis.call('DEL', KEYS[9]) end  -- nothing is left to send
     if not cancelled then  -- shown as `storing` until the outbox has stored its last item
       local c = redis.call('HMGET', KEYS[1], 'items', 'stored', 'store_failed')
       if tonumber(c[1] or '0') > tonumber(c[2] or '0') + tonumber(c[3] or '0') then

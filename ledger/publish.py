@@ -1,7 +1,7 @@
 """Sending tasks to the broker: child messages after a commit, seeds, re-sends.
 
 On a Redis broker the children of a commit are LPUSHed as ready Celery protocol-2 messages in
-kombu's Redis transport format, in one pipeline with the DEL of their staging lists: no
+kombu's Redis transport format, in one pipeline with the delete of their staged entries: no
 `send_task`, no kombu producer per publish. Other brokers go through kombu's producer batch.
 Every message names its queue explicitly (`queue_for`, the endpoint's site), so a process that
 never loaded the Celery app's routes still sends each task where its workers listen.
@@ -24,7 +24,7 @@ from celery.utils.saferepr import saferepr
 from config import Settings, get_settings, is_redis_url
 from ledger.batching import BATCH_TASK, FANOUT_MESSAGES, Load, batch_size
 from ledger.meta import PRIORITY, QUEUE
-from ledger.state import RunState
+from ledger.state import RunState, StagedAt, drop_staged
 from utils.ids import new_id
 from utils.logsafe import mask, redact, task_argsrepr
 from utils.redis import get_redis
@@ -69,7 +69,7 @@ class Message:
 class Publisher:
     """Sends committed children. On a Redis broker they are LPUSHed as ready Celery
     protocol-2 messages in kombu's Redis transport format, all in one pipeline together with
-    the DEL of the staging lists: no `send_task`, no kombu client per publish, no task-sent
+    the delete of their staged entries: no `send_task`, no kombu client per publish, no task-sent
     event. Other brokers go through kombu's producer batch."""
 
     def __init__(
@@ -124,12 +124,12 @@ class Publisher:
     def publish(
         self,
         state: RunState,
-        groups: Sequence[tuple[list[bytes], str]],
+        groups: Sequence[tuple[list[bytes], StagedAt]],
         outstanding: int,
         front: Sequence[dict[str, Any]] = (),
     ) -> None:
-        """Send the staged children of `groups` ((messages, staging key)), then drop the
-        staging lists. Anything raised leaves them staged for a redelivery to send. `front`:
+        """Send the staged children of `groups` ((messages, where they are staged)), then
+        drop them from there. Anything raised leaves them staged for a redelivery to send. `front`:
         entries a batch did not start, due already, so on a Redis broker they go to the head
         of their queues (the next BRPOP takes them) instead of behind the whole backlog."""
         keys = [key for staged, key in groups if staged]
@@ -147,10 +147,10 @@ class Publisher:
                 pipe.rpush(*self.envelope(m))
             same = self.s.broker_url == self.s.redis_url
             if same and keys:
-                pipe.delete(*keys)
+                drop_staged(pipe, keys)
             pipe.execute()
             if not same and keys:
-                state.r.delete(*keys)
+                drop_staged(state.r, keys)
             return
         with self.app.producer_or_acquire() as producer, producer.batch():
             for m in first + msgs:
@@ -160,7 +160,7 @@ class Publisher:
                 self.app.send_task(m.task, args=m.args, task_id=m.id, argsrepr=m.argsrepr,
                                    kwargsrepr="{}", producer=producer, **opts)  # fmt: skip
         if keys:
-            state.r.delete(*keys)
+            drop_staged(state.r, keys)
 
     def envelope(self, m: Message) -> tuple[str, bytes]:
         """(queue key, message) as kombu's Redis transport LPUSHes a Celery protocol-2 task."""

@@ -18,7 +18,10 @@ Redis Cluster slot, so each script below runs on one node; names from utils/keys
     run:{rid}:ledger     hash  tid -> message of every task sent and not yet committed, so
                                chains.sweeper can re-send what the broker lost;
                                `last` in the run hash is the time of the last commit
-    run:{rid}:kids:<tid> list  child messages a committed task still has to send
+    run:{rid}:staged     hash  tid -> ids of the children a committed task still has to send
+                               (space-separated; their messages are in the ledger)
+    run:{rid}:kids:<name> list child messages a client stages (trigger, resume); without a
+                               run, `kids:{norun}:<tid>` holds a task's child messages
     run:{rid}:deliv:<tid>:<n>  deliveries of attempt n (the poison cap)
     runs:active          set   run ids not yet done
     runs:storing         set   run ids whose tasks are done but whose items wait in the
@@ -31,10 +34,12 @@ Redis Cluster slot, so each script below runs on one node; names from utils/keys
                                outbox's ClusterDrainer, deleted when the run is compacted)
 
 A task's whole result is committed in one Lua script (a batch's tasks in one call): its items go
-to the outbox, its children are staged in `run:{rid}:kids:<tid>`, the counters move, and
+to the outbox, its children are written to the ledger and staged by id in `run:{rid}:staged`,
+the counters move, and
 `outstanding` drops by one. The script runs at most once per task id (the `done` set), so a redelivered or
-duplicated message can neither store items twice nor count twice. Children are sent after the commit and the staging list
-deleted; a redelivered task that finds itself committed only re-sends what is still staged.
+duplicated message can neither store items twice nor count twice. Children are sent after the
+commit and their staged entry deleted; a redelivered task that finds itself committed only
+re-sends what is still staged and not yet committed (`staged`).
 Its tasks are finished exactly when `outstanding` reaches zero, whatever the number of workers;
 the run is shown `done` only once the outbox has stored every item its tasks produced
 (`stored + store_failed >= items`), `storing` until then (`run_status`).
@@ -59,9 +64,9 @@ paused run drops what waits. Both are one script each, so a task is parked or ru
 
 Backpressure: a run may have a `cap` on tasks in the broker (`inflight`). Children beyond it
 wait in `run:{rid}:pending` (still counted as dispatched and outstanding); every commit frees
-one slot and moves waiting children into the committing task's staging list, in the same
+one slot and stages waiting children for the committing task to send, in the same
 script, so the broker never holds more than the cap of one run's tasks. While nothing waits and
-the cap has room, children go to the staging list directly (the usual case: no hop through
+the cap has room, children are staged directly (the usual case: no hop through
 `pending`, 2.5 fewer Redis calls per page); once some wait, new ones queue behind them.
 """
 
@@ -115,13 +120,34 @@ class Kid:
         )
 
 
+class StagedAt(NamedTuple):
+    """Where a commit's children wait until sent: a field of a run's staged hash (`field`
+    the task id), or a whole staging list (`field` "": a task without a run, a client's)."""
+
+    key: str
+    field: str = ""
+
+
+def drop_staged(pipe: Any, ats: Sequence[StagedAt]) -> None:
+    """Queue (on a pipeline) or run (on a client) the deletes of staged children once sent."""
+    lists = [a.key for a in ats if not a.field]
+    fields: dict[str, list[str]] = {}
+    for a in ats:
+        if a.field:
+            fields.setdefault(a.key, []).append(a.field)
+    if lists:
+        pipe.delete(*lists)
+    for key, tids in fields.items():
+        pipe.hdel(key, *tids)
+
+
 @dataclass
 class CommitCall:
     """One task's commit, waiting to be sent with others (`RunState.run_commits`)."""
 
     rid: str
     done_key: str
-    kids_key: str
+    kids_key: str  # its staging: the run's staged hash, or (without a run) its kids list
     args: list[Any]  # its ARGV part: tid, step, outcome, n_items, kids, counts
     forget: tuple[str, ...] = ()  # keys unlinked right after the commit (its delivery counter)
     kids: tuple[bytes, ...] = ()  # its children's messages, as the script stages them
@@ -131,8 +157,7 @@ class CommitCall:
 @dataclass
 class Committed:
     """What a commit left: the run's outstanding tasks (0 without a run) and the child
-    messages staged in `run:{rid}:kids:<tid>` (`Kid.encode()` form) that the task must now
-    send."""
+    messages (`Kid.encode()` form) it staged, that the task must now send."""
 
     outstanding: int
     staged: list[bytes]
@@ -215,8 +240,29 @@ class RunState:
         return self.ks.done(rid, tid)
 
     def kids_key(self, tid: str, rid: str) -> str:
-        """A task's staging list: in its run's slot (`rid` "" for a task without a run)."""
+        """A staging list: a client's (`tid` a staging name) in its run's slot, or a task's
+        without a run (`rid` "")."""
         return self.ks.kids(tid, rid)
+
+    def staged_key(self, rid: str) -> str:
+        return self.ks.staged(rid)
+
+    def staged_at(self, tid: str, rid: str) -> StagedAt:
+        """Where the children a commit of `tid` staged wait until sent."""
+        if rid:
+            return StagedAt(self.staged_key(rid), tid)
+        return StagedAt(self.kids_key(tid, ""), "")
+
+    def staged(self, tid: str, rid: str) -> list[bytes]:
+        """The messages of the children a committed task staged and has not sent (read back
+        by its redelivery): those of a run still in its ledger, i.e. not committed since."""
+        if not rid:
+            return self.r.lrange(self.kids_key(tid, ""), 0, -1)
+        ids = self.r.hget(self.staged_key(rid), tid)
+        if not ids:
+            return []
+        msgs = self.r.hmget(self.ledger_key(rid), ids.split())
+        return [m for m in msgs if m is not None]
 
     def pending_key(self, rid: str) -> str:
         return self.ks.run(rid, "pending")
@@ -556,8 +602,9 @@ class RunState:
         args.append(len(extra))
         for s, c, n in extra:
             args.extend((s, c, n))
-        call = CommitCall(rid, self.done_key(rid, tid), self.kids_key(tid, rid), args,
-                          tuple(forget), msgs, tuple(entries))  # fmt: skip
+        staging = self.staged_key(rid) if rid else self.kids_key(tid, "")
+        call = CommitCall(rid, self.done_key(rid, tid), staging, args, tuple(forget), msgs,
+                          tuple(entries))  # fmt: skip
         if defer is not None:  # the caller sends it with others: run_commits(defer)
             defer.append(call)
             return None
@@ -732,7 +779,7 @@ class RunState:
             except (orjson.JSONDecodeError, AttributeError, TypeError):
                 steps = []
         keys = [self.run_key(rid), self.counters_key(rid), self.ks.run(rid, "done"),
-                self.parked_key(rid), self.pending_key(rid),
+                self.parked_key(rid), self.pending_key(rid), self.staged_key(rid),
                 *(self.uniq_key(rid, s) for s in steps)]  # fmt: skip
         if self.cluster:  # the run's own outbox stream: every entry of it is stored
             keys.append(self.ks.run_outbox(rid))
@@ -758,10 +805,11 @@ class RunState:
         return out
 
     def staged_kids(self, tid: str, rid: str) -> list[dict[str, Any]]:
-        return [orjson.loads(m) for m in self.r.lrange(self.kids_key(tid, rid), 0, -1)]
+        return [orjson.loads(m) for m in self.staged(tid, rid)]
 
     def clear_kids(self, tid: str, rid: str) -> None:
-        self.r.delete(self.kids_key(tid, rid))
+        """Forget what `tid` staged (sent)."""
+        drop_staged(self.r, [self.staged_at(tid, rid)])
 
     def count_retry(self, rid: str, step: str, pipe: Any) -> None:
         if rid:

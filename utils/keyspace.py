@@ -67,18 +67,14 @@ class Keyspace:
         return self.run(rid, "done") if rid else self.key("done", NORUN, tid)
 
     def kids(self, tid: str, rid: str = "") -> str:
-        """The staging list of a task's children (`tid` may be a client's staging name)."""
+        """A staging list of child messages: a task's without a run, or a client's (`tid` a
+        staging name: the trigger's, a resume's)."""
         return self.run(rid, "kids", tid) if rid else self.key("kids", NORUN, tid)
 
-    def kids_patterns(self) -> tuple[str, str]:
-        """SCAN patterns of every staging list (of runs', of tasks without a run); the task id
-        is what follows `:kids:`."""
-        return self.key("run", "*", "kids", "*"), self.key("kids", NORUN, "*")
-
-    @staticmethod
-    def kids_tid(key: str) -> str:
-        """The task id of a staging list's key."""
-        return key.rpartition(":kids:")[2]
+    def staged(self, rid: str) -> str:
+        """A run's hash of children its committed tasks still have to send: tid -> their ids
+        (the messages are in the run's ledger)."""
+        return self.run(rid, "staged")
 
     def deliveries(self, tid: str, attempt: object, rid: str = "") -> str:
         """How many times an attempt of a task was delivered (the poison-message cap)."""

@@ -241,8 +241,8 @@ def test_pages_a_batch_hands_out_go_to_the_head_of_their_queue(
         [kid(i) for i in range(3, 5)],
         [kid(5), kid(6)],
     )
-    pub.publish(state, [([k.encode() for k in backlog], state.kids_key("a", ""))], outstanding=1)
-    pub.publish(state, [([k.encode() for k in kids], state.kids_key("b", ""))], outstanding=1,
+    pub.publish(state, [([k.encode() for k in backlog], state.staged_at("a", ""))], outstanding=1)
+    pub.publish(state, [([k.encode() for k in kids], state.staged_at("b", ""))], outstanding=1,
                 front=[orjson.loads(k.encode()) for k in rest])  # fmt: skip
     pub.publish(state, [], outstanding=1, front=[])  # nothing to send: no round trip fails
     opts = app.conf.broker_transport_options
@@ -264,7 +264,7 @@ def test_raw_envelopes_are_kombu_messages(
     pub = Publisher(app, settings, queue_for)
     kids = [kid(i, prio=2) for i in range(5)]
     rds.rpush(state.kids_key("t", ""), *[k.encode() for k in kids])
-    pub.publish(state, [([k.encode() for k in kids], state.kids_key("t", ""))], outstanding=100)
+    pub.publish(state, [([k.encode() for k in kids], state.staged_at("t", ""))], outstanding=100)
     assert not rds.exists(state.kids_key("t", ""))  # the staging list goes in the same pipeline
     raw = rds.lrange(f"{settings.key_prefix}:q:testsite:{broker_priority(2)}", 0, -1)
     assert {k.task_id for k in kids} <= {
@@ -304,11 +304,11 @@ def test_a_publish_failure_after_the_commit_requeues_and_keeps_the_children(
     with pytest.raises(Reject) as info:
         task._send_staged(rt, state, "r1", "t1", res)
     assert info.value.requeue is True
-    assert rds.llen(state.kids_key("t1", "r1")) == 2  # still staged for the redelivery
+    assert len(state.staged("t1", "r1")) == 2  # still staged for the redelivery
     # the redelivery finds the task committed and sends what is staged (read back)
     monkeypatch.setattr(rt, "publisher", lambda a: Publisher(app, settings, queue_for))
     task._send_staged(rt, state, "r1", "t1", None)
-    assert not rds.exists(state.kids_key("t1", "r1"))
+    assert not rds.hexists(state.staged_key("r1"), "t1")
     assert rds.llen(f"{settings.key_prefix}:q:testsite") == 2
 
 

@@ -23,5 +23,11 @@ def test_a_finished_crawl_leaves_under_20_bytes_a_page() -> None:
     out = measure(pages=400)
     assert out["compacted"] and out["pages"] >= 400 and out["items"] == out["pages"]
     assert out["bytes_per_page"] <= 20, out["kinds"]
-    per_task = ("run:{rid}:done", "run:{rid}:uniq:", "run:{rid}:deliv:", "run:{rid}:kids:")
+    per_task = (
+        "run:{rid}:done",
+        "run:{rid}:uniq:",
+        "run:{rid}:deliv:",
+        "run:{rid}:kids:",
+        "run:{rid}:staged",
+    )
     assert not [k for k in out["kinds"] if k.startswith((*per_task, "deliv:", "kids:"))]

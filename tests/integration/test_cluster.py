@@ -74,7 +74,7 @@ class Crawl:
         try:
             begun = self.state.begin(self.rid, tid, 0)
             if begun.committed:  # a redelivery: send what is still staged
-                staged = self.state.r.lrange(self.state.kids_key(tid, self.rid), 0, -1)
+                staged = self.state.staged(tid, self.rid)
             else:
                 kids = []
                 if depth < len(FANOUT):
@@ -88,7 +88,7 @@ class Crawl:
                                         kids=kids)  # fmt: skip
                 staged = res.staged if res is not None else []
             self.queue.extend(orjson.loads(m) for m in staged)
-            self.state.r.delete(self.state.kids_key(tid, self.rid))
+            self.state.clear_kids(tid, self.rid)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.ClusterError) as exc:  # fmt: skip
             self.errors.append(type(exc).__name__)  # the message is requeued, not acked
@@ -118,7 +118,7 @@ def test_a_runs_keys_share_one_slot_and_runs_spread_over_the_masters(redis_clust
     slots = set()
     for _ in range(30):
         rid = uuid.uuid4().hex[:12]
-        keys = [ks.run(rid), ks.counters(rid), ks.done(rid, "t"), ks.kids("t", rid),
+        keys = [ks.run(rid), ks.counters(rid), ks.done(rid, "t"), ks.staged(rid), ks.kids("c", rid),
                 ks.deliveries("t", 0, rid), ks.uniq_prefix(rid) + "s", ks.run_outbox(rid)]  # fmt: skip
         found = {client.keyslot(k) for k in keys}
         assert len(found) == 1
@@ -413,7 +413,7 @@ def test_the_sweeper_reads_ledgers_on_the_cluster_and_queues_on_the_broker(
     assert state.counters(crawl.rid)["resent"] == 3
     # now the seed's message is back in the broker: its staged children wait for it
     other = uuid.uuid4().hex
-    state.r.rpush(state.kids_key(other, crawl.rid), kids[0].encode())
+    state.r.hset(state.staged_key(crawl.rid), other, kids[0].task_id)
     broker.lpush(f"{key_prefix}:q:testsite", orjson.dumps({"headers": {"id": other}}))
     state.r.hset(state.ledger_key(crawl.rid), kids[0].task_id, kids[0].encode())
     state.r.hset(state.run_key(crawl.rid), "last", f"{time.time() - 60:.3f}")
