@@ -3,12 +3,12 @@
 --       cluster the counters again: the caller updates the set), 5 pending, 6 ledger (tid ->
 --       message of every task sent and not yet committed, for the sweeper), 7 storing runs
 --       (done runs whose items still wait in the outbox; on a cluster the counters again: the
---       caller updates the set); then per commit: its done set|key, its staging: with a
---       run the run's staged hash (the same for every commit), without one its kids list
+--       caller updates the set); then with a run: 8 its done set, 9 its staged hash (shared
+--       by every commit); without one, per commit: its done key, its kids list
 -- ARGV: 1 run, 2 now, 3 ttl, 4 uniq key prefix, 5 number of commits n, 6 number of outbox
 --       entry groups; then the n task ids; then per group: kind (m: its members' items are
 --       merged, r: one entry written as it came), n_fields, fields... (an `m` group's without
---       `items`); then per commit: tid, step, outcome, n_items, n_entries, per entry: its
+--       `items`); then per commit: step, outcome, n_items, n_entries, per entry: its
 --       group, the inside of its items' JSON array; n_kids, per kid: step, uniq, json;
 --       n_counts, per count: step, counter, n (counted with the commit)
 -- Reply per commit: 0 (already committed) or {outstanding tasks of the run (0 without a run),
@@ -92,10 +92,11 @@ local function waits()  -- the waiting list's length: read once per call, then k
   return waiting
 end
 for c = 1, n do
-  local done_key, kids_key = KEYS[6 + 2 * c], KEYS[7 + 2 * c]
-  local tid, step, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local n_items = tonumber(ARGV[i + 3])
-  i = i + 4
+  local done_key, kids_key = KEYS[8], KEYS[9]
+  if run == '' then done_key, kids_key = KEYS[6 + 2 * c], KEYS[7 + 2 * c] end
+  local tid, step, outcome = tids[c], ARGV[i], ARGV[i + 1]
+  local n_items = tonumber(ARGV[i + 2])
+  i = i + 3
   local fresh_task
   if run == '' then
     fresh_task = redis.call('SET', done_key, '1', 'NX', 'EX', ttl)

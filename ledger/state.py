@@ -626,9 +626,12 @@ class RunState:
         groups: dict[Any, int] = {}  # entries that differ only in their items -> group number
         header: list[Any] = []
         body: list[Any] = []
+        if rid:  # the run's done set and staged hash, shared by every commit
+            keys += (calls[0].done_key, calls[0].kids_key)
         for c in calls:
-            keys += (c.done_key, c.kids_key)
-            body += c.args[:4]
+            if not rid:
+                keys += (c.done_key, c.kids_key)
+            body += c.args[1:4]  # its tid is in the ids up front
             body.append(len(c.entries))
             for e in c.entries:
                 items = e.get("items")
