@@ -11,15 +11,20 @@
 --       `items`); then per commit: step, outcome, n_items, n_entries, per entry: its
 --       group, the inside of its items' JSON array; n_kids, per kid: step, uniq, json;
 --       n_counts, per count: step, counter, n (counted with the commit)
--- Reply per commit: 0 (already committed) or {outstanding tasks of the run (0 without a run),
--- then what was staged: the number (1-based) of each of its kids staged, whose message the
--- caller holds, and the message of each waiting child released}, so the caller publishes
--- them with no read-back round trip.
+-- Reply: one flat array (a table a commit cost as much to convert as the rest of the reply):
+-- the run's outstanding tasks (0 without a run), then per commit -1 (already committed) or
+-- the number m of what it staged followed by those m: the number (1-based) of each of its
+-- kids staged, whose message the caller holds, and the message of each waiting child
+-- released, so the caller publishes them with no read-back round trip.
 -- Staged children of a run's task are recorded by id only, as `tid -> "id id ..."` in the
 -- run's staged hash (one HSET a call): their messages are in the ledger already, so a
 -- redelivered committed task finds them there (`RunState.staged`), and a page's message is
 -- written to Redis once, not twice.
 -- Counters, EXPIREs and the run's `last` are written once per call, summed over its commits.
+-- Globals read in loops are copied to locals first: a global is a table lookup on every
+-- read in Lua 5.1, a local a register.
+local ARGV, KEYS, tonumber, unpack = ARGV, KEYS, tonumber, unpack
+local rcall, smatch, tconcat = redis.call, string.match, table.concat
 local run, now, ttl, uprefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local n, n_groups = tonumber(ARGV[5]), tonumber(ARGV[6])
 local i = 7
@@ -38,13 +43,13 @@ for g = 1, n_groups do
 end
 local cap, cancelled, paused, compacted = 0, false, false, false
 if run ~= '' then
-  local rh = redis.call('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted')
+  local rh = rcall('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted')
   cap, cancelled, paused = tonumber(rh[1] or '0'), rh[2] ~= false, rh[3] ~= false
   compacted = rh[4] ~= false  -- finished and its done set dropped: every task of it committed
 end
 local function chunked(cmd, key, list, step)  -- unpack() has a limit (the Lua C stack)
   for a = 1, #list, step do
-    redis.call(cmd, key, unpack(list, a, math.min(a + step - 1, #list)))
+    rcall(cmd, key, unpack(list, a, math.min(a + step - 1, #list)))
   end
 end
 local function write_entries()
@@ -54,13 +59,13 @@ local function write_entries()
       for f = g.at, g.at + g.nf - 1 do args[#args + 1] = ARGV[f] end
       if not g.raw then
         args[#args + 1] = 'items'
-        args[#args + 1] = '[' .. table.concat(g.parts, ',') .. ']'
+        args[#args + 1] = '[' .. tconcat(g.parts, ',') .. ']'
       end
-      redis.call('XADD', KEYS[3], '*', unpack(args))
+      rcall('XADD', KEYS[3], '*', unpack(args))
     end
   end
 end
-local replies, counts, touched = {}, {}, {}
+local reply, counts, touched = {0}, {}, {}
 local delta, committed = 0, 0
 local ledger_set, ledger_del = {}, {}  -- written with one HSET and one HDEL a call
 local staged_set = {}  -- tid, its staged children's ids: one HSET of the staged hash a call
@@ -70,7 +75,7 @@ local fresh_ids = {}
 if run ~= '' and not compacted and n > 0 then
   local member = {}
   for a = 1, #tids, 4000 do
-    local part = redis.call('SMISMEMBER', KEYS[8], unpack(tids, a, math.min(a + 3999, #tids)))
+    local part = rcall('SMISMEMBER', KEYS[8], unpack(tids, a, math.min(a + 3999, #tids)))
     for _, m in ipairs(part) do member[#member + 1] = m end
   end
   local new = {}
@@ -88,7 +93,7 @@ end
 local inflight0, inflight, waiting = nil, 0, nil  -- with a cap: tasks in the broker; pending's length
 local function count(field, by) counts[field] = (counts[field] or 0) + by end
 local function waits()  -- the waiting list's length: read once per call, then kept here
-  if waiting == nil then waiting = redis.call('LLEN', KEYS[5]) end
+  if waiting == nil then waiting = rcall('LLEN', KEYS[5]) end
   return waiting
 end
 for c = 1, n do
@@ -99,7 +104,7 @@ for c = 1, n do
   i = i + 3
   local fresh_task
   if run == '' then
-    fresh_task = redis.call('SET', done_key, '1', 'NX', 'EX', ttl)
+    fresh_task = rcall('SET', done_key, '1', 'NX', 'EX', ttl)
   elseif compacted then
     fresh_task = false
   else  -- every commit of a run shares its done set (KEYS[8]); the first of a tid wins
@@ -128,13 +133,13 @@ for c = 1, n do
   local next_commit = i + 3 * n_counts
   i = kids_at
   if not fresh_task then
-    replies[c] = 0
+    reply[#reply + 1] = -1
   else
     committed = committed + 1
     if run ~= '' then ledger_del[#ledger_del + 1] = tid end
     if cap > 0 then  -- backpressure: this task leaves the broker (`inflight` is written once, at
       if inflight0 == nil then  -- the end, as the net change)
-        inflight0 = tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0')
+        inflight0 = tonumber(rcall('HGET', KEYS[1], 'inflight') or '0')
         inflight = inflight0
       end
       inflight = inflight - 1
@@ -153,7 +158,7 @@ for c = 1, n do
       local fresh = 1
       if uniq ~= '' and run ~= '' then
         local ukey = uprefix .. kstep
-        fresh = redis.call('SADD', ukey, uniq)
+        fresh = rcall('SADD', ukey, uniq)
         touched[ukey] = true
       end
       if fresh == 0 then  -- sent already in this run (a `unique` step)
@@ -170,14 +175,14 @@ for c = 1, n do
         end
         local kid_id = nil
         if run ~= '' then
-          kid_id = string.match(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
+          kid_id = smatch(msg, '^{"id":"([^"]+)"') or cjson.decode(msg)['id']
         end
         if target ~= kids_key or run == '' then
-          redis.call('RPUSH', target, msg)
+          rcall('RPUSH', target, msg)
           touched[target] = true
         end
         if target == kids_key then
-          table.insert(staged, kn)  -- the caller has its message
+          staged[#staged + 1] = kn  -- the caller has its message
           if run ~= '' then kid_ids[#kid_ids + 1] = kid_id end
         end
         if run ~= '' then
@@ -192,11 +197,11 @@ for c = 1, n do
       -- release waiting children into the freed slots, oldest first
       if cap > 0 and not paused then
         while inflight < cap and waits() > 0 do
-          local m = redis.call('LPOP', KEYS[5])
+          local m = rcall('LPOP', KEYS[5])
           if not m then waiting = 0; break end
           -- its message is in the ledger since it was queued
-          kid_ids[#kid_ids + 1] = string.match(m, '^{"id":"([^"]+)"') or cjson.decode(m)['id']
-          table.insert(staged, m)
+          kid_ids[#kid_ids + 1] = smatch(m, '^{"id":"([^"]+)"') or cjson.decode(m)['id']
+          staged[#staged + 1] = m
           waiting = waiting - 1
           inflight = inflight + 1
         end
@@ -211,10 +216,11 @@ for c = 1, n do
       delta = delta + total - 1
       if #kid_ids > 0 then
         staged_set[#staged_set + 1] = tid
-        staged_set[#staged_set + 1] = table.concat(kid_ids, ' ')
+        staged_set[#staged_set + 1] = tconcat(kid_ids, ' ')
       end
     end
-    replies[c] = staged
+    reply[#reply + 1] = #staged
+    for x = 1, #staged do reply[#reply + 1] = staged[x] end
   end
   i = next_commit
 end
@@ -228,29 +234,27 @@ if #ledger_set > 0 then
   chunked('HSET', KEYS[6], ledger_set, 4000)  -- even: field, message pairs stay whole
   touched[KEYS[6]] = true
 end
-for key in pairs(touched) do redis.call('EXPIRE', key, ttl) end
+for key in pairs(touched) do rcall('EXPIRE', key, ttl) end
 local left = 0
 if run ~= '' and committed > 0 then
-  redis.call('HSET', KEYS[2], 'last', now)
+  rcall('HSET', KEYS[2], 'last', now)
   if inflight0 ~= nil and inflight ~= inflight0 then
-    redis.call('HINCRBY', KEYS[1], 'inflight', inflight - inflight0)
+    rcall('HINCRBY', KEYS[1], 'inflight', inflight - inflight0)
   end
-  for field, by in pairs(counts) do redis.call('HINCRBY', KEYS[1], field, by) end
-  left = redis.call('HINCRBY', KEYS[1], 'outstanding', delta)
+  for field, by in pairs(counts) do rcall('HINCRBY', KEYS[1], field, by) end
+  left = rcall('HINCRBY', KEYS[1], 'outstanding', delta)
   if left <= 0 then
-    redis.call('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
-    if KEYS[4] ~= KEYS[1] then redis.call('SREM', KEYS[4], run) end  -- a cluster: the caller's
-    redis.call('DEL', KEYS[6])
-    if KEYS[9] then redis.call('DEL', KEYS[9]) end  -- nothing is left to send
+    rcall('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
+    if KEYS[4] ~= KEYS[1] then rcall('SREM', KEYS[4], run) end  -- a cluster: the caller's
+    rcall('DEL', KEYS[6])
+    if KEYS[9] then rcall('DEL', KEYS[9]) end  -- nothing is left to send
     if not cancelled then  -- shown as `storing` until the outbox has stored its last item
-      local c = redis.call('HMGET', KEYS[1], 'items', 'stored', 'store_failed')
+      local c = rcall('HMGET', KEYS[1], 'items', 'stored', 'store_failed')
       if tonumber(c[1] or '0') > tonumber(c[2] or '0') + tonumber(c[3] or '0') then
-        if KEYS[7] ~= KEYS[1] then redis.call('SADD', KEYS[7], run) end  -- a cluster: the caller's
+        if KEYS[7] ~= KEYS[1] then rcall('SADD', KEYS[7], run) end  -- a cluster: the caller's
       end
     end
   end
 end
-for c = 1, n do
-  if replies[c] ~= 0 then table.insert(replies[c], 1, left) end
-end
-return replies
+reply[1] = left
+return reply

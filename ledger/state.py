@@ -201,12 +201,21 @@ class Resumed:
     released: int
 
 
-def _committed(reply: Any, kids: Sequence[bytes]) -> Committed | None:
-    """A commit script's reply: a kid staged comes back as its number (the script does not
-    copy back a message the caller holds), a waiting child released as its message."""
-    if not isinstance(reply, list):  # 0: this task id had already committed
-        return None
-    return Committed(int(reply[0]), [kids[x - 1] if isinstance(x, int) else x for x in reply[1:]])
+def _committed(reply: list[Any], calls: Sequence[CommitCall]) -> list[Committed | None]:
+    """A commit script's flat reply for `calls`: outstanding, then per commit -1 (had already
+    committed) or m and its m staged children: a kid staged as its number (the script does
+    not copy back a message the caller holds), a waiting child released as its message."""
+    left, pos, out = int(reply[0]), 1, []
+    for c in calls:
+        m = int(reply[pos])
+        pos += 1
+        if m < 0:
+            out.append(None)
+            continue
+        got = reply[pos : pos + m]
+        pos += m
+        out.append(Committed(left, [c.kids[x - 1] if isinstance(x, int) else x for x in got]))
+    return out
 
 
 class RunState:
@@ -697,9 +706,8 @@ class RunState:
             elif isinstance(r, Exception):
                 error = error or r
                 continue
-            for n, reply in zip(idx, r, strict=True):
-                out[n] = _committed(reply, calls[n].kids)
-                got = out[n]
+            for n, got in zip(idx, _committed(r, [calls[n] for n in idx]), strict=True):
+                out[n] = got
                 if self.cluster and calls[n].rid and got is not None and got.outstanding <= 0:
                     ended.append(calls[n].rid)
         error = error or next(
