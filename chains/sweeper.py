@@ -276,7 +276,6 @@ class Sweeper:
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))
-        for rid in rids:
             for tid, kid_ids in self.r.hgetall(self.state.staged_key(rid)).items():
                 if tid.decode() in ids:
                     ids.update(k.decode() for k in kid_ids.split())

@@ -157,7 +157,7 @@ for c = 1, n do
       inflight = inflight - 1
     end
     local staged = {}  -- the reply: the staged messages (the run's outstanding count goes first)
-    -- children: to this task's staging list; with a cap, to the run's waiting list when the
+    -- children: staged for this task to send; with a cap, to the run's waiting list when the
     -- cap is reached or others wait ahead of them (order kept), and always while it is paused
     local total = 0
     local kid_ids = {}  -- with a run: the ids of the children staged for this task to send
@@ -178,26 +178,25 @@ for c = 1, n do
         count('skipped_unique', 1)
       end
       if fresh == 1 then
-        local target = kids_key
-        if paused or (cap > 0 and (inflight >= cap or waits() > 0)) then
-          target = KEYS[5]
+        local wait = paused or (cap > 0 and (inflight >= cap or waits() > 0))  -- run's only
+        if wait then
           if waiting ~= nil then waiting = waiting + 1 end
         elseif cap > 0 then
           inflight = inflight + 1
         end
-        local kid_id = nil
-        if run ~= '' then
-          kid_id = id_of(msg)
-        end
-        if target ~= kids_key or run == '' then
-          rcall('RPUSH', target, msg)
-          touched[target] = true
-        end
-        if target == kids_key then
+        if run == '' then  -- no ledger: the task's own kids list holds the message
+          rcall('RPUSH', kids_key, msg)
+          touched[kids_key] = true
           staged[#staged + 1] = kn  -- the caller has its message
-          if run ~= '' then kid_ids[#kid_ids + 1] = kid_id end
-        end
-        if run ~= '' then
+        else
+          local kid_id = id_of(msg)
+          if wait then  -- to the run's waiting list, message and all
+            rcall('RPUSH', KEYS[5], msg)
+            touched[KEYS[5]] = true
+          else  -- staged by id (the caller has its message; the ledger gets it below)
+            staged[#staged + 1] = kn
+            kid_ids[#kid_ids + 1] = kid_id
+          end
           ledger_set[#ledger_set + 1] = kid_id
           ledger_set[#ledger_set + 1] = msg
           count(kstep .. ':dispatched', 1)

@@ -132,7 +132,7 @@ class Publisher:
         drop them from there. Anything raised leaves them staged for a redelivery to send. `front`:
         entries a batch did not start, due already, so on a Redis broker they go to the head
         of their queues (the next BRPOP takes them) instead of behind the whole backlog."""
-        keys = [key for staged, key in groups if staged]
+        ats = [at for staged, at in groups if staged]
         kids = [orjson.loads(m) for staged, _ in groups for m in staged]
         if not kids and not front:
             return
@@ -146,11 +146,11 @@ class Publisher:
             for m in reversed(first):  # the head is the right end: keep their order
                 pipe.rpush(*self.envelope(m))
             same = self.s.broker_url == self.s.redis_url
-            if same and keys:
-                drop_staged(pipe, keys)
+            if same and ats:
+                drop_staged(pipe, ats)
             pipe.execute()
-            if not same and keys:
-                drop_staged(state.r, keys)
+            if not same and ats:
+                drop_staged(state.r, ats)
             return
         with self.app.producer_or_acquire() as producer, producer.batch():
             for m in first + msgs:
@@ -159,8 +159,8 @@ class Publisher:
                     opts["priority"] = m.priority
                 self.app.send_task(m.task, args=m.args, task_id=m.id, argsrepr=m.argsrepr,
                                    kwargsrepr="{}", producer=producer, **opts)  # fmt: skip
-        if keys:
-            drop_staged(state.r, keys)
+        if ats:
+            drop_staged(state.r, ats)
 
     def envelope(self, m: Message) -> tuple[str, bytes]:
         """(queue key, message) as kombu's Redis transport LPUSHes a Celery protocol-2 task."""

@@ -147,7 +147,7 @@ class CommitCall:
 
     rid: str
     done_key: str
-    kids_key: str  # its staging: the run's staged hash, or (without a run) its kids list
+    staging: str  # the run's staged hash, or (without a run) the task's kids list
     args: list[Any]  # its ARGV part: tid, step, outcome, n_items, kids, counts
     forget: tuple[str, ...] = ()  # keys unlinked right after the commit (its delivery counter)
     kids: tuple[bytes, ...] = ()  # its children's messages, as the script stages them
@@ -611,9 +611,8 @@ class RunState:
         args.append(len(extra))
         for s, c, n in extra:
             args.extend((s, c, n))
-        staging = self.staged_key(rid) if rid else self.kids_key(tid, "")
-        call = CommitCall(rid, self.done_key(rid, tid), staging, args, tuple(forget), msgs,
-                          tuple(entries))  # fmt: skip
+        call = CommitCall(rid, self.done_key(rid, tid), self.staged_at(tid, rid).key, args,
+                          tuple(forget), msgs, tuple(entries))  # fmt: skip
         if defer is not None:  # the caller sends it with others: run_commits(defer)
             defer.append(call)
             return None
@@ -636,10 +635,10 @@ class RunState:
         header: list[Any] = []
         body: list[Any] = []
         if rid:  # the run's done set and staged hash, shared by every commit
-            keys += (calls[0].done_key, calls[0].kids_key)
+            keys += (calls[0].done_key, calls[0].staging)
         for c in calls:
             if not rid:
-                keys += (c.done_key, c.kids_key)
+                keys += (c.done_key, c.staging)
             body += c.args[1:4]  # its tid is in the ids up front
             body.append(len(c.entries))
             for e in c.entries:
