@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from demo.auth import new_token
-from demo.params import bad_request, int_param, not_found, required
+from demo.params import bad_request, found, int_param, required
 from demo.responses import json_response
 from demo.state import state_of
 
@@ -56,9 +56,7 @@ async def feed(request: web.Request) -> web.Response:
 async def user_info(request: web.Request) -> web.Response:
     st = state_of(request)
     uid = required(request, "user_id")
-    u = st.data.user(uid)
-    if u is None:
-        raise not_found(request, f"user {uid}")
+    u = found(request, st.data.user(uid), f"user {uid}")
     return ok(u.to_dict())
 
 
@@ -66,9 +64,7 @@ async def user_info(request: web.Request) -> web.Response:
 async def user_statuses(request: web.Request) -> web.Response:
     st = state_of(request)
     uid = required(request, "user_id")
-    u = st.data.user(uid)
-    if u is None:
-        raise not_found(request, f"user {uid}")
+    u = found(request, st.data.user(uid), f"user {uid}")
     return _listing(
         request, u.post_count, lambda off, n: st.data.user_posts(uid, off, n),
         lambda p: p.to_summary_dict(),
@@ -79,9 +75,7 @@ async def user_statuses(request: web.Request) -> web.Response:
 async def detail(request: web.Request) -> web.Response:
     st = state_of(request)
     pid = required(request, "post_id")
-    p = st.data.post(pid)
-    if p is None:
-        raise not_found(request, f"post {pid}")
+    p = found(request, st.data.post(pid), f"post {pid}")
     return ok(st.data.with_author(p, full=True))
 
 
@@ -89,9 +83,7 @@ async def detail(request: web.Request) -> web.Response:
 async def comments(request: web.Request) -> web.Response:
     st = state_of(request)
     pid = required(request, "post_id")
-    p = st.data.post(pid)
-    if p is None:
-        raise not_found(request, f"post {pid}")
+    p = found(request, st.data.post(pid), f"post {pid}")
     return _listing(
         request, p.comments_count, lambda off, n: st.data.post_comments(pid, off, n),
         lambda c: c.to_dict(),

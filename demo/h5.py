@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from demo.paging import decode_cursor, encode_cursor
-from demo.params import bad_request, not_found
+from demo.params import bad_request, found
 from demo.responses import json_response
 from demo.state import state_of
 
@@ -62,9 +62,7 @@ async def feed(request: web.Request) -> web.Response:
 async def user(request: web.Request) -> web.Response:
     st = state_of(request)
     uid = request.match_info["uid"]
-    u = st.data.user(uid)
-    if u is None:
-        raise not_found(request, f"user {uid}")
+    u = found(request, st.data.user(uid), f"user {uid}")
     return ok(u.to_dict())
 
 
@@ -72,9 +70,7 @@ async def user(request: web.Request) -> web.Response:
 async def statuses(request: web.Request) -> web.Response:
     st = state_of(request)
     uid = request.match_info["uid"]
-    u = st.data.user(uid)
-    if u is None:
-        raise not_found(request, f"user {uid}")
+    u = found(request, st.data.user(uid), f"user {uid}")
     return _listing(
         request, f"statuses:{uid}", u.post_count, st.config.h5_statuses_page_size,
         lambda off, n: st.data.user_posts(uid, off, n), lambda p: p.to_summary_dict(),
@@ -85,9 +81,7 @@ async def statuses(request: web.Request) -> web.Response:
 async def post(request: web.Request) -> web.Response:
     st = state_of(request)
     pid = request.match_info["pid"]
-    p = st.data.post(pid)
-    if p is None:
-        raise not_found(request, f"post {pid}")
+    p = found(request, st.data.post(pid), f"post {pid}")
     return ok(st.data.with_author(p, full=True))
 
 
@@ -95,9 +89,7 @@ async def post(request: web.Request) -> web.Response:
 async def comments(request: web.Request) -> web.Response:
     st = state_of(request)
     pid = request.match_info["pid"]
-    p = st.data.post(pid)
-    if p is None:
-        raise not_found(request, f"post {pid}")
+    p = found(request, st.data.post(pid), f"post {pid}")
     return _listing(
         request, f"comments:{pid}", p.comments_count, st.config.h5_comments_page_size,
         lambda off, n: st.data.post_comments(pid, off, n), lambda c: c.to_dict(),

@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 
 from demo.paging import page_count
-from demo.params import int_param, not_found
+from demo.params import found, int_param, not_found
 from demo.responses import html_response, json_response, layout
 from demo.state import state_of
 
@@ -144,9 +144,7 @@ def script_json(value: object) -> str:
 async def post(request: web.Request) -> web.Response:
     st = state_of(request)
     pid = request.match_info["pid"]
-    p = st.data.post(pid)
-    if p is None:
-        raise not_found(request, f"post {pid}")
+    p = found(request, st.data.post(pid), f"post {pid}")
     data = script_json({"post": st.data.with_author(p, full=True)})
     main = (
         f'<article class="post-detail" id="post" data-state="loading">'

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from aiohttp import web
 
 from demo.responses import error_response
@@ -21,6 +23,16 @@ def bad_request(request: web.Request, message: str) -> Reject:
 
 def not_found(request: web.Request, what: str) -> Reject:
     return Reject(error_response(request, 404, "not_found", f"no such {what}"))
+
+
+T = TypeVar("T")
+
+
+def found(request: web.Request, value: T | None, what: str) -> T:
+    """`value`, or a 404 naming `what` when the platform has no such thing."""
+    if value is None:
+        raise not_found(request, what)
+    return value
 
 
 def int_param(request: web.Request, name: str, default: int, minimum: int = 1) -> int:

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from demo.data import Comment, Post, User, iso
 from demo.paging import page_count
-from demo.params import int_param, not_found
+from demo.params import found, int_param, not_found
 from demo.responses import html_response, layout, pager
 from demo.state import state_of
 
@@ -70,9 +70,7 @@ async def feed(request: web.Request) -> web.Response:
 async def user(request: web.Request) -> web.Response:
     st = state_of(request)
     uid = request.match_info["uid"]
-    u = st.data.user(uid)
-    if u is None:
-        raise not_found(request, f"user {uid}")
+    u = found(request, st.data.user(uid), f"user {uid}")
     size = st.config.pc_user_page_size
     page, pages = _page_or_404(request, u.post_count, size, "user")
     posts = st.data.user_posts(uid, (page - 1) * size, size)
@@ -101,9 +99,7 @@ async def user(request: web.Request) -> web.Response:
 async def post(request: web.Request) -> web.Response:
     st = state_of(request)
     pid = request.match_info["pid"]
-    p = st.data.post(pid)
-    if p is None:
-        raise not_found(request, f"post {pid}")
+    p = found(request, st.data.post(pid), f"post {pid}")
     author = _name(st.data.user(p.user_id))
     paragraphs = "\n".join(f"<p>{escape(par)}</p>" for par in p.content.split("\n"))
     main = (
@@ -133,9 +129,7 @@ def _comment_item(c: Comment) -> str:
 async def comments(request: web.Request) -> web.Response:
     st = state_of(request)
     pid = request.match_info["pid"]
-    p = st.data.post(pid)
-    if p is None:
-        raise not_found(request, f"post {pid}")
+    p = found(request, st.data.post(pid), f"post {pid}")
     size = st.config.pc_comments_page_size
     page, pages = _page_or_404(request, p.comments_count, size, "comments")
     items = "\n".join(_comment_item(c) for c in st.data.post_comments(pid, (page - 1) * size, size))
