@@ -8,7 +8,7 @@ Starts its own servers (never the shared Redis): one redis-server, then a cluste
 masters with a replica each (`utils.servers.RedisClusterServer`); the one Redis is measured
 alone and again with a replica, which tells the cost of replication from the cost of the
 cluster. Each page is what a worker asks of the state store for it: `begin` (one pipeline),
-the commit script (one item entry, its children staged) and the DEL of its staging list; the
+the commit script (one item entry, its children staged) and the HDEL of its staged entry; the
 outbox drain is not in it (`bench.redis_cost` measures whole pages with real workers). Several
 runs crawl side by side, as a fleet's do: a run's keys live on one slot, so the runs are what
 spreads over the masters; their ids are drawn as `chains.run` draws them

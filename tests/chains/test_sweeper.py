@@ -180,7 +180,7 @@ def test_children_waiting_behind_the_cap_are_in_the_ledger(
     )  # fmt: skip
     kids = commit(state, rid, seed, n_kids=4)
     assert set(state.ledger(rid)) == set(kids)
-    assert state.waiting(rid) == 3  # one released into the staging list, three held back
+    assert state.waiting(rid) == 3  # one released (staged), three held back
 
 
 # --- the sweeper's decision ------------------------------------------------------------------------
@@ -208,7 +208,8 @@ def test_sweeper_resends_only_what_is_nowhere_and_uncommitted_in_a_stalled_run(
     (seed,) = start_run(state, app, rid)
     deliver(rds, p, seed)
     # the seed commits two children; its worker dies before sending them: they stay staged in
-    # `kids:{seed}`, and the seed's message is lost too (only its redelivery would send them)
+    # the run's `staged` hash, and the seed's message is lost too (only its redelivery would
+    # send them)
     stranded = commit(state, rid, seed, n_kids=2)
     for tag, raw in rds.hgetall(f"{p}:q:unacked").items():
         if seed in message_ids(raw):

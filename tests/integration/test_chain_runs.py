@@ -197,7 +197,7 @@ def test_unique_skips_are_counted_and_shown_by_runs(start_worker, cc_env) -> Non
 
 def test_a_finished_run_leaves_only_its_summary_in_redis(start_worker, cc_env) -> None:
     """Once complete and stored, a run's per-task bookkeeping is gone (committed task ids,
-    delivery counters, staging lists): its hash and counters remain, and its progress reads
+    delivery counters, staged children): its hash and counters remain, and its progress reads
     as before."""
     start_worker(concurrency=4)
     s = get_settings()
