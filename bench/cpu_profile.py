@@ -140,7 +140,7 @@ PHASES: list[Rule] = [
     ("metrics flush thread (aggregated HINCRBYs)", lambda t, f: _has(f, "Aggregator._loop")),
     # the task thread
     ("child dispatch: plan + raw envelopes + one pipeline", lambda t, f: _has(f, "Publisher.publish")),
-    ("child dispatch: other (staging list read back)", lambda t, f: _has(f, "_send_staged")),
+    ("child dispatch: other (staged children read back)", lambda t, f: _has(f, "_send_staged")),
     ("fetch (requests / urllib3 / http.client)", lambda t, f: _has(f, "Fetcher.fetch")),
     ("parse (decode, lxml tree, 3 CSS fields + links)",
      lambda t, f: _has(f, "workload.py", "Response.selector", "Response.text", "Response.css")),
