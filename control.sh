@@ -53,6 +53,9 @@ lock() {
     "$VENV/bin/uv" pip compile pyproject.toml $extras --universal --python-version 3.11 -q \
       -o "requirements/$name.txt" || exit 1
   done
+  # Crawlee, the benchmark's peer, lives in a venv of its own (bench/crawlee_env.py)
+  "$VENV/bin/uv" pip compile requirements/bench-crawlee.in --universal --python-version 3.11 -q \
+    -o requirements/bench-crawlee.txt || exit 1
   echo "locked: requirements/*.txt"
 }
 

@@ -46,14 +46,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil
 
-from bench.workload import expected_pages
+from bench.workload import expected_pages, kinds_from
 from config import DEFAULT_POOL, Settings
 from utils import environ
 
@@ -206,6 +206,8 @@ class CrawlResult:
 class ChaincrawlBench:
     """A private redis-server for the whole session; workers started per configuration."""
 
+    _active: ClassVar[ChaincrawlBench | None] = None  # whose Redis this process's client uses
+
     def __init__(self, workdir: Path | None = None, key_prefix: str = "bench",
                  redis_binary: str | None = None) -> None:  # fmt: skip
         from utils.servers import RedisServer
@@ -232,8 +234,13 @@ class ChaincrawlBench:
 
     # -- the client side (this process): chain runs and progress
     def _client(self) -> None:
+        """This process as a client of this bench's Redis (the last one asked, when several
+        benches with Redis servers of their own run side by side, as `bench.compare`'s do)."""
         if self._client_ready:
             return
+        if ChaincrawlBench._active is not None:
+            ChaincrawlBench._active._restore_client()
+        ChaincrawlBench._active = self
         # close() puts these back: a bench run inside a test must not leave its sites and
         # Redis to the tests that follow in the same process
         self._saved_env = environ.apply(self.env)
@@ -249,31 +256,34 @@ class ChaincrawlBench:
         worker.configure(get_settings())
         self._client_ready = True
 
-    def chain(self) -> Any:
+    def chain(self, kind: str = "feed") -> Any:
+        """The chain of a crawl seeded at a page of `kind`: one step per page kind it walks
+        (`bench.workload.kinds_from`), each fed by its parent's `benchsite.link` items."""
         from chains import Chain, step
 
         link = {"unique": True, "on": "benchsite.link"}
         task = "benchsite.pc.page"
-        return Chain(
-            "bench_pc",
-            step(task, id="feed").then(
-                step(task, id="user", url="url", const={"kind": "user"}, options=link).then(
-                    step(task, id="post", url="url", const={"kind": "post"}, options=link).then(
-                        step(
-                            task, id="comments", url="url", const={"kind": "comments"}, options=link
-                        )
-                    )
-                )
-            ),
-        )
+        kinds = kinds_from(kind)
+        node = None
+        for k in reversed(kinds[1:]):
+            s = step(task, id=k, url="url", const={"kind": k}, options=link)
+            node = s if node is None else s.then(node)
+        root = step(task, id=kind)
+        return Chain("bench_pc" if kind == "feed" else f"bench_{kind}",
+                     root if node is None else root.then(node))  # fmt: skip
 
-    def run_chain(self, seeds: list[dict[str, str]], timeout: float) -> tuple[float, Any]:
+    def run_chain(self, seeds: list[dict[str, str]], timeout: float, poll: float | None = 0.05
+                  ) -> tuple[float, Any]:  # fmt: skip
+        """Run the chain of the seeds' kind; wall seconds from `chains.run()` to `wait()`
+        returning (`poll` None: `wait()`'s own default, as a user calls it)."""
         from chains import run
 
         self._client()
+        chain = self.chain(seeds[0]["kind"])
         t0 = time.monotonic()
-        handle = run(self.chain(), seeds=seeds, priority=5)
-        progress = handle.wait(timeout=timeout, poll=0.05)
+        handle = run(chain, seeds=seeds, priority=5)
+        progress = (handle.wait(timeout=timeout) if poll is None
+                    else handle.wait(timeout=timeout, poll=poll))  # fmt: skip
         return time.monotonic() - t0, progress
 
     # -- workers
@@ -330,6 +340,8 @@ class ChaincrawlBench:
         reset_settings()
         reset_clients()
         self._client_ready = False
+        if ChaincrawlBench._active is self:
+            ChaincrawlBench._active = None
 
     def __enter__(self) -> ChaincrawlBench:
         return self
@@ -338,13 +350,41 @@ class ChaincrawlBench:
         self.close()
 
     # -- one measured crawl
+    def warm_up(self, url: str, kind: str, timeout: float = 120) -> None:
+        """A run over a subtree of the crawl on the running workers: every code path, pool and
+        connection warmed before a timed crawl."""
+        self.run_chain([{"url": url, "kind": kind}], timeout)
+
+    def measure(self, url: str, kind: str, timeout: float, poll: float | None = 0.05
+                ) -> dict[str, Any]:  # fmt: skip
+        """One timed run from `url` on the running workers: wall, the workers' CPU and
+        redis-server's (psutil deltas), the run's totals, Redis calls by command."""
+        redis_pid = self.redis.proc.pid if self.redis.proc else 0
+        cpu0 = [w.cpu() for w in self.workers]
+        rcpu0 = proc_cpu(redis_pid)
+        cmd0 = commandstats(self.redis.url)
+        wall, progress = self.run_chain([{"url": url, "kind": kind}], timeout, poll)
+        cpu1 = [w.cpu() for w in self.workers]
+        rcpu1 = proc_cpu(redis_pid)
+        cmd1 = commandstats(self.redis.url)
+        return {
+            "wall_s": wall,
+            "per_worker_cpu_s": [b - a for a, b in zip(cpu0, cpu1, strict=True)],
+            "redis_cpu_s": rcpu1 - rcpu0,
+            "totals": progress.totals,
+            "redis_calls": {
+                k: v - cmd0.get(k, 0) for k, v in cmd1.items() if v - cmd0.get(k, 0) > 0
+            },
+        }
+
     def crawl(self, demo: Any, *, pool: str = DEFAULT_POOL, concurrency: int = 16, workers: int = 1,
               app: str = "worker", env: dict[str, str] | None = None, warmup: bool = True,
               timeout: float | None = None, label: str = "chaincrawl",
               keep_workers: bool = False, prefix: list[str] | None = None,
               in_process: bool = False, around: Callable[[bool], None] | None = None
               ) -> CrawlResult:  # fmt: skip
-        """Start workers (unless `keep_workers` and they run), warm up, crawl `demo`, measure.
+        """Start workers (unless `keep_workers` and they run), warm up, crawl the demo's pc
+        pages (`demo`: a DemoServer or its replay), measure.
         `around(True)` / `around(False)` just before / after the timed crawl."""
         if not (keep_workers and self.workers):
             self.flush()
@@ -356,45 +396,35 @@ class ChaincrawlBench:
         if timeout is None:  # generous: 5 pages/s plus the latency chain of the tree
             timeout = 60 + want / 5 + 20 * cfg.latency_ms / 1000
         if warmup:  # one user's pages: every code path, pools and connections warmed
-            self.run_chain([{"url": demo.url_for("/pc/user/u1"), "kind": "user"}], timeout)
-        redis_pid = self.redis.proc.pid if self.redis.proc else 0
+            self.warm_up(demo.url_for("/pc/user/u1"), "user", timeout)
         demo.reset()
-        cpu0 = [w.cpu() for w in self.workers]
-        rcpu0 = proc_cpu(redis_pid)
-        cmd0 = commandstats(self.redis.url)
         if around is not None:
             around(True)
-        wall, progress = self.run_chain([{"url": demo.url_for("/pc/feed?page=1"), "kind": "feed"}],
-                                        timeout)  # fmt: skip
+        m = self.measure(demo.url_for("/pc/feed?page=1"), "feed", timeout)
         if around is not None:
             around(False)
-        cpu1 = [w.cpu() for w in self.workers]
-        rcpu1 = proc_cpu(redis_pid)
-        cmd1 = commandstats(self.redis.url)
         stats = demo.stats(timestamps=True)
-        t = progress.totals
+        t = m["totals"]
         pages = int(stats["total"])
         res = CrawlResult(
             system=label,
             pages=pages,
             items=t["stored"],
-            wall_s=wall,
-            cpu_s=sum(cpu1) - sum(cpu0),
+            wall_s=m["wall_s"],
+            cpu_s=sum(m["per_worker_cpu_s"]),
             workers=workers,
             pool=pool,
             concurrency=concurrency,
             peak_rss_mb=[round(w.peak_rss_mb(), 1) for w in self.workers],
-            redis_cpu_s=rcpu1 - rcpu0,
+            redis_cpu_s=m["redis_cpu_s"],
             succeeded=t["succeeded"],
             failed=t["failed"],
             retried=t["retried"],
             extra={
                 "expected_pages": want,
-                "per_worker_cpu_s": [b - a for a, b in zip(cpu0, cpu1, strict=True)],
+                "per_worker_cpu_s": m["per_worker_cpu_s"],
                 "arrivals": _arrivals(stats),
-                "redis_calls": {
-                    k: v - cmd0.get(k, 0) for k, v in cmd1.items() if v - cmd0.get(k, 0) > 0
-                },
+                "redis_calls": m["redis_calls"],
             },
         )
         if pages != want or t["succeeded"] != want or t["stored"] != want:

@@ -1,6 +1,7 @@
 """Where a chaincrawl worker's CPU goes per page: py-spy over a real crawl, grouped by phase.
 
-    .venv/bin/python -m bench.cpu_profile                       # ~2000 pages, threads(16), no latency
+    .venv/bin/python -m bench.cpu_profile                       # ~2000 pages, gevent(16), no latency
+    .venv/bin/python -m bench.cpu_profile --pageset heavy       # the shop's 8-50 KB pages
     .venv/bin/python -m bench.cpu_profile --proto nometrics     # with bench/proto.py switches
     .venv/bin/python -m bench.cpu_profile --latency-ms 250 --pages 1300   # latency-bound
     .venv/bin/python -m bench.cpu_profile -P gevent -c 256 --latency-ms 100 --pages 3000  # lat100x256
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -237,61 +237,62 @@ def pyspy_prefix(out: Path, rate: int = 200) -> list[str]:
 
 
 def profile_chaincrawl(pages: int, proto: str, outdir: Path, pool: str = DEFAULT_POOL,
-                       concurrency: int = 16, latency_ms: int = 0) -> dict[str, Any]:  # fmt: skip
+                       concurrency: int = 16, latency_ms: int = 0, pageset: str = "light"
+                       ) -> dict[str, Any]:  # fmt: skip
+    """One worker under py-spy crawls a page set of `bench.pagesets` (after its warm-up)."""
     from bench.chaincrawl_bench import ChaincrawlBench
-    from bench.workload import site_for_pages
-    from demo.testing import DemoServer
+    from bench.pagesets import PAGESETS
 
-    users, posts, comments = site_for_pages(pages)
-    tag = proto.replace(",", "+") or "baseline"
+    ps = PAGESETS[pageset].build(pages=pages)
+    tag = (proto.replace(",", "+") or "baseline") + f"-{ps.name}"
     raw = outdir / f"chaincrawl-{tag}.raw"
     env = {"BENCH_PROTO": proto} if proto else {}
-    with (
-        DemoServer(
-            users=users,
-            posts_per_user=posts,
-            comments_per_post=comments,
-            latency_ms=latency_ms,
-            stats_window_s=3600,
-        ) as demo,  # fmt: skip
-        ChaincrawlBench() as b,
-    ):
-        res = b.crawl(demo, pool=pool, concurrency=concurrency, env=env,
-                      app="bench.tuned_worker" if proto else "worker",
-                      prefix=pyspy_prefix(raw))  # fmt: skip
+    app = "bench.tuned_worker" if proto else "worker"
+    with ps.serve(latency_ms) as site, ChaincrawlBench() as b:
+        b.start_workers(1, pool, concurrency, app, env, prefix=pyspy_prefix(raw))
+        b.warm_up(site.url_for(ps.warmup.target), ps.warmup.kind)
+        site.reset()
+        timeout = 120 + ps.expected_pages / 5 + 20 * latency_ms / 1000
+        m = b.measure(site.url_for(ps.seed.target), ps.seed.kind, timeout)
+        got = int(site.stats()["total"])
         b.stop_workers()  # py-spy writes the file when the worker exits
-    rep = report(raw, res.cpu_ms_per_page, title=f"chaincrawl worker ({tag})")
+    if got != ps.expected_pages or m["totals"]["stored"] != ps.expected_pages:
+        raise RuntimeError(f"expected {ps.expected_pages} pages and items, got {got} requests, "
+                           f"{m['totals']['stored']} items stored")  # fmt: skip
+    cpu_ms = 1000 * sum(m["per_worker_cpu_s"]) / got
+    rep = report(raw, cpu_ms, title=f"chaincrawl worker ({tag})")
     rep["raw"] = str(raw)
-    rep["run"] = {k: v for k, v in res.as_dict().items() if k != "extra"}
-    rep["run"]["redis_calls"] = res.extra.get("redis_calls", {})
+    rep["run"] = {"pages": got, "wall_s": m["wall_s"], "cpu_ms_per_page": cpu_ms,
+                  "redis_cpu_ms_per_page": 1000 * m["redis_cpu_s"] / got,
+                  "redis_calls": m["redis_calls"]}  # fmt: skip
     return rep
 
 
-def profile_scrapy(pages: int, outdir: Path, concurrency: int = 16,
-                   settings: list[str] | None = None, latency_ms: int = 0) -> dict[str, Any]:  # fmt: skip
-    from bench.workload import site_for_pages
-    from demo.testing import DemoServer
+def profile_scrapy(pages: int, outdir: Path, concurrency: int = 16, config: str | None = None,
+                   latency_ms: int = 0, pageset: str = "light") -> dict[str, Any]:  # fmt: skip
+    """Scrapy (a `bench.scrapy_spider` configuration, Scrapy-best by default) under py-spy."""
+    from bench.pagesets import PAGESETS
+    from bench.scrapy_spider import BEST
+    from bench.systems import PeerProcess
 
-    users, posts, comments = site_for_pages(pages)
-    raw = outdir / "scrapy.raw"
-    sets = [x for kv in (settings or []) for x in ("-s", kv)]
-    with DemoServer(users=users, posts_per_user=posts, comments_per_post=comments,
-                    latency_ms=latency_ms) as demo:  # fmt: skip
-        cmd = [*pyspy_prefix(raw), sys.executable, "-m", "bench.scrapy_spider", "--base", demo.url,
-               "-c", str(concurrency), "--json", *sets]  # fmt: skip
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    res = _bench_result(out.stdout)
-    rep = report(raw, res.get("cpu_ms_per_page"), SCRAPY_PHASES, "scrapy")
+    ps = PAGESETS[pageset].build(pages=pages)
+    raw = outdir / f"scrapy-{ps.name}.raw"
+    argv = [*pyspy_prefix(raw), sys.executable, "-m", "bench.scrapy_spider",
+            "--config", config or BEST]  # fmt: skip
+    with ps.serve(latency_ms) as site:
+        peer = PeerProcess(argv, outdir / "scrapy.log")
+        try:
+            peer.crawl(site.url_for(ps.warmup.target), ps.warmup.kind, concurrency, 300)
+            site.reset()
+            res = peer.crawl(site.url_for(ps.seed.target), ps.seed.kind, concurrency, 1800)
+            got = int(site.stats()["total"])
+        finally:
+            peer.close()  # py-spy writes the file when Scrapy exits
+    res["cpu_ms_per_page"] = 1000 * res["cpu_s"] / got
+    rep = report(raw, res["cpu_ms_per_page"], SCRAPY_PHASES, "scrapy")
     rep["raw"] = str(raw)
     rep["run"] = res
     return rep
-
-
-def _bench_result(stdout: str) -> dict[str, Any]:
-    for line in stdout.splitlines():
-        if line.startswith("BENCH_RESULT "):
-            return json.loads(line[len("BENCH_RESULT ") :])
-    raise RuntimeError(f"no result from the Scrapy run:\n{stdout[-2000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,8 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-ms", type=int, default=0, help="demo server's added latency")
     ap.add_argument("-c", "--concurrency", type=int, default=16,
                     help="task slots (chaincrawl) or CONCURRENT_REQUESTS (Scrapy)")  # fmt: skip
-    ap.add_argument("-s", "--set", action="append", default=["CONCURRENT_ITEMS=16"],
-                    help="Scrapy setting for --scrapy")  # fmt: skip
+    ap.add_argument("--config", default=None,
+                    help="bench.scrapy_spider configuration for --scrapy (default: its BEST)")  # fmt: skip
+    ap.add_argument("--pageset", default="light",
+                    help="page set of bench.pagesets: light (demo pc), shop, heavy")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="directory for raw profiles + JSON")
     ap.add_argument("--analyze", type=Path, default=None, help="only summarise a raw file")
     ap.add_argument("--cpu-ms", type=float, default=None, help="with --analyze: ms/page to scale")
@@ -316,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     outdir = a.out or Path(tempfile.mkdtemp(prefix="bench-profile-"))
     outdir.mkdir(parents=True, exist_ok=True)
     if a.scrapy:
-        rep = profile_scrapy(a.pages, outdir, a.concurrency, a.set, a.latency_ms)
+        rep = profile_scrapy(a.pages, outdir, a.concurrency, a.config, a.latency_ms, a.pageset)
     else:
-        rep = profile_chaincrawl(a.pages, a.proto, outdir, a.pool, a.concurrency, a.latency_ms)
+        rep = profile_chaincrawl(a.pages, a.proto, outdir, a.pool, a.concurrency, a.latency_ms,
+                                 a.pageset)  # fmt: skip
     print_report(rep)
     if "redis_calls" in rep.get("run", {}):
         pages = rep["run"]["pages"] or 1

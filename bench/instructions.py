@@ -8,8 +8,9 @@ loop's CPU time swung 1.7x within a minute, and the cpu scenario's ratio read 0.
 0.71x in three comparisons. callgrind counts the instructions a process executes: the same
 count for the same work, whatever else the machine does. Both crawlers run under `valgrind
 --tool=callgrind` with instrumentation off through start-up and warm-up, switched on with the
-counters zeroed for the crawl itself, and dumped at its end. Same site, concurrency and
-Scrapy settings as the cpu scenario of `bench.compare`, no added latency. Under callgrind a
+counters zeroed for the crawl itself, and dumped at its end. The light pages of the cpu
+scenario of `bench.compare` (the demo's pc pages, replayed), its concurrency and Scrapy-best,
+no added latency. Under callgrind a
 process runs 50-100x slower, so both crawl CPU-bound, as in that scenario.
 
 Not counted: the kernel (system calls: sockets, and chaincrawl's Redis round trips, which
@@ -34,19 +35,28 @@ if __package__ in (None, ""):
 
 from bench.callgrind import VALGRIND, callgrind, totals
 from bench.chaincrawl_bench import ChaincrawlBench
-from bench.compare import SCENARIOS, SCRAPY_TUNED, page_server
-from bench.compare import run_scrapy as compare_run_scrapy
+from bench.replay_site import ReplayServer
+from bench.scrapy_spider import BEST
+from bench.systems import PeerProcess
 from bench.workload import expected_pages, site_for_pages
+
+CONCURRENCY = 16  # as the cpu scenario of bench.compare
 
 
 def run_scrapy(demo: Any, out: Path, concurrency: int) -> dict[str, Any]:
-    res = compare_run_scrapy(demo, concurrency, SCRAPY_TUNED,
-                             prefix=[*VALGRIND, f"--callgrind-out-file={out}"],
-                             env={"BENCH_CALLGRIND": "1"})  # fmt: skip
-    if res["returncode"]:
-        raise RuntimeError(f"Scrapy under callgrind exited {res['returncode']}")
-    return {"pages": res["pages"], "instructions": totals(Path(f"{out}.1")),
-            "cpu_ms_per_page": res["cpu_ms_per_page"]}  # fmt: skip
+    """Scrapy-best under callgrind: a warm-up crawl (dump 1), then the counted crawl (dump 2)."""
+    argv = [*VALGRIND, f"--callgrind-out-file={out}", sys.executable, "-m", "bench.scrapy_spider",
+            "--config", BEST]  # fmt: skip
+    peer = PeerProcess(argv, out.with_suffix(".log"), {"BENCH_CALLGRIND": "1"}, ready_timeout=900)
+    try:
+        peer.crawl(demo.url_for("/pc/user/u1"), "user", concurrency, 1800)
+        demo.reset()
+        res = peer.crawl(demo.url_for("/pc/feed?page=1"), "feed", concurrency, 3600)
+        pages = int(demo.stats()["total"])
+    finally:
+        peer.close()
+    return {"pages": pages, "instructions": totals(Path(f"{out}.2")),
+            "cpu_ms_per_page": 1000 * res["cpu_s"] / pages}  # fmt: skip
 
 
 def run_chaincrawl(b: ChaincrawlBench, demo: Any, out_dir: Path, pool: str, concurrency: int,
@@ -84,24 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         ap.error("needs valgrind and callgrind_control (Debian: apt-get install valgrind)")
-    sc = SCENARIOS["cpu"]
     users, posts, comments = site_for_pages(a.pages)
     want = expected_pages(users, posts, comments)
     pools = [p for p in a.pools.split(",") if p]
     rows: dict[str, list[dict[str, Any]]] = {}
     out_dir = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
-    print(f"-- {want} pages, {sc.concurrency} in flight, no latency; callgrind output in {out_dir}")
+    print(f"-- {want} pages, {CONCURRENCY} in flight, no latency; callgrind output in {out_dir}")
     try:
-        with ChaincrawlBench() as b, page_server("demo", users, posts, comments, 0) as demo:
+        site = {"users": users, "posts_per_user": posts, "comments_per_post": comments}
+        with ChaincrawlBench() as b, ReplayServer.record(**site) as demo:
             for i in range(a.repeat):
                 for label in ["scrapy", *(f"chaincrawl [{p}]" for p in pools)]:
                     if label == "scrapy":
-                        res = run_scrapy(demo, out_dir / f"scrapy{i}.out", sc.concurrency)
+                        res = run_scrapy(demo, out_dir / f"scrapy{i}.out", CONCURRENCY)
                     else:
                         pool = label.split("[")[1].rstrip("]")
-                        res = run_chaincrawl(
-                            b, demo, out_dir, pool, sc.concurrency, f"cc-{pool}{i}"
-                        )
+                        res = run_chaincrawl(b, demo, out_dir, pool, CONCURRENCY, f"cc-{pool}{i}")
                     rows.setdefault(label, []).append(res)
                     print(f"   {label:<22} run {i + 1}: {res['pages']} pages  "
                           f"{res['instructions'] / res['pages'] / 1e6:7.3f} M instructions/page  "

@@ -17,7 +17,8 @@ is measured apart (`cpu()`). A fixed `latency_ms` delays every response (`loop.c
 the demo's `latency_ms` does.
 
 The admin side is the demo's: `GET /healthz`, `GET /admin/stats[?timestamps=1]` (`total`,
-`by_status`, arrival times per client IP under `recent.by_ip`), `POST /admin/reset`; not counted.
+`by_status`, `distinct` targets answered, arrival times per client IP under `recent.by_ip`),
+`POST /admin/reset`; not counted.
 A request for anything that was not recorded gets a 404 and is counted in `unknown` (first
 paths in `unknown_paths`): a crawler that asks for other URLs than the recording shows up.
 """
@@ -150,6 +151,7 @@ class _Site:
         self.connections = 0
         self.unknown = 0
         self.unknown_paths: list[str] = []
+        self.served: set[bytes] = set()  # distinct targets: a page fetched twice shows here
         self.by_status: dict[str, int] = {}
         # emptied in place: open keep-alive connections hold their IP's list
         for times in getattr(self, "arrivals", {}).values():
@@ -170,6 +172,7 @@ class _Site:
             "by_status": dict(self.by_status),
             "unknown": self.unknown,
             "unknown_paths": self.unknown_paths,
+            "distinct": len(self.served),
             "cpu_s": time.process_time() - self.cpu0,  # own view; psutil from outside agrees
             "recent": {"by_ip": recent},
         }
@@ -186,6 +189,7 @@ class _Site:
                 self.unknown_paths.append(f"{method.decode('latin-1')} {target.decode('latin-1')}")
             self.by_status["404"] = self.by_status.get("404", 0) + 1
             return _plain(404, b"404 not recorded by bench.replay_site\n", close)
+        self.served.add(target)
         status = str(self.pages[target].status)
         self.by_status[status] = self.by_status.get(status, 0) + 1
         return self.pages[target].wire(close=True) if close else resp

@@ -1,39 +1,30 @@
-"""The Scrapy baseline: the same crawl as `bench.chaincrawl_bench`, in one Scrapy process.
+"""The Scrapy baseline: the crawl of `bench.workload` by a Scrapy spider, in a peer process.
 
-    .venv/bin/python -m bench.scrapy_spider --base http://127.0.0.1:8700 -c 16 [--json]
+    .venv/bin/python -m bench.scrapy_spider --config broad-lean    # a peer (bench.peer_protocol)
 
-Scrapy is a benchmark-only dependency (`.venv/bin/pip install scrapy`; proposed as a `bench`
-extra). Usually run by `python -m bench.compare`, which starts the demo server in a process of
-its own and this script as a subprocess, so the CPU time measured here (`getrusage(RUSAGE_SELF)`
-between `spider_opened` and `spider_closed`) is the crawler's alone.
+Per page: `bench.workload.parse` on the response (3 CSS fields, links, next link), one item per
+page to a JSON-lines feed (the durable hand-off on Scrapy's side), links followed with
+`response.follow` through Scrapy's scheduler and its fingerprint dupefilter. The process keeps
+its Twisted reactor running between crawls (`CrawlerRunner`): a crawl is timed from the
+`runner.crawl()` call (the crawler built, its spider opened) to its deferred firing (spider
+closed, feed written), on a warm interpreter.
 
-Work per page is `bench.workload.parse` (3 CSS fields, links, next link), one item per page to a
-JSON-lines feed (the "durable hand-off" on Scrapy's side), links followed with
-`response.follow` through Scrapy's default scheduler and fingerprint dupefilter.
-
-Settings (everything else is Scrapy's default):
-    CONCURRENT_REQUESTS = CONCURRENT_REQUESTS_PER_DOMAIN = N     the concurrency under test
-    DOWNLOAD_DELAY = 0, AUTOTHROTTLE_ENABLED = False            no throttling
-    ROBOTSTXT_OBEY = False                                      no robots.txt request
-    COOKIES_ENABLED = False                                     the demo needs none
-    TELNETCONSOLE_ENABLED = False                               no extra listener
-    LOG_LEVEL = INFO                                            Scrapy's default DEBUG logs a
-                                                                line per request and item; INFO
-                                                                is how crawls run in production
-    FEEDS = {file: jsonlines}                                   items written to a file
-The reactor is Scrapy's default (asyncio); retry, redirect, compression, user-agent, referer,
-offsite, depth and stats middlewares stay on as shipped.
+Every configuration runs with the concurrency under test (`CONCURRENT_REQUESTS` =
+`CONCURRENT_REQUESTS_PER_DOMAIN` = N: the site is one domain), no download delay, and the feed;
+`CONFIGS` holds the candidates for "Scrapy at its best" on this kind of crawl, from Scrapy's
+documentation (the settings reference and its "Broad Crawls" page), each on top of the one
+before. `BEST` is the one with the lowest CPU per page when they were measured side by side
+(`python -m bench.compare --scenarios cpu --scrapy-configs all`, docs/performance.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
-import resource
 import sys
 import tempfile
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,53 +32,98 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import scrapy
-from scrapy import signals
-from scrapy.crawler import CrawlerProcess
 
 from bench.callgrind import callgrind
+from bench.peer_protocol import Clock, serve
 from bench.workload import RULES, parse
 
+ASYNCIO = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"  # Scrapy's default
+EPOLL = "twisted.internet.epollreactor.EPollReactor"
 
-def _cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+# "Broad Crawls": lower the log level, no cookies, no retries, no redirects, a shorter download
+# timeout, a larger reactor thread pool (DNS), the downloader-aware priority queue, and crawling
+# in breadth-first order (DEPTH_PRIORITY with FIFO queues).
+_BROAD = {
+    "LOG_LEVEL": "INFO",
+    "CONCURRENT_ITEMS": 16,
+    "COOKIES_ENABLED": False,
+    "RETRY_ENABLED": False,
+    "REDIRECT_ENABLED": False,
+    "DOWNLOAD_TIMEOUT": 15,
+    "REACTOR_THREADPOOL_MAXSIZE": 20,
+    "SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.DownloaderAwarePriorityQueue",
+    "DEPTH_PRIORITY": 1,
+    "SCHEDULER_DISK_QUEUE": "scrapy.squeues.PickleFifoDiskQueue",
+    "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+}
+# Everything this crawl does not use switched off: the telnet console, memory usage, periodic
+# log stats and the stats collector, and the middlewares that have nothing to do here.
+_OFF = "scrapy.downloadermiddlewares."
+_LEAN = {
+    **_BROAD,
+    "TELNETCONSOLE_ENABLED": False,
+    "MEMUSAGE_ENABLED": False,
+    "LOGSTATS_INTERVAL": 0,
+    "STATS_CLASS": "scrapy.statscollectors.DummyStatsCollector",
+    "EXTENSIONS": {
+        "scrapy.extensions.telnet.TelnetConsole": None,
+        "scrapy.extensions.memusage.MemoryUsage": None,
+        "scrapy.extensions.logstats.LogStats": None,
+        "scrapy.extensions.corestats.CoreStats": None,
+    },
+    "DOWNLOADER_MIDDLEWARES": {
+        f"{_OFF}robotstxt.RobotsTxtMiddleware": None,
+        f"{_OFF}httpauth.HttpAuthMiddleware": None,
+        f"{_OFF}redirect.MetaRefreshMiddleware": None,
+        f"{_OFF}httpproxy.HttpProxyMiddleware": None,
+        f"{_OFF}stats.DownloaderStats": None,
+    },
+    "SPIDER_MIDDLEWARES": {
+        "scrapy.spidermiddlewares.referer.RefererMiddleware": None,
+        "scrapy.spidermiddlewares.urllength.UrlLengthMiddleware": None,
+    },
+}
+CONFIGS: dict[str, dict[str, Any]] = {
+    # Scrapy as shipped: DEBUG log (a line per request and per item), cookies, telnet,
+    # memory usage, stats, CONCURRENT_ITEMS=100
+    "defaults": {},
+    "info": {"LOG_LEVEL": "INFO"},
+    # CONCURRENT_ITEMS: items processed in parallel per response (100 starts 100 tasks each)
+    "items16": {"LOG_LEVEL": "INFO", "CONCURRENT_ITEMS": 16},
+    "broad": _BROAD,
+    "broad-lean": _LEAN,
+    # the reactor: Twisted's own epoll reactor instead of the asyncio one
+    "broad-lean-epoll": {**_LEAN, "TWISTED_REACTOR": EPOLL},
+}
+BEST = "broad-lean"
+
+
+def settings(config: str, concurrency: int, feed: str) -> dict[str, Any]:
+    if config not in CONFIGS:
+        raise ValueError(f"unknown Scrapy configuration {config!r}; known: {', '.join(CONFIGS)}")
+    return {
+        "CONCURRENT_REQUESTS": concurrency,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": concurrency,
+        "DOWNLOAD_DELAY": 0,
+        "ROBOTSTXT_OBEY": False,
+        "TWISTED_REACTOR": ASYNCIO,
+        **CONFIGS[config],
+        "FEEDS": {feed: {"format": "jsonlines", "overwrite": True}},
+    }
 
 
 class BenchSpider(scrapy.Spider):
     name = "bench"
 
-    def __init__(self, base: str = "http://127.0.0.1:8700", **kw: Any) -> None:
+    def __init__(self, url: str = "", kind: str = "", **kw: Any) -> None:
         super().__init__(**kw)
-        self.base = base.rstrip("/")
-        self.marks: dict[str, float] = {}
-
-    @classmethod
-    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> BenchSpider:
-        spider = super().from_crawler(crawler, *args, **kwargs)
-        crawler.signals.connect(spider._opened, signal=signals.spider_opened)
-        crawler.signals.connect(spider._closed, signal=signals.spider_closed)
-        return spider
-
-    def _opened(self, spider: Any) -> None:
-        callgrind("-i", "on")  # under `bench.instructions` only: count from here
-        callgrind("-z")
-        self.marks["t0"], self.marks["cpu0"] = time.monotonic(), _cpu()
-
-    def _closed(self, spider: Any, reason: str) -> None:
-        self.marks["t1"], self.marks["cpu1"] = time.monotonic(), _cpu()
-        callgrind("-d")
-        callgrind("-i", "off")
+        self.seed, self.kind, self.handled = url, kind, 0
 
     async def start(self):  # Scrapy >= 2.13
-        for req in self.start_requests():
-            yield req
-
-    def start_requests(self):
-        yield scrapy.Request(
-            f"{self.base}/pc/feed?page=1", self.parse_page, cb_kwargs={"kind": "feed"}
-        )
+        yield scrapy.Request(self.seed, self.parse_page, cb_kwargs={"kind": self.kind})
 
     def parse_page(self, response: Any, kind: str):
+        self.handled += 1
         fields, links, nxt = parse(kind, response)
         yield {"url": response.url, "kind": kind, **fields}
         rule = RULES[kind]
@@ -97,70 +133,52 @@ class BenchSpider(scrapy.Spider):
             yield response.follow(nxt, self.parse_page, cb_kwargs={"kind": kind})
 
 
-def settings(concurrency: int, feed: str, log_level: str = "INFO") -> dict[str, Any]:
-    return {
-        "CONCURRENT_REQUESTS": concurrency,
-        "CONCURRENT_REQUESTS_PER_DOMAIN": concurrency,
-        "DOWNLOAD_DELAY": 0,
-        "AUTOTHROTTLE_ENABLED": False,
-        "ROBOTSTXT_OBEY": False,
-        "COOKIES_ENABLED": False,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": log_level,
-        "FEEDS": {feed: {"format": "jsonlines", "overwrite": True}},
-    }
+def run(config: str) -> None:
+    """Serve crawl requests with one reactor for the process's life."""
+    from scrapy.utils.log import configure_logging
+    from scrapy.utils.reactor import install_reactor
 
+    reactor_path = settings(config, 1, "-")["TWISTED_REACTOR"]
+    install_reactor(reactor_path)
+    from scrapy.crawler import Crawler, CrawlerRunner
+    from twisted.internet import reactor, threads
 
-def crawl(
-    base: str, concurrency: int, log_level: str = "INFO", overrides: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Run the crawl in this process; returns pages, items, wall, CPU and peak RSS."""
-    with tempfile.TemporaryDirectory(prefix="bench-scrapy-") as tmp:
+    configure_logging({"LOG_LEVEL": CONFIGS[config].get("LOG_LEVEL", "DEBUG")})
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    runner = CrawlerRunner()
+    tmp = tempfile.mkdtemp(prefix="bench-scrapy-")
+
+    def start(req: dict[str, Any]) -> Any:
         feed = os.path.join(tmp, "items.jsonl")
-        process = CrawlerProcess({**settings(concurrency, feed, log_level), **(overrides or {})})
-        crawler = process.create_crawler(BenchSpider)
-        process.crawl(crawler, base=base)
-        process.start()
-        stats = crawler.stats.get_stats()
-        spider = crawler.spider
-        with open(feed, "rb") as fh:
-            items_on_disk = sum(1 for _ in fh)
-    m = spider.marks
-    wall = m["t1"] - m["t0"]
-    cpu = m["cpu1"] - m["cpu0"]
-    pages = int(stats.get("response_received_count", 0))
-    return {
-        "system": "scrapy",
-        "pages": pages,
-        "items": int(stats.get("item_scraped_count", 0)),
-        "items_on_disk": items_on_disk,
-        "errors": int(stats.get("log_count/ERROR", 0)),
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "pages_per_s": pages / wall if wall else 0.0,
-        "cpu_ms_per_page": 1000 * cpu / pages if pages else 0.0,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "concurrency": concurrency,
-    }
+        callgrind("-i", "on")  # under `bench.instructions` only: count the crawl alone
+        callgrind("-z")
+        clock = Clock()
+        crawler = Crawler(BenchSpider, settings(config, int(req["concurrency"]), feed))
+        d = runner.crawl(crawler, url=req["url"], kind=req["kind"])
+
+        def done(_: Any) -> dict[str, Any]:
+            callgrind("-d")
+            callgrind("-i", "off")
+            with open(feed, "rb") as fh:
+                items = sum(1 for _ in fh)
+            return clock.result(items=items, handled=crawler.spider.handled, config=config)
+
+        return d.addCallback(done)
+
+    def loop() -> None:
+        try:
+            serve(lambda req: threads.blockingCallFromThread(reactor, start, req))
+        finally:
+            reactor.callFromThread(reactor.stop)
+
+    threading.Thread(target=loop, daemon=True).start()
+    reactor.run(installSignalHandlers=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", required=True, help="demo server URL")
-    ap.add_argument("-c", "--concurrency", type=int, default=16)
-    ap.add_argument("--log-level", default="INFO")
-    ap.add_argument("--json", action="store_true", help="print one JSON line (for bench.compare)")
-    ap.add_argument("-s", "--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="extra Scrapy setting (repeatable), e.g. -s CONCURRENT_ITEMS=16")  # fmt: skip
-    a = ap.parse_args(argv)
-    overrides = dict(kv.split("=", 1) for kv in a.set)
-    res = crawl(a.base, a.concurrency, a.log_level, overrides)
-    res["settings"] = overrides
-    if a.json:
-        print("BENCH_RESULT " + json.dumps(res), flush=True)
-    else:
-        for k, v in res.items():
-            print(f"{k:>16}: {v:.3f}" if isinstance(v, float) else f"{k:>16}: {v}")
+    ap.add_argument("--config", default=BEST, choices=list(CONFIGS))
+    run(ap.parse_args(argv).config)
     return 0
 
 

@@ -1,7 +1,10 @@
-"""The benchmark workload, shared by the Scrapy spider and the chaincrawl endpoint so that both
-do exactly the same parse work on exactly the same pages.
+"""The benchmark workload, shared by every crawler the benchmark runs (the chaincrawl endpoint,
+the Scrapy spider, the Crawlee crawler, the no-framework floor) so that all do exactly the same
+parse work on exactly the same pages. Standard library only: the Crawlee peer imports it from
+its own virtual environment.
 
-The crawl walks the demo platform's pc front end (demo/README.md section 4):
+Page kinds are unique across the page sets, so a rule is found by kind alone. The light pages
+walk the demo platform's pc front end (demo/README.md section 4):
 
     /pc/feed?page=N ──> /pc/user/{uid}?page=N ──> /pc/post/{pid} ──> /pc/post/{pid}/comments?page=N
       (next pages)        (next pages)                                 (next pages)
@@ -10,6 +13,11 @@ Per page: 3 fields extracted with CSS selectors (parsel, on the decoded text), o
 `{url, kind, f1, f2, f3}` stored, the listed links followed (deduplicated: each URL once),
 plus the page's own "next" link. A site of U users, P posts per user, C comments per post
 gives exactly `expected_pages(U, P, C)` pages (= the demo's pc `requests` count).
+
+The shop (`bench/shop_site.py`) has the shape of what users crawl:
+
+    /shop/ ──> /shop/c/{cid}?page=N ──> /shop/p/{pid}
+     (home)     (catalog: 20 product links + next)   (product: 3 fields, no links followed)
 """
 
 from __future__ import annotations
@@ -68,7 +76,41 @@ RULES: dict[str, Rule] = {
         link_kind=None,
         next=".pager a.next::attr(href)",
     ),
+    "home": Rule(
+        fields=("body::attr(data-shop)", "header .brand::text", "nav.categories::attr(data-count)"),
+        links="nav.categories a.category-link::attr(href)",
+        link_kind="catalog",
+        next=None,
+    ),
+    "catalog": Rule(
+        fields=(
+            "section.catalog::attr(data-category)",
+            "section.catalog h1.category-name::text",
+            ".pager .current::text",
+        ),
+        links="section.catalog li.item a.product-link::attr(href)",
+        link_kind="product",
+        next=".pager a.next::attr(href)",
+    ),
+    "product": Rule(
+        fields=(
+            "article.product::attr(data-sku)",
+            "article.product h1.product-title::text",
+            "article.product .buy-box .price .amount::text",
+        ),
+        links=None,
+        link_kind=None,
+        next=None,
+    ),
 }
+
+
+def kinds_from(kind: str) -> list[str]:
+    """The chain of page kinds a crawl seeded at `kind` walks: `catalog` -> [catalog, product]."""
+    out = [kind]
+    while (nxt := RULES[out[-1]].link_kind) is not None:
+        out.append(nxt)
+    return out
 
 
 def parse(kind: str, sel: Any) -> tuple[dict[str, str | None], list[str], str | None]:

@@ -3,7 +3,6 @@ under callgrind counts only between switching instrumentation on and its dump.""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -58,22 +57,3 @@ def test_only_the_work_between_on_and_the_dump_is_counted(tmp_path: Path) -> Non
     small, big = counts
     # the loop dominates and doubles; the 2M-step loops before and after are left out
     assert 1.8 < big / small < 2.2, counts
-
-
-def test_the_scrapy_baseline_crawls_the_whole_site() -> None:
-    """`bench.scrapy_spider` as the benchmarks run it: every page of the site, each once."""
-    pytest.importorskip("scrapy")
-    from bench.workload import expected_pages
-    from demo.testing import DemoServer
-
-    with DemoServer(users=3, posts_per_user=4, comments_per_post=5) as demo:
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.scrapy_spider", "--base", demo.url, "-c", "8",
-             "--json", "--log-level", "WARNING"],
-            cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
-        )  # fmt: skip
-        stats = demo.stats()
-    line = next(x for x in out.stdout.splitlines() if x.startswith("BENCH_RESULT "))
-    res = json.loads(line.removeprefix("BENCH_RESULT "))
-    want = expected_pages(3, 4, 5)
-    assert res["pages"] == want == stats["total"] and res["items"] == want
