@@ -7,39 +7,98 @@ import sys
 import pytest
 
 from bench import pinning
-from bench.compare import Row, scale_base, scale_pairs
-
-
-@pytest.mark.parametrize(
-    ("system", "base"),
-    [
-        ("chaincrawl x2", "chaincrawl x1"),
-        ("chaincrawl [threads] x2", "chaincrawl [threads] x1"),
-        ("chaincrawl x2 on 2 cores", "chaincrawl x1 on 1 core"),
-        ("cc+proto(batch) [threads] x4 on 4 cores", "cc+proto(batch) [threads] x1 on 1 core"),
-        ("chaincrawl x1 on 1 core", "chaincrawl x1 on 1 core"),
-        ("scrapy", "scrapy"),
-    ],
+from bench.compare import (
+    SCENARIOS,
+    Row,
+    best_of,
+    check,
+    paired,
+    plan,
+    ratio_lines,
+    spread,
 )
-def test_scale_rows_divide_by_their_own_one_worker_row(system: str, base: str) -> None:
-    assert scale_base(system) == base
+from bench.pagesets import PAGESETS
+from bench.scrapy_spider import CONFIGS
+from bench.systems import RunResult
 
 
-def test_scale_pairs_divide_each_repeat_by_its_own_partner_and_flag_a_noisy_run() -> None:
-    def row(system: str, runs: list[tuple[float, float]]) -> Row:
-        return Row("scale", system, "replay",
-                   [{"pages_per_s": p, "cpu_ms_per_page": c} for p, c in runs])  # fmt: skip
+def _row(system: str, values: list[float | None], key: str = "cpu_ms_per_page") -> Row:
+    return Row("cpu", "shop", system, system, [None if v is None else {key: v} for v in values])
 
+
+def test_ratios_pair_the_runs_of_one_repeat_not_sorted_values() -> None:
+    cc = _row("chaincrawl", [3.0, 2.0, 4.0])
+    peer = _row("crawlee", [2.0, 4.0, 2.0])
+    assert paired(cc, peer, "cpu_ms_per_page") == [1.5, 0.5, 2.0]
+    # sorted medians would give 3.0 / 2.0 = 1.5; the pairs' median is 1.5 too, but min and max
+    # come from pairs: 0.5 and 2.0, not 2.0/4.0 and 4.0/2.0
+    assert spread(paired(cc, peer, "cpu_ms_per_page")) == (0.5, 1.5, 2.0)
+
+
+def test_a_failed_run_drops_its_pair_only() -> None:
+    cc = _row("chaincrawl", [3.0, None, 4.0])
+    peer = _row("scrapy:broad", [2.0, 4.0, None])
+    assert paired(cc, peer, "cpu_ms_per_page") == [1.5]
+    assert spread([]) is None
+
+
+def test_chaincrawl_rows_are_divided_by_each_peer_familys_best() -> None:
+    sc = SCENARIOS["cpu"]
     rows = [
-        row("chaincrawl x1", [(1000, 1.0), (900, 1.02)]),
-        row("chaincrawl x2", [(1700, 1.0), (1800, 1.01)]),
-        row("chaincrawl x1 on 1 core", [(800, 1.0), (800, 1.0), (700, 1.0)]),
-        row("chaincrawl x2 on 2 cores", [(1600, 1.0), (1300, 1.3), (1650, 1.0)]),
+        _row("chaincrawl", [3.0, 3.3]),
+        _row("scrapy:defaults", [4.0, 4.4]),
+        _row("scrapy:broad-lean", [2.0, 3.0]),
+        _row("crawlee", [1.5, 1.1]),
+        _row("floor", [1.0, 1.1]),
     ]
-    unpinned, pinned = scale_pairs(rows)
-    assert unpinned.split(": ", 1)[1] == "pairs 1.70x 2.00x, median 1.85x"
-    assert "chaincrawl x2 on 2 cores: pairs 2.00x 1.62x 2.36x, median 2.00x" in pinned
-    assert pinned.endswith("by >10 %: x2 on 2 cores run 2 1.30 ms")
+    assert best_of(rows, "scrapy", "cpu").system == "scrapy:broad-lean"
+    got = {
+        (p["num"], p["den"]): [round(x, 9) for x in p["per_repeat"]] for p in ratio_lines(sc, rows)
+    }
+    assert got == {
+        ("chaincrawl", "scrapy:broad-lean"): [1.5, 1.1],
+        ("chaincrawl", "crawlee"): [2.0, 3.0],
+        ("chaincrawl", "floor"): [3.0, 3.0],
+    }
+    rate = [_row("scrapy:a", [50.0], "pages_per_s"), _row("scrapy:b", [60.0], "pages_per_s")]
+    assert best_of(rate, "scrapy", "rate").system == "scrapy:b"  # more pages/s is better
+
+
+def test_scale_pairs_two_workers_with_one() -> None:
+    sc = SCENARIOS["scale"]
+    rows = [
+        _row("chaincrawl", [1000.0, 900.0], "pages_per_s"),
+        _row("chaincrawl-x2", [1700.0, 1800.0], "pages_per_s"),
+    ]
+    (pair,) = ratio_lines(sc, rows)
+    assert (pair["num"], pair["den"]) == ("chaincrawl-x2", "chaincrawl")
+    assert pair["per_repeat"] == [1.7, 2.0]
+
+
+def test_plan_maps_old_names_and_expands_scrapy_configurations() -> None:
+    ((latency, keys),) = plan(["lat250"], None, None, [])
+    assert latency.name == "latency" and latency.latency_ms == 250 and latency.bound() == 64
+    assert keys == ["chaincrawl", "scrapy-best", "crawlee"]
+    ((_, keys),) = plan(["cpu"], None, "all", ["nometrics"])
+    assert [k for k in keys if k.startswith("scrapy")] == [f"scrapy:{c}" for c in CONFIGS]
+    assert keys[-1] == "chaincrawl+nometrics" and "crawlee" in keys and "floor" in keys
+
+
+def test_a_run_that_misses_or_repeats_a_page_is_an_error() -> None:
+    ps = PAGESETS["small"].build()
+    assert ps.expected_pages == 105
+
+    def res(items: int = 105, handled: int = 105, **extra: int) -> RunResult:
+        return RunResult(items, handled, 1.0, {"crawler": 0.1}, 50.0, dict(extra))
+
+    ok = {"total": 105, "distinct": 105, "unknown": 0}
+    assert check(ps, res(), ok) is None
+    assert "requests 106, distinct pages 104" in check(
+        ps, res(), {**ok, "total": 106, "distinct": 104}
+    )
+    assert "items 104" in check(ps, res(items=104), ok)
+    assert "unknown requests 1" in check(ps, res(), {**ok, "unknown": 1, "unknown_paths": ["/x"]})
+    assert "failed tasks 2" in check(ps, res(failed=2), ok)
 
 
 @pytest.mark.skipif(not pinning.supported(), reason="no sched_setaffinity here")

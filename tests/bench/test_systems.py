@@ -1,0 +1,72 @@
+"""Every system of bench.compare crawls exactly the pages and items it should: the small page set
+(105 pages) crawled twice by the same warm processes, each crawl checked by `compare.check`
+(the page server's requests and distinct pages, the system's items and pages handled)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import crawlee_env
+from bench.compare import SCENARIOS, timed_run
+from bench.pagesets import PAGESETS, PageSet
+from bench.systems import build
+
+pytestmark = pytest.mark.integration
+
+SMALL = SCENARIOS["small"]
+
+
+@pytest.fixture(scope="module")
+def small() -> PageSet:
+    return PAGESETS["small"].build()
+
+
+@pytest.fixture(scope="module")
+def site(small: PageSet) -> Iterator[object]:
+    with small.serve() as s:
+        yield s
+
+
+def _crawl_twice(key: str, small: PageSet, site: object, tmp_path: Path) -> list[dict]:
+    system = build(key, 8, tmp_path)
+    try:
+        system.start(site, small)
+        # warm: the second crawl in the same processes must fetch every page again, once
+        runs = [timed_run(system, site, small, SMALL, start=False) for _ in range(2)]
+    finally:
+        system.close()
+    for r in runs:
+        assert r["pages"] == r["items"] == small.expected_pages == 105
+        assert r["cpu_s"] > 0 and r["wall_s"] > 0
+    return runs
+
+
+def test_floor(small: PageSet, site: object, tmp_path: Path) -> None:
+    _crawl_twice("floor", small, site, tmp_path)
+    _crawl_twice("floor-threads3", small, site, tmp_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("scrapy") is None,
+                    reason="Scrapy not installed (pip install -r requirements/bench.txt)")  # fmt: skip
+@pytest.mark.parametrize("config", ["defaults", "broad-lean-epoll"])
+def test_scrapy(config: str, small: PageSet, site: object, tmp_path: Path) -> None:
+    runs = _crawl_twice(f"scrapy:{config}", small, site, tmp_path)
+    assert runs[0]["config"] == config
+
+
+@pytest.mark.skipif(not (crawlee_env.VENV / "bin" / "python").exists(),
+                    reason="no Crawlee venv: make it with `.venv/bin/python -m bench.crawlee_env`")  # fmt: skip
+def test_crawlee(small: PageSet, site: object, tmp_path: Path) -> None:
+    runs = _crawl_twice("crawlee", small, site, tmp_path)
+    assert runs[0]["failed"] == 0
+
+
+def test_chaincrawl_counts_workers_and_redis(small: PageSet, site: object, tmp_path: Path) -> None:
+    runs = _crawl_twice("chaincrawl", small, site, tmp_path)
+    parts = runs[0]["cpu_parts_ms_per_page"]
+    assert set(parts) == {"workers", "redis"} and all(v > 0 for v in parts.values())
+    assert runs[0]["cpu_ms_per_page"] == pytest.approx(sum(parts.values()))
