@@ -4,7 +4,7 @@ the no-framework floor). Standard library only: the Crawlee peer runs it in its 
 The peer prints `BENCH_READY` once imported, then answers each request line on stdin (JSON:
 `url`, `kind`, `concurrency`) with one `BENCH_RESULT {json}` line: `items` stored, `handled`
 pages, `wall_s` and `cpu_s` from the crawl's start to its end (user+system CPU of the whole
-process, every thread, plus waited-for children), `peak_rss_mb`; or `error`. It exits at the end
+process, every thread, plus waited-for children), `peak_rss_mb` (VmHWM); or `error`. It exits at the end
 of stdin. One process serves every crawl of a run (the warm-up, then the timed crawl), so a
 crawl is timed on a warm interpreter, as chaincrawl's warm workers are.
 """
@@ -29,6 +29,19 @@ def cpu_s() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+def peak_rss_mb() -> float:
+    """VmHWM, the peak resident set since exec (getrusage's ru_maxrss keeps the forking
+    parent's peak across exec on Linux: the driver's, with every page set in memory)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 class Clock:
     """Wall and CPU from `Clock()` to `result()`: one crawl's cost as the peer reports it."""
 
@@ -37,7 +50,7 @@ class Clock:
 
     def result(self, items: int, handled: int, **extra: Any) -> dict[str, Any]:
         wall, cpu = time.monotonic() - self.t0, cpu_s() - self.cpu0
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rss = peak_rss_mb()
         return {"items": items, "handled": handled, "wall_s": wall, "cpu_s": cpu,
                 "peak_rss_mb": rss, **extra}  # fmt: skip
 
