@@ -1,1 +1,2 @@
-"""benchsite pc: the demo's pc pages with the benchmark's parse work (bench/workload.py)."""
+"""benchsite pc: the bench page sets (the demo's pc pages, the shop) with the benchmark's parse
+work (bench/workload.py)."""

@@ -1,4 +1,5 @@
-"""benchsite.pc.page: one demo pc page, the same parse work as the Scrapy spider.
+"""benchsite.pc.page: one page of a bench page set (the demo's pc pages, the shop), the same
+parse work as every other system of `bench.compare` (`bench.workload`, by the page's kind).
 
 Fetch, 3 CSS fields (`bench.workload.parse`), one stored `benchsite.page` item, one
 `benchsite.link` item per followed link (not stored: they feed the next chain step, whose
