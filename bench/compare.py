@@ -66,11 +66,12 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import pinning, scrapy_spider
+from bench import crawlee_env, pinning, scrapy_spider
 from bench.chaincrawl_bench import proc_cpu, steady_rate
 from bench.pagesets import PAGESETS, PageSet
-from bench.protos import _env as proto_env
+from bench.protos import worker_env
 from bench.systems import System, build
+from utils.servers import redis_server_binary
 
 PEERS = ("scrapy", "crawlee", "floor")
 
@@ -228,7 +229,7 @@ def timed_run(system: System, site: Any, ps: PageSet, sc: Scenario, start: bool)
     if sc.metric == "rate":
         arrivals = sorted(t for e in stats["recent"]["by_ip"].values() for t in e["timestamps"])
         d["steady_pages_per_s"] = steady_rate(arrivals)
-        bound = sc.bound(d["cpu_ms_per_page"], getattr(system, "workers", 1))
+        bound = sc.bound(d["cpu_ms_per_page"], system.workers)
         d["share_of_bound"] = d["pages_per_s"] / bound if bound else None
     return d
 
@@ -356,13 +357,9 @@ def versions() -> dict[str, str]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "-"
-    from bench.crawlee_env import LOCK
-
-    for line in LOCK.read_text().splitlines():
+    for line in crawlee_env.LOCK.read_text().splitlines():
         if line.startswith("crawlee=="):
             out["crawlee"] = line.split("==", 1)[1]
-    from utils.servers import redis_server_binary
-
     with contextlib.suppress(Exception):
         v = subprocess.run([redis_server_binary(), "--version"], capture_output=True, text=True)
         out["redis-server"] = v.stdout.split("v=")[1].split()[0]
@@ -429,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {"versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                             "load_start": tuple(round(x, 2) for x in os.getloadavg()),
                             "repeat": repeat, "quick": a.quick, "scrapy_best": scrapy_spider.BEST}  # fmt: skip
-    protos = {f"chaincrawl+{p}": proto_env(p) for p in a.proto}
+    protos = {f"chaincrawl+{p}": worker_env(p) for p in a.proto}
     rows: list[Row] = []
     with _logdir(a.logs) as logdir:
         for sc, keys in plan(names, a.systems, a.scrapy_configs, a.proto):

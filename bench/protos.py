@@ -33,7 +33,7 @@ DEFAULT_FLAGS = ("env:CHAINCRAWL_TASK_EVENTS=1,env:CHAINCRAWL_TASK_LOG=1,"
                  "env:CHAINCRAWL_FETCHER=requests,env:CHAINCRAWL_BATCH=1,nometrics")  # fmt: skip
 
 
-def _env(spec: str) -> dict[str, str]:
+def worker_env(spec: str) -> dict[str, str]:
     """Worker environment of a configuration: proto flags, and `env:NAME=VALUE` tokens as
     environment variables (e.g. `env:CHAINCRAWL_PREFETCH_MULTIPLIER=4`). In --flags, a
     configuration is one comma-separated entry; join flags within it with `+`."""
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         for rnd in range(a.rounds):
             for name, proto in configs:
-                env = _env(proto)
+                env = worker_env(proto)
                 proto = env.get("BENCH_PROTO", "")
                 try:
                     r = b.crawl(demo, pool=a.pool, concurrency=a.concurrency, env=env,

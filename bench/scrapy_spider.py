@@ -134,7 +134,8 @@ class BenchSpider(scrapy.Spider):
 
 
 def run(config: str) -> None:
-    """Serve crawl requests with one reactor for the process's life."""
+    """Serve crawl requests with one reactor for the process's life. The imports are here: the
+    configuration's reactor must be installed before anything imports Twisted's reactor."""
     from scrapy.utils.log import configure_logging
     from scrapy.utils.reactor import install_reactor
 

@@ -54,6 +54,7 @@ class System(Protocol):
     key: str
     label: str
     pin: int  # > 0: the whole stack pinned to that many cores while it runs
+    workers: int  # crawler processes (the CPU limit of a latency bound scales with them)
 
     def start(self, site: Any, ps: PageSet) -> None: ...
     def crawl(self, url: str, kind: str, timeout: float, poll: float | None) -> RunResult: ...
@@ -169,7 +170,7 @@ class PeerProcess:
 class PeerSystem:
     def __init__(self, key: str, label: str, argv: Callable[[], list[str]], concurrency: int,
                  logdir: Path, env: dict[str, str] | None = None) -> None:  # fmt: skip
-        self.key, self.label, self.pin = key, label, 0
+        self.key, self.label, self.pin, self.workers = key, label, 0, 1
         self.argv, self.concurrency, self.logdir, self.env = argv, concurrency, logdir, env
         self.proc: PeerProcess | None = None
         self.runs = 0
