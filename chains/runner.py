@@ -13,7 +13,6 @@ import orjson
 from celery import Celery
 
 import sites
-from base_task import queue_for, runtime
 from chains.registry import get_chain
 from config import get_settings
 from exceptions import ParamsError, UnknownChainError
@@ -34,6 +33,8 @@ from ledger.state import (
     step_counters,
 )
 from ledger.workers import TaskSets
+from lifecycle import runtime
+from lifecycle.endpoints import queue_for
 from utils.redis import get_redis
 
 log = logging.getLogger("chaincrawl.runs")

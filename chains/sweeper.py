@@ -11,7 +11,7 @@ run's backpressure list - and not committed, has lost that message:
 the sweeper sends it again with its task id. A re-send of a message that was not in fact lost is
 harmless (the commit runs once per task id); the stall condition and a second look after
 `confirm` seconds keep that rare. A task id a worker refused as unknown (ledger/workers.py,
-base_task/unknown.py) is never re-sent: the worker dead-lettered it, naming the fix.
+lifecycle/unknown.py) is never re-sent: the worker dead-lettered it, naming the fix.
 
 The same pass first gives back the unacknowledged messages of dead workers (heartbeat gone for
 `dead_worker_after` seconds; utils/unacked_owners.py), which kombu would restore only after the

@@ -24,8 +24,8 @@ from pathlib import Path
 from cli import UserError
 from cli.parser import SITE_KINDS
 from config import ROOT
-from config.sitevars import SITE_VARS
 from external_interface.mock import fixture_dir
+from settings.sitevars import SITE_VARS
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 KINDS = SITE_KINDS
@@ -34,7 +34,7 @@ SITE_INIT = '''"""Site {site}: endpoints under sites/{site}/<platform>/, item ty
 
 from __future__ import annotations
 
-from config.sitevars import site_env
+from base_task import site_env
 from exceptions import ConfigError
 
 DEFAULT_BASE_URL = "{base_url}"

@@ -27,13 +27,13 @@ import orjson
 
 import chains
 import sites
-from base_task.endpoints import EndpointSpec
-from base_task.live import LiveResult, run_live
 from cli import UserError, procs
 from config import ROOT, get_settings
 from exceptions import ChainCrawlError
 from external_interface.mock import fixture_dir, outputs_of, save_case
 from ledger.model import Chain
+from lifecycle.endpoints import EndpointSpec
+from lifecycle.live import LiveResult, run_live
 from utils.registry import UnknownNameError
 
 

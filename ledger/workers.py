@@ -11,7 +11,7 @@ sweeper would re-send it forever while the run stays `running`. So:
 - `chains.run()` (and `control.sh trigger`) ask `check()` before sending: a live worker
   consuming a step's queue that lacks the step's task makes it refuse (`WorkersOutdated`);
   with no live worker at all it only warns (workers started later load the code as it is now);
-- a worker that receives a task it does not know dead-letters it (base_task/unknown.py) and
+- a worker that receives a task it does not know dead-letters it (lifecycle/unknown.py) and
   marks its task id here (`mark_unknown`), so the sweeper never re-sends it.
 
 Keys (state store, under the key prefix):

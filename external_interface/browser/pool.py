@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from config import ROOT
-from config.browser import BrowserSettings, get_browser_settings
 from exceptions import (
     BrowserCrashed,
     BrowserUnavailable,
@@ -61,6 +60,7 @@ from external_interface.browser.model import (
     RenderResult,
     result_from_wire,
 )
+from settings.browser import BrowserSettings, get_browser_settings
 
 REPO_ROOT = ROOT
 ANSWER_GRACE = 10.0  # a failing page's capture and close come after its deadline

@@ -16,7 +16,6 @@ from typing import Any
 import redis
 
 from config import Settings, get_settings
-from config.storage import get_storage_settings
 from external_interface.outbox.ack import ACK, Dead, ack_call, note_errors
 from external_interface.outbox.entries import (
     GROUP,
@@ -28,6 +27,7 @@ from external_interface.outbox.entries import (
 from external_interface.outbox.status import backlog
 from external_interface.sinks.base import Origin, PermanentSinkError, Sink, entry_version
 from external_interface.storage import SinkRouter, build_sinks
+from settings.storage import get_storage_settings
 from utils.lua import load_lua
 from utils.redis import as_str, get_redis
 

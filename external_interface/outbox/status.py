@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import redis
 
-from config.storage import get_storage_settings
 from external_interface.outbox.entries import (
     ENTRY_FIELDS,
     GROUP,
@@ -32,6 +31,7 @@ from external_interface.outbox.entries import (
     errors_key,
     stream_key,
 )
+from settings.storage import get_storage_settings
 from utils.keyspace import Keyspace
 from utils.lua import load_lua
 from utils.redis import as_str, is_cluster

@@ -16,7 +16,6 @@ Importing this package registers the providers.
 
 from __future__ import annotations
 
-from config.proxy import ProxySettings
 from external_interface.proxy.channel import (
     ChannelPool,
     ProxyLease,
@@ -34,6 +33,7 @@ from external_interface.proxy.provider import (
     reset_providers,
 )
 from external_interface.proxy.select import Rotation, Selection, Selector
+from settings.proxy import ProxySettings
 
 __all__ = [
     "ChannelPool",

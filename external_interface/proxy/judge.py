@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 
-from config.proxy import ProxySettings
 from external_interface.base import Outcome, TaskState
 from external_interface.lease import avoid_next_time, avoided
 from external_interface.proxy.models import Event, classify
 from external_interface.rules import Verdict, site_rule
+from settings.proxy import ProxySettings
 
 KIND = "proxy"
 

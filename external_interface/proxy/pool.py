@@ -31,9 +31,9 @@ from typing import Any
 import redis
 
 from config import get_settings
-from config.proxy import ProxySettings, get_proxy_settings
 from exceptions import SecretUnreadable
 from external_interface.proxy.models import Event, ProxyAddress
+from settings.proxy import ProxySettings, get_proxy_settings
 from utils.keyspace import Keyspace
 from utils.redis import as_str, eval_scripts, get_redis
 from utils.seal import Sealer, get_sealer

@@ -19,7 +19,6 @@ import threading
 
 import redis
 
-from config.proxy import ProxySettings, get_proxy_settings
 from exceptions import ResourceUnavailable
 from external_interface.base import Outcome, OutgoingRequest, Provider, TaskState, providers
 from external_interface.lease import LENT
@@ -28,6 +27,7 @@ from external_interface.proxy.judge import avoided_proxies, ban_hold, judge_outc
 from external_interface.proxy.models import Event
 from external_interface.proxy.pool import GlobalPool
 from external_interface.proxy.select import Rotation, Selector
+from settings.proxy import ProxySettings, get_proxy_settings
 
 log = logging.getLogger(__name__)
 

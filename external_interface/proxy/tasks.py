@@ -11,12 +11,12 @@ from typing import Any
 
 from celery import shared_task
 
-from config.proxy import get_proxy_settings
 from external_interface.proxy.channel import ChannelPool, channels
 from external_interface.proxy.pool import GlobalPool
 from external_interface.proxy.sources import harvest as harvest_sources
 from external_interface.proxy.sources import source_from_spec
 from external_interface.proxy.validate import CheckPageDown, ProxyValidator, SiteValidator
+from settings.proxy import get_proxy_settings
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from config.storage import StorageSettings, get_storage_settings
 from exceptions import ChainCrawlError, ConfigError
+from settings.storage import StorageSettings, get_storage_settings
 
 # --- errors ------------------------------------------------------------------------------
 

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import requests
 
-from config.storage import get_storage_settings
 from exceptions import ConfigError
 from external_interface.sinks.base import (
     Origin,
@@ -34,6 +33,7 @@ from external_interface.sinks.base import (
     SinkError,
     key_values,
 )
+from settings.storage import get_storage_settings
 
 if TYPE_CHECKING:
     from config import Settings

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from config.storage import get_storage_settings
 from exceptions import ConfigError
 from external_interface.sinks.base import (
     Origin,
@@ -33,6 +32,7 @@ from external_interface.sinks.base import (
     key_values,
     safe_name,
 )
+from settings.storage import get_storage_settings
 
 if TYPE_CHECKING:
     from config import Settings

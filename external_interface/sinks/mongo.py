@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from config.storage import get_storage_settings
 from exceptions import ConfigError
 from external_interface.sinks.base import (
     Origin,
@@ -50,6 +49,7 @@ from external_interface.sinks.base import (
     sanitize_key,
     sanitize_keys,
 )
+from settings.storage import get_storage_settings
 
 if TYPE_CHECKING:
     import pymongo.collection

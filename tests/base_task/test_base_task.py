@@ -76,7 +76,7 @@ def test_priority_is_mirrored_for_redis_only() -> None:
 
 
 def test_resource_plan_orders_kinds_and_applies_overrides() -> None:
-    from base_task.runtime import Runtime
+    from lifecycle.runtime import Runtime
 
     spec = get_endpoint("testsite.local.listing")
     spec_res = dict(spec.resources)

@@ -13,7 +13,6 @@ import time
 import pytest
 
 from config import ROOT
-from config.browser import BrowserSettings
 from exceptions import (
     BrowserCrashed,
     ConnectError,
@@ -42,6 +41,7 @@ from external_interface.browser import (
 )
 from external_interface.browser.model import action_from_wire, proxy_parts, result_from_wire
 from external_interface.browser.pool import _error, auto_contexts, net_error
+from settings.browser import BrowserSettings
 
 
 def test_request_fills_the_pools_defaults_and_keeps_secrets_out_of_repr() -> None:

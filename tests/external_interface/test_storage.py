@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from config import Settings
-from config.storage import reset_storage_settings
 from exceptions import ConfigError
 from external_interface import storage
 from external_interface.storage import (
@@ -22,6 +21,7 @@ from external_interface.storage import (
     safe_name,
     sanitize_keys,
 )
+from settings.storage import reset_storage_settings
 from utils.registry import UnknownNameError
 
 

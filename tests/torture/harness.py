@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from config import DEFAULT_POOL, ROOT, get_settings, reset_settings
-from config.suite import get_suite_settings
+from settings.suite import get_suite_settings
 from utils import environ
 from utils.keyspace import Keyspace
 from utils.redis import reset_clients

@@ -35,7 +35,6 @@ from typing import Any
 import orjson
 
 from config import Settings
-from config.storage import get_storage_settings
 from external_interface.sinks.base import (
     Origin,
     PermanentSinkError,
@@ -47,6 +46,7 @@ from external_interface.sinks.base import (
 from external_interface.sinks.jsonl.compact import compact
 from external_interface.sinks.jsonl.read import DUMPS_OPTS
 from external_interface.sinks.jsonl.store import Group, TypeStore
+from settings.storage import get_storage_settings
 
 log = logging.getLogger("external_interface.sinks.jsonl")
 

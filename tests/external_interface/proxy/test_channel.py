@@ -14,12 +14,12 @@ import redis
 from redis.crc import key_slot
 
 from config import Settings
-from config.proxy import ProxySettings
 from external_interface.proxy.channel import ChannelPool, channel_stats, channels, settle
 from external_interface.proxy.models import Event, ProxyAddress
 from external_interface.proxy.pool import GlobalPool
 from external_interface.proxy.validate import purge_channels
 from monitor.health import proxy_health
+from settings.proxy import ProxySettings
 from tests.external_interface.stores import connect, rds_on_both_stores  # noqa: F401 - fixture `rds`
 
 

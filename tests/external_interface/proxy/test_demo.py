@@ -9,10 +9,10 @@ import pytest
 import redis
 import requests
 
-from config.proxy import ProxySettings
 from external_interface.proxy import ChannelProxyProvider
 from external_interface.proxy.sources import PageSource, harvest
 from external_interface.proxy.validate import ProxyValidator
+from settings.proxy import ProxySettings
 from tests.external_interface.proxy_fixtures import ProxyFactory, Task, fetch
 
 demo_testing = pytest.importorskip("demo.testing")

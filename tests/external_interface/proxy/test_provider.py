@@ -11,7 +11,6 @@ import pytest
 import redis
 
 from config import reset_settings
-from config.proxy import ProxySettings, reset_proxy_settings
 from exceptions import ResourceUnavailable
 from external_interface.base import Outcome, OutgoingRequest, providers
 from external_interface.proxy import (
@@ -22,6 +21,7 @@ from external_interface.proxy import (
 )
 from external_interface.proxy.models import ProxyAddress
 from external_interface.proxy.pool import GlobalPool
+from settings.proxy import ProxySettings, reset_proxy_settings
 from tests.external_interface.proxy_fixtures import ProxyFactory, Task, fetch
 from tests.external_interface.proxy_servers import ForwardProxy, TargetSite
 from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`

@@ -18,7 +18,6 @@ import redis
 import requests
 
 import sites.demo.production.profile  # noqa: F401 - registers the demo's rules
-from config.proxy import ProxySettings
 from exceptions import ConnectError, FetchTimeout
 from external_interface.base import Outcome, OutgoingRequest
 from external_interface.proxy import ChannelProxyProvider, ban_hold, judge_outcome
@@ -27,6 +26,7 @@ from external_interface.proxy.models import Event, ProxyAddress
 from external_interface.proxy.pool import GlobalPool
 from external_interface.proxy.validate import SiteValidator
 from external_interface.rules import Verdict, add_rules, rule
+from settings.proxy import ProxySettings
 from tests.external_interface.proxy_fixtures import ProxyFactory, Task
 from tests.external_interface.proxy_servers import TargetSite
 

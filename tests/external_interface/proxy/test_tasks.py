@@ -13,10 +13,10 @@ from celery.beat import Scheduler
 from celery.contrib.testing.worker import start_worker
 
 from config import reset_settings
-from config.proxy import reset_proxy_settings
 from external_interface.proxy import tasks as proxy_tasks
 from external_interface.proxy.channel import ChannelPool
 from external_interface.proxy.pool import GlobalPool
+from settings.proxy import reset_proxy_settings
 from tests.external_interface.proxy_fixtures import ProxyFactory
 from tests.external_interface.proxy_servers import TargetSite
 from utils.redis import get_redis, reset_clients

@@ -1,9 +1,9 @@
 """The base every chaincrawl settings class subclasses: one way to read configuration.
 
 A setting is an environment variable `CHAINCRAWL_<FIELD>` (or a line of `.env`), read by a
-pydantic-settings class of the `config` package; `config.settings_classes()` lists them all,
-so the unknown-variable check (`config/envcheck.py`) and the configuration reference
-(`config/reference.py`) know every name without a hand-written list.
+pydantic-settings class (`config.Settings` or one of this package); `config.settings_classes()` lists them all,
+so the unknown-variable check (`settings/envcheck.py`) and the configuration reference
+(`settings/reference.py`) know every name without a hand-written list.
 
 What the base adds to pydantic-settings:
 - a value that does not parse is a `SettingError` (a `ConfigError` and a `ValueError`)
@@ -69,7 +69,7 @@ class _MappingSource(EnvSettingsSource):
 class ChaincrawlSettings(BaseSettings):
     """Variables `CHAINCRAWL_<FIELD>` (a subclass may narrow the prefix, or give a field its
     names with `validation_alias`), from the environment over `.env`; other variables are
-    ignored here and judged by `config/envcheck.py`."""
+    ignored here and judged by `settings/envcheck.py`."""
 
     model_config = SettingsConfigDict(
         env_prefix=PREFIX,

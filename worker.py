@@ -16,23 +16,24 @@ from typing import Any
 
 from celery import Celery, signals
 
-import base_task.batch  # noqa: F401 - registers the batch task
 import external_interface.proxy.tasks  # noqa: F401 - proxy harvest and validation tasks
+import lifecycle.batch  # noqa: F401 - registers the batch task
 import scheduling.tasks  # noqa: F401 - the periodic chain trigger and limit checks
 import sites
-from base_task import runtime
-from base_task.commits import compact_quietly
-from base_task.endpoints import route
-from base_task.unknown import dead_letter_unknown, entry_of
 from chains.sweeper import Sweeper
-from config import Settings, envcheck, get_settings
+from config import Settings, get_settings
 from external_interface.base import load_providers
 from external_interface.outbox import Drainer, drainer_class
 from external_interface.pool import known_kinds
 from ledger import broker
 from ledger.state import RunState
 from ledger.workers import Beat, TaskSets
+from lifecycle import runtime
+from lifecycle.commits import compact_quietly
+from lifecycle.endpoints import route
+from lifecycle.unknown import dead_letter_unknown, entry_of
 from monitor.metrics import aggregator
+from settings import envcheck
 from utils import affinity, broker_drops, kombu_guard, logsafe, unacked_owners
 from utils.redis import get_redis
 
@@ -156,7 +157,7 @@ def _log_pinning(sender: Any = None, **kw: Any) -> None:
 
 @signals.worker_ready.connect
 def _check_environment(**kw: Any) -> None:
-    """A misspelled CHAINCRAWL_* variable would be ignored without a word (config/envcheck.py)."""
+    """A misspelled CHAINCRAWL_* variable would be ignored without a word (settings/envcheck.py)."""
     for problem in envcheck.current(sites.sites(), known_kinds()):
         log.warning("environment: %s", problem)
 
@@ -209,7 +210,7 @@ def _unknown_task(sender: Any = None, message: Any = None, name: str = "", id: s
                   **kw: Any) -> None:  # fmt: skip
     """Celery has dropped a message naming a task this worker does not know: fail it and
     dead-letter it, naming the fix, instead of leaving the sweeper to re-send it forever
-    (base_task/unknown.py)."""
+    (lifecycle/unknown.py)."""
     s = get_settings()
     try:
         try:

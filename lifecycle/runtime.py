@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 
-from base_task.endpoints import BROWSER, EndpointSpec, queue_for
 from config import Settings, get_settings
 from external_interface.base import Provider, load_providers, provider_name, providers
 from external_interface.dedup import RedisDedup
@@ -33,6 +32,7 @@ from ledger.meta import PRIORITY
 from ledger.model import Chain, chain_from_dict
 from ledger.publish import Publisher
 from ledger.state import RunState
+from lifecycle.endpoints import BROWSER, EndpointSpec, queue_for
 from utils.greenlets import gevent_patched
 from utils.ranked_slots import RankedSlots
 from utils.redis import get_redis
@@ -259,3 +259,13 @@ def using(rt: Runtime) -> Iterator[Runtime]:
         yield rt
     finally:
         _current = before
+
+
+REQUEUE_PAUSE = 1.0  # seconds a slot waits before requeueing a message it could not run
+
+
+def pause_before_requeue() -> None:
+    """With the state store down and the broker elsewhere (RabbitMQ, another Redis), a requeued
+    message comes straight back: without a pause every slot would spin through the queue,
+    logging a warning per delivery, until Redis returns."""
+    time.sleep(REQUEUE_PAUSE)

@@ -1,4 +1,4 @@
-"""One endpoint run live outside the broker (base_task/live.py): what it yields, the children
+"""One endpoint run live outside the broker (lifecycle/live.py): what it yields, the children
 its chain step would send, the requests it made, its error; and the stand-in endpoint of a
 site that `control.sh shell --site` sends requests as."""
 
@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from base_task.endpoints import EndpointSpec
-from base_task.live import run_live, site_spec
 from exceptions import NotFound, ParamsError
+from lifecycle.endpoints import EndpointSpec
+from lifecycle.live import run_live, site_spec
 from sites import get_endpoint
 from tests.testsite.chains import three_step
 from tests.testsite.server import TestSite

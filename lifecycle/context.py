@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from base_task.endpoints import BROWSER, EndpointSpec, Follow, Params
-from base_task.runtime import Runtime
 from exceptions import (
     BannedError,
     BrowserUnavailable,
@@ -32,6 +30,8 @@ from external_interface.browser import Action, BrowserPool, RenderedPage, Render
 from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
 from ledger.meta import TaskMeta
+from lifecycle.endpoints import BROWSER, EndpointSpec, Follow, Params
+from lifecycle.runtime import Runtime
 from monitor.metrics import TaskMetrics
 from scheduling.gate import Gate, get_gate
 from scheduling.ratelimit import RENDER

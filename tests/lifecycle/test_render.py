@@ -17,8 +17,6 @@ from typing import Any
 import pytest
 
 from base_task import Params, runtime
-from base_task.context import Context
-from base_task.endpoints import EndpointSpec
 from config import ROOT
 from exceptions import (
     BannedError,
@@ -35,6 +33,8 @@ from external_interface.browser import RenderRequest, RenderResult, WaitFor
 from external_interface.browser.pool import PoolConfig
 from external_interface.fetch import Response
 from ledger.meta import TaskMeta
+from lifecycle.context import Context
+from lifecycle.endpoints import EndpointSpec
 from monitor.metrics import TaskMetrics
 
 LOGIN_WALL = b'<html><body class="page-login"><div id="login-wall">log in</div></body></html>'
@@ -121,7 +121,7 @@ ALL = {"browser": "browser", **{k: f"render_test_{k}" for k in ("proxy", "cookie
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePool]:
     fake = FakePool()
-    monkeypatch.setattr("base_task.context.get_pool", lambda: fake)
+    monkeypatch.setattr("lifecycle.context.get_pool", lambda: fake)
     HEARD.events.clear()
     yield fake
 

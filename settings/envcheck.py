@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dotenv import dotenv_values
 
 from config import SITE_VARS, settings_classes
-from config.base import PREFIX
+from settings.base import PREFIX
 
 
 def fixed_names() -> set[str]:

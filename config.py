@@ -10,11 +10,11 @@ With no `REDIS_URL`, everything points at the embedded Redis that `control.sh` s
 is generated into `var/redis.secret` (0600) on first use and every process reads it from
 there (docs/security.md).
 
-The other areas' settings live beside this module, each a `ChaincrawlSettings` subclass with
-a cached getter: `config.storage` (outbox, sinks, routing), `config.proxy` (the proxy pool),
-`config.browser` (rendered pages),
-`config.monitor` (the exporter and alert rules), `config.suite` (variables only the test suite
-reads). `settings_classes()` lists them all; per-site variables are in `config.sitevars`.
+The other areas' settings live in the `settings` package, each a `ChaincrawlSettings` subclass
+with a cached getter: `settings.storage` (outbox, sinks, routing), `settings.proxy` (the proxy
+pool), `settings.browser` (rendered pages), `settings.monitor` (the exporter and alert rules),
+`settings.suite` (variables only the test suite reads). `settings_classes()` lists them all;
+per-site variables are in `settings.sitevars`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
-from config.base import ROOT, ChaincrawlSettings, forget_all
-from config.browser import BrowserSettings
-from config.monitor import AlertSettings, MonitorSettings
-from config.proxy import ProxySettings
-from config.sitevars import SITE_VARS, SiteVar, site_env
-from config.storage import StorageSettings
-from config.suite import SuiteSettings
 from exceptions import ConfigError
+from settings.base import ROOT, ChaincrawlSettings, forget_all
+from settings.browser import BrowserSettings
+from settings.monitor import AlertSettings, MonitorSettings
+from settings.proxy import ProxySettings
+from settings.sitevars import SITE_VARS, SiteVar, site_env
+from settings.storage import StorageSettings
+from settings.suite import SuiteSettings
 from utils.secretfile import new_key, read_or_create, token
 
 __all__ = [
@@ -360,7 +360,7 @@ class Settings(ChaincrawlSettings):
         description="Request headers (comma-separated) that are part of a cached response's key.",
     )
 
-    # --- storage (the outbox and sinks have their own: config/storage.py) -----------------
+    # --- storage (the outbox and sinks have their own: settings/storage.py) -----------------
     mongo_url: str = Field(
         "",
         validation_alias=_env("MONGO_URL", "MONGO_URL"),

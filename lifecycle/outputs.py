@@ -11,11 +11,11 @@ from typing import Any
 
 import orjson
 
-from base_task.endpoints import Follow, Item
-from base_task.runtime import Runtime
 from ledger.meta import DEDUP, TaskMeta
 from ledger.model import Chain, fan_out
 from ledger.state import Kid
+from lifecycle.endpoints import Follow, Item
+from lifecycle.runtime import Runtime
 from utils.ids import new_id
 
 

@@ -7,7 +7,7 @@ cache when `CHAINCRAWL_HTTP_CACHE` is set), and what it yields is returned, neve
 the children its step would dispatch are computed as the commit would (`outputs.children`;
 a `skip_seen_hours` step reads the dedup store, and writes nothing).
 
-`run_endpoint` (base_task/__init__.py) is the offline twin, for parser tests: a given fetcher,
+`run_endpoint` (base_task.py) is the offline twin, for parser tests: a given fetcher,
 no providers, no gate.
 """
 
@@ -18,15 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from base_task import runtime
-from base_task.context import Context
-from base_task.endpoints import EndpointSpec, Follow, Item, Params, iter_endpoints
-from base_task.outputs import children
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
 from external_interface.httpcache import HttpCache
 from ledger.meta import TaskMeta
 from ledger.model import Chain
 from ledger.state import Kid
+from lifecycle import runtime
+from lifecycle.context import Context
+from lifecycle.endpoints import EndpointSpec, Follow, Item, Params, iter_endpoints
+from lifecycle.outputs import children
 from monitor.metrics import TaskMetrics
 from utils.registry import UnknownNameError
 

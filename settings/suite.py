@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from config.base import ChaincrawlSettings
+from settings.base import ChaincrawlSettings
 
 
 class SuiteSettings(ChaincrawlSettings):

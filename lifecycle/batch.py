@@ -19,15 +19,15 @@ import redis
 from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
 
-from base_task import SiteTask, pause_before_requeue, runtime, safe_text
-from base_task.commits import BatchRun, run_commits, set_batch
-from base_task.endpoints import EndpointSpec, get_endpoint
-from base_task.unknown import dead_letter_unknown
 from config import Settings
 from ledger.batching import BATCH_TASK
 from ledger.meta import RETRY_BASE, RUN
 from ledger.state import Begun
-from utils.logsafe import task_argsrepr
+from lifecycle import runtime
+from lifecycle.commits import BatchRun, run_commits, set_batch
+from lifecycle.endpoints import EndpointSpec, get_endpoint
+from lifecycle.unknown import dead_letter_unknown
+from utils.logsafe import safe_text, task_argsrepr
 from utils.ranked_slots import RankedSlots
 from utils.registry import UnknownNameError
 
@@ -44,7 +44,7 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
         return _run_batch(self, entries)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
-        pause_before_requeue()
+        runtime.pause_before_requeue()
         raise Reject(exc, requeue=True) from None
 
 
@@ -92,7 +92,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         if careful:
             b = state.begin(e["meta"].get(RUN, ""), e["id"], int(e["meta"].get(RETRY_BASE, 0)))
             b = b._replace(deliveries=b.deliveries + 1)  # + the first, as for a single message
-        task: SiteTask = spec.task
+        task = spec.task  # the endpoint's SiteTask
         params, meta = e["params"], e["meta"]
         task.push_request(
             id=e["id"], root_id=e["id"], parent_id=None, correlation_id=e["id"],

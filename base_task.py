@@ -22,16 +22,14 @@ An endpoint module is a page of business logic:
 here, once (`SiteTask`): parameter validation, per-request and per-task deadlines (held on
 every pool), typed errors mapped to retry policies with backoff and jitter, resource providers
 around each request, redelivery caps, dead-lettering, metrics, and the atomic commit that hands
-items to the outbox and dispatches the chain's next steps. Sub-modules: `endpoints` (schemas,
-registry), `context` (`Context`), `runtime` (process state), `outputs` (what a page commits),
-`commits` (one round trip per page or batch), `batch` (the batch message task).
+items to the outbox and dispatches the chain's next steps. The machinery beneath it is the
+`lifecycle` package (schemas and registry, `Context`, process state, commits, the batch task).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import re
 import time
 import traceback
 import uuid
@@ -44,22 +42,6 @@ from celery import Task, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from pydantic import ValidationError
 
-from base_task import runtime
-from base_task.commits import aggregate, current_batch, run_commits, skip_call
-from base_task.context import Context
-from base_task.endpoints import (
-    ENDPOINTS,
-    EndpointSpec,
-    Follow,
-    Item,
-    Output,
-    Outputs,
-    Params,
-    describe,
-    get_endpoint,
-    queue_for,
-)
-from base_task.outputs import children, outbox_entries
 from config import Settings, get_settings
 from exceptions import (
     BannedError,
@@ -83,14 +65,29 @@ from external_interface.fetch import Fetcher, Response
 from ledger.meta import AVOID_KEEP, TaskMeta
 from ledger.publish import broker_priority
 from ledger.state import Begun, CommitCall, Committed, RunState
+from lifecycle import runtime
+from lifecycle.commits import aggregate, current_batch, run_commits, skip_call
+from lifecycle.context import Context
+from lifecycle.endpoints import (
+    ENDPOINTS,
+    EndpointSpec,
+    Follow,
+    Item,
+    Output,
+    Outputs,
+    Params,
+    describe,
+    get_endpoint,
+    queue_for,
+)
+from lifecycle.outputs import children, outbox_entries
 from monitor.deadletter import DeadLetter, DeadLetterStore, keep_capture
 from monitor.metrics import TaskMetrics
 from scheduling.gate import get_gate
-from utils.logsafe import task_argsrepr
+from settings.sitevars import site_env
+from utils.logsafe import safe_text, task_argsrepr
 
 log = logging.getLogger("chaincrawl.task")
-
-REQUEUE_PAUSE = 1.0  # seconds a slot waits before requeueing a message it could not run
 
 
 def endpoint(
@@ -195,7 +192,7 @@ class SiteTask(Task):
                 # not confirmed by its replicas): the message must not be acknowledged.
                 # Requeue it; the commit's idempotency makes a second run harmless.
                 log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
-                pause_before_requeue()
+                runtime.pause_before_requeue()
                 raise Reject(exc, requeue=True) from None
 
     def _execute(
@@ -482,13 +479,6 @@ class SiteTask(Task):
         )
 
 
-def pause_before_requeue() -> None:
-    """With the state store down and the broker elsewhere (RabbitMQ, another Redis), a requeued
-    message comes straight back: without a pause every slot would spin through the queue,
-    logging a warning per delivery, until Redis returns."""
-    time.sleep(REQUEUE_PAUSE)
-
-
 def countdown_cap(s: Settings) -> float:
     """Countdown retries wait inside the worker unacknowledged: stay under the visibility timeout."""
     return max(1.0, min(s.retry_backoff_max, s.visibility_timeout * 0.5))
@@ -499,14 +489,6 @@ def backoff(attempt: int, s: Settings | None = None) -> float:
     s = s or get_settings()
     step = min(countdown_cap(s), s.retry_backoff * (2**attempt))
     return step / 2 + random.uniform(0, step / 2)
-
-
-_CREDENTIALS = re.compile(r"//[^/@\s]+@")
-
-
-def safe_text(exc: BaseException) -> str:
-    """Error text for logs and dead letters; URLs lose their credentials."""
-    return _CREDENTIALS.sub("//***@", str(exc))[:500]
 
 
 def run_endpoint(
@@ -543,4 +525,5 @@ __all__ = [
     "endpoint",
     "error_for_status",
     "run_endpoint",
+    "site_env",
 ]

@@ -7,10 +7,10 @@ import uuid
 import orjson
 import redis
 
-from base_task.unknown import dead_letter_unknown, entry_of
 from config import Settings
 from ledger.state import RunState
 from ledger.workers import TaskSets
+from lifecycle.unknown import dead_letter_unknown, entry_of
 from monitor.deadletter import DeadLetterStore
 
 

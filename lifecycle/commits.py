@@ -13,9 +13,9 @@ from typing import Any
 
 import redis
 
-from base_task.endpoints import EndpointSpec
-from base_task.runtime import Runtime
 from ledger.state import CommitCall, Committed, RunState, StagedAt
+from lifecycle.endpoints import EndpointSpec
+from lifecycle.runtime import Runtime
 from monitor.metrics import TaskMetrics, aggregator
 from utils.redis import get_redis
 

@@ -2,8 +2,8 @@
 
 An endpoint added (or a route changed) after the workers started is known to a fresh client
 but not to them. Celery's consumer logs `Received unregistered task` and drops the message
-(`task_unknown`; worker/__init__.py hands it here), and a batch entry may name one too
-(base_task/batch.py). Dropped, the task would stay in its run's ledger, the sweeper would
+(`task_unknown`; worker.py hands it here), and a batch entry may name one too
+(lifecycle/batch.py). Dropped, the task would stay in its run's ledger, the sweeper would
 re-send it every few seconds and the run would never end. Instead, in one round trip: the
 task commits as `failed` (its run's `outstanding` drops, so the run ends), its dead letter
 says which task and what to do ("restart the workers so they load ..."; `deadletter replay`
@@ -17,12 +17,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from base_task.endpoints import queue_for
 from config import Settings
 from ledger.meta import RUN, STEP
 from ledger.publish import send_kid
 from ledger.state import CommitCall, RunState
 from ledger.workers import TaskSets
+from lifecycle.endpoints import queue_for
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
 

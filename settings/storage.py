@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from config.base import ChaincrawlSettings
+from settings.base import ChaincrawlSettings
 
 
 class StorageSettings(ChaincrawlSettings):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from config.base import ChaincrawlSettings
+from settings.base import ChaincrawlSettings
 
 
 class BrowserSettings(ChaincrawlSettings):

@@ -2,7 +2,7 @@
 
 Their names are built from the site (`CHAINCRAWL_SIGN_KEY_DEMO`), so they cannot be fields of
 a settings class. Each family is declared here once, read through `site_env`, and checked
-against the sites that exist by `config/envcheck.py` (a misspelled site or family is
+against the sites that exist by `settings/envcheck.py` (a misspelled site or family is
 reported, never silently ignored).
 """
 
@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from config.base import PREFIX
+from settings.base import PREFIX
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""config/envcheck.py and config's per-site variables: a misspelled CHAINCRAWL_* variable is
+"""settings/envcheck.py and config's per-site variables: a misspelled CHAINCRAWL_* variable is
 reported with the name it was meant to be, the names come from the settings classes, and no
 module outside `config` reads a CHAINCRAWL_* variable itself (so the classes know them all)."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from config import SITE_VARS, envcheck, site_env
+from settings import envcheck
+from settings.sitevars import SITE_VARS, site_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SITES = ["demo", "shop"]
@@ -162,7 +163,7 @@ def test_no_module_outside_config_reads_a_chaincrawl_variable() -> None:
     know it; a module reading the environment itself would be invisible to both. Writing a
     child process's environment (`env["CHAINCRAWL_X"] = ...`) is not a read. Tests are left
     out: they set, save and restore variables around the processes they start (the variables
-    only they read are `config.suite.SuiteSettings`)."""
+    only they read are `settings.suite.SuiteSettings`)."""
     skip = {".venv", "var", ".git", "config", "tests"}
     paths = [p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts)]
     assert [r for p in sorted(paths) for r in _direct_reads(p)] == []
