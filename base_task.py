@@ -62,6 +62,9 @@ from exceptions import (
     policy_for,
 )
 from external_interface.fetch import Fetcher, Response
+from external_interface.fetch.mock import FixtureFetcher, load_case, outputs_of
+from external_interface.fetch.sitemap import sitemap_urls
+from external_interface.resources.rules import Verdict, add_rules, rule
 from ledger.meta import AVOID_KEEP, TaskMeta
 from ledger.publish import broker_priority
 from ledger.state import Begun, CommitCall, Committed, RunState
@@ -495,7 +498,7 @@ def run_endpoint(
     name: str, params: Mapping[str, Any], fetcher: Fetcher, meta: Mapping[str, Any] | None = None
 ) -> tuple[list[Item], list[Follow]]:
     """Run one endpoint's code in-process with a given fetcher: no broker, no Redis, no
-    providers. For parser tests against saved pages (external_interface/mock.py)."""
+    providers. For parser tests against saved pages (external_interface/fetch/mock.py)."""
     spec = get_endpoint(name)
     p = spec.validate_params(params)
     ctx = Context(spec, p, TaskMeta.from_wire(meta), runtime.current(), TaskMetrics(), fetcher,
@@ -509,6 +512,7 @@ __all__ = [
     "ChainCrawlError",
     "Context",
     "CrawlError",
+    "FixtureFetcher",
     "Follow",
     "Item",
     "ItemValidationError",
@@ -522,8 +526,14 @@ __all__ = [
     "ResourceUnavailable",
     "Response",
     "UndecodableText",
+    "Verdict",
+    "add_rules",
     "endpoint",
     "error_for_status",
+    "load_case",
+    "outputs_of",
+    "rule",
     "run_endpoint",
     "site_env",
+    "sitemap_urls",
 ]

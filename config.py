@@ -127,7 +127,7 @@ class Settings(ChaincrawlSettings):
     )
     log_level: str = Field(
         "INFO",
-        description="Log level of the standalone drainer (`python -m external_interface.outbox`).",
+        description="Log level of the standalone drainer (`python -m external_interface.storage.outbox`).",
     )
 
     # --- fetch layer ----------------------------------------------------------------------
@@ -219,7 +219,7 @@ class Settings(ChaincrawlSettings):
         description="Redis broker: a worker process whose heartbeat is this many seconds old "
         "counts as dead, and the messages it held unacknowledged are restored at the next "
         "sweep instead of after the visibility timeout, and every run's ledger is checked for "
-        "a message it may have popped and lost (utils/unacked_owners.py); 0 = off.",
+        "a message it may have popped and lost (broker/owners.py); 0 = off.",
     )
     run_retention: int = Field(
         7 * 24 * 3600,
@@ -323,7 +323,7 @@ class Settings(ChaincrawlSettings):
     )
     robots: bool = Field(
         True,
-        description="Honour each site's robots.txt (external_interface/robots.py); a "
+        description="Honour each site's robots.txt (external_interface/fetch/robots.py); a "
         "disallowed URL is skipped, not failed.",
     )
     robots_ignore: str = Field(

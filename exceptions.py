@@ -302,7 +302,7 @@ class Throttled(ResourceUnavailable):
 class RobotsUnavailable(ResourceUnavailable):
     """The site's robots.txt could not be read (5xx, 429 or unreachable): no request may go
     until it can, so pages wait instead of being skipped for good
-    (external_interface/robots.py)."""
+    (external_interface/fetch/robots.py)."""
 
 
 class Skipped(CrawlError):
@@ -313,7 +313,7 @@ class Skipped(CrawlError):
 
 
 class RobotsDisallowed(Skipped):
-    """robots.txt forbids this URL to our user agent (external_interface/robots.py)."""
+    """robots.txt forbids this URL to our user agent (external_interface/fetch/robots.py)."""
 
     reason = "robots"
 

@@ -16,25 +16,26 @@ from typing import Any
 
 from celery import Celery, signals
 
-import external_interface.proxy.tasks  # noqa: F401 - proxy harvest and validation tasks
+import external_interface.resources.proxy.tasks  # noqa: F401 - proxy harvest and validation tasks
 import lifecycle.batch  # noqa: F401 - registers the batch task
 import scheduling.tasks  # noqa: F401 - the periodic chain trigger and limit checks
 import sites
+from broker import app as broker_app
+from broker import drops, kombu_guard, owners
+from broker.workers import Beat, TaskSets
 from chains.sweeper import Sweeper
 from config import Settings, get_settings
-from external_interface.base import load_providers
-from external_interface.outbox import Drainer, drainer_class
-from external_interface.pool import known_kinds
-from ledger import broker
+from external_interface.resources.base import load_providers
+from external_interface.resources.pool import known_kinds
+from external_interface.storage.outbox import Drainer, drainer_class
 from ledger.state import RunState
-from ledger.workers import Beat, TaskSets
 from lifecycle import runtime
 from lifecycle.commits import compact_quietly
 from lifecycle.endpoints import route
 from lifecycle.unknown import dead_letter_unknown, entry_of
 from monitor.metrics import aggregator
 from settings import envcheck
-from utils import affinity, broker_drops, kombu_guard, logsafe, unacked_owners
+from utils import affinity, logsafe
 from utils.redis import get_redis
 
 settings = get_settings()
@@ -42,23 +43,23 @@ log = logging.getLogger("chaincrawl.worker")
 # a malformed queue payload or a channel closed after its connection must not end the consumer
 # (docs/reliability.md); the guard fails loudly if kombu changed under the patches
 kombu_guard.apply()
-broker_drops.apply()  # a dropped broker connection has the sweeper check every run
+drops.apply()  # a dropped broker connection has the sweeper check every run
 
-app = Celery(broker.APP_NAME)
-broker.set_default(app)
+app = Celery(broker_app.APP_NAME)
+broker_app.set_default(app)
 
 
 def queues() -> list[str]:
     """Every queue a worker may be told to consume: one per site, then resources and default."""
-    return list(dict.fromkeys([*sites.sites(), *broker.BASE_QUEUES]))
+    return list(dict.fromkeys([*sites.sites(), *broker_app.BASE_QUEUES]))
 
 
 def configure(s: Settings) -> None:
     """(Re)apply settings to the app; tests call it after pointing the environment elsewhere."""
-    broker.configure(app, s, queues(), route)
+    broker_app.configure(app, s, queues(), route)
 
 
-broker.use_orjson()
+broker_app.use_orjson()
 sites.load_all()
 load_providers()
 configure(settings)
@@ -102,12 +103,12 @@ def _size_for_pool(conf: Any = None, options: Any = None, **kw: Any) -> None:
 def _become_owner(sender: Any = None, **kw: Any) -> None:
     """Redis broker: tag the messages this worker holds unacknowledged with its owner id and
     keep a heartbeat, so that, if it dies, the sweeper restores them in seconds instead of
-    after the visibility timeout (utils/unacked_owners.py). Before the consumer starts, so
+    after the visibility timeout (broker/owners.py). Before the consumer starts, so
     that every message it takes is tagged."""
     s = get_settings()
     if not s.redis_broker or s.dead_worker_after <= 0:
         return
-    unacked_owners.start(
+    owners.start(
         get_redis(s.broker_url), s.broker_key_prefix, s.dead_worker_after, str(sender or "")
     )
 
@@ -115,8 +116,8 @@ def _become_owner(sender: Any = None, **kw: Any) -> None:
 @signals.worker_shutdown.connect
 def _leave_owners(**kw: Any) -> None:
     """A clean exit is no death: the consumer gave back what it held, so the sweeper need not
-    look for a message this worker may have lost (utils/unacked_owners.py)."""
-    unacked_owners.leave()
+    look for a message this worker may have lost (broker/owners.py)."""
+    owners.leave()
 
 
 def _pool_name(pool_cls: Any) -> str:
@@ -193,7 +194,7 @@ def _start_sweeper(**kw: Any) -> None:
 @signals.worker_ready.connect
 def _publish_task_set(sender: Any = None, **kw: Any) -> None:
     """Say which tasks this worker knows and which queues it consumes, with a heartbeat
-    (ledger/workers.py): a trigger refuses a chain whose tasks a live worker lacks."""
+    (broker/workers.py): a trigger refuses a chain whose tasks a live worker lacks."""
     global _beat
     consumer_app = getattr(sender, "app", None) or app
     queues = list(consumer_app.amqp.queues.consume_from or {})
@@ -201,7 +202,7 @@ def _publish_task_set(sender: Any = None, **kw: Any) -> None:
         if _beat is None:
             s = get_settings()
             _beat = Beat(TaskSets(get_redis(s.redis_url), s), str(getattr(sender, "hostname", "")
-                         or broker.APP_NAME), list(consumer_app.tasks), queues)  # fmt: skip
+                         or broker_app.APP_NAME), list(consumer_app.tasks), queues)  # fmt: skip
             _beat.start()
 
 

@@ -254,7 +254,7 @@ def cmd_config(a: argparse.Namespace) -> None:
         print(reference.markdown())
         return
     import sites
-    from external_interface.pool import known_kinds
+    from external_interface.resources.pool import known_kinds
     from settings import envcheck
 
     names = envcheck.set_names()

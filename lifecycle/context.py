@@ -25,10 +25,10 @@ from exceptions import (
     ResourceUnavailable,
     error_for_status,
 )
-from external_interface.base import Outcome, OutgoingRequest, Provider
 from external_interface.browser import Action, BrowserPool, RenderedPage, RenderRequest, get_pool
 from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
+from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from ledger.meta import TaskMeta
 from lifecycle.endpoints import BROWSER, EndpointSpec, Follow, Params
 from lifecycle.runtime import Runtime
@@ -38,8 +38,8 @@ from scheduling.ratelimit import RENDER
 
 
 @dataclass
-class Lending:
-    """What the providers lending resources to a page may read of it (their `TaskState`)."""
+class PageTaskState:
+    """The page as the providers lending it resources see it (their `TaskState`)."""
 
     site: str
     platform: str
@@ -78,7 +78,7 @@ class Context:
         self._cache = self._fetcher if isinstance(self._fetcher, CachingFetcher) else None
         self._robots = rt.robots() if online else None
         self._rank = meta.priority if meta.priority is not None else rt.settings.default_priority
-        self._lending = Lending(spec.site, spec.platform, spec.name, set(meta.avoid))
+        self._task_state = PageTaskState(spec.site, spec.platform, spec.name, set(meta.avoid))
         self._failed_leases: set[str] = set()
         self._undecodable_seen = 0  # responses whose text had bytes their charset cannot decode
         self._deadline = time.monotonic() + (spec.deadline or rt.settings.task_deadline)
@@ -315,7 +315,7 @@ class Context:
         active = self._providers if resources else []
         for i, p in enumerate(active):
             try:
-                p.prepare(out, self._lending)
+                p.prepare(out, self._task_state)
             except BaseException:
                 self._give_back(active[:i], out)
                 raise
@@ -326,7 +326,7 @@ class Context:
         for p in reversed(active):
             cancel = getattr(p, "cancel", None)
             if cancel is not None:
-                cancel(out, self._lending)
+                cancel(out, self._task_state)
 
     def _failed(
         self, active: Sequence[Provider], out: OutgoingRequest, elapsed: float, exc: Exception
@@ -392,7 +392,7 @@ class Context:
         banned: BaseException | None = None
         for p in active:
             try:
-                p.feedback(out, outcome, self._lending)
+                p.feedback(out, outcome, self._task_state)
             except BannedError as exc:
                 banned = banned or exc
         if banned is not None:

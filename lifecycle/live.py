@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
-from external_interface.httpcache import HttpCache
+from external_interface.fetch.cache import HttpCache
 from ledger.meta import TaskMeta
 from ledger.model import Chain
 from ledger.state import Kid

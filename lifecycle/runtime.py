@@ -22,11 +22,11 @@ from typing import Any
 import orjson
 
 from config import Settings, get_settings
-from external_interface.base import Provider, load_providers, provider_name, providers
 from external_interface.dedup import RedisDedup
 from external_interface.fetch import Fetcher, default_fetcher
-from external_interface.httpcache import HttpCache
-from external_interface.robots import RobotsPolicy, fetch_with
+from external_interface.fetch.cache import HttpCache
+from external_interface.fetch.robots import RobotsPolicy, fetch_with
+from external_interface.resources.base import Provider, load_providers, provider_name, providers
 from ledger.batching import Load, batch_size
 from ledger.meta import PRIORITY
 from ledger.model import Chain, chain_from_dict

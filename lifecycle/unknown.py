@@ -17,11 +17,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from broker.workers import TaskSets
 from config import Settings
 from ledger.meta import RUN, STEP
 from ledger.publish import send_kid
 from ledger.state import CommitCall, RunState
-from ledger.workers import TaskSets
 from lifecycle.endpoints import queue_for
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics

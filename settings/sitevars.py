@@ -58,7 +58,7 @@ SITE_VARS: dict[str, SiteVar] = {
     ),
     "captcha": SiteVar(
         "CAPTCHA_{site}",
-        "Captcha recognizer of the site (a name in external_interface.captcha.recognizers).",
+        "Captcha recognizer of the site (a name in external_interface.resources.captcha.recognizers).",
         default="CAPTCHA",
     ),
     "captcha_service": SiteVar(
@@ -71,7 +71,7 @@ SITE_VARS: dict[str, SiteVar] = {
     "pool": SiteVar(
         "POOL_{kind}_{site}",
         'JSON object of a resource pool\'s settings ({"low_water": 3}), over the kind-wide '
-        "`CHAINCRAWL_POOL_<KIND>` (external_interface/pool.py).",
+        "`CHAINCRAWL_POOL_<KIND>` (external_interface/resources/pool.py).",
         default="POOL_{kind}",
         parts={"kind": None},
     ),

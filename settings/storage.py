@@ -21,7 +21,7 @@ class StorageSettings(ChaincrawlSettings):
 
     model_config = SettingsConfigDict(env_ignore_empty=True)
 
-    # --- routing (external_interface/storage.py) ------------------------------------------
+    # --- routing (external_interface/storage/routing.py) ------------------------------------------
     sink_routes: str = Field(
         "",
         description="Sinks per item type, over SINKS: `demo.post=jsonl,mongo;shop.*=mongo` "
@@ -33,7 +33,7 @@ class StorageSettings(ChaincrawlSettings):
         "`demo.post=likes,comments`.",
     )
 
-    # --- the drainer (external_interface/outbox) ------------------------------------------
+    # --- the drainer (external_interface/storage/outbox) ------------------------------------------
     outbox_claim_idle: float = Field(
         60.0,
         description="Seconds an entry stays pending with a drainer before another one claims "

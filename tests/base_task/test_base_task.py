@@ -9,7 +9,7 @@ from base_task import Item, Params, backoff, endpoint, get_endpoint, run_endpoin
 from config import Settings
 from exceptions import ParamsError, Policy, UndecodableText, policy_for
 from external_interface.fetch import Response
-from external_interface.mock import MockFetcher
+from external_interface.fetch.mock import MockFetcher
 from ledger.publish import broker_priority
 from utils.registry import UnknownNameError
 

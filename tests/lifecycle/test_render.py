@@ -28,10 +28,10 @@ from exceptions import (
     ResourceUnavailable,
     ServerError,
 )
-from external_interface.base import Outcome, OutgoingRequest, providers
 from external_interface.browser import RenderRequest, RenderResult, WaitFor
 from external_interface.browser.pool import PoolConfig
 from external_interface.fetch import Response
+from external_interface.resources.base import Outcome, OutgoingRequest, providers
 from ledger.meta import TaskMeta
 from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec
@@ -50,7 +50,7 @@ class Heard:
 HEARD = Heard()
 
 
-class Lending:
+class RecordingProvider:
     """A provider that lends one kind (`kind`) and records prepare / feedback / cancel."""
 
     def __init__(self, kind: str) -> None:
@@ -79,7 +79,7 @@ class Lending:
 
 
 for _kind in ("proxy", "cookie", "user_agent", "sign"):
-    providers.add(f"render_test_{_kind}", lambda site, platform, k=_kind: Lending(k))
+    providers.add(f"render_test_{_kind}", lambda site, platform, k=_kind: RecordingProvider(k))
 
 
 class FakePool:
@@ -242,7 +242,7 @@ def test_a_worker_running_plain_endpoints_never_loads_playwright() -> None:
         import worker, sites
         from base_task import run_endpoint
         from external_interface.browser import procmem
-        from external_interface.mock import FixtureFetcher
+        from external_interface.fetch.mock import FixtureFetcher
         sites.load_all()
         assert sites.get_endpoint("demo.js.detail").renders
         fixture = "tests/sites/demo/h5/fixtures/post_p3.json"

@@ -7,9 +7,9 @@ import uuid
 import orjson
 import redis
 
+from broker.workers import TaskSets
 from config import Settings
 from ledger.state import RunState
-from ledger.workers import TaskSets
 from lifecycle.unknown import dead_letter_unknown, entry_of
 from monitor.deadletter import DeadLetterStore
 
