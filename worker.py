@@ -4,7 +4,7 @@ site together, and the signals that start each worker process's background work.
 Start workers with `./control.sh start` (or `python -m celery -A worker worker ...`). Every
 endpoint module under `sites/` is imported here, so a new module is picked up with no
 registration anywhere else. One queue per site plus `resources` and `default`; tasks are routed
-by name (`base_task.route`).
+by name (`lifecycle.endpoints.route`).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def broker_task_ids(
 class Sweeper:
     """Finds stalled runs and re-sends the ledger entries the broker no longer holds.
 
-    `send(kid)` publishes one message (`base_task.send_kid` with the worker's app)."""
+    `send(kid)` publishes one message (`ledger.publish.send_kid` with the worker's app)."""
 
     def __init__(
         self,

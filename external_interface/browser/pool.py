@@ -13,7 +13,7 @@ the deadline itself (a page that never settles is closed and answered as a timeo
 screenshot and DOM); the pool waits `timeout + ANSWER_GRACE` for that answer, and a driver
 that misses even that is killed and replaced.
 
-Failures become the project's errors (exceptions/): `RenderTimeout` (retry, with the page's
+Failures become the project's errors (exceptions.py): `RenderTimeout` (retry, with the page's
 capture), `BrowserCrashed` (retry; the next render gets a new browser, or a new driver),
 `ConnectError`/`ProxyError`/`FetchTimeout` for network errors as the fetch layer raises them,
 `ResourceUnavailable` when every context stayed busy for `queue_wait` (re-queued, not failed),

@@ -1,6 +1,6 @@
 --[[ Dedup buckets: check and mark hashed ids in one binary string per bucket.
 
-The layout and the arithmetic behind it are in external_interface/dedup/ and docs/dedup.md.
+The layout and the arithmetic behind it are in external_interface/dedup/layout.py and docs/dedup.md.
 A bucket string is (all integers big-endian)
 
   [NB x uint32 coarse][S x uint16 ends][n x 9-byte main][uint16 count][P x 14-byte pending]

@@ -24,7 +24,7 @@ class FetchRequest:
     max_bytes: int = 10 * 1024 * 1024
     allow_redirects: bool = True
     # never sent: which waiting request takes a freed fetch slot first (a gevent worker's
-    # LimitedFetcher; the run's priority, base_task.page_rank)
+    # LimitedFetcher; the run's priority, lifecycle.runtime.Runtime.page_rank)
     rank: int = 0
 
 
