@@ -193,7 +193,7 @@ def test_celery_workers_render_on_gevent_and_threads(
         "BROWSER_TEST_QUEUE": queue,
         "CHAINCRAWL_BROWSER_CONTEXTS": "2",
         "CHAINCRAWL_BROWSER_QUEUE_WAIT": "120",  # 7 renders on 2 contexts: let them queue
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
     }
     worker = LoggedProc(
         [
