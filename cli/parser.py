@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Copies of values that live in modules needing the venv (a test keeps them equal).
 POOLS = ("gevent", "threads", "prefork", "solo")  # config.POOLS, the default first
-ITEM_FORMATS = ("jsonl", "csv")  # external_interface.export.FORMATS
+ITEM_FORMATS = ("jsonl", "csv")  # external_interface.storage.export.FORMATS
 SITE_KINDS = ("list", "detail", "api")
 DEMO_FEATURES = "ua_check,sign,device,login,soft_fail"
 
