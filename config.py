@@ -142,8 +142,14 @@ class Settings(ChaincrawlSettings):
     max_redirects: int = Field(10, description="More fail with `TooManyRedirects`.")
     fetcher: str = Field(
         "urllib3",
-        description="HTTP client of the fetch layer: urllib3 (default, leaner) or requests "
-        "(same contract and errors).",
+        description="HTTP client of the fetch layer: urllib3 (default, leaner), requests "
+        "(same contract and errors) or impersonate (a browser's TLS, HTTP/2 and headers); "
+        "an endpoint's `fetcher=` and `CHAINCRAWL_FETCHER_<SITE>` choose per endpoint and site.",
+    )
+    ca_bundle: str = Field(
+        "",
+        description="PEM file of the certificate authorities every fetcher trusts instead of "
+        "certifi's (a private CA, a local site's); empty: certifi's.",
     )
     fetch_slots: int = Field(
         0,

@@ -50,6 +50,11 @@ SITE_VARS: dict[str, SiteVar] = {
         "(else var/accounts/<site>.json|txt).",
         secret=True,
     ),
+    "fetcher": SiteVar(
+        "FETCHER_{site}",
+        "The fetcher of the site's requests over its endpoints' own `fetcher=`: urllib3, "
+        "requests, impersonate or impersonate:<browser>[/<form>] (docs/browser.md).",
+    ),
     "sign_key": SiteVar("SIGN_KEY_{site}", "The site's request-signing key.", secret=True),
     "user_agents": SiteVar(
         "UA_{site}_{family}",

@@ -2,16 +2,23 @@
 
     base.py      FetchRequest, the Fetcher interface
     response.py  Response (text, json, css, xpath on demand), charset decoding that counts
-    http.py      Urllib3Fetcher (the default), RequestsFetcher, default_fetcher
+    http.py      Urllib3Fetcher (the default), RequestsFetcher
+    impersonate.py  ImpersonateFetcher: a browser's TLS handshake, HTTP/2 and headers (curl_cffi)
+    profiles.py  browser identities: the user agent's browser, its target and headers in order
+    body.py      the URL's query, the body's encoding, error text without credentials
+    select.py    fetchers by name, the per-process set, the per-endpoint/site choice,
+                 default_fetcher
     limits.py    LimitedFetcher: fetch slots per process, the most urgent run first
     cache.py     the development HTTP cache on disk (HttpCache) and CachingFetcher
     robots.py    robots.txt per origin (RobotsPolicy)
     sitemap.py   URLs from a site's sitemaps
     mock.py      test doubles: fixture fetchers and recorded cases for parser tests
 
-`Urllib3Fetcher` (the default) and `RequestsFetcher` keep the same contract and raise the same
-typed errors; urllib3 directly costs about a third less CPU per request than requests on top
-of it (docs/performance.md). `CHAINCRAWL_FETCHER=requests` switches back.
+`Urllib3Fetcher` (the default), `RequestsFetcher` and `ImpersonateFetcher` keep the same
+contract and raise the same typed errors; urllib3 directly costs about a third less CPU per
+request than requests on top of it (docs/performance.md). `CHAINCRAWL_FETCHER=requests`
+switches back; an endpoint's `fetcher="impersonate"` (or `CHAINCRAWL_FETCHER_<SITE>`) sends
+as a browser (docs/browser.md).
 
 Timeouts are enforced here rather than left to Celery, because Celery's time limits do not
 fire under the threads and gevent pools. Every request gets `min(request_timeout, time left
@@ -23,18 +30,23 @@ enforces the response size limit.
 
 from external_interface.fetch.base import Fetcher, FetchRequest
 from external_interface.fetch.cache import CachingFetcher
-from external_interface.fetch.http import RequestsFetcher, Urllib3Fetcher, default_fetcher
+from external_interface.fetch.http import RequestsFetcher, Urllib3Fetcher
+from external_interface.fetch.impersonate import ImpersonateFetcher
 from external_interface.fetch.limits import LimitedFetcher
 from external_interface.fetch.response import Response, decode_counting, header_charset, lazy
+from external_interface.fetch.select import FetcherSet, choose, default_fetcher
 
 __all__ = [
     "CachingFetcher",
     "FetchRequest",
     "Fetcher",
+    "FetcherSet",
+    "ImpersonateFetcher",
     "LimitedFetcher",
     "RequestsFetcher",
     "Response",
     "Urllib3Fetcher",
+    "choose",
     "decode_counting",
     "default_fetcher",
     "header_charset",

@@ -26,6 +26,10 @@ class FetchRequest:
     # never sent: which waiting request takes a freed fetch slot first (a gevent worker's
     # LimitedFetcher; the run's priority, lifecycle.runtime.Runtime.page_rank)
     rank: int = 0
+    # never sent: the fetcher by name ("": the process's, CHAINCRAWL_FETCHER) and, for the
+    # impersonating one, the browser profile (`firefox/mobile`; fetch/select.py chooses both)
+    fetcher: str = ""
+    profile: str = ""
 
 
 class Fetcher(Protocol):

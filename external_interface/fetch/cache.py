@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import orjson
 import urllib3
@@ -35,18 +34,10 @@ from w3lib.url import canonicalize_url
 
 from config import Settings, get_settings
 from external_interface.fetch.base import Fetcher, FetchRequest
+from external_interface.fetch.body import full_url
 from external_interface.fetch.response import Response, header_charset
 
 CACHED_METHODS = frozenset(("GET",))
-
-
-def full_url(url: str, params: Mapping[str, Any] | None = None) -> str:
-    """The URL a request goes to: `params` (None values left out) appended to its query."""
-    if params:
-        query = urlencode([(k, v) for k, v in params.items() if v is not None], doseq=True)
-        if query:
-            url += ("&" if "?" in url else "?") + query
-    return url
 
 
 def storable(status: int) -> bool:

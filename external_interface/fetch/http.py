@@ -1,4 +1,4 @@
-"""The HTTP fetchers: `Urllib3Fetcher` (the default), `RequestsFetcher`, and `default_fetcher`.
+"""The HTTP fetchers: `Urllib3Fetcher` (the default) and `RequestsFetcher`.
 
 Both keep the same contract and raise the same typed errors; urllib3 directly costs about a
 third less CPU per request than requests on top of it (docs/performance.md).
@@ -8,15 +8,14 @@ limit are held in the body's read loop (`_read_stream`), see the package's docst
 
 from __future__ import annotations
 
-import json as stdjson
-import re
 import threading
 import time
 from collections.abc import Mapping
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any
-from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
+import certifi
 import requests
 import requests.adapters
 import urllib3
@@ -30,9 +29,8 @@ from exceptions import (
     TransportError,
     TruncatedResponse,
 )
-from external_interface.fetch.base import Fetcher, FetchRequest
-from external_interface.fetch.cache import CachingFetcher, HttpCache
-from external_interface.fetch.limits import LimitedFetcher
+from external_interface.fetch.base import FetchRequest
+from external_interface.fetch.body import encode_body, full_url, short_error
 from external_interface.fetch.response import Response, header_charset
 
 _CHUNK = 64 * 1024
@@ -44,9 +42,10 @@ _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 class RequestsFetcher:
     """Default fetcher: one pooled `requests.Session` per thread (greenlet under gevent)."""
 
-    def __init__(self, max_redirects: int = 10, pool_size: int = 32) -> None:
+    def __init__(self, max_redirects: int = 10, pool_size: int = 32, ca_bundle: str = "") -> None:
         self.max_redirects = max_redirects
         self.pool_size = pool_size
+        self.ca_bundle = ca_bundle  # "": certifi's, as requests does
         self._local = threading.local()
 
     def session(self) -> requests.Session:
@@ -55,6 +54,8 @@ class RequestsFetcher:
             s = requests.Session()
             s.max_redirects = self.max_redirects
             s.trust_env = False  # never route through a proxy from the environment by accident
+            if self.ca_bundle:
+                s.verify = self.ca_bundle
             # cookies are lent per request by the cookie provider: a session shared by every
             # task on this thread must not keep one task's Set-Cookie for the next
             s.cookies.set_policy(_NoStore())
@@ -95,9 +96,9 @@ class RequestsFetcher:
         except requests.exceptions.ReadTimeout:
             raise FetchTimeout(f"read timeout for {req.url}") from None
         except requests.exceptions.ConnectionError as exc:
-            raise ConnectError(f"connection failed for {req.url}: {_short(exc)}") from None
+            raise ConnectError(f"connection failed for {req.url}: {short_error(exc)}") from None
         except requests.exceptions.RequestException as exc:
-            raise TransportError(f"request failed for {req.url}: {_short(exc)}") from None
+            raise TransportError(f"request failed for {req.url}: {short_error(exc)}") from None
         try:
             content = _read_stream(resp.raw, req, deadline)  # requests streams urllib3's body
         finally:
@@ -120,15 +121,9 @@ class Urllib3Fetcher:
     are only what the request carries (nothing is stored between requests), and the
     environment's proxy variables are ignored, as with `RequestsFetcher`."""
 
-    def __init__(self, max_redirects: int = 10, pool_size: int = 256) -> None:
+    def __init__(self, max_redirects: int = 10, pool_size: int = 256, ca_bundle: str = "") -> None:
         self.max_redirects = max_redirects
-        kw: dict[str, Any] = {}
-        try:
-            import certifi  # the CA bundle requests verifies with
-
-            kw["ca_certs"] = certifi.where()
-        except ImportError:
-            pass
+        kw: dict[str, Any] = {"ca_certs": ca_bundle or certifi.where()}  # requests' CA bundle
         self._pool_kw = {"maxsize": pool_size, "block": False, **kw}
         self.pm = urllib3.PoolManager(num_pools=64, retries=False, **self._pool_kw)
         self._proxies: dict[str, urllib3.ProxyManager] = {}
@@ -153,22 +148,14 @@ class Urllib3Fetcher:
     def fetch(self, req: FetchRequest) -> Response:
         start = time.monotonic()
         deadline = start + req.timeout
-        url = req.url
-        if req.params:
-            query = urlencode([(k, v) for k, v in req.params.items() if v is not None], doseq=True)
-            if query:
-                url += ("&" if "?" in url else "?") + query
+        url = full_url(req.url, req.params)
         headers = {**self.base_headers, **(req.headers or {})}
         if req.cookies:
             jar = "; ".join(f"{k}={v}" for k, v in req.cookies.items())
             headers["Cookie"] = f"{headers['Cookie']}; {jar}" if headers.get("Cookie") else jar
-        body = req.data
-        if req.json is not None and body is None:  # serialized as requests does
-            body = stdjson.dumps(req.json, allow_nan=False).encode()
-            headers.setdefault("Content-Type", "application/json")
-        elif isinstance(body, Mapping | list | tuple):
-            body = urlencode(list(body.items()) if isinstance(body, Mapping) else body, doseq=True)
-            headers.setdefault("Content-Type", "application/x-www-form-urlencoded")
+        body, content_type = encode_body(req.data, req.json)  # serialized as requests does
+        if content_type:
+            headers.setdefault("Content-Type", content_type)
         manager = self._manager(req.proxy)
         method, cur, history = req.method, url, []
         chain_cookies: dict[str, dict[str, str]] = {}  # host -> cookies set inside this chain
@@ -294,7 +281,7 @@ def _map_error(exc: BaseException | None, req: FetchRequest) -> Exception:
     u3 = urllib3.exceptions
     if isinstance(exc, u3.ProxyError):
         return ProxyError(f"proxy failed for {req.url}: {type(exc).__name__}")
-    text = _short(exc) if exc is not None else ""
+    text = short_error(exc) if exc is not None else ""
     # NewConnectionError subclasses ConnectTimeoutError (urllib3 compatibility): test it first
     if isinstance(exc, u3.NewConnectionError):
         return ConnectError(f"connection failed for {req.url}: {text}")
@@ -307,27 +294,6 @@ def _map_error(exc: BaseException | None, req: FetchRequest) -> Exception:
     return TransportError(f"request failed for {req.url}: {text}")
 
 
-def default_fetcher(
-    max_redirects: int = 10, kind: str = "urllib3", slots: int = 0, cache: HttpCache | None = None
-) -> Fetcher:
-    """The fetcher workers use (`CHAINCRAWL_FETCHER`: urllib3, the default, or requests),
-    limited to `slots` requests in flight when that is set (`CHAINCRAWL_FETCH_SLOTS`), behind
-    the development HTTP cache when one is given (`HttpCache.from_settings()`)."""
-    inner: Fetcher
-    if kind == "requests":
-        inner = RequestsFetcher(max_redirects=max_redirects)
-    else:
-        inner = Urllib3Fetcher(max_redirects=max_redirects)
-    if slots > 0:
-        inner = LimitedFetcher(inner, slots)
-    return CachingFetcher(inner, cache) if cache is not None else inner
-
-
 class _NoStore(DefaultCookiePolicy):
     def set_ok(self, cookie: object, request: object) -> bool:
         return False
-
-
-def _short(exc: BaseException) -> str:
-    """Exception text without URLs' credentials (proxy URLs may carry user:pass)."""
-    return re.sub(r"//[^/@\s]+@", "//***@", str(exc))[:200]

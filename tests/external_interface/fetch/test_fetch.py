@@ -1,5 +1,6 @@
-"""The fetch layer against a real local HTTP server; every test runs against both fetchers
-(urllib3, the default, and requests): same contract, same typed errors."""
+"""The fetch layer against a real local HTTP server; every test runs against the three
+fetchers (urllib3, the default, requests, and the impersonating one): same contract, same
+typed errors."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from exceptions import (
 from external_interface.fetch import (
     Fetcher,
     FetchRequest,
+    ImpersonateFetcher,
     RequestsFetcher,
     Response,
     Urllib3Fetcher,
@@ -39,10 +41,12 @@ def site() -> Iterator[TestSite]:
     s.stop()
 
 
-@pytest.fixture(params=["urllib3", "requests"])
+@pytest.fixture(params=["urllib3", "requests", "impersonate"])
 def fetcher(request: pytest.FixtureRequest) -> Fetcher:
     if request.param == "requests":
         return RequestsFetcher(max_redirects=5)
+    if request.param == "impersonate":
+        return ImpersonateFetcher(max_redirects=5)
     return Urllib3Fetcher(max_redirects=5)
 
 
@@ -169,6 +173,11 @@ def test_connections_are_reused(site, fetcher) -> None:
         s1 = fetcher.session()
         fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))
         assert fetcher.session() is s1
+        return
+    if isinstance(fetcher, ImpersonateFetcher):  # one handle reused, its connection with it
+        for _ in range(3):
+            fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))
+        assert fetcher.connections == 1
         return
     for _ in range(3):  # one PoolManager for the process: one connection for three requests
         fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))

@@ -15,6 +15,7 @@ import pytest
 
 from exceptions import ConnectError, FetchTimeout
 from external_interface.fetch import (
+    FetcherSet,
     FetchRequest,
     LimitedFetcher,
     Urllib3Fetcher,
@@ -117,7 +118,7 @@ def test_fetch_slots_setting_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ValueError, match="CHAINCRAWL_FETCH_SLOTS"):
         Settings()
     assert isinstance(default_fetcher(slots=16), LimitedFetcher)
-    assert isinstance(default_fetcher(slots=0), Urllib3Fetcher)
+    assert isinstance(default_fetcher(slots=0), FetcherSet)
     with pytest.raises(ValueError, match="at least 1"):
         LimitedFetcher(Urllib3Fetcher(), 0)
 
