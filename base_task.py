@@ -63,6 +63,7 @@ from exceptions import (
 )
 from external_interface.fetch import Fetcher, Response
 from external_interface.fetch.mock import FixtureFetcher, load_case, outputs_of
+from external_interface.fetch.select import parse_spec as parse_fetcher
 from external_interface.fetch.sitemap import sitemap_urls
 from external_interface.resources.rules import Verdict, add_rules, rule
 from ledger.meta import AVOID_KEEP, TaskMeta
@@ -72,6 +73,7 @@ from lifecycle import runtime
 from lifecycle.commits import aggregate, current_batch, run_commits, skip_call
 from lifecycle.context import Context
 from lifecycle.endpoints import (
+    BROWSER,
     ENDPOINTS,
     EndpointSpec,
     Follow,
@@ -104,6 +106,8 @@ def endpoint(
     request_timeout: float | None = None,
     queue: str | None = None,
     decode_errors: Literal["replace", "strict"] = "replace",
+    fetcher: str = "",
+    render: Literal["", "auto"] = "",
 ) -> Callable[[Callable[..., Any]], Any]:
     """Turn `fn(ctx, params) -> outputs` into a Celery task on SiteTask.
 
@@ -120,6 +124,12 @@ def endpoint(
       mislabelled charset). "replace" (the default): U+FFFD, and the page is counted
       (`undecodable` in the endpoint's metrics and the run's step) and logged as a warning;
       "strict": `resp.text` raises `UndecodableText` and the page fails (no retry).
+    - `fetcher`: who sends its requests: "impersonate" (a browser's TLS handshake, HTTP/2 and
+      headers; "impersonate:firefox", "impersonate:safari/mobile"), "requests", "urllib3";
+      default the process's (`CHAINCRAWL_FETCHER`); `CHAINCRAWL_FETCHER_<SITE>` overrides it.
+    - `render`: "auto" fetches each `ctx.get` over HTTP where that yields the items a browser
+      would, and renders it where it does not, learnt per URL pattern from pages fetched both
+      ways (needs the browser: implies `resources=["browser"]`; docs/browser.md).
 
     Nothing else: acknowledgement, redelivery and time-limit behaviour are the mechanism's,
     the same for every endpoint (a site cannot turn `acks_late` off by accident).
@@ -127,6 +137,8 @@ def endpoint(
 
     if decode_errors not in ("replace", "strict"):
         raise ValueError(f'decode_errors must be "replace" or "strict", not {decode_errors!r}')
+    if render not in ("", "auto"):
+        raise ValueError(f'render must be "auto" or left out, not {render!r}')
 
     def deco(fn: Callable[..., Any]) -> Any:
         tname = name or _name_from_module(fn.__module__)
@@ -134,11 +146,16 @@ def endpoint(
         if len(parts) < 2:
             raise ValueError(f"task name {tname!r} must look like site.platform.endpoint")
         res = dict(resources) if isinstance(resources, Mapping) else {k: k for k in resources}
+        if render:
+            res.setdefault(BROWSER, BROWSER)
+        platform = parts[1] if len(parts) > 2 else "common"
+        if fetcher:
+            parse_fetcher(fetcher, platform)  # a bad name or profile fails at import
         dl = deadline or get_settings().task_deadline
         spec = EndpointSpec(
             name=tname,
             site=parts[0],
-            platform=parts[1] if len(parts) > 2 else "common",
+            platform=platform,
             fn=fn,
             params=params,
             item_types=tuple(items),
@@ -148,6 +165,8 @@ def endpoint(
             request_timeout=request_timeout,
             queue=queue or parts[0],
             decode_errors=decode_errors,
+            fetcher=fetcher,
+            render=render,
         )
 
         def run(self: SiteTask, params: dict[str, Any], meta: dict[str, Any] | None = None) -> Any:

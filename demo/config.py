@@ -107,6 +107,19 @@ class DemoConfig(BaseSettings):
     soft_fail_slow_ms: float = Field(2000.0, ge=0)
     soft_fail_seed: int | None = Field(None, description="RNG seed for soft failures; None=seed")
 
+    # --- the mix front and the guarded front ----------------------------------------------
+    mix_rendered: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("post",), description="mix page types (feed, post) filled by script; the rest static"
+    )
+    guard_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="serve the platform over TLS + HTTP/2 behind a browser check on this "
+        "port (0: a free one); unset: no guarded front",
+    )  # fmt: skip
+    guard_cert: str | None = Field(None, description="the guarded front's certificate (PEM)")
+    guard_key: str | None = Field(None, description="its private key; unset with the cert: "
+                                  "a CA and a certificate are made at start")  # fmt: skip
+
     # --- misc -----------------------------------------------------------------------------
     proxies: Annotated[tuple[str, ...], NoDecode] = ()
     proxies_file: str | None = Field(None, description="one proxy per line, re-read per request")
@@ -146,6 +159,15 @@ class DemoConfig(BaseSettings):
         unknown = set(value or ()) - set(SOFT_FAIL_KINDS)
         if unknown or not value:
             raise ValueError(f"soft_fail_kinds must be a non-empty subset of {SOFT_FAIL_KINDS}")
+        return value
+
+    @field_validator("mix_rendered", mode="before")
+    @classmethod
+    def _mix(cls, value: Any) -> Any:
+        value = _split(value)
+        unknown = set(value or ()) - {"feed", "post"}
+        if unknown:
+            raise ValueError(f"unknown mix page types {sorted(unknown)}; known: feed, post")
         return value
 
     @field_validator("soft_fail_statuses", "proxies", mode="before")

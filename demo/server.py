@@ -6,13 +6,17 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
+import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
 
-from demo import appapi, h5, jsfront, misc, pc
+from demo import appapi, h5, jsfront, misc, mixed, pc
 from demo.config import DemoConfig
+from demo.guard.cert import make_certificates
+from demo.guard.front import GuardFront
 from demo.guards import pipeline
 from demo.state import STATE, DemoState
 
@@ -23,7 +27,7 @@ def build_app(config: DemoConfig | None = None) -> web.Application:
     """The whole platform as one aiohttp app (usable with aiohttp's test client too)."""
     app = web.Application(middlewares=[pipeline], client_max_size=1024 * 1024)
     app[STATE] = DemoState(config or DemoConfig())
-    for module in (pc, h5, appapi, jsfront, misc):
+    for module in (pc, h5, appapi, jsfront, mixed, misc):
         app.router.add_routes(module.routes)
     return app
 
@@ -52,6 +56,7 @@ async def serve(config: DemoConfig, on_ready: Callable[[str], None] | None = Non
     await site.start()
     host, port = runner.addresses[0][:2]
     url = f"http://{host}:{port}"
+    front = await _guard(config, url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -61,7 +66,28 @@ async def serve(config: DemoConfig, on_ready: Callable[[str], None] | None = Non
             on_ready(url)
         await stop.wait()
     finally:
+        if front is not None:
+            await front.stop()
         await runner.cleanup()
+
+
+async def _guard(config: DemoConfig, backend: str) -> GuardFront | None:
+    """The guarded front (demo/guard/) when `guard_port` is set: TLS + HTTP/2 behind a browser
+    check, with a CA made on the spot unless a certificate is given (its path logged)."""
+    if config.guard_port is None:
+        return None
+    cert, key = config.guard_cert, config.guard_key
+    if not (cert and key):
+        made = make_certificates(tempfile.mkdtemp(prefix="demo-guard-"))
+        cert, key = str(made.cert), str(made.key)
+        log.warning("guarded front: certificates made, trust %s", made.ca)
+        print(f"demo guarded front CA: {made.ca}", flush=True)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    front = GuardFront(backend, ctx, config.host, config.guard_port)
+    port = await front.start()
+    print(f"demo guarded front at https://{config.host}:{port} (HTTP/2, browsers only)", flush=True)
+    return front
 
 
 def run_loop(main: Coroutine[Any, Any, None], use_uvloop: bool = True) -> None:

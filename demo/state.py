@@ -25,6 +25,7 @@ class DemoState:
     captchas: Captchas = field(init=False)
     soft_fail_rng: random.Random = field(init=False)
     latency_rng: random.Random = field(init=False)
+    mix_rendered: set[str] = field(init=False)  # the `mix` page types served for rendering
 
     def __post_init__(self) -> None:
         c = self.config
@@ -43,6 +44,7 @@ class DemoState:
         seed = c.seed if c.soft_fail_seed is None else c.soft_fail_seed
         self.soft_fail_rng = random.Random(f"{seed}/soft_fail")
         self.latency_rng = random.Random(f"{c.seed}/latency")
+        self.mix_rendered = set(c.mix_rendered)
 
     def reset(self) -> None:
         """Clear counters, windows and bans; keep registered devices, sessions and captchas."""

@@ -15,6 +15,7 @@ import atexit
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from demo.config import DemoConfig
+from demo.guard.cert import make_certificates
 from utils.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -98,6 +100,7 @@ class DemoServer(ServerProcess):
         *,
         port: int | None = None,
         startup_timeout: float = 20.0,
+        guard: bool = False,
         **overrides: Any,
     ) -> None:
         base = (config or DemoConfig()).model_dump(mode="json")
@@ -112,6 +115,8 @@ class DemoServer(ServerProcess):
         self.config = DemoConfig(**base)
         self._fixed_port = port
         self.startup_timeout = startup_timeout
+        self.guard = guard  # the guarded front too (TLS + HTTP/2, browsers only): `guard_url`
+        self.guard_ca: Path | None = None  # the CA its certificate is signed by, to trust
         self.proc: subprocess.Popen[bytes] | None = None
         self._tmp: Path | None = None
 
@@ -130,6 +135,13 @@ class DemoServer(ServerProcess):
             return self
         self._tmp = Path(tempfile.mkdtemp(prefix="demo-server-"))
         atexit.register(self.stop)
+        if self.guard:
+            made = make_certificates(self._tmp / "guard")
+            self.guard_ca = made.ca
+            self.config = self.config.model_copy(update={
+                "guard_port": free_port(self.config.host), "guard_cert": str(made.cert),
+                "guard_key": str(made.key),
+            })  # fmt: skip
         attempts = 1 if self._fixed_port else 3
         for attempt in range(attempts):
             port = self._fixed_port or free_port(self.config.host)
@@ -165,14 +177,34 @@ class DemoServer(ServerProcess):
                 return False
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=1) as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and self._guard_listening():
                         return True
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.05)
         return False
 
+    def _guard_listening(self) -> bool:
+        if self.config.guard_port is None:
+            return True
+        try:
+            socket.create_connection((self.host, self.config.guard_port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    @property
+    def guard_url(self) -> str:
+        """The guarded front's base URL (`DemoServer(guard=True)`)."""
+        if self.config.guard_port is None:
+            raise RuntimeError("this demo server has no guarded front: DemoServer(guard=True)")
+        return f"https://{self.host}:{self.config.guard_port}"
+
     # --- admin --------------------------------------------------------------------------
+    def set_mix(self, rendered: list[str]) -> list[str]:
+        """POST /admin/mix: which mix page types are filled by script from now on."""
+        return self._admin("POST", "/admin/mix?rendered=" + ",".join(rendered))["rendered"]
+
     def stats(self, window: float | None = None, timestamps: bool = False) -> dict[str, Any]:
         """GET /admin/stats (see README "Admin")."""
         query = []

@@ -27,7 +27,7 @@ from exceptions import (
 )
 from external_interface.browser import Action, BrowserPool, RenderedPage, RenderRequest, get_pool
 from external_interface.browser.model import WaitUntil
-from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
+from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from ledger.meta import TaskMeta
 from lifecycle.endpoints import BROWSER, EndpointSpec, Follow, Params
@@ -87,6 +87,7 @@ class Context:
             if online
             else []
         )
+        self._via = choose(spec.fetcher, spec.site, spec.platform)  # the fetcher, its profile
 
     # -- what endpoints use
 
@@ -176,6 +177,8 @@ class Context:
             max_bytes=s.max_response_bytes,
             allow_redirects=allow_redirects,
             rank=self._rank,
+            fetcher=self._via.fetcher,
+            profile=self._via.profile,
         )
         start = time.monotonic()
         try:

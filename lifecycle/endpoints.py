@@ -76,6 +76,8 @@ class EndpointSpec:
     request_timeout: float | None = None
     queue: str = ""
     decode_errors: str = "replace"  # undecodable text: "replace" (counted, warned) or "strict"
+    fetcher: str = ""  # "impersonate[:browser]", "requests"...; "": the process's (fetch/select.py)
+    render: str = ""  # "auto": fetched or rendered as learnt per URL pattern (fetch/adaptive.py)
     task: Any = None
 
     @property
