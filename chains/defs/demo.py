@@ -26,6 +26,17 @@ page (a browser page per post; the cost is in docs/browser.md):
     js.feed ─┬─> h5.user_info
              └─> h5.user_statuses ─> js.detail ─> pc.comment
 
+demo_guarded — the pc feed and posts through the guarded front, which answers browsers only:
+both steps send through the impersonating fetcher (sites/demo/secure/):
+
+    secure.feed ─> secure.detail                                (demo.post)
+
+demo_mix — the mix front, whose page types are static or filled by script: both endpoints
+are written once against a Response (`render="auto"`), fetched where a fetch yields what the
+browser does and rendered where it does not (sites/demo/mix/):
+
+    mix.feed ─> mix.detail                                      (demo.post)
+
 Every step below a list is `unique`: if the same user or post is reached twice in a run (a
 feed that shifts while being paged), it is crawled once and the stored counts stay exact.
 Link items (feed entries, status entries, feed pages) are not stored, so a complete run
@@ -81,4 +92,13 @@ define(
             )
         )
     ),
+)
+
+define(
+    "demo_guarded",
+    step("demo.secure.feed").then(step("demo.secure.detail", post_id="post_id", options=UNIQUE)),
+)
+define(
+    "demo_mix",
+    step("demo.mix.feed").then(step("demo.mix.detail", post_id="post_id", options=UNIQUE)),
 )
