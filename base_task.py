@@ -70,6 +70,7 @@ from ledger.meta import AVOID_KEEP, TaskMeta
 from ledger.publish import broker_priority
 from ledger.state import Begun, CommitCall, Committed, RunState
 from lifecycle import runtime
+from lifecycle.adaptive import auto
 from lifecycle.commits import aggregate, current_batch, run_commits, skip_call
 from lifecycle.context import Context
 from lifecycle.endpoints import (
@@ -156,7 +157,7 @@ def endpoint(
             name=tname,
             site=parts[0],
             platform=platform,
-            fn=fn,
+            fn=auto(fn) if render else fn,
             params=params,
             item_types=tuple(items),
             resources=res,

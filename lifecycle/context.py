@@ -30,6 +30,7 @@ from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from ledger.meta import TaskMeta
+from lifecycle.adaptive import AutoPage
 from lifecycle.endpoints import BROWSER, EndpointSpec, Follow, Params
 from lifecycle.runtime import Runtime
 from monitor.metrics import TaskMetrics
@@ -88,6 +89,7 @@ class Context:
             else []
         )
         self._via = choose(spec.fetcher, spec.site, spec.platform)  # the fetcher, its profile
+        self._auto: AutoPage | None = None  # render="auto": the page's plan (lifecycle/adaptive.py)
 
     # -- what endpoints use
 
@@ -138,6 +140,11 @@ class Context:
         remaining = self.remaining()
         if remaining <= 0:
             raise DeadlineExceeded(f"{self._spec.name}: task deadline passed before {method} {url}")
+        auto = self._auto
+        if auto is not None and method == "GET" and auto.renders(_with_query(url, params)):
+            return self.render(url, params=params, headers=headers, cookies=cookies,
+                               ok_statuses=ok_statuses, resources=resources,
+                               wait_until=auto.wait_until)  # type: ignore[arg-type]  # fmt: skip
         if self._cache is not None:
             hit = self._cache.lookup(FetchRequest(method=method, url=url,
                                                   params=dict(params) if params else None,

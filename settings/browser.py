@@ -73,6 +73,30 @@ class BrowserSettings(ChaincrawlSettings):
         "far more than a fetch.",
     )
 
+    # --- adaptive rendering (external_interface/fetch/adaptive.py) ------------------------
+    adaptive_samples: int = Field(
+        3,
+        ge=1,
+        description='`render="auto"` endpoints: pages of a URL pattern fetched and rendered '
+        "both before it is decided (plain fetching only if every one gave the browser's "
+        "items); also the agreeing samples in a row that take a rendered pattern back to "
+        "plain fetching.",
+    )
+    adaptive_resample: int = Field(
+        20,
+        ge=0,
+        description="Every Nth page of a decided URL pattern is fetched both ways again, so a "
+        "page type that changed (static to rendered or back) is noticed; 0: never.",
+    )
+    adaptive_wait: str = Field(
+        "networkidle",
+        description="What an adaptive render waits for (Playwright's wait_until: load, "
+        "domcontentloaded, networkidle): the endpoint names no selector.",
+    )
+    adaptive_evidence: int = Field(
+        20, ge=1, description="Samples kept per URL pattern as the decision's evidence."
+    )
+
     # --- dead letters (monitor/deadletter.py) ---------------------------------------------
     captures: int = Field(
         200,

@@ -151,6 +151,17 @@ class Keyspace:
         """The site's adaptive-throttle hash (`cc:site:{site}:throttle`)."""
         return self.site(site, "throttle")
 
+    def adaptive(self, site: str, endpoint: str, pattern: str, *parts: object) -> str:
+        """An adaptive endpoint's decision for one URL pattern (hash) and, with parts, its
+        evidence (`...:evidence`): `cc:site:{demo}:adaptive:demo.mix.feed:/mix/feed?page`."""
+        return self.site(site, "adaptive", endpoint, pattern, *parts)
+
+    @property
+    def adaptive_index(self) -> str:
+        """The set of every adaptive (endpoint, pattern), `endpoint pattern` (global: status
+        reads it)."""
+        return self.key("adaptive")
+
     @property
     def throttled_sites(self) -> str:
         """The set of sites with a throttle hash (global: the readers' index of them)."""

@@ -1,0 +1,95 @@
+"""`render="auto"` on real workers against the demo's mix front: exact items, rendered only
+where a fetch misses them, and the decision changed when a page type becomes rendered.
+
+The `demo_mix` chain's two endpoints are written once against a Response. Its feed pages are
+static and its post pages filled by script: the feed is learnt `http` (its samples agree) and
+the posts `render` (a fetched post has no article to read). Then the demo switches the feed
+to script too: the next run's first feed page, fetched, cannot be read where the samples had
+items, is sampled at once, and the feed becomes `render`; both runs store every post.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import chains
+from config import get_settings
+from demo.testing import DemoServer
+from external_interface.fetch import FetchRequest, Urllib3Fetcher
+from external_interface.fetch.adaptive import AdaptiveStore, Decision
+from external_interface.storage.sinks.jsonl import iter_records
+from monitor.metrics import read, task_key
+from sites.demo.markup import feed_entries
+from tests.external_interface.browser_fixtures import needs_browser
+from utils.redis import get_redis
+
+pytestmark = [needs_browser, pytest.mark.integration, pytest.mark.timeout(420)]
+
+WORKER_ENV = {
+    "CHAINCRAWL_PROVIDERS": "user_agent=noop,device_id=noop,sign=noop,cookie=noop",
+    "CHAINCRAWL_BROWSER_CONTEXTS": "2",
+    "CHAINCRAWL_BROWSER_QUEUE_WAIT": "30",
+    "CHAINCRAWL_VISIBILITY_TIMEOUT": "60",
+    "CHAINCRAWL_BROWSER_ADAPTIVE_SAMPLES": "2",
+    "CHAINCRAWL_BROWSER_ADAPTIVE_RESAMPLE": "0",  # here a change is caught by its first page
+}
+
+
+@pytest.fixture(scope="module")
+def mixed() -> Iterator[DemoServer]:
+    # 8 users, 2 a page: 4 static feed pages, 8 posts filled by script
+    with DemoServer(users=8, posts_per_user=2, comments_per_post=0, pc_feed_page_size=2,
+                    mix_rendered=["post"]) as server:  # fmt: skip
+        yield server
+
+
+def newest_posts(demo: DemoServer) -> list[str]:
+    f, out, page = Urllib3Fetcher(), [], 1
+    while (resp := f.fetch(FetchRequest("GET", f"{demo.url}/pc/feed?page={page}"))).status == 200:
+        out += [e.post_id for e in feed_entries(resp)]
+        page += 1
+    return sorted(out)
+
+
+def decisions() -> dict[str, Decision]:
+    s = get_settings()
+    return {d.pattern: d for d in AdaptiveStore(get_redis(), s.key_prefix).decisions()
+            if d.endpoint.startswith("demo.mix.")}  # fmt: skip
+
+
+def run_mix() -> list[str]:
+    p = chains.run("demo_mix", seeds=[{}]).wait(timeout=300)
+    assert p.complete and p.totals["failed"] == 0, p
+    return sorted(r["item"]["post_id"] for r in iter_records("demo.post") if r["run"] == p.run_id)
+
+
+def test_fetched_where_it_is_enough_rendered_where_not_and_relearnt_when_it_changes(
+    start_worker: Any, mixed: DemoServer
+) -> None:
+    AdaptiveStore(get_redis(), get_settings().key_prefix).forget("demo.mix.feed", "/mix/feed?page")
+    AdaptiveStore(get_redis(), get_settings().key_prefix).forget("demo.mix.detail", "/mix/post/*")
+    start_worker(concurrency=4, queues="demo", DEMO_BASE_URL=mixed.url, **WORKER_ENV)
+    want = newest_posts(mixed)
+    assert len(want) == 8
+
+    assert run_mix() == want  # exact: every post once, whichever way each page was got
+    d = decisions()
+    feed, post = d["/mix/feed?page"], d["/mix/post/*"]
+    assert (feed.decision, feed.pages, feed.samples, feed.differ) == ("http", 4, 2, 0)
+    assert (feed.fetched, feed.rendered) == (2, 2)  # two samples, then fetched only
+    assert post.decision == "render" and post.pages == post.rendered == 8 and post.fetched == 0
+    assert post.evidence and not post.evidence[0]["same"] and post.evidence[0]["http_error"]
+    m = read(get_redis(), task_key("demo.mix.feed", get_settings()))
+    assert m.get("adaptive_sampled") == 2 and m.get("adaptive_fetched") == 2
+    assert m.get("renders") == 2  # the feed was rendered for its two samples only
+
+    mixed.set_mix(["feed", "post"])  # the feed is filled by script from now on
+    assert run_mix() == want
+    feed = decisions()["/mix/feed?page"]
+    assert feed.decision == "render" and feed.changes == 1
+    newest = feed.evidence[0]
+    assert newest["suspect"] and not newest["same"] and newest["rendered_items"] == 2
+    assert feed.pages == 8 and feed.rendered == 2 + 4  # from its first page on, rendered
