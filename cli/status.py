@@ -145,6 +145,20 @@ def _pools_table(snap: dict[str, Any]) -> Table:
     return t
 
 
+def _adaptive_table(snap: dict[str, Any]) -> Table:
+    """`render="auto"` endpoints: how each URL pattern is got, and why."""
+    t = Table(title="adaptive rendering", title_justify="left")
+    ident_column(t, "endpoint pattern")
+    for col in ("decision", "pages", "rendered %", "samples same/differ", "changes", "last sample"):
+        t.add_column(col, justify="left" if col in ("decision", "last sample") else "right")
+    for d in snap["adaptive"]:
+        why = (d.get("evidence") or {}).get("why", "")
+        t.add_row(f"{d['endpoint']} {d['pattern']}", d["decision"], str(d["pages"]),
+                  _pct(d["rendered_share"]), f"{d['same']}/{d['differ']}", str(d["changes"]),
+                  why)  # fmt: skip
+    return t
+
+
 def _footer(snap: dict[str, Any]) -> Text:
     ob = snap.get("outbox") or {}
     parts = [f"dead letters: {snap['dead_letters']}", f"outbox backlog: {ob.get('length', 0)}"]
@@ -184,6 +198,8 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
         parts.append(_tasks_table(snap, recent))
     if snap.get("pools"):
         parts.append(_pools_table(snap))
+    if snap.get("adaptive"):
+        parts.append(_adaptive_table(snap))
     parts.append(_footer(snap))
     return Group(*parts)
 

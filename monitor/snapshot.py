@@ -13,6 +13,7 @@ from config import Settings, get_settings
 from monitor import alerts, health
 from monitor.status import (
     active_runs,
+    adaptive,
     broker_client,
     dead_letters,
     dead_worker_restored,
@@ -64,5 +65,6 @@ def snapshot(
         "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
         "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},
         "pools": [h.as_dict() for h in health.collect(r, s)],
+        "adaptive": adaptive(r, s),
         "alerts": alerts.firing(r, s),
     }

@@ -24,6 +24,7 @@ from broker.app import BASE_QUEUES
 from broker.workers import TaskSets
 from chains.runner import RunHandle
 from config import Settings, get_settings
+from external_interface.fetch.adaptive import AdaptiveStore
 from external_interface.storage.outbox import backlog
 from ledger.model import chain_from_dict
 from ledger.state import RunState, run_status, stalled_resends
@@ -133,6 +134,22 @@ def outbox(client: Any, s: Settings | None = None) -> dict[str, Any]:
     """Items waiting for storage (external_interface.storage.outbox.backlog)."""
     s = s or get_settings()
     return backlog(client, s.key_prefix)
+
+
+def adaptive(client: Any, s: Settings | None = None) -> list[dict[str, Any]]:
+    """Each `render="auto"` endpoint's decision per URL pattern: pages fetched and rendered,
+    the share rendered, its samples, how often it changed, and the newest sample's verdict."""
+    s = s or get_settings()
+    out = []
+    for d in AdaptiveStore(client, s.key_prefix).decisions(evidence=1):
+        out.append({
+            "endpoint": d.endpoint, "pattern": d.pattern, "decision": d.decision,
+            "pages": d.pages, "fetched": d.fetched, "rendered": d.rendered,
+            "rendered_share": round(d.rendered_share, 4), "samples": d.samples, "same": d.same,
+            "differ": d.differ, "changes": d.changes, "decided_at": d.decided_at,
+            "evidence": d.evidence[0] if d.evidence else None,
+        })  # fmt: skip
+    return out
 
 
 def dead_letters(client: Any, s: Settings | None = None) -> int:

@@ -10,18 +10,23 @@ items, is sampled at once, and the feed becomes `render`; both runs store every 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import io
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 import chains
+from cli import status as cli_status
 from config import get_settings
 from demo.testing import DemoServer
 from external_interface.fetch import FetchRequest, Urllib3Fetcher
 from external_interface.fetch.adaptive import AdaptiveStore, Decision
 from external_interface.storage.sinks.jsonl import iter_records
 from monitor.metrics import read, task_key
+from monitor.snapshot import snapshot
 from sites.demo.markup import feed_entries
 from tests.external_interface.browser_fixtures import needs_browser
 from utils.redis import get_redis
@@ -60,6 +65,16 @@ def decisions() -> dict[str, Decision]:
             if d.endpoint.startswith("demo.mix.")}  # fmt: skip
 
 
+def feed_metrics(ready: Callable[[dict[str, int]], bool]) -> dict[str, int]:
+    """The feed endpoint's counts once `ready` (a worker writes its metrics every second)."""
+    deadline = time.monotonic() + 30
+    while True:
+        m = read(get_redis(), task_key("demo.mix.feed", get_settings()))
+        if ready(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.2)
+
+
 def run_mix() -> list[str]:
     p = chains.run("demo_mix", seeds=[{}]).wait(timeout=300)
     assert p.complete and p.totals["failed"] == 0, p
@@ -82,7 +97,7 @@ def test_fetched_where_it_is_enough_rendered_where_not_and_relearnt_when_it_chan
     assert (feed.fetched, feed.rendered) == (2, 2)  # two samples, then fetched only
     assert post.decision == "render" and post.pages == post.rendered == 8 and post.fetched == 0
     assert post.evidence and not post.evidence[0]["same"] and post.evidence[0]["http_error"]
-    m = read(get_redis(), task_key("demo.mix.feed", get_settings()))
+    m = feed_metrics(lambda m: m.get("adaptive_sampled", 0) + m.get("adaptive_fetched", 0) >= 4)
     assert m.get("adaptive_sampled") == 2 and m.get("adaptive_fetched") == 2
     assert m.get("renders") == 2  # the feed was rendered for its two samples only
 
@@ -93,3 +108,12 @@ def test_fetched_where_it_is_enough_rendered_where_not_and_relearnt_when_it_chan
     newest = feed.evidence[0]
     assert newest["suspect"] and not newest["same"] and newest["rendered_items"] == 2
     assert feed.pages == 8 and feed.rendered == 2 + 4  # from its first page on, rendered
+    # `control.sh status` shows each decision, its share rendered and its newest sample
+    snap = snapshot(workers_timeout=None)
+    shown = {d["pattern"]: d for d in snap["adaptive"] if d["endpoint"] == "demo.mix.feed"}
+    assert shown["/mix/feed?page"]["decision"] == "render"
+    assert shown["/mix/feed?page"]["rendered_share"] == 0.75
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(cli_status.render(snap))
+    text = console.export_text()
+    assert "adaptive rendering" in text and "demo.mix.feed /mix/feed?page" in text
