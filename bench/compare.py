@@ -165,6 +165,9 @@ def ratio_lines(sc: Scenario, rows: list[Row]) -> list[dict[str, Any]]:
     else:
         peers = [p for p in (best_of(rows, fam, sc.metric) for fam in PEERS) if p is not None]
         pairs = [(cc, p) for cc in rows if cc.system.startswith("chaincrawl") for p in peers]
+        if not peers and "chaincrawl" in by_key:  # chaincrawl variants only: each over the default
+            base = by_key["chaincrawl"]
+            pairs = [(r, base) for r in rows if r is not base and r.system.startswith("chaincrawl")]
     key = METRIC[sc.metric]
     out = []
     for num, den in pairs:

@@ -219,6 +219,10 @@ def build(key: str, concurrency: int, logdir: Path, task_slots: int = 0,
         return ChaincrawlSystem(
             key, f"chaincrawl 1x{DEFAULT_POOL}({c})", 1, DEFAULT_POOL, slots, one_env
         )
+    if key == "chaincrawl-impersonate":  # every request through the impersonating fetcher
+        env = {**one_env, "CHAINCRAWL_FETCHER": "impersonate"}
+        return ChaincrawlSystem(key, f"chaincrawl 1x{DEFAULT_POOL}({c}) impersonate", 1,
+                                DEFAULT_POOL, slots, env)  # fmt: skip
     if key == "chaincrawl-threads":
         return ChaincrawlSystem(key, f"chaincrawl 1xthreads({c})", 1, "threads", slots, one_env)
     if key == "chaincrawl-start":
@@ -251,5 +255,5 @@ def build(key: str, concurrency: int, logdir: Path, task_slots: int = 0,
     raise ValueError(f"unknown system {key!r}; known: {', '.join(KEYS)}")
 
 
-KEYS = ("chaincrawl", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
+KEYS = ("chaincrawl", "chaincrawl-impersonate", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
         "chaincrawl+PROTO", "scrapy-best", "scrapy:CONFIG", "crawlee", "floor", "floor-threadsN")  # fmt: skip
