@@ -89,8 +89,12 @@ async def api_feed(request: web.Request) -> web.Response:
 
 @routes.get("/js/feed", name="js.feed")
 async def feed(request: web.Request) -> web.Response:
+    return feed_shell(request, state_of(request).config.js_feed_page_size)
+
+
+def feed_shell(request: web.Request, size: int) -> web.Response:
+    """The feed page `?page=N` of `size` entries as an empty shell the script fills."""
     st = state_of(request)
-    size = st.config.js_feed_page_size
     pages = page_count(st.data.users, size)
     page = int_param(request, "page", 1)
     if page > pages:

@@ -13,8 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from demo import jsfront, pc
-from demo.paging import page_count
-from demo.params import bad_request, int_param, not_found
+from demo.params import bad_request
 from demo.responses import json_response
 from demo.state import state_of
 
@@ -28,18 +27,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
     st = state_of(request)
     if "feed" not in st.mix_rendered:
         return await pc.feed(request)
-    size = st.config.pc_feed_page_size
-    pages = page_count(st.data.users, size)
-    page = int_param(request, "page", 1)
-    if page > pages:
-        raise not_found(request, f"feed page {page} (there are {pages})")
-    main = (
-        f'<section class="feed" id="feed" data-state="loading" data-page="{page}" '
-        f'data-total-pages="{pages}" data-offset="{(page - 1) * size}" data-limit="{size}">\n'
-        '<h1 class="section-title">热门动态 Latest</h1>\n'
-        '<p class="loading">加载中 Loading…</p>\n</section>'
-    )
-    return jsfront._shell(f"首页 第{page}页", "feed", main)
+    return jsfront.feed_shell(request, st.config.pc_feed_page_size)
 
 
 @routes.get("/mix/post/{pid}", name="mix.post")

@@ -56,6 +56,17 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0) -> 
             time.sleep(0.05)
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout`; reaped either way."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def is_loopback(address: str) -> bool:
     """Whether a listen address reaches this machine only ("" and 0.0.0.0 reach every network)."""
     if address in ("localhost", "ip6-localhost"):
@@ -172,13 +183,7 @@ class RedisServer:
         wait_for_port(self.port, self.host, timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
 
     def kill(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from base_task import Context, Follow
 from sites.demo import need, need_int
 from sites.demo.items import FeedEntry, Post
 
@@ -23,6 +24,14 @@ def feed_entries(page: Any) -> Iterator[FeedEntry]:
             comments_count=need_int(row, ".comments-count::text"),
             created_at=need_int(row, "time.created-at::attr(data-ts)"),
         )
+
+
+def feed_page(ctx: Context, resp: Any, page: int) -> Iterator[FeedEntry | Follow]:
+    """A pc feed page's entries and, when it has a next page, the follow-up to it."""
+    need(resp, ".pager .total-pages::text")  # the last element: the page arrived whole
+    yield from feed_entries(resp)
+    if resp.css(".pager a.next"):
+        yield ctx.follow(page=page + 1)
 
 
 def post_detail(page: Any) -> Post:

@@ -8,16 +8,14 @@ skips a test, naming the package, where tinyproxy is not installed (CI installs 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Self
 
 import pytest
 
-from utils.servers import free_port
+from utils.servers import free_port, stop_process, wait_for_port
 
 needs_tinyproxy = pytest.mark.skipif(
     shutil.which("tinyproxy") is None, reason="tinyproxy not installed (apt-get install tinyproxy)"
@@ -47,18 +45,13 @@ class Tinyproxy:
         out = open(self._dir / "out", "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(["tinyproxy", "-d", "-c", str(conf)], stdout=out,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection((self.host, self.port), timeout=1).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.05)
-        said = (self._dir / "out").read_text(errors="replace")
-        self.stop()
-        raise RuntimeError(f"tinyproxy did not start: {said}")
+        try:
+            wait_for_port(self.port, self.host, timeout)
+        except TimeoutError:
+            said = (self._dir / "out").read_text(errors="replace")
+            self.stop()
+            raise RuntimeError(f"tinyproxy did not start: {said}") from None
+        return self
 
     def tunnels(self) -> int:
         """CONNECT requests it received (authorized or not)."""
@@ -67,13 +60,7 @@ class Tinyproxy:
         return sum(1 for line in text.splitlines() if "): CONNECT " in line)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
