@@ -9,6 +9,7 @@ import requests
 from curl_cffi import requests as curl_requests
 
 from demo.testing import DemoServer
+from exceptions import ConnectError
 from external_interface.fetch import FetchRequest, ImpersonateFetcher, Urllib3Fetcher
 from external_interface.resources.user_agent import GENERIC
 
@@ -82,3 +83,16 @@ def test_the_mix_front_switches_a_page_type_to_script_while_it_runs(
         assert static.css("article.post-detail::attr(data-pid)").get() == pid
     finally:
         tiny_server.set_mix(["post"])
+
+
+def test_certificates_are_checked_by_every_fetcher_and_a_ca_bundle_is_trusted(
+    guarded: DemoServer,
+) -> None:
+    url = guarded.guard_url + "/pc/feed"
+    for f in (ImpersonateFetcher(), Urllib3Fetcher()):  # certifi's CAs: the demo's is not one
+        with pytest.raises(ConnectError):
+            f.fetch(FetchRequest("GET", url))
+    assert (
+        ImpersonateFetcher(ca_bundle=str(guarded.guard_ca)).fetch(FetchRequest("GET", url)).status
+        == 200
+    )
