@@ -20,7 +20,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from config import site_env
+from config import SITE_VARS, site_env
+from exceptions import ConfigError
 from external_interface.fetch.base import Fetcher, FetchRequest
 from external_interface.fetch.cache import CachingFetcher, HttpCache
 from external_interface.fetch.http import RequestsFetcher, Urllib3Fetcher
@@ -29,7 +30,7 @@ from external_interface.fetch.limits import LimitedFetcher
 from external_interface.fetch.profiles import Profile
 from external_interface.fetch.response import Response
 from external_interface.resources.user_agent import family as platform_family
-from utils.registry import Registry
+from utils.registry import Registry, UnknownNameError
 
 IMPERSONATE = "impersonate"
 
@@ -73,8 +74,15 @@ def parse_spec(spec: str, platform: str = "pc") -> Choice:
 def choose(declared: str, site: str, platform: str) -> Choice:
     """The fetcher of an endpoint's requests: `CHAINCRAWL_FETCHER_<SITE>`, else the endpoint's
     `fetcher=`, else the process's (an empty Choice)."""
-    spec = site_env("fetcher", site) or declared
-    return parse_spec(spec, platform) if spec else Choice()
+    env = site_env("fetcher", site)
+    spec = env or declared
+    if not spec:
+        return Choice()
+    try:
+        return parse_spec(spec, platform)
+    except (UnknownNameError, ValueError) as exc:
+        where = SITE_VARS["fetcher"].name(site) if env else f"{site}'s endpoint fetcher="
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 class FetcherSet:
@@ -84,7 +92,10 @@ class FetcherSet:
     def __init__(self, default: str = "urllib3", options: FetcherOptions | None = None) -> None:
         self.default = default
         self.options = options or FetcherOptions()
-        FETCHERS.get(default)
+        if default not in FETCHERS:
+            raise ConfigError(
+                f"CHAINCRAWL_FETCHER: {UnknownNameError('fetcher', default, FETCHERS.names())}"
+            )
         self._built: dict[str, Fetcher] = {}
         self._lock = threading.Lock()
 

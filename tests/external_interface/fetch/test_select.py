@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from exceptions import ConfigError
 from external_interface.fetch import (
     FetcherSet,
     FetchRequest,
@@ -38,6 +39,9 @@ def test_the_site_variable_wins_over_the_endpoint_s_declaration(
     assert choose("impersonate", "shop", "h5") == Choice("urllib3")
     monkeypatch.setenv("CHAINCRAWL_FETCHER_SHOP", "impersonate:firefox")
     assert choose("", "shop", "app") == Choice("impersonate", "firefox/app")
+    monkeypatch.setenv("CHAINCRAWL_FETCHER_SHOP", "impersonate:opera")  # a page fails, no retry
+    with pytest.raises(ConfigError, match="CHAINCRAWL_FETCHER_SHOP: unknown browser profile"):
+        choose("", "shop", "pc")
 
 
 def test_the_set_builds_each_fetcher_once_and_routes_by_name() -> None:
@@ -54,5 +58,5 @@ def test_the_set_builds_each_fetcher_once_and_routes_by_name() -> None:
         assert imp.connections == 1
     finally:
         site.stop()
-    with pytest.raises(UnknownNameError):
+    with pytest.raises(ConfigError, match="CHAINCRAWL_FETCHER: unknown fetcher 'curl'"):
         FetcherSet("curl")
