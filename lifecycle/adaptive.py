@@ -24,6 +24,7 @@ from typing import Any
 from exceptions import ItemValidationError, ParseError
 from external_interface.fetch.adaptive import (
     HTTP,
+    LEARNING,
     RENDER,
     SAMPLE,
     AdaptiveStore,
@@ -130,7 +131,8 @@ def _run(fn: Callable[..., Any], ctx: Any, params: Any, page: AutoPage) -> list[
                     suspect)  # fmt: skip
     decided = page.store.record(page.endpoint, page.pattern, sample)
     if decided != plan.decision:
-        ctx.count("adaptive_changed")
+        if plan.decision != LEARNING:  # a decision reversed, not the first one made
+            ctx.count("adaptive_changed")
         log.info("%s %s: %s -> %s (%s)", page.endpoint, page.pattern, plan.decision, decided,
                  sample.describe())  # fmt: skip
     return rendered
