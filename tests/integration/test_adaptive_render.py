@@ -38,6 +38,7 @@ WORKER_ENV = {
     "CHAINCRAWL_BROWSER_CONTEXTS": "2",
     "CHAINCRAWL_BROWSER_QUEUE_WAIT": "30",
     "CHAINCRAWL_VISIBILITY_TIMEOUT": "60",
+    "CHAINCRAWL_BROWSER_TIMEOUT": "60",  # a busy machine: renders slow, not retried
     "CHAINCRAWL_BROWSER_ADAPTIVE_SAMPLES": "2",
     "CHAINCRAWL_BROWSER_ADAPTIVE_RESAMPLE": "0",  # here a change is caught by its first page
 }
@@ -75,10 +76,13 @@ def feed_metrics(ready: Callable[[dict[str, int]], bool]) -> dict[str, int]:
         time.sleep(0.2)
 
 
-def run_mix() -> list[str]:
+def run_mix() -> tuple[list[str], int, int]:
+    """The posts a demo_mix run stored, and the retries of its feed and post steps (a render
+    that timed out on a busy machine is got again: one more page of its pattern)."""
     p = chains.run("demo_mix", seeds=[{}]).wait(timeout=300)
     assert p.complete and p.totals["failed"] == 0, p
-    return sorted(r["item"]["post_id"] for r in iter_records("demo.post") if r["run"] == p.run_id)
+    posts = sorted(r["item"]["post_id"] for r in iter_records("demo.post") if r["run"] == p.run_id)
+    return posts, p.steps["mix.feed"]["retried"], p.steps["mix.detail"]["retried"]
 
 
 def test_fetched_where_it_is_enough_rendered_where_not_and_relearnt_when_it_changes(
@@ -90,29 +94,37 @@ def test_fetched_where_it_is_enough_rendered_where_not_and_relearnt_when_it_chan
     want = newest_posts(mixed)
     assert len(want) == 8
 
-    assert run_mix() == want  # exact: every post once, whichever way each page was got
+    posts, feed_retries, post_retries = run_mix()
+    assert posts == want  # exact: every post once, whichever way each page was got
     d = decisions()
     feed, post = d["/mix/feed?page"], d["/mix/post/*"]
-    assert (feed.decision, feed.pages, feed.samples, feed.differ) == ("http", 4, 2, 0)
-    assert (feed.fetched, feed.rendered) == (2, 2)  # two samples, then fetched only
-    assert post.decision == "render" and post.pages == post.rendered == 8 and post.fetched == 0
+    assert (feed.decision, feed.samples, feed.differ) == ("http", 2, 0)
+    # 4 feed pages: the two samples rendered, then fetched only (exact without retries)
+    assert feed.pages == 4 + feed_retries and feed.fetched + feed.rendered == feed.pages
+    assert 2 <= feed.rendered <= 2 + feed_retries and feed.fetched >= 2
+    assert post.decision == "render" and post.pages == post.rendered == 8 + post_retries
+    assert post.fetched == 0  # every post rendered: a fetched one has no article to read
     assert post.evidence and not post.evidence[0]["same"] and post.evidence[0]["http_error"]
     m = feed_metrics(lambda m: m.get("adaptive_sampled", 0) + m.get("adaptive_fetched", 0) >= 4)
-    assert m.get("adaptive_sampled") == 2 and m.get("adaptive_fetched") == 2
-    assert m.get("renders") == 2  # the feed was rendered for its two samples only
+    assert 2 <= m.get("adaptive_sampled", 0) <= 2 + feed_retries
+    assert m.get("adaptive_fetched", 0) >= 2
+    assert 2 <= m.get("renders", 0) <= 2 + feed_retries  # rendered for its samples only
 
     mixed.set_mix(["feed", "post"])  # the feed is filled by script from now on
-    assert run_mix() == want
+    posts, more_retries, _ = run_mix()
+    assert posts == want
     feed = decisions()["/mix/feed?page"]
     assert feed.decision == "render" and feed.changes == 1
-    newest = feed.evidence[0]
-    assert newest["suspect"] and not newest["same"] and newest["rendered_items"] == 2
-    assert feed.pages == 8 and feed.rendered == 2 + 4  # from its first page on, rendered
+    newest = next(e for e in feed.evidence if not e["same"])
+    assert newest["suspect"] and newest["rendered_items"] == 2 and newest["http_error"]
+    # from the first page of the second run on, rendered: 1 sampled + 3 rendered pages
+    retries = feed_retries + more_retries
+    assert feed.pages == 8 + retries and 6 <= feed.rendered <= 6 + retries
     # `control.sh status` shows each decision, its share rendered and its newest sample
     snap = snapshot(workers_timeout=None)
     shown = {d["pattern"]: d for d in snap["adaptive"] if d["endpoint"] == "demo.mix.feed"}
     assert shown["/mix/feed?page"]["decision"] == "render"
-    assert shown["/mix/feed?page"]["rendered_share"] == 0.75
+    assert shown["/mix/feed?page"]["rendered_share"] == round(feed.rendered / feed.pages, 4)
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(cli_status.render(snap))
     text = console.export_text()
