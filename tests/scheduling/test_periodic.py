@@ -133,7 +133,10 @@ schedules:
     assert posts.target == "demo.h5.detail" and posts.interval == 60  # looks every minute
     knobs = posts.by_change.knobs()  # type: ignore[union-attr]
     assert (knobs.budget, knobs.min_interval, knobs.max_interval, knobs.alpha) == (
-        2400, 600, 3 * 86400, 0.9
+        2400,
+        600,
+        3 * 86400,
+        0.9,
     )
     assert users.by_change.param == "uid" and users.interval == 300  # type: ignore[union-attr]
     assert "by change of demo.post.post_id within 2400 pages/day" in posts.when()
