@@ -118,7 +118,8 @@ class DemoConfig(BaseSettings):
         0.05, ge=0, le=1, description="intensity of the other hours, relative to the busy ones"
     )
     change_start: float = Field(
-        data.BASE_TS, description="simulated time (unix s) at which changes begin and the clock starts"
+        data.BASE_TS,
+        description="simulated time (unix s) at which changes begin and the clock starts",
     )
     change_clock: str = Field("wall", description="wall (runs by itself) or manual (/admin/clock)")
     change_clock_speed: float = Field(

@@ -26,9 +26,9 @@ def test_parsing_classes_and_hours() -> None:
     assert parse_hours("8-9,20") == {8, 9, 20}
     with pytest.raises(ValueError, match="add up to 1"):
         parse_classes("0.5:2/d")
-    with pytest.raises(ValueError, match="not like 0.03:8/d"):
+    with pytest.raises(ValueError, match=r"not like 0\.03:8/d"):
         parse_classes("hot")
-    with pytest.raises(ValueError, match="hours are 0..23"):
+    with pytest.raises(ValueError, match=r"hours are 0\.\.23"):
         parse_hours("22-25")
     with pytest.raises(ValueError, match="change_classes"):
         DemoConfig(change_classes="1:fast")
@@ -72,6 +72,7 @@ def test_clocks() -> None:
 def test_the_server_moves_likes_with_its_manual_clock() -> None:
     with DemoServer(size="tiny", changes=True, change_clock="manual",
                     change_classes="1:24/d", change_hours="0-23") as demo, requests.Session() as s:  # fmt: skip
+
         def likes() -> int:
             return int(s.get(f"{demo.url}/h5/api/post/p1").json()["data"]["likes"])
 
