@@ -145,6 +145,24 @@ def _pools_table(snap: dict[str, Any]) -> Table:
     return t
 
 
+def _recrawl_table(snap: dict[str, Any]) -> Table:
+    """Per site and watched set: the budget, the visits it bought and the changes they found."""
+    t = Table(title="re-crawls by change (last day / all)", title_justify="left")
+    ident_column(t, "site / watch")
+    for col in ("budget/day", "keys", "visits bought", "changes found", "found/visit",
+                "busy hours (UTC)", "interval"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for w in snap["recrawl"]:
+        day, tot = w["last_day"], w["total"]
+        rate = day["found"] / day["bought"] if day["bought"] else None
+        hours = ",".join(str(h) for h in w["hot_hours"]) or "-"
+        iv = w["mean_interval_h"]
+        t.add_row(f"{w['site']} / {w['watch']}", f"{w['budget']:g}", str(w["keys"]),
+                  f"{day['bought']} / {tot['bought']}", f"{day['found']} / {tot['found']}",
+                  _pct(rate), hours, "-" if iv is None else f"{iv:g}h")  # fmt: skip
+    return t
+
+
 def _footer(snap: dict[str, Any]) -> Text:
     ob = snap.get("outbox") or {}
     parts = [f"dead letters: {snap['dead_letters']}", f"outbox backlog: {ob.get('length', 0)}"]
@@ -184,6 +202,8 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
         parts.append(_tasks_table(snap, recent))
     if snap.get("pools"):
         parts.append(_pools_table(snap))
+    if snap.get("recrawl"):
+        parts.append(_recrawl_table(snap))
     parts.append(_footer(snap))
     return Group(*parts)
 

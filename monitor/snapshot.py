@@ -1,5 +1,6 @@
 """The whole picture `control.sh status` shows: processes, workers, queues, runs, dead letters,
-the outbox, task and site metrics, pool health and firing alerts, in one JSON-ready dict."""
+the outbox, task and site metrics, pool health, re-crawls by change and firing alerts, in one
+JSON-ready dict."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from monitor.status import (
     outbox,
     processes,
     queue_depths,
+    recrawl_watches,
     site_metrics,
     site_of,
     summary,
@@ -64,5 +66,6 @@ def snapshot(
         "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
         "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},
         "pools": [h.as_dict() for h in health.collect(r, s)],
+        "recrawl": recrawl_watches(r, s),
         "alerts": alerts.firing(r, s),
     }

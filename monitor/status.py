@@ -29,6 +29,7 @@ from ledger.model import chain_from_dict
 from ledger.state import RunState, run_status, stalled_resends
 from monitor.deadletter import DeadLetterStore
 from monitor.metrics import LATENCY_BUCKETS_MS
+from scheduling.recrawl import History, Watch, recrawl_clock
 from utils.keyspace import Keyspace
 from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
 from utils.redis import get_redis
@@ -165,6 +166,23 @@ def resending_runs(client: Any, s: Settings | None = None) -> dict[str, int]:
         for r in run_records(client, s, limit=10**9)
         if r["resending"]
     }
+
+
+def recrawl_watches(client: Any, s: Settings | None = None) -> list[dict[str, Any]]:
+    """Per watched set (a `by_change` schedule entry): its site, its budget of pages a day,
+    the visits it bought and the changes they found, in the last day and in all, and what the
+    change model learned (scheduling/recrawl/history.py `History.summary`)."""
+    s = s or get_settings()
+    raw = client.hgetall(Keyspace(s.key_prefix).recrawl_watches)
+    if not raw:
+        return []
+    try:
+        now = recrawl_clock(client).now()
+    except RuntimeError:  # a simulated clock nobody started: show the numbers as of now
+        now = time.time()
+    out = [History(client, s.key_prefix, Watch.from_dict(orjson.loads(v))).summary(now)
+           for v in raw.values()]  # fmt: skip
+    return sorted(out, key=lambda w: (w["site"], w["watch"]))
 
 
 def unknown_tasks(client: Any, s: Settings | None = None) -> int:
