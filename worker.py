@@ -26,6 +26,7 @@ from broker.workers import Beat, TaskSets
 from chains.sweeper import Sweeper
 from config import Settings, get_settings
 from external_interface.resources.base import load_providers
+from external_interface.resources.lease import set_lease_guard
 from external_interface.resources.pool import known_kinds
 from external_interface.storage.outbox import Drainer, drainer_class, on_stored
 from ledger.state import RunState
@@ -35,6 +36,7 @@ from lifecycle.endpoints import route
 from lifecycle.unknown import dead_letter_unknown, entry_of
 from monitor.metrics import aggregator
 from scheduling import recrawl
+from scheduling.shares import fleet_from_settings
 from settings import envcheck
 from utils import affinity, logsafe
 from utils.redis import get_redis
@@ -64,6 +66,7 @@ broker_app.use_orjson()
 sites.load_all()
 load_providers()
 configure(settings)
+set_lease_guard(fleet_from_settings())  # the fleet budget's shares of the pools' leases, if any
 
 
 # --- signals -----------------------------------------------------------------------------
