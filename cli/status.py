@@ -163,6 +163,24 @@ def _recrawl_table(snap: dict[str, Any]) -> Table:
     return t
 
 
+def _fleet_table(snap: dict[str, Any]) -> Table:
+    """Per site of the fleet budget: its share, what it uses, and why when it runs short."""
+    t = Table(title="fleet budget shares", title_justify="left")
+    ident_column(t, "site")
+    for col in ("weight", "prio", "nominal", "share now", "in flight", "backlog", "runs at",
+                "req/s"):  # fmt: skip
+        t.add_column(col, justify="right")
+    t.add_column("shortage")
+    for r in snap["fleet"]:
+        runs_at = "-" if r["runs_at"] is None else f"{r['runs_at']:.0%}"
+        t.add_row(r["site"], f"{r['weight']:g}", str(r["priority"]), f"{r['nominal']:g}",
+                  f"{r['share']:g}", str(r["held"]), str(r["backlog"]),
+                  Text(runs_at, style="bold red" if r["shortage"] else ""),
+                  "-" if r["rate"] is None else f"{r['rate']:.1f}",
+                  Text(r["shortage"] or "", style="red"))  # fmt: skip
+    return t
+
+
 def _footer(snap: dict[str, Any]) -> Text:
     ob = snap.get("outbox") or {}
     parts = [f"dead letters: {snap['dead_letters']}", f"outbox backlog: {ob.get('length', 0)}"]
@@ -204,6 +222,8 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
         parts.append(_pools_table(snap))
     if snap.get("recrawl"):
         parts.append(_recrawl_table(snap))
+    if snap.get("fleet"):
+        parts.append(_fleet_table(snap))
     parts.append(_footer(snap))
     return Group(*parts)
 

@@ -1,5 +1,6 @@
 """The whole picture `control.sh status` shows: processes, workers, queues, runs, dead letters,
-the outbox, task and site metrics, pool health, re-crawls by change and firing alerts, in one
+the outbox, task and site metrics, pool health, re-crawls by change, the fleet budget's
+shares and firing alerts, in one
 JSON-ready dict."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from celery import Celery
 from broker.app import default_app
 from config import Settings, get_settings
 from monitor import alerts, health
+from monitor.fleet import fleet_view
 from monitor.status import (
     active_runs,
     broker_client,
@@ -67,5 +69,6 @@ def snapshot(
         "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},
         "pools": [h.as_dict() for h in health.collect(r, s)],
         "recrawl": recrawl_watches(r, s),
+        "fleet": fleet_view(r, s),
         "alerts": alerts.firing(r, s),
     }
