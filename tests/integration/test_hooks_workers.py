@@ -7,9 +7,7 @@ served, the items stored, the run's counters, the endpoint's metrics and the dea
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,6 +18,7 @@ from config import get_settings
 from external_interface.storage.outbox import dead_key
 from external_interface.storage.sinks.jsonl import iter_records
 from monitor.deadletter import DeadLetterStore
+from tests.conditions import wait_for
 from tests.integration.hooksite import matrix  # noqa: F401 - the endpoint and hooks, here too
 from tests.testsite.server import TestSite
 from utils.redis import as_str, get_redis
@@ -34,16 +33,6 @@ WORKER_ENV = {
     "CHAINCRAWL_BATCH": "1",  # an outbox entry per page: an after_store fail is its case's own
     "CHAINCRAWL_MAX_RETRIES": "2",
 }
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} not within {timeout}s")
 
 
 def test_every_signal_at_every_hook_point(start_worker: Any, test_site: TestSite) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +31,7 @@ from scheduling.periodic import TRIGGER_TASK, ScheduleEntry
 from scheduling.recrawl import CLOCK_KEY, History
 from scheduling.tasks import entry_key, trigger, watch_of
 from settings.scheduling import RecrawlSettings
+from tests.conditions import wait_for
 from utils.clock import SimClock
 from utils.keyspace import Keyspace
 from utils.redis import get_redis
@@ -71,16 +71,6 @@ def sim_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimClock]:
 
 def stored_posts(run_id: str) -> list[str]:
     return [r["item"]["post_id"] for r in iter_records("demo.post") if r["run"] == run_id]
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} not within {timeout}s")
 
 
 def test_recrawls_follow_change_on_real_workers(

@@ -19,6 +19,7 @@ from chains import Chain, step
 from config import get_settings
 from scheduling.shares import TASKS, FairShare, load_budget
 from settings.scheduling import FleetSettings
+from tests.conditions import wait_for
 from tests.scheduling.server import SchedSite
 from utils.redis import get_redis
 
@@ -42,13 +43,10 @@ def in_flight(site: SchedSite, tag: str, at: float) -> int:
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds until `cond` held (polled every 0.1 s); TimeoutError past `timeout`."""
+    """Seconds until `cond` held."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if cond():
-            return time.monotonic() - start
-        time.sleep(0.1)
-    raise TimeoutError(f"{what}: not within {timeout}s")
+    wait_for(cond, timeout, what)
+    return time.monotonic() - start
 
 
 def test_an_idle_sites_share_goes_to_the_busy_one_and_comes_back(
