@@ -13,7 +13,7 @@ over HTTP with the same budget of pages a day:
 - fixed: every post every `posts / budget` days, its phase spread at random;
 - adaptive: the change model (scheduling/recrawl), exactly as the workers run it: the keys the
   watch's history says are due, within its allowance (`History.dispatch`), their fetched likes
-  marked in its dedup store and recorded as visits (`observe_items`, the outbox hook's code).
+  marked in its dedup store and recorded as visits (`WatchStores.observe`, the outbox hook's code).
 
 Both start from one full crawl (every post fetched once at the start, not counted). After
 the warm-up (`--warmup`, 2 days) every fetch counts: *changes per fetch* is the share of fetches
@@ -46,7 +46,7 @@ from demo.changes import ChangeModel, parse_classes, parse_hours
 from demo.config import DemoConfig
 from demo.data import BASE_TS
 from demo.testing import DemoServer
-from scheduling.recrawl import History, Knobs, Watch, observe_items
+from scheduling.recrawl import Knobs, Watch, WatchStores
 from scheduling.recrawl.model import DAY, HOUR
 from utils.clock import SimClock
 from utils.servers import RedisServer
@@ -115,7 +115,8 @@ def run_once(args: argparse.Namespace, seed: int, redis_url: str) -> Result:
     knobs = Knobs(budget=budget, min_interval=args.min_interval * 60,
                   max_interval=args.max_interval * DAY, alpha=args.alpha)  # fmt: skip
     watch = Watch("bench-posts", "demo", "demo.post", "post_id", "post_id", ("likes",), knobs)
-    history = History(client, PREFIX, watch)
+    stores = WatchStores(client, PREFIX, watch)
+    history = stores.history
     fixed, adaptive = Scheme("fixed"), Scheme("adaptive")
     rng = random.Random(seed)
     period = len(pids) / budget * DAY
@@ -133,7 +134,7 @@ def run_once(args: argparse.Namespace, seed: int, redis_url: str) -> Result:
         for it in first:  # one full crawl: both know every post
             fixed.saw(it["post_id"], start, it["likes"], False)
             adaptive.saw(it["post_id"], start, it["likes"], False)
-        observe_items(client, PREFIX, watch, first, start)
+        stores.observe(first, start)
         next_fixed = {pid: start + phase[pid] for pid in pids}
         for t in ticks(start + step, end, step):
             move(t)
@@ -146,7 +147,7 @@ def run_once(args: argparse.Namespace, seed: int, redis_url: str) -> Result:
             items = [{"post_id": pid, "likes": fetch(s, demo.url, pid)} for pid in sent]
             for it in items:
                 adaptive.saw(it["post_id"], t, it["likes"], counted)
-            observe_items(client, PREFIX, watch, items, clock.now())
+            stores.observe(items, clock.now())
     hot = history.totals().profile.hot_hours()
     client.close()
     delays: dict[str, float] = {}

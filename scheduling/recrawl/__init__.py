@@ -17,7 +17,7 @@ from typing import Any
 from config import get_settings
 from scheduling.recrawl.history import History, KeyRecord, Observed, Totals
 from scheduling.recrawl.model import Knobs, Profile
-from scheduling.recrawl.observe import Observer, observe_items
+from scheduling.recrawl.observe import Observer, WatchStores, observe_items
 from scheduling.recrawl.watch import Watch
 from settings.scheduling import get_recrawl_settings
 from utils.clock import Clock, make_clock
@@ -52,6 +52,7 @@ __all__ = [
     "Profile",
     "Totals",
     "Watch",
+    "WatchStores",
     "observe_items",
     "observer",
     "recrawl_clock",

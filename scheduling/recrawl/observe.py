@@ -29,19 +29,34 @@ def dedup_for(client: Any, prefix: str, watch: Watch) -> RedisDedup:
     return RedisDedup(f"recrawl:{watch.name}", client, prefix=prefix)
 
 
+class WatchStores:
+    """A watched set's dedup store and history, built once (a dedup store reads its layout on
+    first use: a few round trips a process, not a batch)."""
+
+    def __init__(self, client: Any, prefix: str, watch: Watch) -> None:
+        self.watch = watch
+        self.dedup = dedup_for(client, prefix, watch)
+        self.history = History(client, prefix, watch)
+
+    def observe(self, items: Sequence[Mapping[str, Any]], now: float) -> Observed:
+        """Visits of the watch's keys: the items' values marked in its dedup store (which
+        judges each changed or not), then recorded in its history. Items without the key
+        are ignored."""
+        w = self.watch
+        keyed = [(k, it) for it in items if (k := w.key_of(it)) is not None]
+        if not keyed:
+            return Observed()
+        seen = self.dedup.mark_many([k for k, _ in keyed], [w.value_of(it) for _, it in keyed])
+        return self.history.observe(
+            ((k, s.status is Status.CHANGED) for (k, _), s in zip(keyed, seen, strict=True)), now
+        )
+
+
 def observe_items(
     client: Any, prefix: str, watch: Watch, items: Sequence[Mapping[str, Any]], now: float
 ) -> Observed:
-    """Visits of `watch`'s keys: the items' values marked in its dedup store (which judges
-    each changed or not), then recorded in its history. Items without the key are ignored."""
-    keyed = [(k, it) for it in items if (k := watch.key_of(it)) is not None]
-    if not keyed:
-        return Observed()
-    dd = dedup_for(client, prefix, watch)
-    seen = dd.mark_many([k for k, _ in keyed], [watch.value_of(it) for _, it in keyed])
-    return History(client, prefix, watch).observe(
-        ((k, s.status is Status.CHANGED) for (k, _), s in zip(keyed, seen, strict=True)), now
-    )
+    """`WatchStores.observe` for one batch (a caller observing often keeps a WatchStores)."""
+    return WatchStores(client, prefix, watch).observe(items, now)
 
 
 class Observer:
@@ -55,16 +70,20 @@ class Observer:
         self.r, self.prefix, self.clock, self.refresh = client, prefix, clock, refresh
         self._monotonic = monotonic
         self._key = Keyspace(prefix).recrawl_watches
-        self._by_type: dict[str, list[Watch]] = {}
+        self._by_type: dict[str, list[WatchStores]] = {}
         self._read_at: float | None = None
 
-    def watches(self) -> dict[str, list[Watch]]:
+    def watches(self) -> dict[str, list[WatchStores]]:
+        """The watched sets by item type, read again every `refresh` seconds (a set whose
+        settings did not change keeps its stores)."""
         now = self._monotonic()
         if self._read_at is None or now - self._read_at >= self.refresh:
-            by_type: dict[str, list[Watch]] = {}
+            known = {ws.watch: ws for group in self._by_type.values() for ws in group}
+            by_type: dict[str, list[WatchStores]] = {}
             for raw in self.r.hgetall(self._key).values():
                 w = Watch.from_dict(orjson.loads(as_str(raw)))
-                by_type.setdefault(w.item_type, []).append(w)
+                ws = known.get(w) or WatchStores(self.r, self.prefix, w)
+                by_type.setdefault(w.item_type, []).append(ws)
             self._by_type, self._read_at = by_type, now
         return self._by_type
 
@@ -73,5 +92,5 @@ class Observer:
         if not watched:
             return
         now = self.clock.now()
-        for w in watched:
-            observe_items(self.r, self.prefix, w, items, now)
+        for ws in watched:
+            ws.observe(items, now)
