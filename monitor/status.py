@@ -356,6 +356,18 @@ def breakdown(m: Mapping[str, int], prefix: str) -> dict[str, int]:
     return {k[len(p) :]: v for k, v in m.items() if k.startswith(p) and v}
 
 
+def hook_counts(m: Mapping[str, int]) -> dict[tuple[str, str], dict[str, int]]:
+    """(point, hook) -> calls, us and each signal, from `hook:<point>:<hook>:<what>` fields
+    (lifecycle/hooks.py)."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for k, v in m.items():
+        if k.startswith("hook:"):
+            _, point, rest = k.split(":", 2)
+            hook, _, what = rest.rpartition(":")
+            out.setdefault((point, hook), {})[what] = v
+    return out
+
+
 def summary(m: Mapping[str, int]) -> dict[str, Any]:
     """Counters plus rates of one task or site hash, as status and alerts show them."""
     ok, failed = m.get("succeeded", 0), m.get("failed", 0)
@@ -381,4 +393,5 @@ def summary(m: Mapping[str, int]) -> dict[str, Any]:
         "latency_p95": round(p95, 4) if p95 is not None else None,
         "http": breakdown(m, "http"),
         "errors": {o: breakdown(m, o) for o in ERROR_OUTCOMES if breakdown(m, o)},
+        "hooks": {f"{p}:{h}": c for (p, h), c in hook_counts(m).items()},
     }
