@@ -69,7 +69,7 @@ from external_interface.resources.rules import Verdict, add_rules, rule
 from ledger.meta import AVOID_KEEP, TaskMeta
 from ledger.publish import broker_priority
 from ledger.state import Begun, CommitCall, Committed, RunState
-from lifecycle import runtime
+from lifecycle import hooks, runtime
 from lifecycle.adaptive import auto
 from lifecycle.commits import aggregate, current_batch, run_commits, skip_call
 from lifecycle.context import Context
@@ -85,6 +85,19 @@ from lifecycle.endpoints import (
     describe,
     get_endpoint,
     queue_for,
+)
+from lifecycle.hooks import (
+    CONTINUE,
+    Signal,
+    StoredContext,
+    after_response,
+    after_store,
+    before_request,
+    before_store,
+    fail,
+    on_error,
+    retry,
+    skip,
 )
 from lifecycle.outputs import children, outbox_entries
 from monitor.deadletter import DeadLetter, DeadLetterStore, keep_capture
@@ -344,6 +357,7 @@ class SiteTask(Task):
                         f"{self.spec.name} yielded {type(out).__name__}; yield Item or ctx.follow()"
                     )
                 ctx._check_deadline()
+            items = hooks.filter_items(ctx, self.spec.name, items)  # before_store hooks
         except ValidationError as exc:
             raise ItemValidationError(f"{self.spec.name}: item invalid: {describe(exc)}") from None
         except SoftTimeLimitExceeded:
@@ -393,6 +407,7 @@ class SiteTask(Task):
     ) -> str:
         if isinstance(exc, SoftTimeLimitExceeded):
             exc = DeadlineExceeded(f"{self.spec.name}: soft time limit exceeded")
+        exc = hooks.page_error(ctx, self.spec.name, exc, hooks.counting(metrics.counts))
         spec, settings = self.spec, rt.settings
         policy = policy_for(exc)
         err = type(exc).__name__
@@ -527,6 +542,7 @@ def run_endpoint(
 
 
 __all__ = [
+    "CONTINUE",
     "BannedError",
     "CaptchaRequired",
     "ChainCrawlError",
@@ -545,15 +561,25 @@ __all__ = [
     "Policy",
     "ResourceUnavailable",
     "Response",
+    "Signal",
+    "StoredContext",
     "UndecodableText",
     "Verdict",
     "add_rules",
+    "after_response",
+    "after_store",
+    "before_request",
+    "before_store",
     "endpoint",
     "error_for_status",
+    "fail",
     "load_case",
+    "on_error",
     "outputs_of",
+    "retry",
     "rule",
     "run_endpoint",
     "site_env",
     "sitemap_urls",
+    "skip",
 ]

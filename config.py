@@ -30,6 +30,7 @@ from settings.base import ROOT, ChaincrawlSettings, forget_all
 from settings.browser import BrowserSettings
 from settings.monitor import AlertSettings, MonitorSettings
 from settings.proxy import ProxySettings
+from settings.scheduling import FleetSettings, RecrawlSettings
 from settings.sitevars import SITE_VARS, SiteVar, site_env
 from settings.storage import StorageSettings
 from settings.suite import SuiteSettings
@@ -481,5 +482,5 @@ def settings_classes() -> tuple[type[ChaincrawlSettings], ...]:
     """Every settings class, in the order the configuration reference lists them."""
     return (
         Settings, StorageSettings, ProxySettings, BrowserSettings, MonitorSettings, AlertSettings,
-        SuiteSettings,
+        RecrawlSettings, FleetSettings, SuiteSettings,
     )  # fmt: skip

@@ -34,7 +34,10 @@
         │   ├── LoginRequired
         │   └── CaptchaRequired
         ├── Skipped ............................ skip   (not fetched on purpose; counted by reason)
-        │   └── RobotsDisallowed ............... skip   (the site's robots.txt forbids the URL)
+        │   ├── RobotsDisallowed ............... skip   (the site's robots.txt forbids the URL)
+        │   └── HookSkip ....................... skip   (a lifecycle hook said skip, with its reason)
+        ├── HookRetry .......................... retry  (a lifecycle hook said retry)
+        ├── HookFailed ......................... fail   (a lifecycle hook said fail, with its reason)
         ├── ResourceUnavailable ................ wait   (pool empty: re-queue, not a failure)
         │   ├── Throttled ...................... wait   (a shared rate limit / concurrency cap)
         │   └── RobotsUnavailable .............. wait   (robots.txt unreachable or 5xx: not yet)
@@ -321,6 +324,27 @@ class RobotsDisallowed(Skipped):
         super().__init__(message)
         self.url = url
         self.user_agent = user_agent
+
+
+class HookSkip(Skipped):
+    """A lifecycle hook (lifecycle/hooks.py) said skip: the page ends skipped, counted under
+    the hook's reason."""
+
+    def __init__(self, message: str, reason: str = "hook") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class HookRetry(CrawlError):
+    """A lifecycle hook said retry: the page is tried again, as the retry policy allows."""
+
+    policy = Policy.RETRY
+
+
+class HookFailed(CrawlError):
+    """A lifecycle hook said fail: the page fails for good, dead-lettered with the reason."""
+
+    policy = Policy.FAIL
 
 
 class DeadlineExceeded(CrawlError):

@@ -26,14 +26,17 @@ from broker.workers import Beat, TaskSets
 from chains.sweeper import Sweeper
 from config import Settings, get_settings
 from external_interface.resources.base import load_providers
+from external_interface.resources.lease import set_lease_guard
 from external_interface.resources.pool import known_kinds
-from external_interface.storage.outbox import Drainer, drainer_class
+from external_interface.storage.outbox import Drainer, drainer_class, on_stored
 from ledger.state import RunState
 from lifecycle import runtime
 from lifecycle.commits import compact_quietly
 from lifecycle.endpoints import route
 from lifecycle.unknown import dead_letter_unknown, entry_of
 from monitor.metrics import aggregator
+from scheduling import recrawl
+from scheduling.shares import fleet_from_settings
 from settings import envcheck
 from utils import affinity, logsafe
 from utils.redis import get_redis
@@ -63,11 +66,13 @@ broker_app.use_orjson()
 sites.load_all()
 load_providers()
 configure(settings)
+set_lease_guard(fleet_from_settings())  # the fleet budget's shares of the pools' leases, if any
 
 
 # --- signals -----------------------------------------------------------------------------
 
 _drainer: Drainer | None = None
+_observing = False  # the re-crawl observer is among this process's on_stored hooks
 _sweeper: Sweeper | None = None
 _beat: Beat | None = None
 _background_lock = threading.Lock()
@@ -165,12 +170,16 @@ def _check_environment(**kw: Any) -> None:
 
 @signals.worker_ready.connect
 def _start_drainer(**kw: Any) -> None:
-    """Each worker process drains the item outbox to the sinks in a thread of its own."""
-    global _drainer
+    """Each worker process drains the item outbox to the sinks in a thread of its own; every
+    stored item of a type watched for change is a visit of its key (scheduling/recrawl)."""
+    global _drainer, _observing
     with _background_lock:
         if _drainer is None:
             s = get_settings()
             state = RunState(get_redis(s.redis_url), s)
+            if not _observing:
+                on_stored.append(recrawl.observer(state.r).hook)
+                _observing = True
             # runs whose last items this drainer stored are compacted to their summary
             # on a Redis Cluster it reads each run's own outbox stream (outbox/cluster.py)
             _drainer = drainer_class(state.r).from_settings(

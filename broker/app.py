@@ -70,7 +70,10 @@ def transport_options(s: Settings) -> dict[str, Any]:
         "visibility_timeout": s.visibility_timeout,
         "priority_steps": list(range(10)),
         "sep": ":",
-        "queue_order_strategy": "priority",
+        # a worker serving several queues takes them in turn within each message priority: a
+        # site whose refused tasks keep coming back to its queue (its share of a fleet budget
+        # spent) cannot starve the queues after it ("priority" would read them in -Q order)
+        "queue_order_strategy": "round_robin",
         # sweep for messages abandoned by a killed worker a few times per visibility timeout
         "unacked_restore_interval": max(1, min(10, s.visibility_timeout // 4)),
         "unacked_restore_throttle": 1,

@@ -159,6 +159,42 @@ def _adaptive_table(snap: dict[str, Any]) -> Table:
     return t
 
 
+def _recrawl_table(snap: dict[str, Any]) -> Table:
+    """Per site and watched set: the budget, the visits it bought and the changes they found."""
+    t = Table(title="re-crawls by change (last day / all)", title_justify="left")
+    ident_column(t, "site / watch")
+    for col in ("budget/day", "keys", "visits bought", "changes found", "found/visit",
+                "busy hours (UTC)", "interval"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for w in snap["recrawl"]:
+        day, tot = w["last_day"], w["total"]
+        rate = day["found"] / day["bought"] if day["bought"] else None
+        hours = ",".join(str(h) for h in w["hot_hours"]) or "-"
+        iv = w["mean_interval_h"]
+        t.add_row(f"{w['site']} / {w['watch']}", f"{w['budget']:g}", str(w["keys"]),
+                  f"{day['bought']} / {tot['bought']}", f"{day['found']} / {tot['found']}",
+                  _pct(rate), hours, "-" if iv is None else f"{iv:g}h")  # fmt: skip
+    return t
+
+
+def _fleet_table(snap: dict[str, Any]) -> Table:
+    """Per site of the fleet budget: its share, what it uses, and why when it runs short."""
+    t = Table(title="fleet budget shares", title_justify="left")
+    ident_column(t, "site")
+    for col in ("weight", "prio", "nominal", "share now", "in flight", "backlog", "runs at",
+                "req/s"):  # fmt: skip
+        t.add_column(col, justify="right")
+    t.add_column("shortage")
+    for r in snap["fleet"]:
+        runs_at = "-" if r["runs_at"] is None else f"{r['runs_at']:.0%}"
+        t.add_row(r["site"], f"{r['weight']:g}", str(r["priority"]), f"{r['nominal']:g}",
+                  f"{r['share']:g}", str(r["held"]), str(r["backlog"]),
+                  Text(runs_at, style="bold red" if r["shortage"] else ""),
+                  "-" if r["rate"] is None else f"{r['rate']:.1f}",
+                  Text(r["shortage"] or "", style="red"))  # fmt: skip
+    return t
+
+
 def _footer(snap: dict[str, Any]) -> Text:
     ob = snap.get("outbox") or {}
     parts = [f"dead letters: {snap['dead_letters']}", f"outbox backlog: {ob.get('length', 0)}"]
@@ -200,6 +236,10 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
         parts.append(_pools_table(snap))
     if snap.get("adaptive"):
         parts.append(_adaptive_table(snap))
+    if snap.get("recrawl"):
+        parts.append(_recrawl_table(snap))
+    if snap.get("fleet"):
+        parts.append(_fleet_table(snap))
     parts.append(_footer(snap))
     return Group(*parts)
 

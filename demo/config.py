@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_serializer, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from demo import data
+from demo import changes, data
 
 FEATURES = ("rate_limit", "ua_check", "sign", "device", "login", "soft_fail")
 SOFT_FAIL_KINDS = ("slow", "error", "truncate")
@@ -119,6 +119,24 @@ class DemoConfig(BaseSettings):
     guard_cert: str | None = Field(None, description="the guarded front's certificate (PEM)")
     guard_key: str | None = Field(None, description="its private key; unset with the cert: "
                                   "a CA and a certificate are made at start")  # fmt: skip
+    # --- changes (demo/changes.py) ---------------------------------------------------------
+    changes: bool = Field(False, description="posts' likes change over (simulated) time")
+    change_classes: str = Field(
+        "0.03:8/d, 0.07:2/d, 0.9:1/30d",
+        description="share:rate of the posts' change classes (shares add up to 1)",
+    )
+    change_hours: str = Field("8-11,19-22", description="UTC hours in which posts change most")
+    change_quiet: float = Field(
+        0.05, ge=0, le=1, description="intensity of the other hours, relative to the busy ones"
+    )
+    change_start: float = Field(
+        data.BASE_TS,
+        description="simulated time (unix s) at which changes begin and the clock starts",
+    )
+    change_clock: str = Field("wall", description="wall (runs by itself) or manual (/admin/clock)")
+    change_clock_speed: float = Field(
+        1.0, gt=0, description="simulated seconds per second of a wall clock"
+    )
 
     # --- misc -----------------------------------------------------------------------------
     proxies: Annotated[tuple[str, ...], NoDecode] = ()
@@ -168,6 +186,25 @@ class DemoConfig(BaseSettings):
         unknown = set(value or ()) - {"feed", "post"}
         if unknown:
             raise ValueError(f"unknown mix page types {sorted(unknown)}; known: feed, post")
+        return value
+
+    @field_validator("change_classes")
+    @classmethod
+    def _classes(cls, value: str) -> str:
+        changes.parse_classes(value)
+        return value
+
+    @field_validator("change_hours")
+    @classmethod
+    def _hours(cls, value: str) -> str:
+        changes.parse_hours(value)
+        return value
+
+    @field_validator("change_clock")
+    @classmethod
+    def _clock(cls, value: str) -> str:
+        if value not in ("wall", "manual"):
+            raise ValueError("change_clock must be wall or manual")
         return value
 
     @field_validator("soft_fail_statuses", "proxies", mode="before")

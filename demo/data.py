@@ -13,10 +13,12 @@ timestamps are derived from that rank so the feed is also sorted newest first.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -190,6 +192,8 @@ class Dataset:
             a += 1
         self._a, self._b = a % n or 1, rng.randrange(n)
         self._a_inv = pow(self._a, -1, n) if n > 1 else 0
+        # likes a post has gained since the data set's day (demo/changes.py): post number -> n
+        self.likes_gained: Callable[[int], int] | None = None
 
     # --- sizes ----------------------------------------------------------------------------
     @property
@@ -232,15 +236,26 @@ class Dataset:
         )
 
     # --- posts ----------------------------------------------------------------------------
+    def post_number_of(self, pid: str) -> int | None:
+        """`p7` -> 7, None for an id that is malformed or out of range."""
+        return _parse("p", pid, self.total_posts)
+
     def post(self, pid: str) -> Post | None:
         n = _parse("p", pid, self.total_posts)
         return None if n is None else self._post(n)
+
+    def _post(self, n: int) -> Post:
+        """A post as served now: its likes moved by the change generator, when one is on."""
+        post = self._base_post(n)
+        if self.likes_gained is None:
+            return post
+        return dataclasses.replace(post, likes=post.likes + self.likes_gained(n))
 
     def post_number(self, i: int, k: int) -> int:
         return (i - 1) * self.posts_per_user + k + 1
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019
-    def _post(self, n: int) -> Post:
+    def _base_post(self, n: int) -> Post:
         i, k = divmod(n - 1, self.posts_per_user)
         i += 1
         rng = self._rng("post", n)
@@ -311,7 +326,7 @@ class Dataset:
             user_name=self._user(author).name,
             text=text,
             likes=int(rng.paretovariate(1.3) * 2),
-            created_at=self._post(n).created_at + (j + 1) * COMMENT_STEP_S,
+            created_at=self._base_post(n).created_at + (j + 1) * COMMENT_STEP_S,
         )
 
     def post_comments(self, pid: str, offset: int, limit: int) -> list[Comment]:

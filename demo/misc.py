@@ -187,6 +187,49 @@ async def admin_reset(request: web.Request) -> web.Response:
     return json_response({"ok": True})
 
 
+@routes.get("/admin/clock", name="admin.clock")
+async def admin_clock(request: web.Request) -> web.Response:
+    st = state_of(request)
+    return json_response({"now": st.clock.now(), "mode": st.clock.mode})
+
+
+@routes.post("/admin/clock", name="admin.clock.set")
+async def admin_clock_set(request: web.Request) -> web.Response:
+    """`{"now": t}` sets the simulated time, `{"advance": s}` moves it (manual clock only)."""
+    st = state_of(request)
+    try:
+        body = dict(await request.json())
+        if "now" in body:
+            now = st.clock.set(float(body["now"]))
+        elif "advance" in body:
+            now = st.clock.advance(float(body["advance"]))
+        else:
+            raise ValueError('give {"now": seconds} or {"advance": seconds}')
+    except (ValueError, TypeError) as e:  # admin paths bypass the guards: answer, not raise
+        return bad_request(request, str(e)).response
+    return json_response({"now": now, "mode": st.clock.mode})
+
+
+@routes.get("/admin/changes", name="admin.changes")
+async def admin_changes(request: web.Request) -> web.Response:
+    """The change events of a post up to now (`?post=p3&since=t`): the truth a test compares with."""
+    st = state_of(request)
+    if st.changes is None:
+        return not_found(request, "change generator (start the server with changes on)").response
+    pid = request.query.get("post", "")
+    n = st.data.post_number_of(pid)
+    if n is None:
+        return not_found(request, f"post {pid}").response
+    try:
+        since = float(request.query.get("since", st.config.change_start))
+    except ValueError:
+        return bad_request(request, "since must be a number of seconds").response
+    now = st.clock.now()
+    klass = st.changes.class_of(n)
+    return json_response({"post": pid, "now": now, "per_day": klass.per_day,
+                          "events": st.changes.events(n, since, now)})  # fmt: skip
+
+
 @routes.get("/admin/config", name="admin.config")
 async def admin_config(request: web.Request) -> web.Response:
     st = state_of(request)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from demo.auth import Captchas, UseTracker
+from demo.changes import ChangeModel, DemoClock, parse_classes, parse_hours
 from demo.config import DemoConfig
 from demo.data import Dataset
 from demo.limits import RateLimiter
@@ -26,6 +27,8 @@ class DemoState:
     soft_fail_rng: random.Random = field(init=False)
     latency_rng: random.Random = field(init=False)
     mix_rendered: set[str] = field(init=False)  # the `mix` page types served for rendering
+    clock: DemoClock = field(init=False)
+    changes: ChangeModel | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -45,6 +48,12 @@ class DemoState:
         self.soft_fail_rng = random.Random(f"{seed}/soft_fail")
         self.latency_rng = random.Random(f"{c.seed}/latency")
         self.mix_rendered = set(c.mix_rendered)
+        self.clock = DemoClock(c.change_clock, c.change_start, c.change_clock_speed)
+        if c.changes:
+            model = ChangeModel(c.seed, parse_classes(c.change_classes),
+                                parse_hours(c.change_hours), c.change_quiet, c.change_start)  # fmt: skip
+            self.changes = model
+            self.data.likes_gained = lambda n: model.count(n, self.clock.now())
 
     def reset(self) -> None:
         """Clear counters, windows and bans; keep registered devices, sessions and captchas."""

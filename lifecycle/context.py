@@ -30,6 +30,7 @@ from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from ledger.meta import TaskMeta
+from lifecycle import hooks
 from lifecycle.adaptive import AutoPage
 from lifecycle.endpoints import BROWSER, EndpointSpec, Follow, Params
 from lifecycle.runtime import Runtime
@@ -140,6 +141,14 @@ class Context:
         remaining = self.remaining()
         if remaining <= 0:
             raise DeadlineExceeded(f"{self._spec.name}: task deadline passed before {method} {url}")
+        if self._online:  # before_request hooks may change the request (lifecycle/hooks.py)
+            draft = OutgoingRequest(method=method, url=url, params=dict(params or {}),
+                                    headers=dict(headers or {}), cookies=dict(cookies or {}),
+                                    data=data, json=json)  # fmt: skip
+            hooks.in_page(self, "before_request", self._spec.name, f"{method} {url}", draft)
+            method, url, data, json = draft.method, draft.url, draft.data, draft.json
+            params, headers, cookies = draft.params, draft.headers, draft.cookies
+            remaining = self.remaining()
         auto = self._auto
         if auto is not None and method == "GET" and auto.renders(_with_query(url, params)):
             return self.render(url, params=params, headers=headers, cookies=cookies,
@@ -153,6 +162,7 @@ class Context:
                 self._metrics.request(hit.status, len(hit.content))
                 self._watch(hit)
                 self._check_status(hit, url, ok_statuses)
+                self._answered(hit, method, url)
                 return hit
         if self._robots is not None:
             self._robots.check(_with_query(url, params), site=self._spec.site)
@@ -202,6 +212,7 @@ class Context:
             gate.feedback(self._spec.site, resp.elapsed, resp.status, wait_hint)
         self._watch(resp)
         self._settle(active, out, resp, url, ok_statuses)
+        self._answered(resp, method, url)
         return resp
 
     def render(
@@ -269,6 +280,11 @@ class Context:
             gate.leave(spec.site, RENDER, holder)
 
     # -- the machinery's side
+
+    def _answered(self, resp: Response, method: str, url: str) -> None:
+        """An answer the status and the providers accepted: the after_response hooks."""
+        if self._online:
+            hooks.in_page(self, "after_response", self._spec.name, f"{method} {url}", resp)
 
     def _render(
         self,

@@ -48,6 +48,7 @@ from celery import Celery
 from config import ROOT, Settings, get_settings
 from monitor import health
 from monitor import status as st
+from monitor.fleet import describe_shortage, fleet_view
 from settings.monitor import AlertSettings, get_alert_settings
 from utils.keyspace import Keyspace
 from utils.lua import load_lua
@@ -68,6 +69,7 @@ KINDS = {
     "workers": "workers answering a ping",
     "run_idle": "seconds since a run with tasks outstanding last finished one (not paused)",
     "run_resending": "tasks of a run the sweeper re-sent since the run last finished one",
+    "fleet_shortage": "share of its fleet entitlement a site with a backlog runs at, per site",
 }
 RATE_KINDS = ("failure_rate", "retry_rate")
 HISTORY_MAX = 1000
@@ -292,6 +294,7 @@ class Observation:
     workers: list[str] | None
     idle_runs: dict[str, float] = field(default_factory=dict)  # `{chain}/{run}` -> seconds
     resending: dict[str, int] = field(default_factory=dict)  # `{chain}/{run}` -> re-sends
+    fleet: list[dict[str, Any]] = field(default_factory=list)  # monitor.fleet.fleet_view rows
 
 
 def observe(
@@ -303,7 +306,8 @@ def observe(
     sample = Sample(now, tasks, st.queue_depths(broker, s), st.dead_letters(client, s))
     pools = {h.name: h for h in health.collect(client, s)}
     return Observation(sample, pools, st.outbox(client, s), ping() if ping else None,
-                       st.idle_runs(client, s, now), st.resending_runs(client, s))  # fmt: skip
+                       st.idle_runs(client, s, now), st.resending_runs(client, s),
+                       fleet_view(client, s))  # fmt: skip
 
 
 def _delta(
@@ -358,16 +362,27 @@ def rule_values(rule: Rule, obs: Observation, base: Sample | None) -> dict[str, 
         vals = dict(obs.idle_runs)
     elif rule.kind == "run_resending":
         vals = {k: float(v) for k, v in obs.resending.items()}
+    elif rule.kind == "fleet_shortage":  # only sites with work waiting are judged
+        vals = {r["site"]: r["runs_at"] for r in obs.fleet if r["backlog"] > r["held"]}
     return {k: v for k, v in vals.items() if fnmatch.fnmatchcase(k, rule.match)}
 
 
-def describe(rule: Rule, subject: str, value: float | None, recovered: bool = False) -> str:
-    """One readable line for the log and the webhook's `summary`."""
+def causes(rule: Rule, obs: Observation) -> dict[str, str]:
+    """Why a subject breaches, where a kind knows (a fleet shortage names its cause)."""
+    if rule.kind == "fleet_shortage":
+        return {r["site"]: describe_shortage(r) for r in obs.fleet if r["shortage"]}
+    return {}
+
+
+def describe(
+    rule: Rule, subject: str, value: float | None, recovered: bool = False, cause: str = ""
+) -> str:
+    """One readable line for the log and the webhook's `summary` (with its cause, if known)."""
 
     def fmt(v: float | None) -> str:
         if v is None:
             return "no data"
-        if rule.kind in RATE_KINDS:
+        if rule.kind in (*RATE_KINDS, "fleet_shortage"):
             return f"{v:.0%}"
         return f"{v:g}"
 
@@ -385,10 +400,12 @@ def describe(rule: Rule, subject: str, value: float | None, recovered: bool = Fa
         "workers": "workers answering",
         "run_idle": f"time since run {subject} last finished a task (s)",
         "run_resending": f"tasks of run {subject} re-sent since it last finished one",
+        "fleet_shortage": f"share of its entitlement site {subject} runs at",
     }.get(rule.kind, f"{subject} (rule no longer configured)")
     if recovered:
         return f"[{rule.name}] recovered: {what} is {fmt(value)} (limit {limit})"
-    return f"[{rule.name}] {what} is {fmt(value)} ({limit})"
+    tail = f": {cause}" if cause else ""
+    return f"[{rule.name}] {what} is {fmt(value)} ({limit}){tail}"
 
 
 # --- the transition script -------------------------------------------------------------------------
@@ -518,13 +535,14 @@ class Evaluator:
         open_states = {f.decode() for f in self.r.hkeys(self.k.state)}
         for rule in self.cfg.rules:
             base = self.base_sample(samples, now, rule.window)
+            why = causes(rule, obs)
             for subject, value in sorted(rule_values(rule, obs, base).items()):
                 field = f"{rule.name}|{subject}"
                 seen.add(field)
                 breached = rule.breached(value)
                 if not breached and field not in open_states:
                     continue  # nothing open, nothing to open: skip the script call
-                t = self._apply(rule, subject, value, breached, now)
+                t = self._apply(rule, subject, value, breached, now, why.get(subject, ""))
                 if t:
                     out.append(t)
         # states nobody measured this tick (subject gone, rule removed): treat as recovered
@@ -538,14 +556,15 @@ class Evaluator:
         return out
 
     def _apply(
-        self, rule: Rule, subject: str, value: float | None, breached: bool, now: float
-    ) -> Transition | None:
+        self, rule: Rule, subject: str, value: float | None, breached: bool, now: float,
+        cause: str = "",
+    ) -> Transition | None:  # fmt: skip
         payload = {
             "source": "chaincrawl", "prefix": self.s.key_prefix, "rule": rule.name,
             "kind": rule.kind, "subject": subject, "severity": rule.severity,
             "threshold": rule.threshold, "window": rule.window, "for": rule.hold,
             "description": rule.description,
-            "summary_firing": describe(rule, subject, value),
+            "summary_firing": describe(rule, subject, value, cause=cause),
             "summary_resolved": describe(rule, subject, value, recovered=True),
         }  # fmt: skip
         action = self._transition(

@@ -153,6 +153,17 @@ class ChaincrawlCollector(Collector):
         latency = HistogramMetricFamily(
             "chaincrawl_task_latency_seconds", "Task run time", labels=TASK_LABELS
         )
+        hook_labels = [*TASK_LABELS, "point", "hook"]
+        hook_calls = CounterMetricFamily(
+            "chaincrawl_hook_calls", "Calls of a lifecycle hook (docs/hooks.md)", labels=hook_labels
+        )
+        hook_time = CounterMetricFamily(
+            "chaincrawl_hook_seconds", "Time spent in a lifecycle hook", labels=hook_labels
+        )
+        hook_signals = CounterMetricFamily(
+            "chaincrawl_hook_signals", "What a lifecycle hook answered (continue, skip, retry, "
+            "fail) or that it raised (error)", labels=[*hook_labels, "signal"],
+        )  # fmt: skip
         for task, m in st.task_metrics(self.r, self.s).items():
             lab = [st.site_of(task), task]
             for o in st.OUTCOMES:
@@ -180,8 +191,15 @@ class ChaincrawlCollector(Collector):
                 undecodable_bytes.add_metric(lab, summ["undecodable_bytes"])
             buckets = [(floatToGoString(b), n) for b, n in st.latency_buckets(m)]
             latency.add_metric(lab, buckets, sum_value=m.get("latency_ms_sum", 0) / 1000.0)
+            for (point, hook), counts in st.hook_counts(m).items():
+                hl = [*lab, point, hook]
+                hook_calls.add_metric(hl, counts.pop("calls", 0))
+                hook_time.add_metric(hl, counts.pop("us", 0) / 1e6)
+                for signal, n in counts.items():
+                    hook_signals.add_metric([*hl, signal], n)
         return [tasks, retries, failures, waits, requests, responses, nbytes, items, stored,
-                store_failed, skips, undecodable, undecodable_bytes, redelivered, latency]  # fmt: skip
+                store_failed, skips, undecodable, undecodable_bytes, redelivered, latency,
+                hook_calls, hook_time, hook_signals]  # fmt: skip
 
     # -- broker -------------------------------------------------------------------------------------
     def _queues(self) -> list[Metric]:

@@ -1,5 +1,7 @@
 """The whole picture `control.sh status` shows: processes, workers, queues, runs, dead letters,
-the outbox, task and site metrics, pool health and firing alerts, in one JSON-ready dict."""
+the outbox, task and site metrics, pool health, re-crawls by change, the fleet budget's
+shares and firing alerts, in one
+JSON-ready dict."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from celery import Celery
 from broker.app import default_app
 from config import Settings, get_settings
 from monitor import alerts, health
+from monitor.fleet import fleet_view
 from monitor.status import (
     active_runs,
     adaptive,
@@ -21,6 +24,7 @@ from monitor.status import (
     outbox,
     processes,
     queue_depths,
+    recrawl_watches,
     site_metrics,
     site_of,
     summary,
@@ -66,5 +70,7 @@ def snapshot(
         "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},
         "pools": [h.as_dict() for h in health.collect(r, s)],
         "adaptive": adaptive(r, s),
+        "recrawl": recrawl_watches(r, s),
+        "fleet": fleet_view(r, s),
         "alerts": alerts.firing(r, s),
     }

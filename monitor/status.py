@@ -30,6 +30,7 @@ from ledger.model import chain_from_dict
 from ledger.state import RunState, run_status, stalled_resends
 from monitor.deadletter import DeadLetterStore
 from monitor.metrics import LATENCY_BUCKETS_MS
+from scheduling.recrawl import History, Watch, recrawl_clock
 from utils.keyspace import Keyspace
 from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
 from utils.redis import get_redis
@@ -182,6 +183,23 @@ def resending_runs(client: Any, s: Settings | None = None) -> dict[str, int]:
         for r in run_records(client, s, limit=10**9)
         if r["resending"]
     }
+
+
+def recrawl_watches(client: Any, s: Settings | None = None) -> list[dict[str, Any]]:
+    """Per watched set (a `by_change` schedule entry): its site, its budget of pages a day,
+    the visits it bought and the changes they found, in the last day and in all, and what the
+    change model learned (scheduling/recrawl/history.py `History.summary`)."""
+    s = s or get_settings()
+    raw = client.hgetall(Keyspace(s.key_prefix).recrawl_watches)
+    if not raw:
+        return []
+    try:
+        now = recrawl_clock(client).now()
+    except RuntimeError:  # a simulated clock nobody started: show the numbers as of now
+        now = time.time()
+    out = [History(client, s.key_prefix, Watch.from_dict(orjson.loads(v))).summary(now)
+           for v in raw.values()]  # fmt: skip
+    return sorted(out, key=lambda w: (w["site"], w["watch"]))
 
 
 def unknown_tasks(client: Any, s: Settings | None = None) -> int:
@@ -355,6 +373,18 @@ def breakdown(m: Mapping[str, int], prefix: str) -> dict[str, int]:
     return {k[len(p) :]: v for k, v in m.items() if k.startswith(p) and v}
 
 
+def hook_counts(m: Mapping[str, int]) -> dict[tuple[str, str], dict[str, int]]:
+    """(point, hook) -> calls, us and each signal, from `hook:<point>:<hook>:<what>` fields
+    (lifecycle/hooks.py)."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for k, v in m.items():
+        if k.startswith("hook:"):
+            _, point, rest = k.split(":", 2)
+            hook, _, what = rest.rpartition(":")
+            out.setdefault((point, hook), {})[what] = v
+    return out
+
+
 def summary(m: Mapping[str, int]) -> dict[str, Any]:
     """Counters plus rates of one task or site hash, as status and alerts show them."""
     ok, failed = m.get("succeeded", 0), m.get("failed", 0)
@@ -380,4 +410,5 @@ def summary(m: Mapping[str, int]) -> dict[str, Any]:
         "latency_p95": round(p95, 4) if p95 is not None else None,
         "http": breakdown(m, "http"),
         "errors": {o: breakdown(m, o) for o in ERROR_OUTCOMES if breakdown(m, o)},
+        "hooks": {f"{p}:{h}": c for (p, h), c in hook_counts(m).items()},
     }

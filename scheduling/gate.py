@@ -28,7 +28,9 @@ from typing import Any, Protocol
 
 from config import Settings, get_settings
 from scheduling.ratelimit import RedisGate, default_limit, effective_limits, render_limit
+from scheduling.shares import fleet_from_settings
 from scheduling.throttle import Throttle
+from settings.scheduling import get_fleet_settings
 from utils.registry import Registry
 
 
@@ -73,8 +75,9 @@ class NoopGate:
 
 
 def _redis_gate() -> RedisGate:
-    """The shared limits, with the adaptive per-site throttle when it is on (the default)."""
-    return RedisGate(throttle=Throttle.from_settings())
+    """The shared limits, with the adaptive per-site throttle when it is on (the default) and
+    the fleet budget's shares when one is set (CHAINCRAWL_FLEET_BUDGET)."""
+    return RedisGate(throttle=Throttle.from_settings(), fleet=fleet_from_settings())
 
 
 gates: Registry = Registry("gate")
@@ -87,12 +90,17 @@ _gate_pid: int | None = None
 
 def get_gate() -> Gate:
     """The process's gate, built once per process from CHAINCRAWL_GATE (default: redis when
-    limits, default limits, the throttle or the per-site render cap are on, else noop)."""
+    limits, default limits, the throttle, the per-site render cap or a fleet budget are on,
+    else noop)."""
     global _gate, _gate_pid
     if _gate is None or _gate_pid != os.getpid():
         s = get_settings()
         polite = (
-            s.limits or default_limit(s) is not None or s.throttle or render_limit() is not None
+            s.limits
+            or default_limit(s) is not None
+            or s.throttle
+            or render_limit() is not None
+            or get_fleet_settings().budget.strip()
         )
         name = s.gate or ("redis" if polite else "noop")
         _gate = gates.get(name)()

@@ -7,6 +7,10 @@
         priority: 3                 # 0..9, 9 most urgent (default CHAINCRAWL_DEFAULT_PRIORITY)
         seeds: [{}]                 # root parameters, one task each
         only_if_reachable: ${DEMO_URL:-http://127.0.0.1:8700}/   # optional precondition
+      posts-by-change:              # scheduled by change instead of by clock
+        step: demo.h5.detail        # or `chain:`: its root step gets each due key
+        by_change: {item: demo.post, key: post_id, fields: [likes], budget: 2000/day}
+        every: 1m                   # how often the scheduler looks (default 1m)
 
 Beat only sends `resources.schedule.trigger_chain` messages (to the `resources` queue); a
 worker decides there whether to start the run (scheduling/tasks.py), so a run that is still
@@ -30,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from config import ROOT, get_settings
 from exceptions import ConfigError
+from scheduling.recrawl.model import Knobs
 
 TRIGGER_TASK = "resources.schedule.trigger_chain"
 DEFAULT_SCHEDULE = ROOT / "schedules.yaml"
@@ -47,6 +52,8 @@ _ALIASES = {
 _EVERY = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
 _EVERY_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_BUDGET = re.compile(r"^(\d+(?:\.\d+)?)\s*(?:/\s*(day|d|hour|h))?$")
+BY_CHANGE_TICK = 60.0  # a `by_change` entry without `every` looks for due keys every minute
 
 
 def parse_every(value: str | float) -> float:
@@ -81,16 +88,76 @@ def parse_cron(expr: str) -> Any:
         raise ValueError(f"cron {expr!r}: {exc}") from None
 
 
+def parse_budget(value: str | float) -> float:
+    """`2000`, `2000/day`, `100/h` -> pages per day (> 0)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        pages = float(value)
+    else:
+        m = _BUDGET.match(str(value).strip())
+        if not m:
+            raise ValueError(f"{value!r} is not a budget like 2000/day or 100/h")
+        pages = float(m.group(1)) * (24.0 if m.group(2) in ("hour", "h") else 1.0)
+    if pages <= 0:
+        raise ValueError(f"budget {value!r} must be positive")
+    return pages
+
+
+class ByChange(BaseModel):
+    """Schedule by change: every stored item of type `item` is a visit of the key in its field
+    `key`; each key's next visit follows how often it changes (the change model,
+    scheduling/recrawl), within `budget` pages a day. `param`: the step's parameter the key
+    goes into (default: the same name as `key`); `fields`: the fields whose change counts
+    (default: every field but the key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    item: str
+    key: str
+    param: str | None = None
+    fields: list[str] = Field(default_factory=list)
+    budget: str | float
+    min_interval: str | float = "10m"
+    max_interval: str | float = "7d"
+    alpha: float = Field(0.9, ge=0.5, le=1.0)
+
+    @field_validator("budget")
+    @classmethod
+    def _budget(cls, v: str | float) -> str | float:
+        parse_budget(v)
+        return v
+
+    @field_validator("min_interval", "max_interval")
+    @classmethod
+    def _intervals(cls, v: str | float) -> str | float:
+        parse_every(v)
+        return v
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ByChange:
+        if parse_every(self.min_interval) > parse_every(self.max_interval):
+            raise ValueError("min_interval is longer than max_interval")
+        return self
+
+    def knobs(self) -> Knobs:
+        return Knobs(
+            budget=parse_budget(self.budget), min_interval=parse_every(self.min_interval),
+            max_interval=parse_every(self.max_interval), alpha=self.alpha,
+        )  # fmt: skip
+
+
 class ScheduleEntry(BaseModel):
     """One periodic chain. `stale_after`: start anew even though the last run is still
     going once it is this old (a run whose messages were lost would block forever).
     `expires`: drop a trigger no worker picked up within this time (default: the interval,
-    15 min for cron)."""
+    15 min for cron). `step` instead of `chain`: one endpoint on its own. `by_change`: the
+    keys due by the change model, instead of `seeds`, at every tick (`every`, default 1m)."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    chain: str
+    chain: str | None = None
+    step: str | None = None
+    by_change: ByChange | None = None
     cron: str | None = None
     every: str | float | None = None
     priority: int | None = Field(None, ge=0, le=9)
@@ -123,9 +190,23 @@ class ScheduleEntry(BaseModel):
 
     @model_validator(mode="after")
     def _one_schedule(self) -> ScheduleEntry:
-        if (self.cron is None) == (self.every is None):
+        if (self.chain is None) == (self.step is None):
+            raise ValueError("give exactly one of `chain` or `step`")
+        if self.by_change is not None:
+            if self.cron is not None:
+                raise ValueError(
+                    "a `by_change` entry looks for due keys `every` so often, not by cron"
+                )
+            if self.every is None:
+                self.every = BY_CHANGE_TICK
+        elif (self.cron is None) == (self.every is None):
             raise ValueError("give exactly one of `cron` or `every`")
         return self
+
+    @property
+    def target(self) -> str:
+        """The chain's name, or the one step's task name."""
+        return self.chain or self.step or ""
 
     def schedule(self) -> Any:
         return parse_cron(self.cron) if self.cron is not None else timedelta(seconds=self.interval)
@@ -144,6 +225,9 @@ class ScheduleEntry(BaseModel):
         return self.interval if self.every is not None else CRON_EXPIRES
 
     def when(self) -> str:
+        if self.by_change is not None:
+            b = self.by_change
+            return f"by change of {b.item}.{b.key} within {parse_budget(b.budget):g} pages/day, looking every {self.every}"
         return f"cron {self.cron!r}" if self.cron is not None else f"every {self.every}"
 
 
@@ -215,8 +299,9 @@ def describe(schedule: Schedule) -> list[str]:
     for e in schedule.entries:
         state = "" if e.enabled else "  (disabled)"
         prio = "default" if e.priority is None else e.priority
-        lines.append(f"{e.name}: chain {e.chain}, {e.when()}, priority {prio}, "
-                     f"{len(e.seeds)} seed(s){state}")  # fmt: skip
+        what = f"chain {e.chain}" if e.chain else f"step {e.step}"
+        seeds = "" if e.by_change else f", {len(e.seeds)} seed(s)"
+        lines.append(f"{e.name}: {what}, {e.when()}, priority {prio}{seeds}{state}")
     return lines
 
 

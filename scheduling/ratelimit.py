@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from config import Settings, get_settings
 from exceptions import ConfigError, Throttled
@@ -298,6 +298,21 @@ def effective_limits(settings: Settings | None = None) -> dict[str, Limit]:
 # --- the gate ----------------------------------------------------------------------------
 
 
+class FleetShares(Protocol):
+    """A fleet-wide budget shared between sites (scheduling/shares.py `Fleet`)."""
+
+    def takes_part(self, site: str) -> bool: ...
+
+    def take_task(self, site: str, task_id: str, ttl: float) -> bool: ...
+
+    def give_task(self, site: str, task_id: str) -> None: ...
+
+    def rate_of(self, site: str) -> float | None: ...
+
+
+FLEET_SCOPE = "@fleet"  # `<site>.@fleet`: the rate key of a site's share of the fleet rate
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What one endpoint must pass: its lease keys and its rate keys, precomputed."""
@@ -335,6 +350,7 @@ class RedisGate:
         retry: float | None = None,
         throttle: Throttle | None = None,
         render: Limit | None = None,
+        fleet: FleetShares | None = None,
     ) -> None:
         self.settings = settings or get_settings()
         s = self.settings
@@ -344,6 +360,7 @@ class RedisGate:
             render = render_limit()
         self.render_default = render  # each site's `<site>.render` scope without an entry
         self.throttle = throttle
+        self.fleet = fleet
         self.r = client or get_redis(s.redis_url)
         self.max_sleep = s.gate_max_sleep if max_sleep is None else max_sleep
         self.retry = s.gate_retry if retry is None else retry
@@ -415,7 +432,19 @@ class RedisGate:
 
     def admit(self, site: str, endpoint: str, task_id: str, deadline: float | None = None) -> float:
         """0.0 when the task may run now (its leases taken), else seconds to wait first.
-        `deadline`: the endpoint's own task deadline, when it sets one (its leases outlive it)."""
+        `deadline`: the endpoint's own task deadline, when it sets one (its leases outlive it).
+        A site in the fleet budget first takes its place among the fleet's tasks."""
+        fleet = self.fleet if self.fleet is not None and self.fleet.takes_part(site) else None
+        if fleet is not None and not fleet.take_task(site, task_id, self._default_lease(deadline)):
+            return max(TINY_WAIT, self.retry * random.uniform(0.5, 1.5))
+        wait = self._admit_scopes(site, endpoint, task_id, deadline)
+        if wait > 0 and fleet is not None:
+            fleet.give_task(site, task_id)
+        return wait
+
+    def _admit_scopes(
+        self, site: str, endpoint: str, task_id: str, deadline: float | None
+    ) -> float:
         plan = self._plan(site, endpoint, deadline)
         if plan.empty:
             return 0.0
@@ -441,12 +470,17 @@ class RedisGate:
         and, with a throttle, reserve the site's adaptive slot: one round trip for all. Raise
         Throttled when a slot is further away than max_sleep."""
         plan = self._plan(site, endpoint)
+        rate_keys, rate_args = plan.rate_keys, plan.rate_args
+        share = self.fleet.rate_of(site) if self.fleet is not None else None
+        if share:  # the site's share of the fleet rate, beside its own limits
+            rate_keys = (*rate_keys, self.key(f"{site}.{FLEET_SCOPE}", "tat"))
+            rate_args = (*rate_args, _us(1.0 / share), 0)
         calls = []
-        if not plan.empty:
+        if rate_keys or plan.lease_keys:
             tid = getattr(self._local, "task_id", "") or ""
-            keys = [*plan.rate_keys, *plan.lease_keys]
-            args = [tid, len(plan.rate_keys), len(plan.lease_keys), _us(self.max_sleep),
-                    *plan.rate_args, *plan.lease_ttls]  # fmt: skip
+            keys = [*rate_keys, *plan.lease_keys]
+            args = [tid, len(rate_keys), len(plan.lease_keys), _us(self.max_sleep),
+                    *rate_args, *plan.lease_ttls]  # fmt: skip
             calls.append((self._token, keys, args))
         if self.throttle is not None:
             calls.append(self.throttle.call(site))
@@ -535,6 +569,8 @@ class RedisGate:
         plan = self._plan(site, endpoint)
         if getattr(self._local, "task_id", None) == task_id:
             self._local.task_id = ""
+        if self.fleet is not None and self.fleet.takes_part(site):
+            self.fleet.give_task(site, task_id)
         if plan.lease_keys:
             pipe = self.r.pipeline(transaction=False)
             for key in plan.lease_keys:

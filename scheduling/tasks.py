@@ -8,6 +8,10 @@ Redis keys (under the key prefix):
 
 "Still going" = the run id is in `runs:active` and its record says `running`; a run older
 than the entry's `stale_after` no longer blocks (its lost messages would block forever).
+
+An entry scheduled by change (`by_change:`) starts a run of the keys its change model says are
+due, within its budget, at every tick; runs of one entry may overlap (a key sent is not due
+again until it is stored or RETRY_AFTER passed: scheduling/recrawl/history.py).
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import requests
 from celery import shared_task
 
 import chains
+from chains import Chain, step
 from config import get_settings
 from exceptions import ChainCrawlError
 from ledger.state import RunState
 from scheduling.periodic import TRIGGER_TASK, ScheduleEntry
 from scheduling.ratelimit import effective_limits
+from scheduling.recrawl import History, Watch, recrawl_clock
 from utils.lua import load_lua
 from utils.redis import get_redis
 
@@ -71,6 +77,8 @@ def trigger(entry: ScheduleEntry) -> Outcome:
             r, entry.name, Outcome("running", reason="another trigger of this entry is deciding")
         )
     try:
+        if entry.by_change is not None:
+            return _note(r, entry.name, _trigger_by_change(r, entry))
         current = (r.hget(key, "run") or b"").decode()
         if current and r.sismember(state.active_key, current):
             info = state.info(current)
@@ -86,18 +94,63 @@ def trigger(entry: ScheduleEntry) -> Outcome:
                 r, entry.name, Outcome("skipped", reason=f"{entry.only_if_reachable} not reachable")
             )
         try:
-            handle = chains.run(entry.chain, seeds=entry.seeds, priority=entry.priority)
+            handle = chains.run(target_chain(entry), seeds=entry.seeds, priority=entry.priority)
         except ChainCrawlError as exc:  # unknown chain, bad seeds: a config problem, not a crash
-            log.error("schedule %s: cannot start chain %s: %s", entry.name, entry.chain, exc)
+            log.error("schedule %s: cannot start chain %s: %s", entry.name, entry.target, exc)
             return _note(r, entry.name, Outcome("skipped", reason=f"{type(exc).__name__}: {exc}"))
         r.hset(
             key,
-            mapping={"run": handle.run_id, "chain": entry.chain, "started": f"{time.time():.3f}"},
+            mapping={"run": handle.run_id, "chain": entry.target, "started": f"{time.time():.3f}"},
         )
-        log.info("schedule %s: started run %s of %s", entry.name, handle.run_id, entry.chain)
+        log.info("schedule %s: started run %s of %s", entry.name, handle.run_id, entry.target)
         return _note(r, entry.name, Outcome("started", handle.run_id))
     finally:
         r.eval(_UNLOCK, 1, f"{key}:lock", token)
+
+
+def target_chain(entry: ScheduleEntry) -> str | Chain:
+    """The chain an entry starts: its `chain` by name, or its one `step` as a chain of its own."""
+    if entry.chain is not None:
+        return entry.chain
+    return Chain(entry.name, step(entry.target))
+
+
+def watch_of(entry: ScheduleEntry) -> Watch:
+    """The watched set of a `by_change` entry: its site is the site of the step it starts."""
+    assert entry.by_change is not None
+    b = entry.by_change
+    root = chains.get_chain(entry.chain).root.task if entry.chain else entry.target
+    return Watch(
+        name=entry.name, site=root.split(".", 1)[0], item_type=b.item, key=b.key,
+        param=b.param or b.key, fields=tuple(b.fields), knobs=b.knobs(),
+    )  # fmt: skip
+
+
+def _trigger_by_change(r: Any, entry: ScheduleEntry) -> Outcome:
+    """One tick of a `by_change` entry: the keys due now within its budget, as one run."""
+    try:
+        watch = watch_of(entry)
+        ch = target_chain(entry)
+    except ChainCrawlError as exc:
+        log.error("schedule %s: cannot start %s: %s", entry.name, entry.target, exc)
+        return Outcome("skipped", reason=f"{type(exc).__name__}: {exc}")
+    history = History(r, get_settings().key_prefix, watch)
+    history.publish()
+    sent, dropped = history.dispatch(recrawl_clock(r).now())
+    if dropped:
+        log.info("schedule %s: %d keys dropped (sent %d times, never stored): %s", entry.name,
+                 len(dropped), len(dropped), ", ".join(dropped[:5]))  # fmt: skip
+    if not sent:
+        return Outcome("skipped", reason="no key due")
+    try:
+        handle = chains.run(ch, seeds=[{watch.param: k} for k in sent], priority=entry.priority)
+    except ChainCrawlError as exc:
+        log.error("schedule %s: cannot start %s: %s", entry.name, entry.target, exc)
+        return Outcome("skipped", reason=f"{type(exc).__name__}: {exc}")
+    r.hset(entry_key(entry.name), mapping={"run": handle.run_id, "chain": entry.target,
+                                           "started": f"{time.time():.3f}"})  # fmt: skip
+    log.info("schedule %s: %d keys due, run %s", entry.name, len(sent), handle.run_id)
+    return Outcome("started", handle.run_id, f"{len(sent)} keys due")
 
 
 def _note(r: Any, name: str, outcome: Outcome) -> Outcome:

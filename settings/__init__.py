@@ -5,6 +5,7 @@ storage.py    outbox, sinks, routing
 proxy.py      the proxy pool
 browser.py    rendered pages
 monitor.py    the exporter and alert rules
+scheduling.py change-driven re-crawls and fleet-wide shares
 suite.py      variables only the test suite reads
 sitevars.py   per-site variables (`site_env`)
 envcheck.py   the unknown-variable check a worker runs at start

@@ -34,6 +34,8 @@ TITLES = {
     "ProxySettings": "Proxy pool",
     "MonitorSettings": "Monitoring: the /metrics exporter",
     "AlertSettings": "Alert rules",
+    "RecrawlSettings": "Re-crawls that follow change",
+    "FleetSettings": "Fleet budget shared between sites",
     "SuiteSettings": "Test suite only",
 }
 

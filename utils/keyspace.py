@@ -19,6 +19,10 @@ tag) when there is one, and runs a script only when all its keys share a slot. S
 - the global proxy pool shared by every site shares `{proxy}` (`proxy()`): one slot by design;
 - the alert evaluator's state, notices and history share `{alerts}` (`alerts()`): its
   transition script touches three of them;
+- a change-watched set of keys shares `{<name>}` under `recrawl:` (`recrawl()`): its history, due
+  times and counters, which its observe and dispatch scripts touch together;
+- the fleet budget's holders, waiters and allocations share `{fleet}` (`fleet()`): the share
+  script water-fills across every site at once;
 - everything else (`runs:active`, `runs:storing`, `runs:recent`, the outbox, metrics, the set
   of throttled sites) is global, untagged.
 
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 NORUN = "{norun}"  # the hash tag of the keys of tasks without a run
 PROXY = "{proxy}"  # the hash tag of the global proxy pool's keys
 ALERTS = "{alerts}"  # the hash tag of the alert evaluator's keys
+FLEET = "{fleet}"  # the hash tag of the fleet budget's keys
 
 
 def tag(value: object) -> str:
@@ -178,3 +183,18 @@ class Keyspace:
     def alerts(self, part: str) -> str:
         """`cc:{alerts}:<part>` (samples, state, notify, history, lock): one slot."""
         return self.key(ALERTS, part)
+
+    # --- change-driven re-crawls and the fleet budget ------------------------------------------
+
+    def recrawl(self, watch: str, *parts: object) -> str:
+        """`cc:recrawl:{<watch>}:<parts>`: one watched set's keys, on one slot."""
+        return self.key("recrawl", tag(watch), *parts)
+
+    @property
+    def recrawl_watches(self) -> str:
+        """The hash of every watched set's settings (global: the observers' index of them)."""
+        return self.key("recrawl", "watches")
+
+    def fleet(self, *parts: object) -> str:
+        """`cc:{fleet}:<parts>`: the fleet budget's keys, one slot shared by every site."""
+        return self.key(FLEET, *parts)

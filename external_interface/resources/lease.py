@@ -30,6 +30,10 @@ each is atomic and a page's checkout and its release are one round trip each: a 
 both, only the holder of the current token returns it, and a ban retires the member even when
 its lease had already been reclaimed. `LeasesInFlight` keeps this process's leases of requests in flight,
 for every kind, so the provider that hears the outcome (or cancels) finds the lease.
+
+A lease guard (`set_lease_guard`) may hold every checkout to a share: the fleet budget's share
+of a kind's leases a site may have out at once (scheduling/shares.py, installed by the worker).
+A checkout it refuses gives the member back at once and says so (`Checkout.shared`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -100,6 +104,28 @@ class Checkout:
     available: int  # ready members left after this checkout
     size: int  # members in the pool (idle or lent); -1 unless the profile is `produced`
     wait: float | None  # seconds until the next member is ready (None: nothing idle)
+    shared: bool = (
+        False  # refused by the lease guard: the site is at its share, the pool is not empty
+    )
+
+
+class LeaseGuard(Protocol):
+    """Holds checkouts to a share (the fleet budget's): one unit per lease, by its token."""
+
+    def take_lease(self, kind: str, site: str, holder: str, ttl: float) -> float | None:
+        """None: taken (or no share applies); else seconds to wait before asking again."""
+        ...
+
+    def give_lease(self, kind: str, site: str, holder: str) -> None: ...
+
+
+_guard: LeaseGuard | None = None
+
+
+def set_lease_guard(guard: LeaseGuard | None) -> None:
+    """Hold every pool's checkouts to `guard`'s shares from now on (None: no guard)."""
+    global _guard
+    _guard = guard
 
 
 class LeasePool:
@@ -183,6 +209,12 @@ class LeasePool:
             wait_s = None if int(wait) < 0 else int(wait) / 1000
             return Checkout(None, int(avail), int(size), wait_s)
         mid = as_str(mid)
+        guard = _guard
+        if guard is not None:
+            wait_s = guard.take_lease(self.kind, self.site, token, lease_ttl)
+            if wait_s is not None:  # at its share: the member goes back untouched
+                self._run("release", [mid, token, "cancel"])
+                return Checkout(None, int(avail) + 1, int(size), wait_s, shared=True)
         text = self._open(mid, raw)
         lease = self._lease(mid, token, int(uses), int(float(score)), int(exp), text)
         return Checkout(lease, int(avail), int(size), 0.0)
@@ -215,6 +247,9 @@ class LeasePool:
         elif action != "cancel":
             raise ValueError(f"unknown lease action {action!r}: one of {', '.join(ACTIONS)}")
         state, size = self._run("release", args)
+        guard = _guard
+        if guard is not None:
+            guard.give_lease(self.kind, self.site, lease.token)
         return STATES[int(state)], int(size)
 
     def cancel(self, lease: Lease) -> None:

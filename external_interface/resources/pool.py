@@ -402,6 +402,12 @@ class PoolProvider:
     def prepare(self, req: OutgoingRequest, task: Any) -> None:
         co = self.pool.checkout(avoided(task, self.kind))
         self._supply(co.size)
+        if co.lease is None and co.shared:
+            cancel_leases(req)
+            raise ResourceUnavailable(
+                f"site {self.site} is at its share of the fleet's {self.kind} leases",
+                retry_after=co.wait or 0.5,
+            )
         if co.lease is None:
             cancel_leases(req)  # what other pools lent this request must not sit idle meanwhile
             wait = (

@@ -200,3 +200,22 @@ def test_redis_down_is_reported_not_raised(mon) -> None:
         server.close()
     assert code == 200
     assert value(families(text), "chaincrawl_up", "chaincrawl_up") == 0
+
+
+def test_lifecycle_hooks_are_exported_with_calls_time_and_signals(rds, populated) -> None:
+    key = populated.key("metrics", "task", "shop.web.listing")
+    base = "hook:before_store:shop.hooks.no_free"
+    rds.hset(key, mapping={f"{base}:calls": 7, f"{base}:us": 3500, f"{base}:continue": 5,
+                           f"{base}:skip": 2})  # fmt: skip
+    server, _ = serve(populated, MonitorSettings(), address="127.0.0.1", port=0, client=rds)
+    try:
+        _, _, text = scrape(server.url)
+    finally:
+        server.close()
+    fams = families(text)
+    labels = {"site": "shop", "task": "shop.web.listing", "point": "before_store",
+              "hook": "shop.hooks.no_free"}  # fmt: skip
+    assert value(fams, "chaincrawl_hook_calls", **labels) == 7
+    assert value(fams, "chaincrawl_hook_seconds", **labels) == pytest.approx(0.0035)
+    assert value(fams, "chaincrawl_hook_signals", signal="skip", **labels) == 2
+    assert value(fams, "chaincrawl_hook_signals", signal="continue", **labels) == 5

@@ -1,7 +1,8 @@
 """A tiny HTTP site that timestamps every request and tracks how many are in flight.
 
 Runs on its own event loop in a thread of the test process, so tests read its records
-directly: `hits` (monotonic time, path, tag, n) and `max_in_flight` per tag.
+directly: `hits` (monotonic time, path, tag, n), `max_in_flight` per tag, and `flights` (when
+each slow request started and ended, per tag: how many were in flight at any moment).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class SchedSite:
         self.hits: list[Hit] = []
         self.in_flight: Counter[str] = Counter()
         self.max_in_flight: Counter[str] = Counter()
+        self.flights: list[tuple[float, str, int]] = []  # (monotonic time, tag, +1 | -1)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -57,11 +59,13 @@ class SchedSite:
         with self._lock:
             self.in_flight[hit.tag] += 1
             self.max_in_flight[hit.tag] = max(self.max_in_flight[hit.tag], self.in_flight[hit.tag])
+            self.flights.append((hit.t, hit.tag, 1))
         try:
             await asyncio.sleep(float(req.query.get("s", "0.3")))
         finally:
             with self._lock:
                 self.in_flight[hit.tag] -= 1
+                self.flights.append((time.monotonic(), hit.tag, -1))
         return web.json_response({"ok": True})
 
     def start(self) -> SchedSite:

@@ -92,7 +92,19 @@ schedules:
         ("chain: c\n    every: 1h\n    seeds: []", "seeds"),
         ("chain: c\n    every: 1h\n    colour: red", "colour: Extra inputs are not permitted"),
         ("chain: c\n    every: 1h\n    only_if_reachable: localhost:80", "not an http(s) URL"),
-        ("every: 1h", "chain: Field required"),
+        ("every: 1h", "exactly one of `chain` or `step`"),
+        ("chain: c\n    step: a.b.c\n    every: 1h", "exactly one of `chain` or `step`"),
+        (
+            "step: a.b.c\n    cron: '@hourly'\n    by_change: {item: t, key: k, budget: 10}",
+            "looks for due keys `every` so often, not by cron",
+        ),
+        ("step: a.b.c\n    by_change: {item: t, key: k, budget: lots}", "not a budget"),
+        ("step: a.b.c\n    by_change: {item: t, key: k}", "by_change.budget: Field required"),
+        (
+            "step: a.b.c\n    by_change: {item: t, key: k, budget: 9, min_interval: 8d}",
+            "min_interval is longer than max_interval",
+        ),
+        ("step: a.b.c\n    by_change: {item: t, key: k, budget: 9, alpha: 2}", "alpha"),
     ],
 )
 def test_errors_name_file_entry_and_field(tmp_path, body: str, needle: str) -> None:
@@ -101,6 +113,35 @@ def test_errors_name_file_entry_and_field(tmp_path, body: str, needle: str) -> N
         load_schedule(p)
     assert f"{p}: entry 'broken'" in str(err.value)
     assert needle in str(err.value)
+
+
+def test_by_change_entries(tmp_path) -> None:
+    p = write(
+        tmp_path,
+        """
+schedules:
+  posts:
+    step: demo.h5.detail
+    by_change: {item: demo.post, key: post_id, fields: [likes], budget: 100/h, max_interval: 3d}
+  users:
+    chain: demo_users
+    every: 5m
+    by_change: {item: demo.user, key: user_id, param: uid, budget: 500}
+""",
+    )
+    posts, users = load_schedule(p).entries
+    assert posts.target == "demo.h5.detail" and posts.interval == 60  # looks every minute
+    knobs = posts.by_change.knobs()  # type: ignore[union-attr]
+    assert (knobs.budget, knobs.min_interval, knobs.max_interval, knobs.alpha) == (
+        2400,
+        600,
+        3 * 86400,
+        0.9,
+    )
+    assert users.by_change.param == "uid" and users.interval == 300  # type: ignore[union-attr]
+    assert "by change of demo.post.post_id within 2400 pages/day" in posts.when()
+    bs = beat_schedule(load_schedule(p))["chain:posts"]
+    assert ScheduleEntry.model_validate({**bs["args"][1], "name": "posts"}) == posts
 
 
 def test_file_level_errors(tmp_path) -> None:

@@ -85,9 +85,12 @@ class ChannelPool(LeasePool):
     ) -> ProxyLease | None:
         """Lend the least-used proxy not in `avoid`, refilling from the global pool when the
         channel runs low (at most once per `refill_interval` per instance). `avoid` is a
-        preference: when every proxy of the channel is in it, the least used is lent anyway."""
+        preference: when every proxy of the channel is in it, the least used is lent anyway.
+        None when nothing is free, or the site is at its share of the fleet's proxy leases."""
         ttl = self.settings.lease_ttl if lease_ttl is None else lease_ttl
         co = self.take(avoid, ttl, fallback=False)
+        if co.shared:  # the site is at its share of the fleet's proxies: a refill cannot help
+            return None
         low = co.lease is None or co.available < self.settings.refill_below
         due = time.monotonic() - self._last_refill >= self.settings.refill_interval
         if low and due:

@@ -67,7 +67,10 @@ class ChannelProxyProvider:
     def prepare(self, req: OutgoingRequest, task: TaskState) -> None:
         lease = self.channel.checkout(avoid=avoided_proxies(task))
         if lease is None:
-            raise ResourceUnavailable(f"no proxy free for site {self.site}", retry_after=2.0)
+            raise ResourceUnavailable(
+                f"no proxy free for site {self.site} (or it is at its fleet share of proxies)",
+                retry_after=2.0,
+            )
         IN_FLIGHT.put(req, self.channel, lease)
         req.proxy = lease.url
 

@@ -46,10 +46,13 @@ from __future__ import annotations
 from external_interface.storage.outbox.cluster import ClusterDrainer, drainer_class
 from external_interface.storage.outbox.drainer import (
     Drainer,
+    EntriesHook,
+    EntriesRefused,
     RunsHook,
     StoredHook,
     on_runs_stored,
     on_stored,
+    on_stored_entries,
 )
 from external_interface.storage.outbox.entries import (
     GROUP,
@@ -74,6 +77,8 @@ __all__ = [
     "GROUP",
     "ClusterDrainer",
     "Drainer",
+    "EntriesHook",
+    "EntriesRefused",
     "OutboxEntry",
     "OutboxStream",
     "RunsHook",
@@ -87,6 +92,7 @@ __all__ = [
     "errors_key",
     "on_runs_stored",
     "on_stored",
+    "on_stored_entries",
     "outbox_entry_fields",
     "outbox_streams",
     "requeue_dead",

@@ -39,6 +39,23 @@ SETTLE_EVERY = 0.5  # seconds between two `settle` calls while the drainer holds
 
 StoredHook = Callable[[str, list[dict[str, Any]]], None]
 on_stored: list[StoredHook] = []  # called with (item_type, items) after all sinks confirmed
+EntriesHook = Callable[[str, list[OutboxEntry]], None]
+# called with (item_type, entries) after the `on_stored` hooks, for hooks that need each
+# entry's run and task (lifecycle/hooks.py, `after_store`); EntriesRefused sets some apart
+on_stored_entries: list[EntriesHook] = []
+
+
+class EntriesRefused(Exception):
+    """An entries hook refuses some entries: `dead` ones for good (to the dead letters with the
+    reason), `again` ones for now (written and hooked again later); the others of the batch are
+    acknowledged. Any other exception retries the whole batch."""
+
+    def __init__(self, dead: Mapping[str, str], again: Iterable[str] = ()) -> None:
+        super().__init__(f"{len(dead)} entries refused by a hook, {len(set(again))} for now")
+        self.dead = dict(dead)  # entry id -> why
+        self.again = set(again)
+
+
 RunsHook = Callable[[list[str]], None]
 # called with the run ids whose `stored`/`store_failed` counters a batch moved, once they
 # are written: the worker compacts the runs this completed (ledger/state.py `compact`)
@@ -424,8 +441,11 @@ class Drainer:
         for item_type, group in stored:
             try:
                 self._run_hooks(item_type, group)
-                acked += group
-                if self.hooks:
+                refused, again = self._run_entry_hooks(item_type, group)
+                dead += [(e, refused[e.id], "after_store") for e in group if e.id in refused]
+                retry += [e for e in group if e.id in again and e.id not in refused]
+                acked += [e for e in group if e.id not in refused and e.id not in again]
+                if self.hooks or on_stored_entries:
                     healthy.add("on_stored")
             except Exception as e:
                 log.exception("outbox: on_stored hook failed for %s; will retry", item_type)
@@ -470,6 +490,21 @@ class Drainer:
                 if error is None or isinstance(e, PermanentSinkError):
                     error = e
         return error
+
+    def _run_entry_hooks(
+        self, item_type: str, entries: Sequence[OutboxEntry]
+    ) -> tuple[dict[str, str], set[str]]:
+        """The entries hooks; -> (entries refused for good, with the reason; entries to
+        write and hook again later)."""
+        refused: dict[str, str] = {}
+        again: set[str] = set()
+        for hook in on_stored_entries:
+            try:
+                hook(item_type, [e for e in entries if e.id not in refused and e.id not in again])
+            except EntriesRefused as exc:
+                refused.update(exc.dead)
+                again |= exc.again
+        return refused, again
 
     def _run_hooks(self, item_type: str, entries: Sequence[OutboxEntry]) -> None:
         if not self.hooks:

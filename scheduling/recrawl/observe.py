@@ -1,0 +1,96 @@
+"""The observer: every stored item of a watched type is a visit of its key.
+
+It runs where items are known to be stored: the outbox drainer's `on_stored` hooks (the worker
+registers `Observer.hook`), after every sink confirmed them. For each watched set of the item
+type it marks the items' watched values in the set's dedup store (`recrawl:<watch>`), which
+says for each key whether its value changed since its last visit, and records the visits in
+the set's history (history.py), which plans each key's next visit. A hook is called at least
+once: a repeated batch finds its values unchanged and its keys just visited, and counts nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from external_interface.dedup import RedisDedup, Status
+from scheduling.recrawl.history import History, Observed
+from scheduling.recrawl.watch import Watch
+from utils.clock import Clock
+from utils.keyspace import Keyspace
+from utils.redis import as_str
+
+
+def dedup_for(client: Any, prefix: str, watch: Watch) -> RedisDedup:
+    """The dedup store judging a watched set's values (one namespace per watch)."""
+    return RedisDedup(f"recrawl:{watch.name}", client, prefix=prefix)
+
+
+class WatchStores:
+    """A watched set's dedup store and history, built once (a dedup store reads its layout on
+    first use: a few round trips a process, not a batch)."""
+
+    def __init__(self, client: Any, prefix: str, watch: Watch) -> None:
+        self.watch = watch
+        self.dedup = dedup_for(client, prefix, watch)
+        self.history = History(client, prefix, watch)
+
+    def observe(self, items: Sequence[Mapping[str, Any]], now: float) -> Observed:
+        """Visits of the watch's keys: the items' values marked in its dedup store (which
+        judges each changed or not), then recorded in its history. Items without the key
+        are ignored."""
+        w = self.watch
+        keyed = [(k, it) for it in items if (k := w.key_of(it)) is not None]
+        if not keyed:
+            return Observed()
+        seen = self.dedup.mark_many([k for k, _ in keyed], [w.value_of(it) for _, it in keyed])
+        return self.history.observe(
+            ((k, s.status is Status.CHANGED) for (k, _), s in zip(keyed, seen, strict=True)), now
+        )
+
+
+def observe_items(
+    client: Any, prefix: str, watch: Watch, items: Sequence[Mapping[str, Any]], now: float
+) -> Observed:
+    """`WatchStores.observe` for one batch (a caller observing often keeps a WatchStores)."""
+    return WatchStores(client, prefix, watch).observe(items, now)
+
+
+class Observer:
+    """The drainer hook: which item types are watched is read from the state store (written
+    by each watch's trigger tick) and kept for `refresh` seconds."""
+
+    def __init__(
+        self, client: Any, prefix: str, clock: Clock, refresh: float = 5.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.r, self.prefix, self.clock, self.refresh = client, prefix, clock, refresh
+        self._monotonic = monotonic
+        self._key = Keyspace(prefix).recrawl_watches
+        self._by_type: dict[str, list[WatchStores]] = {}
+        self._read_at: float | None = None
+
+    def watches(self) -> dict[str, list[WatchStores]]:
+        """The watched sets by item type, read again every `refresh` seconds (a set whose
+        settings did not change keeps its stores)."""
+        now = self._monotonic()
+        if self._read_at is None or now - self._read_at >= self.refresh:
+            known = {ws.watch: ws for group in self._by_type.values() for ws in group}
+            by_type: dict[str, list[WatchStores]] = {}
+            for raw in self.r.hgetall(self._key).values():
+                w = Watch.from_dict(orjson.loads(as_str(raw)))
+                ws = known.get(w) or WatchStores(self.r, self.prefix, w)
+                by_type.setdefault(w.item_type, []).append(ws)
+            self._by_type, self._read_at = by_type, now
+        return self._by_type
+
+    def hook(self, item_type: str, items: list[dict[str, Any]]) -> None:
+        watched = self.watches().get(item_type)
+        if not watched:
+            return
+        now = self.clock.now()
+        for ws in watched:
+            ws.observe(items, now)
