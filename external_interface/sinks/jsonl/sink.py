@@ -39,6 +39,7 @@ from config.storage import get_storage_settings
 from external_interface.sinks.base import (
     Origin,
     PermanentSinkError,
+    Policies,
     SinkError,
     entry_version,
     key_values,
@@ -68,6 +69,7 @@ class JsonlSink:
         fsync: bool = True,
         mode: str = "latest",
         compact_after: float = 1.0,
+        policies: Policies | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"jsonl mode {mode!r}: expected one of {', '.join(MODES)}")
@@ -79,16 +81,18 @@ class JsonlSink:
         self.fsync = fsync
         self.mode = mode
         self.compact_after = compact_after
+        self.policies = policies or Policies()
         self._stores: dict[str, TypeStore] = {}
         self._stores_lock = threading.Lock()
         self._horizon: int | None = None  # entry version below which nothing is redelivered
         self._next_compact: dict[str, float] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> JsonlSink:
+    def from_settings(cls, settings: Settings, policies: Policies | None = None) -> JsonlSink:
         ss = get_storage_settings()
         return cls(
-            ss.jsonl_root(settings.var_dir),
+            policies=policies,
+            root=ss.jsonl_root(settings.var_dir),
             max_bytes=ss.jsonl_max_bytes,
             max_age=ss.jsonl_max_age,
             fsync=ss.jsonl_fsync,
