@@ -45,7 +45,9 @@ from external_interface.sinks.base import (
     key_values,
     safe_name,
 )
+from external_interface.sinks.history import Version
 from external_interface.sinks.jsonl.compact import compact
+from external_interface.sinks.jsonl.history import history
 from external_interface.sinks.jsonl.read import DUMPS_OPTS
 from external_interface.sinks.jsonl.store import Group, TypeStore
 
@@ -161,6 +163,10 @@ class JsonlSink:
     def close(self) -> None:
         return None
 
+    def history(self, item_type: str, key: Sequence[Any]) -> list[Version]:
+        """The versions of the type's tracked fields for one key (`control.sh items --history`)."""
+        return history(item_type, key, self.policies.for_type(item_type).track, self.root)
+
     # --- internals -------------------------------------------------------------------------
 
     def _compact(self, st: TypeStore, quiet_for: float) -> int:
@@ -171,7 +177,7 @@ class JsonlSink:
                 return 0
             if quiet_for and time.time() - os.stat(st.journal).st_mtime < quiet_for:
                 return 0  # still being written: wait for a quiet moment
-            dropped = compact(st, self.max_bytes)
+            dropped = compact(st, self.max_bytes, self.policies.for_type(st.item_type).track)
         took = time.monotonic() - started
         self._next_compact[st.name] = time.monotonic() + took * (1 - DUTY) / DUTY
         if dropped:
