@@ -137,6 +137,13 @@ def _core_commands(sub: Any) -> None:
     )
     ru.set_defaults(fn="cmd_runs")
 
+    rp = sub.add_parser("report", help="how the crawls went, as one self-contained HTML file")
+    rp.add_argument("run_id", nargs="?", help="one run (default: the runs of the last 24 h)")
+    rp.add_argument("--site", help="only the runs of this site's chains")
+    rp.add_argument("--since", help="the runs started within this long: 90m, 24h (default), 7d")
+    rp.add_argument("--out", "-o", default="report.html", help="the file to write (report.html)")
+    rp.set_defaults(fn="cli.report:main")
+
     for name, what, reason in (
         ("cancel", "stop a run (workers and other runs go on)", "kept with the run"),
         ("pause", "hold a run without losing its place (resume goes on)",

@@ -53,6 +53,7 @@ import logging
 import math
 import struct
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -68,6 +69,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; this is only 
     _pack_command = None
 
 from exceptions import ConfigError
+from monitor.metrics import aggregator
 from utils.lua import load_lua
 from utils.redis import is_cluster
 from utils.registry import Registry
@@ -380,6 +382,7 @@ class RedisDedup(DedupBase):
         self.clock = clock
         self.base = f"{prefix}:dedup:{namespace}"
         self.meta_key = f"{self.base}:meta"
+        self.stats_key = f"{prefix}:dedupstats:{namespace}"  # monitor.timeseries reads it
         self.max_ops_per_call = max_ops_per_call
         self._explicit = layout
         self._planned = layout or Layout.plan(
@@ -432,7 +435,12 @@ class RedisDedup(DedupBase):
     def mark_many(
         self, ids: Sequence[Id], values: Sequence[Value] | None = None, *, refresh: bool = False
     ) -> list[Seen]:
-        return self._run(2 if refresh else 1, ids, values)
+        seen = self._run(2 if refresh else 1, ids, values)
+        # what the marks found, summed per process with the task metrics (the report's
+        # change rates): no round trip of its own
+        counts = Counter(s.status.name.lower() for s in seen)
+        aggregator().add((self.stats_key,), counts)
+        return seen
 
     def _run(self, mode: int, ids: Sequence[Id], values: Sequence[Value] | None) -> list[Seen]:
         n = len(ids)

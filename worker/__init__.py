@@ -33,6 +33,7 @@ from ledger import broker
 from ledger.state import RunState
 from ledger.workers import Beat, TaskSets
 from monitor.metrics import aggregator
+from monitor.timeseries import Sampler
 from utils import affinity, broker_drops, kombu_guard, logsafe, unacked_owners
 from utils.redis import get_redis
 
@@ -67,6 +68,7 @@ configure(settings)
 
 _drainer: Drainer | None = None
 _sweeper: Sweeper | None = None
+_sampler: Sampler | None = None
 _beat: Beat | None = None
 _background_lock = threading.Lock()
 _pinned = ""  # what _pin_core did, logged at worker_ready
@@ -175,6 +177,18 @@ def _start_drainer(**kw: Any) -> None:
                 s, runs_hooks=[lambda rids: compact_quietly(state, rids)]
             )
             _drainer.start_thread()
+
+
+@signals.worker_ready.connect
+def _start_sampler(**kw: Any) -> None:
+    """Each worker process also samples the numbers the report shows over time, one process
+    of the fleet per interval (monitor/timeseries.py)."""
+    global _sampler
+    with _background_lock:
+        if _sampler is None:
+            s = get_settings()
+            _sampler = Sampler(get_redis(s.redis_url), s)
+            _sampler.start_thread()
 
 
 @signals.worker_ready.connect
