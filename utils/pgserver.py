@@ -73,7 +73,8 @@ def available() -> str:
 class PostgresServer:
     """`start()`, `stop()` (and `start()` again: an outage), `close()` removes its folder."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, durable: bool = False) -> None:
+        self.durable = durable  # False (tests): no fsync, no synchronous commit
         # a folder of its own in the system's temp dir: a test's tmp_path is root's alone
         # (0700), where the server's user could not reach its files
         self.root = Path(tempfile.mkdtemp(prefix="cc-pg-"))
@@ -117,10 +118,11 @@ class PostgresServer:
         cmd = [
             *self.prefix, str(self.bin / "postgres"), "-D", str(self.data),
             "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
-            "-c", f"unix_socket_directories={self.root}", "-c", "fsync=off",
-            "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+            "-c", f"unix_socket_directories={self.root}",
             "-c", "max_connections=50", "-c", "shared_buffers=32MB",
         ]  # fmt: skip
+        if not self.durable:
+            cmd += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
