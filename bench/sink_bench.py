@@ -51,7 +51,9 @@ def demo_items(users: int) -> dict[str, list[dict[str, Any]]]:
     for i in range(1, ds.total_posts + 1):
         p = ds.post(f"p{i}")
         assert p is not None
-        out[Post.item_type].append(Post.from_api(ds.with_author(p, full=True)).model_dump(mode="json"))
+        out[Post.item_type].append(
+            Post.from_api(ds.with_author(p, full=True)).model_dump(mode="json")
+        )
     for i in range(1, ds.total_comments + 1):
         c = ds.comment(f"c{i}")
         assert c is not None
@@ -88,7 +90,9 @@ def changed(items: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, 
             for t, rows in items.items()}  # fmt: skip
 
 
-def timed(sink: Sink, work: list[tuple[str, list[str], list[dict[str, Any]], list[Origin]]]) -> float:
+def timed(
+    sink: Sink, work: list[tuple[str, list[str], list[dict[str, Any]], list[Origin]]]
+) -> float:
     t0 = time.perf_counter()
     for item_type, keys, rows, origins in work:
         sink.write(item_type, keys, rows, origins=origins)
@@ -123,7 +127,9 @@ class Nx:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.sink_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.sink_bench", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--users", type=int, default=100, help="demo users (x5 posts, x25 comments)")
     ap.add_argument("--sinks", default="jsonl,mongo,postgres")
     ap.add_argument("--repeat", type=int, default=3)
@@ -172,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
                 run += 1
                 sink = makers[name](run)
                 try:
-                    for phase, work in (("insert", insert), ("update", update), ("redeliver", update)):
+                    for phase, work in (
+                        ("insert", insert),
+                        ("update", update),
+                        ("redeliver", update),
+                    ):
                         results[name].setdefault(phase, []).append(total / timed(sink, work))
                 finally:
                     sink.close()

@@ -31,6 +31,7 @@ from config import Settings, get_settings
 from config.monitor import get_monitor_settings
 from ledger.state import RunState
 from monitor import health
+from monitor.metrics import read_hashes
 from utils.keyspace import Keyspace
 
 log = logging.getLogger("chaincrawl.series")
@@ -54,21 +55,6 @@ def dedup_stats_key(prefix: str, namespace: str) -> str:
     return f"{prefix}:dedupstats:{namespace}"
 
 
-def _hashes(client: Any, base: str) -> dict[str, dict[str, int]]:
-    """Every hash `base` + NAME, by NAME."""
-    keys = sorted(client.scan_iter(match=base + "*", count=500))
-    if not keys:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for k in keys:
-        pipe.hgetall(k)
-    out = {}
-    for k, raw in zip(keys, pipe.execute(), strict=True):
-        name = (k.decode() if isinstance(k, bytes) else k)[len(base) :]
-        out[name] = {f.decode(): int(v) for f, v in raw.items()}
-    return out
-
-
 def _pick(
     m: Mapping[str, int], fields: tuple[str, ...], prefixes: tuple[str, ...]
 ) -> dict[str, int]:
@@ -77,9 +63,9 @@ def _pick(
 
 def fleet_point(client: Any, s: Settings, now: float) -> dict[str, Any]:
     """The fleet-wide totals now (the task and site metrics, pools, dedup marks)."""
-    tasks = _hashes(client, s.key("metrics", "task", ""))
-    sites = _hashes(client, s.key("metrics", "site", ""))
-    dedup = _hashes(client, dedup_stats_key(s.key_prefix, ""))
+    tasks = read_hashes(client, s.key("metrics", "task", ""))
+    sites = read_hashes(client, s.key("metrics", "site", ""))
+    dedup = read_hashes(client, dedup_stats_key(s.key_prefix, ""))
     pools = {h.name: [h.size, h.bans, h.produced] for h in health.collect(client, s)}
     return {
         "t": round(now, 3),

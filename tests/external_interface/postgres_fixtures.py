@@ -4,6 +4,7 @@ reason; the machine's own PostgreSQL is never touched."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -12,16 +13,23 @@ import pytest
 from utils.pgserver import PostgresServer, available
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
+@contextlib.contextmanager
+def private_server() -> Iterator[PostgresServer]:
+    """A server of the caller's own (one it may stop and start: an outage), or a skip."""
     why = available()
     if why:
-        pytest.skip(f"postgres sink tests need a server: {why}")
+        pytest.skip(f"needs a PostgreSQL server: {why}")
     server = PostgresServer().start()
     try:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    with private_server() as server:
+        yield server
 
 
 @pytest.fixture

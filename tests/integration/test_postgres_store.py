@@ -14,7 +14,8 @@ import chains
 from demo.testing import DemoServer
 from external_interface.outbox import backlog
 from external_interface.sinks.base import Policies
-from utils.pgserver import PostgresServer, available
+from tests.external_interface.postgres_fixtures import private_server
+from utils.pgserver import PostgresServer
 from utils.redis import get_redis
 
 pytestmark = pytest.mark.integration
@@ -29,14 +30,8 @@ WORKER_ENV = {
 
 @pytest.fixture
 def pg() -> Iterator[PostgresServer]:
-    why = available()
-    if why:
-        pytest.skip(f"needs a PostgreSQL server: {why}")
-    server = PostgresServer().start()
-    try:
+    with private_server() as server:  # its own: the test stops and starts it
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,9 @@ class PostgresSink:
             open=False,
             name="chaincrawl-postgres",
             check=ConnectionPool.check_connection,
+            # give up reconnecting in the background after `timeout`: its backoff would
+            # otherwise grow to minutes during an outage; the drainer's next write asks again
+            reconnect_timeout=timeout,
             kwargs={
                 "connect_timeout": max(1, math.ceil(timeout)),
                 "application_name": "chaincrawl",
