@@ -82,7 +82,8 @@ def test_the_report_shows_the_runs_numbers(
     assert sum(x["errors"] for x in line) == errors and len(line) >= 2
     assert polylines >= 3
     # errors by type and endpoint: the retries of the soft failures, on the demo's endpoints
-    retried = sum(e["n"] for e in data["errors"] if e["outcome"] == "retried")
-    assert retried >= tt["retried"] and all(e["task"].startswith("demo.") for e in data["errors"])
-    assert {r["site"] for r in data["latency"]} == {"demo"}
+    retried = sum(e["n"] for e in data["errors"]
+                  if e["outcome"] == "retried" and e["task"].startswith("demo."))  # fmt: skip
+    assert retried >= tt["retried"]  # the window, or the totals since the counters began
+    assert "demo" in {r["site"] for r in data["latency"]}  # (other tests' sites too, in a suite)
     assert (tmp_path / "report.png").stat().st_size > 10_000
