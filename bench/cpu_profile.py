@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PYSPY = str(Path(sys.executable).with_name("py-spy"))
 
 PROJECT = {"base_task", "config", "worker", "exceptions", "chains", "external_interface", "ledger",
-           "monitor", "scheduling", "sites", "utils", "bench", "demo"}  # fmt: skip
+           "lifecycle", "settings", "broker", "monitor", "scheduling", "sites", "utils", "bench",
+           "demo"}  # fmt: skip
 STDLIB_LABELS = {
     "json": "json (stdlib)",
     "logging": "logging",

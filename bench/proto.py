@@ -37,7 +37,7 @@ IN_CORE = {
     "evalsha": "ledger.state.RunState.run_commits",
     "batchpublish": "ledger.publish.Publisher",
     "urllib3": "CHAINCRAWL_FETCHER (default urllib3)",
-    "orjson": "ledger.broker.use_orjson",
+    "orjson": "broker.app.use_orjson",
     "brokerpool": "CHAINCRAWL_BROKER_MAX_CONNECTIONS",
     "lazyattrs": "external_interface.fetch.lazy",
     "batch": "CHAINCRAWL_BATCH / CHAINCRAWL_BATCH_BACKLOG",
@@ -138,7 +138,7 @@ def _p_slots(app: Any, wanted: set[str]) -> None:
 
     from celery import signals
 
-    from external_interface import fetch as fetch_mod
+    from external_interface.fetch import limits as fetch_mod
 
     rows: list[tuple[float, float, float, float, str]] = []
     plain = fetch_mod.LimitedFetcher.fetch

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from config.proxy import ProxySettings
-from external_interface.proxy.channel import ChannelPool
-from external_interface.proxy.models import ProxyAddress
-from external_interface.proxy.pool import GlobalPool
+from external_interface.resources.proxy.channel import ChannelPool
+from external_interface.resources.proxy.models import ProxyAddress
+from external_interface.resources.proxy.pool import GlobalPool
+from settings.proxy import ProxySettings
 from utils.servers import RedisServer
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from external_interface.pool import Pool, PoolConfig
+from external_interface.resources.pool import Pool, PoolConfig
 from utils.seal import Sealer
 from utils.secretfile import new_key
 from utils.servers import RedisServer

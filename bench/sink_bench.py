@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from demo.data import Dataset
-from external_interface.sinks.base import Origin, Policies, Sink
-from external_interface.sinks.jsonl import JsonlSink
+from external_interface.storage.sinks.base import Origin, Policies, Sink
+from external_interface.storage.sinks.jsonl import JsonlSink
 from sites.demo.items import Comment, Post, User
 from utils.pgserver import PostgresServer, available
 from utils.servers import free_port, wait_for_port
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         servers["jsonl"] = root
         makers["jsonl"] = lambda i: JsonlSink(root / f"r{i}", policies=policies())
     if "mongo" in names:
-        from external_interface.sinks.mongo import MongoSink
+        from external_interface.storage.sinks.mongo import MongoSink
 
         nx = servers["mongo"] = Nx()
         makers["mongo"] = lambda i: MongoSink(nx.url, f"bench{i}", policies=policies())
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             import psycopg
 
-            from external_interface.sinks.postgres import PostgresSink
+            from external_interface.storage.sinks.postgres import PostgresSink
 
             pg = servers["postgres"] = PostgresServer(durable=True).start()
 

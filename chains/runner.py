@@ -13,11 +13,11 @@ import orjson
 from celery import Celery
 
 import sites
-from base_task import queue_for, runtime
+from broker.app import default_app
+from broker.workers import TaskSets
 from chains.registry import get_chain
 from config import get_settings
 from exceptions import ParamsError, UnknownChainError
-from ledger.broker import default_app
 from ledger.meta import TaskMeta
 from ledger.model import Chain, chain_from_dict
 from ledger.publish import send_kid
@@ -33,7 +33,8 @@ from ledger.state import (
     stalled_resends,
     step_counters,
 )
-from ledger.workers import TaskSets
+from lifecycle import runtime
+from lifecycle.endpoints import queue_for
 from utils.redis import get_redis
 
 log = logging.getLogger("chaincrawl.runs")
@@ -221,7 +222,7 @@ def pause(run_id: str, reason: str = "") -> Paused:
 def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     """Let a paused run go on: what waits is sent now (up to the run's cap, the rest as its
     tasks finish). A run that is not paused is left as it is (`was` says so). `app`: the
-    Celery app to send with (default: `ledger.broker.default_app()`)."""
+    Celery app to send with (default: `broker.app.default_app()`)."""
     app = app or default_app()
     settings = get_settings()
     state = RunState(get_redis(), settings)
@@ -250,7 +251,7 @@ def run(
     workers know every task of the chain (`WorkersOutdated` if one lacks one; a warning in
     `RunHandle.note` when no worker is up), record the run and its chain definition in Redis,
     and send the root tasks. Returns at once. `app`: the Celery app to send with (default:
-    `ledger.broker.default_app()`, the worker's where one runs)."""
+    `broker.app.default_app()`, the worker's where one runs)."""
     app = app or default_app()
     ch = chain if isinstance(chain, Chain) else get_chain(chain)
     settings = get_settings()

@@ -10,11 +10,11 @@ prefetched are; one held there for twice the visibility timeout counts as lost),
 run's backpressure list - and not committed, has lost that message:
 the sweeper sends it again with its task id. A re-send of a message that was not in fact lost is
 harmless (the commit runs once per task id); the stall condition and a second look after
-`confirm` seconds keep that rare. A task id a worker refused as unknown (ledger/workers.py,
-base_task/unknown.py) is never re-sent: the worker dead-lettered it, naming the fix.
+`confirm` seconds keep that rare. A task id a worker refused as unknown (broker/workers.py,
+lifecycle/unknown.py) is never re-sent: the worker dead-lettered it, naming the fix.
 
 The same pass first gives back the unacknowledged messages of dead workers (heartbeat gone for
-`dead_worker_after` seconds; utils/unacked_owners.py), which kombu would restore only after the
+`dead_worker_after` seconds; broker/owners.py), which kombu would restore only after the
 visibility timeout. A death is also the moment a message can have been lost (the killed worker
 may have popped one it had not yet recorded), and so is a restart of the broker's Redis (a
 popped message whose reply never reached its worker): after either, the pass checks the ledger
@@ -42,12 +42,12 @@ import orjson
 import redis
 
 from base_task import queue_for
+from broker import drops, owners
+from broker.workers import TaskSets
 from config import Settings, get_settings
 from ledger.batching import BATCH_TASK
 from ledger.publish import send_kid
 from ledger.state import RunState
-from ledger.workers import TaskSets
-from utils import broker_drops, unacked_owners
 from utils.lua import script
 from utils.redis import get_redis
 
@@ -140,7 +140,7 @@ def broker_task_ids(
 class Sweeper:
     """Finds stalled runs and re-sends the ledger entries the broker no longer holds.
 
-    `send(kid)` publishes one message (`base_task.send_kid` with the worker's app)."""
+    `send(kid)` publishes one message (`ledger.publish.send_kid` with the worker's app)."""
 
     def __init__(
         self,
@@ -188,7 +188,7 @@ class Sweeper:
         s = settings or get_settings()
         if not s.redis_broker or (s.sweep_stall <= 0 and s.dead_worker_after <= 0):
             return None
-        restore = unacked_owners.restorer(app) if s.dead_worker_after > 0 else None
+        restore = owners.restorer(app) if s.dead_worker_after > 0 else None
         return cls(
             get_redis(s.redis_url),
             get_redis(s.broker_url),
@@ -329,7 +329,7 @@ class Sweeper:
         if self.restore is None or self.dead_after <= 0:
             return 0
         n = 0
-        found = unacked_owners.orphans(self.broker, self.broker_prefix, self.dead_after,
+        found = owners.orphans(self.broker, self.broker_prefix, self.dead_after,
                                        self.confirm, self.sleep)  # fmt: skip
         for who, tags in found.items():
             k = self.restore(tags) if tags else 0
@@ -338,7 +338,7 @@ class Sweeper:
             n += k
         if found:  # it may have popped a message it never recorded: check every run now
             self.check_all = self.check_all or "a worker died"
-            unacked_owners.forget(self.broker, self.broker_prefix, found)
+            owners.forget(self.broker, self.broker_prefix, found)
         if n:  # shown by `control.sh status` and the exporter
             self.r.hincrby(self.s.key("metrics", "broker"), "dead_worker_restored", n)
         self.restored += n
@@ -359,33 +359,33 @@ class Sweeper:
         return restarted
 
     def note_connection_drops(self) -> None:
-        """Hand this process's broker connection drops (utils/broker_drops.py) to whichever
+        """Hand this process's broker connection drops (broker/drops.py) to whichever
         process sweeps next: its pass checks every active run."""
-        whys = broker_drops.take()
+        whys = drops.take()
         if not whys:
             return
         try:
             self.r.set(self.check_key, whys[-1], ex=3600)
         except redis.RedisError:
-            broker_drops.put_back(whys)
+            drops.put_back(whys)
             raise
 
     def restore_held_before_drop(self, now: float | None = None) -> int:
         """Give back what this process took before its broker connection dropped (and still
         holds: its ack or reject failed, or it is still running, then it runs twice, which a
         task's commit allows); -> messages restored. Two intervals after the drop."""
-        who = unacked_owners.owner()
+        who = owners.owner()
         if self.restore is None or who is None:
             return 0
-        at = broker_drops.dropped_before(time.time() if now is None else now, 2 * self.interval)
+        at = drops.dropped_before(time.time() if now is None else now, 2 * self.interval)
         if at is None:
             return 0
         try:
-            tags = [t for t, taken in unacked_owners.held_since(self.broker, self.broker_prefix,
+            tags = [t for t, taken in owners.held_since(self.broker, self.broker_prefix,
                                                                 who).items() if taken < at]  # fmt: skip
             n = self.restore(tags) if tags else 0
         except redis.RedisError:
-            broker_drops.put_back_drop(at)
+            drops.put_back_drop(at)
             raise
         if n:
             log.warning("%d message(s) taken before the broker connection dropped given back "
@@ -403,7 +403,7 @@ class Sweeper:
     def compact_finished(self) -> list[str]:
         """Compact the newest runs that are complete and stored but not compacted yet: the
         drainer that stores a run's last items does it, unless that drainer runs on its own
-        (`python -m external_interface.outbox`) without the worker's hook."""
+        (`python -m external_interface.storage.outbox`) without the worker's hook."""
         return self.state.compact_settled(self.state.recent(COMPACT_LOOK))
 
     def sweep_once(self) -> int:

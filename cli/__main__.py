@@ -249,13 +249,13 @@ def cmd_config(a: argparse.Namespace) -> None:
     """The CHAINCRAWL_* variables set (names only: values may be secrets), and any that
     nothing reads; `--list`: every variable chaincrawl reads, with its default."""
     if a.list:
-        from config import reference
+        from settings import reference
 
         print(reference.markdown())
         return
     import sites
-    from config import envcheck
-    from external_interface.pool import known_kinds
+    from external_interface.resources.pool import known_kinds
+    from settings import envcheck
 
     names = envcheck.set_names()
     print(f"{len(names)} CHAINCRAWL_* variable(s) set" + (": " + ", ".join(names) if names else ""))

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from exceptions import ConfigError
-from external_interface.proxy.tasks import PROXY_BEAT_SCHEDULE
+from external_interface.resources.proxy.tasks import PROXY_BEAT_SCHEDULE
 from scheduling.periodic import DEFAULT_SCHEDULE, run_beat
 from worker import app
 

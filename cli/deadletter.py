@@ -12,11 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from base_task import queue_for
+from broker.workers import TaskSets
 from cli import UserError
 from cli.tables import Fit, Part, ident_column
 from ledger.publish import send_kid
 from ledger.state import RunState
-from ledger.workers import TaskSets
 from monitor.deadletter import DeadLetterStore
 from utils.redis import get_redis
 

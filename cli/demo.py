@@ -53,7 +53,7 @@ def start_demo_site(s: Settings, a: argparse.Namespace) -> str:
 
 def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] | None) -> Table:
     from base_task import get_endpoint
-    from external_interface.sinks.jsonl import default_root, read_items, type_files
+    from external_interface.storage.sinks.jsonl import default_root, read_items, type_files
     from monitor.deadletter import DeadLetterStore
     from utils.redis import get_redis
 

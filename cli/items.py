@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from cli import UserError, itemviews
-from external_interface.export import FORMATS, export
-from external_interface.sinks.jsonl import default_root, item_types, read_items, type_files
+from external_interface.storage.export import FORMATS, export
+from external_interface.storage.sinks.jsonl import default_root, item_types, read_items, type_files
 from utils.registry import UnknownNameError
 
 

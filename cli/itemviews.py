@@ -21,10 +21,10 @@ import sites
 from cli import UserError
 from config import get_settings
 from exceptions import ConfigError
-from external_interface.columnar import export_parquet
-from external_interface.sinks.base import SinkError
-from external_interface.sinks.history import Version
-from external_interface.storage import Sink, sink_registry, split_names, type_policies
+from external_interface.storage.columnar import export_parquet
+from external_interface.storage.routing import Sink, sink_registry, split_names, type_policies
+from external_interface.storage.sinks.base import SinkError
+from external_interface.storage.sinks.history import Version
 from utils.registry import UnknownNameError
 
 HISTORY_SINKS = ("postgres", "mongo", "jsonl")  # the sinks that keep field history

@@ -28,7 +28,7 @@ def _settings() -> Any:
 
 
 def _monitor_settings(a: argparse.Namespace) -> Any:
-    from config.monitor import MonitorSettings
+    from settings.monitor import MonitorSettings
 
     ms = MonitorSettings()
     if getattr(a, "address", None):
@@ -49,9 +49,9 @@ def _alert_config(a: argparse.Namespace) -> Any:
 
 def run(a: argparse.Namespace) -> None:
     """Foreground: exporter thread + evaluator loop until a signal."""
-    from config.monitor import AlertSettings
     from monitor.alerts import evaluator_from_settings
     from monitor.exporter import serve
+    from settings.monitor import AlertSettings
     from worker import app
 
     logging.basicConfig(

@@ -24,8 +24,8 @@ from pathlib import Path
 from cli import UserError
 from cli.parser import SITE_KINDS
 from config import ROOT
-from config.sitevars import SITE_VARS
-from external_interface.mock import fixture_dir
+from external_interface.fetch.mock import fixture_dir
+from settings.sitevars import SITE_VARS
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 KINDS = SITE_KINDS
@@ -34,7 +34,7 @@ SITE_INIT = '''"""Site {site}: endpoints under sites/{site}/<platform>/, item ty
 
 from __future__ import annotations
 
-from config.sitevars import site_env
+from base_task import site_env
 from exceptions import ConfigError
 
 DEFAULT_BASE_URL = "{base_url}"
@@ -147,8 +147,7 @@ from pathlib import Path
 
 import pytest
 
-from base_task import run_endpoint
-from external_interface.mock import load_case, outputs_of
+from base_task import load_case, outputs_of, run_endpoint
 
 CASE = Path(__file__).parent / "fixtures" / "{endpoint}"
 RECORD = {record_repr}

@@ -8,7 +8,7 @@ Prints what the endpoint yields as JSON lines on stdout, one object a line:
 
 and the requests it made, with a summary, on stderr. Nothing is stored, nothing is sent to
 a broker. With `CHAINCRAWL_HTTP_CACHE` set, a second run answers from disk. `--save-fixture`
-records the answers for the endpoint's parser test (external_interface/mock.py).
+records the answers for the endpoint's parser test (external_interface/fetch/mock.py).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import orjson
 
 import chains
 import sites
-from base_task.endpoints import EndpointSpec
-from base_task.live import LiveResult, run_live
 from cli import UserError, procs
 from config import ROOT, get_settings
 from exceptions import ChainCrawlError
-from external_interface.mock import fixture_dir, outputs_of, save_case
+from external_interface.fetch.mock import fixture_dir, outputs_of, save_case
 from ledger.model import Chain
+from lifecycle.endpoints import EndpointSpec
+from lifecycle.live import LiveResult, run_live
 from utils.registry import UnknownNameError
 
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Copies of values that live in modules needing the venv (a test keeps them equal).
 POOLS = ("gevent", "threads", "prefork", "solo")  # config.POOLS, the default first
-ITEM_FORMATS = ("jsonl", "csv", "parquet")  # export.FORMATS + columnar.FORMATS
+ITEM_FORMATS = ("jsonl", "csv", "parquet")  # storage.export.FORMATS + storage.columnar.FORMATS
 SITE_KINDS = ("list", "detail", "api")
 DEMO_FEATURES = "ua_check,sign,device,login,soft_fail"
 

@@ -20,13 +20,13 @@ from typing import Any
 from urllib.parse import urljoin
 
 import sites
-from base_task.context import Context
-from base_task.endpoints import EndpointSpec, Params
-from base_task.live import context, site_spec
 from cli import UserError, procs
 from config import get_settings
 from exceptions import ChainCrawlError
 from external_interface.fetch import Response
+from lifecycle.context import Context
+from lifecycle.endpoints import EndpointSpec, Params
+from lifecycle.live import context, site_spec
 from utils.registry import UnknownNameError
 
 ANY_STATUS = range(100, 600)  # the shell shows error pages too instead of raising

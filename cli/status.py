@@ -19,9 +19,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from broker.app import default_app
 from cli.tables import Fit, Part, ident_column, labelled, run_table
 from config import Settings, get_settings
-from ledger.broker import default_app
 from monitor import snapshot as msnap
 from monitor import status as ms
 

@@ -52,7 +52,7 @@ class StepOptions(BaseModel):
     max_pages: int | None = None  # follow-ups (next pages) allowed per first page; None = all
     on: str | None = None  # only parent items of this item type feed this step
     # dedup across runs: skip a task whose parameters were crawled within this many hours
-    # (0 = ever); re-crawled ones restart their period (external_interface/dedup.py)
+    # (0 = ever); re-crawled ones restart their period (external_interface.dedup)
     skip_seen_hours: float | None = None
 
 

@@ -29,7 +29,7 @@ Redis Cluster slot, so each script below runs on one node; names from utils/keys
                                on a cluster every run that ends is added, by the committer
                                or the cancel, and a cancelled one kept while its items wait)
     runs:recent          zset  run ids by start time, the newest RECENT_KEEP (`control.sh runs`)
-    outbox               stream items handed off for storage (drained by external_interface.outbox);
+    outbox               stream items handed off for storage (drained by external_interface.storage.outbox);
                                on a cluster the run's own `run:{rid}:outbox` (drained by the
                                outbox's ClusterDrainer, deleted when the run is compacted)
 

@@ -46,9 +46,9 @@ import yaml
 from celery import Celery
 
 from config import ROOT, Settings, get_settings
-from config.monitor import AlertSettings, get_alert_settings
 from monitor import health
 from monitor import status as st
+from settings.monitor import AlertSettings, get_alert_settings
 from utils.keyspace import Keyspace
 from utils.lua import load_lua
 from utils.redis import get_redis

@@ -30,8 +30,8 @@ import orjson
 import redis
 
 from config import Settings, get_settings
-from config.browser import BrowserSettings, get_browser_settings
 from exceptions import PageCapture
+from settings.browser import BrowserSettings, get_browser_settings
 
 CAPTURES = "captures"  # under VAR_DIR
 SCREENSHOT = "screenshot.png"

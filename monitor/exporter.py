@@ -33,9 +33,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from config import Settings, get_settings
-from config.monitor import MonitorSettings, get_monitor_settings
 from monitor import alerts, health
 from monitor import status as st
+from settings.monitor import MonitorSettings, get_monitor_settings
 from utils.keyspace import Keyspace
 from utils.secretfile import read_or_create
 from utils.servers import is_loopback

@@ -1,6 +1,6 @@
 """Pool health: how full the resource pools are (proxies, cookies, device ids, ...).
 
-One `PoolHealth` record per pool (`external_interface.health`, where the pools build them):
+One `PoolHealth` record per pool (`external_interface.resources.health`, where the pools build them):
 
     PoolHealth(name="cookie:demo", size=12, bans=3, produced=40)
 
@@ -10,13 +10,13 @@ A pool reports its health in one of two ways (both may coexist; a live source wi
   `{prefix}:health:pool:{name}` (fields size, bans, produced, kind, site, updated) and adds the
   name to the set `{prefix}:health:pools`; `add_produced(client, name, n)` increments `produced`
   where the pool only knows it made n more. Reports older than `STALE_AFTER` (5 minutes,
-  `external_interface.health`) are still shown, with their age, so a pool whose owner died
+  `external_interface.resources.health`) are still shown, with their age, so a pool whose owner died
   is visible as such.
 * **pull**: a module listed in `SOURCE_MODULES` that defines
   `pool_health(client, settings) -> Iterable[PoolHealth]` is asked on every read, and
   `register_source(fn)` adds a callable of that signature at run time.
 
-The proxy pool (external_interface.proxy: pool and channel) is read directly from its own
+The proxy pool (external_interface.resources.proxy: pool and channel) is read directly from its own
 keys when that package is present: `proxy` (the global pool) and `proxy:{site}` (channels).
 """
 
@@ -29,16 +29,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from config import Settings, get_settings
-from external_interface.health import PoolHealth
+from external_interface.resources.health import PoolHealth
 
 log = logging.getLogger(__name__)
 
 # modules asked for `pool_health(client, settings)` when present (ImportError = not deployed)
 SOURCE_MODULES = (
-    "external_interface.cookie",
-    "external_interface.device_id",
-    "external_interface.accounts",
-    "external_interface.user_agent",
+    "external_interface.resources.cookie",
+    "external_interface.resources.device_id",
+    "external_interface.resources.accounts",
+    "external_interface.resources.user_agent",
 )
 
 Source = Callable[[Any, Settings], Iterable[PoolHealth]]
@@ -123,9 +123,9 @@ def register_source(fn: Source) -> Source:
 
 
 def proxy_health(client: Any, s: Settings) -> list[PoolHealth]:
-    """The proxy pools, read from the keys documented in external_interface.proxy.pool."""
+    """The proxy pools, read from the keys documented in external_interface.resources.proxy.pool."""
     try:
-        from external_interface.proxy.pool import ProxyKeys
+        from external_interface.resources.proxy.pool import ProxyKeys
     except ImportError:
         return []
     k = ProxyKeys(s.key_prefix)

@@ -8,8 +8,8 @@ from typing import Any
 
 from celery import Celery
 
+from broker.app import default_app
 from config import Settings, get_settings
-from ledger.broker import default_app
 from monitor import alerts, health
 from monitor.status import (
     active_runs,
@@ -41,7 +41,7 @@ def snapshot(
 ) -> dict[str, Any]:
     """Everything `control.sh status` shows, JSON-ready. `workers_timeout=None` skips the
     broadcast to workers (which costs that many seconds); `app` sends it (default:
-    `ledger.broker.default_app()`)."""
+    `broker.app.default_app()`)."""
     s = s or get_settings()
     r = client if client is not None else get_redis(s.redis_url)
     broker = broker_client(r, s)

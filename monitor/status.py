@@ -20,13 +20,13 @@ import orjson
 from celery import Celery
 
 import sites
+from broker.app import BASE_QUEUES
+from broker.workers import TaskSets
 from chains.runner import RunHandle
 from config import Settings, get_settings
-from external_interface.outbox import backlog
-from ledger.broker import BASE_QUEUES
+from external_interface.storage.outbox import backlog
 from ledger.model import chain_from_dict
 from ledger.state import RunState, run_status, stalled_resends
-from ledger.workers import TaskSets
 from monitor.deadletter import DeadLetterStore
 from monitor.metrics import LATENCY_BUCKETS_MS, read_hashes
 from utils.keyspace import Keyspace
@@ -111,7 +111,7 @@ def unacked(client: Any, s: Settings | None = None) -> int:
 
 
 def outbox(client: Any, s: Settings | None = None) -> dict[str, Any]:
-    """Items waiting for storage (external_interface.outbox.backlog)."""
+    """Items waiting for storage (external_interface.storage.outbox.backlog)."""
     s = s or get_settings()
     return backlog(client, s.key_prefix)
 
@@ -121,7 +121,7 @@ def dead_letters(client: Any, s: Settings | None = None) -> int:
 
 
 def malformed(client: Any, s: Settings | None = None) -> int:
-    """Broker payloads no worker could decode, skipped and kept aside (utils/kombu_guard.py)."""
+    """Broker payloads no worker could decode, skipped and kept aside (broker/kombu_guard.py)."""
     s = s or get_settings()
     return int(client.hget(s.key("metrics", "broker"), "malformed") or 0)
 
@@ -149,12 +149,12 @@ def resending_runs(client: Any, s: Settings | None = None) -> dict[str, int]:
 
 
 def unknown_tasks(client: Any, s: Settings | None = None) -> int:
-    """Messages workers refused as naming a task they do not know (ledger/workers.py)."""
+    """Messages workers refused as naming a task they do not know (broker/workers.py)."""
     return TaskSets(client, s or get_settings()).unknown_total()
 
 
 def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
-    """Messages given back because the worker holding them died (utils/unacked_owners.py)."""
+    """Messages given back because the worker holding them died (broker/owners.py)."""
     s = s or get_settings()
     return int(client.hget(s.key("metrics", "broker"), "dead_worker_restored") or 0)
 

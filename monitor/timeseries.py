@@ -28,10 +28,10 @@ from typing import Any
 import orjson
 
 from config import Settings, get_settings
-from config.monitor import get_monitor_settings
 from ledger.state import RunState
 from monitor import health
 from monitor.metrics import read_hashes
+from settings.monitor import get_monitor_settings
 from utils.keyspace import Keyspace
 
 log = logging.getLogger("chaincrawl.series")

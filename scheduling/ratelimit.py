@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from config import Settings, get_settings
-from config.browser import BrowserSettings, get_browser_settings
 from exceptions import ConfigError, Throttled
 from scheduling.throttle import Throttle
+from settings.browser import BrowserSettings, get_browser_settings
 from utils.keyspace import Keyspace
 from utils.lua import load_lua
 from utils.redis import eval_scripts, get_redis

@@ -12,9 +12,9 @@ import importlib
 import pkgutil
 import threading
 
-from base_task.endpoints import EndpointSpec, iter_endpoints
-from base_task.endpoints import get_endpoint as registered
 from config import get_settings
+from lifecycle.endpoints import EndpointSpec, iter_endpoints
+from lifecycle.endpoints import get_endpoint as registered
 
 _lock = threading.RLock()
 _imported: set[str] = set()

@@ -3,7 +3,7 @@ endpoints, and `chain_producer`, which turns a production chain into the `Produc
 starts when it runs low.
 
 None of the items is stored: they only feed the next step, and none carries a secret (tickets
-and pool ids are opaque; the secret itself waits in `external_interface.vault`).
+and pool ids are opaque; the secret itself waits in `external_interface.resources.vault`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import chains
 from base_task import Item, Params
 from config import get_settings
-from external_interface.pool import Producer, Seeds
+from external_interface.resources.pool import Producer, Seeds
 from ledger.state import RunState
 from utils.redis import get_redis
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from config.suite import get_suite_settings
+from settings.suite import get_suite_settings
 
 AMQP_URL = get_suite_settings().test_amqp_url
 

@@ -17,7 +17,7 @@ from utils.servers import RedisClusterServer, RedisServer
 # The polite defaults (default per-site limits, the adaptive throttle, robots.txt, the cap on
 # renders per site) would pace every crawl of the local test sites; the tests of politeness
 # turn them on where they need them (tests/scheduling/test_throttle*.py,
-# tests/external_interface/test_robots.py, tests/scheduling/test_render_scope.py). Workers
+# tests/external_interface/fetch/test_robots.py, tests/scheduling/test_render_scope.py). Workers
 # and control.sh inherit this environment.
 for _name in (
     "CHAINCRAWL_DEFAULT_LIMITS",

@@ -79,3 +79,11 @@ def install(logger: logging.Logger | None = None) -> None:
     for h in target.handlers:
         if not any(isinstance(f, RedactingFilter) for f in h.filters):
             h.addFilter(RedactingFilter())
+
+
+_URL_CREDENTIALS = re.compile(r"//[^/@\s]+@")
+
+
+def safe_text(exc: BaseException) -> str:
+    """Error text for logs and dead letters; URLs lose their credentials."""
+    return _URL_CREDENTIALS.sub("//***@", str(exc))[:500]

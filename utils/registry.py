@@ -1,8 +1,14 @@
-"""Name -> implementation registries, with "did you mean" errors (after kombu's transport aliases)."""
+"""Name -> implementation registries, with "did you mean" errors (after kombu's transport aliases).
+
+A name is registered once: a second registration (two sites' endpoints with one task name, a
+provider name taken twice) is a `DuplicateNameError` naming both modules, instead of the last
+import silently winning.
+"""
 
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -27,22 +33,45 @@ class UnknownNameError(KeyError, LookupError):
         return str(self.args[0])
 
 
+class DuplicateNameError(ValueError):
+    """Raised for a name registered a second time; names the modules of both registrations."""
+
+    def __init__(self, kind: str, name: str, first: str, second: str) -> None:
+        super().__init__(f"{kind} {name!r} is registered twice: first by {first}, then by {second}")
+        self.kind, self.name, self.first, self.second = kind, name, first, second
+
+
 class Registry(Generic[T]):
     """A small mapping of names to implementations (classes or factories)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._origins: dict[str, str] = {}  # name -> the module that registered it
 
     def register(self, name: str) -> Callable[[T], T]:
+        origin = _caller_module(1)
+
         def deco(obj: T) -> T:
-            self._items[name] = obj
+            self._put(name, obj, origin)
             return obj
 
         return deco
 
-    def add(self, name: str, obj: T) -> None:
+    def add(self, name: str, obj: T, *, origin: str | None = None) -> None:
+        """Register `obj` as `name`; `origin` is the registering module (default: the caller)."""
+        self._put(name, obj, origin or _caller_module(1))
+
+    def _put(self, name: str, obj: T, origin: str) -> None:
+        if name in self._items:
+            raise DuplicateNameError(self.kind, name, self._origins[name], origin)
         self._items[name] = obj
+        self._origins[name] = origin
+
+    def remove(self, name: str) -> None:
+        """Forget `name` (a test's own registration, when the test ends)."""
+        self._items.pop(name, None)
+        self._origins.pop(name, None)
 
     def get(self, name: str) -> T:
         try:
@@ -58,3 +87,8 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+
+def _caller_module(depth: int) -> str:
+    """The module of the function `depth` frames above the caller of this function."""
+    return str(sys._getframe(depth + 1).f_globals.get("__name__", "?"))

@@ -14,7 +14,7 @@ a Fernet token costs 36 µs (bench/seal_bench.py; docs/security.md).
 
 The keys come from `Settings.sealing_keys()`: the first seals, every one opens (the key id
 picks it), so a key is rotated by putting a new one in front, re-sealing what is stored
-(`python -m external_interface.reseal`) and then dropping the old one (docs/security.md).
+(`python -m external_interface.resources.reseal`) and then dropping the old one (docs/security.md).
 A key is 32 random bytes, URL-safe base64: `python -m utils.seal` prints a new one.
 """
 

@@ -10,7 +10,7 @@
     result.response.css(".feed-item")      # the rendered DOM, as a fetch.Response
     result.json_answers()                  # the page's own JSON answers, in arrival order
 
-Endpoints render through `ctx.render(url, ...)` (base_task/context.py), which lends the
+Endpoints render through `ctx.render(url, ...)` (lifecycle/context.py), which lends the
 endpoint's resources to the page and returns `result.page()`: a `RenderedPage`, one Response
 of the DOM that also carries the captured answers.
 

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 
-from config.browser import BrowserSettings, get_browser_settings
+from settings.browser import BrowserSettings, get_browser_settings
 
 # Debian's chromium package installs the browser as /usr/lib/chromium/chromium behind a shell
 # script, /usr/bin/chromium, that adds switches of its own (extension loading, GPU raster) and

@@ -13,7 +13,7 @@ the deadline itself (a page that never settles is closed and answered as a timeo
 screenshot and DOM); the pool waits `timeout + ANSWER_GRACE` for that answer, and a driver
 that misses even that is killed and replaced.
 
-Failures become the project's errors (exceptions/): `RenderTimeout` (retry, with the page's
+Failures become the project's errors (exceptions.py): `RenderTimeout` (retry, with the page's
 capture), `BrowserCrashed` (retry; the next render gets a new browser, or a new driver),
 `ConnectError`/`ProxyError`/`FetchTimeout` for network errors as the fetch layer raises them,
 `ResourceUnavailable` when every context stayed busy for `queue_wait` (re-queued, not failed),
@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from config import ROOT
-from config.browser import BrowserSettings, get_browser_settings
 from exceptions import (
     BrowserCrashed,
     BrowserUnavailable,
@@ -61,6 +60,7 @@ from external_interface.browser.model import (
     RenderResult,
     result_from_wire,
 )
+from settings.browser import BrowserSettings, get_browser_settings
 
 REPO_ROOT = ROOT
 ANSWER_GRACE = 10.0  # a failing page's capture and close come after its deadline

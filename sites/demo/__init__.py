@@ -16,9 +16,8 @@ import contextlib
 import os
 from typing import Any
 
-from base_task import Context
+from base_task import Context, Response
 from exceptions import BannedError, LoginRequired, ParseError, error_for_status
-from external_interface.fetch import Response
 
 # Statuses whose body we read before choosing the error: the ban and login-wall answers
 # carry a code that says which resource to rotate.

@@ -9,7 +9,7 @@ from base_task import Item, Params, backoff, endpoint, get_endpoint, run_endpoin
 from config import Settings
 from exceptions import ParamsError, Policy, UndecodableText, policy_for
 from external_interface.fetch import Response
-from external_interface.mock import MockFetcher
+from external_interface.fetch.mock import MockFetcher
 from ledger.publish import broker_priority
 from utils.registry import UnknownNameError
 
@@ -76,7 +76,7 @@ def test_priority_is_mirrored_for_redis_only() -> None:
 
 
 def test_resource_plan_orders_kinds_and_applies_overrides() -> None:
-    from base_task.runtime import Runtime
+    from lifecycle.runtime import Runtime
 
     spec = get_endpoint("testsite.local.listing")
     spec_res = dict(spec.resources)

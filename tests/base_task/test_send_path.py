@@ -15,15 +15,16 @@ from celery import Celery
 from celery.exceptions import Reject
 from kombu import Connection
 
-import base_task
-import base_task.batch
-from base_task import SiteTask, get_endpoint, queue_for, runtime
+import lifecycle.batch
+from base_task import SiteTask
 from chains.sweeper import message_ids
 from config import Settings
 from ledger import batching
 from ledger.batching import BATCH_TASK, Load, batch_size
 from ledger.publish import Publisher, broker_priority
 from ledger.state import Kid, RunState
+from lifecycle import runtime
+from lifecycle.endpoints import get_endpoint, queue_for
 from utils.cpuload import CpuMeter
 
 TASK = "testsite.local.detail"
@@ -319,7 +320,7 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
     `REQUEUE_PAUSE` first instead of spinning through the queue while Redis is down."""
     task: SiteTask = get_endpoint(TASK).task
     pauses: list[float] = []
-    monkeypatch.setattr(base_task.time, "sleep", pauses.append)
+    monkeypatch.setattr(runtime.time, "sleep", pauses.append)
 
     def down(*a: Any, **kw: Any) -> str:
         raise redis.exceptions.ConnectionError("Connection refused")
@@ -327,8 +328,8 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
     monkeypatch.setattr(SiteTask, "_execute", down)
     with pytest.raises(Reject) as info:
         task.execute({}, {})
-    assert info.value.requeue is True and pauses == [base_task.REQUEUE_PAUSE]
-    monkeypatch.setattr(base_task.batch, "_run_batch", down)
+    assert info.value.requeue is True and pauses == [runtime.REQUEUE_PAUSE]
+    monkeypatch.setattr(lifecycle.batch, "_run_batch", down)
     with pytest.raises(Reject):
-        base_task.batch.run_batch([])
-    assert pauses == [base_task.REQUEUE_PAUSE] * 2
+        lifecycle.batch.run_batch([])
+    assert pauses == [runtime.REQUEUE_PAUSE] * 2

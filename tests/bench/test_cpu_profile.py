@@ -8,7 +8,7 @@ from bench.cpu_profile import PHASES, classify, parse_raw
 
 # py-spy raw lines (root first); a gevent greenlet's stack starts at its own first frame
 RAW = """\
-thread (10): ThreadPoolExecutor-0_1;_WorkItem.run (concurrent/futures/thread.py:58);fetch (external_interface/fetch.py:10);Urllib3Fetcher.fetch (external_interface/fetch.py:200) 5
+thread (10): ThreadPoolExecutor-0_1;_WorkItem.run (concurrent/futures/thread.py:58);fetch (external_interface/fetch/:10);Urllib3Fetcher.fetch (external_interface/fetch/:200) 5
 thread (9): MainThread;asynloop (celery/worker/loops.py:97);on_readable (kombu/transport/redis.py:1) 3
 thread (10): ThreadPoolExecutor-0_1 7
 thread (20);apply_timeout (celery/concurrency/gevent.py:34);apply_target (celery/concurrency/base.py:30);Request.acknowledge (celery/worker/request.py:1);Message.ack (kombu/message.py:1) 2

@@ -350,7 +350,7 @@ def test_a_dead_worker_has_every_run_checked_at_once_not_after_the_stall(
     """A worker killed between kombu's BRPOP and its bookkeeping holds nothing in `unacked`;
     the `owners` set still shows it died, and the ledgers are checked then, not `stall` (here
     600 s) after the run's last commit."""
-    from utils import unacked_owners
+    from broker import owners
 
     p = settings.key_prefix
     bp = f"{p}:q:"
@@ -358,8 +358,8 @@ def test_a_dead_worker_has_every_run_checked_at_once_not_after_the_stall(
     rid = uuid.uuid4().hex[:8]
     lost, queued_seed = start_run(state, app, rid, n=2)
     pop_and_lose(rds, p, lost)
-    rds.sadd(f"{bp}{unacked_owners.OWNERS}", "alive-one")
-    rds.set(f"{bp}{unacked_owners.ALIVE}alive-one", "1", ex=60)
+    rds.sadd(f"{bp}{owners.OWNERS}", "alive-one")
+    rds.set(f"{bp}{owners.ALIVE}alive-one", "1", ex=60)
     sent: list[dict[str, Any]] = []
     s = settings.model_copy(update={"dead_worker_after": 0.001})
     sw = Sweeper(rds, rds, bp, sent.append, s, interval=1, stall=600, confirm=0,
@@ -367,12 +367,12 @@ def test_a_dead_worker_has_every_run_checked_at_once_not_after_the_stall(
     assert sw.restore_dead_owners() == 0 and sw.check_all == ""
     assert sw.sweep_once() == 0, "no death, no stall: nothing is checked"
 
-    rds.sadd(f"{bp}{unacked_owners.OWNERS}", "killed-one")  # registered, heartbeat gone
-    while unacked_owners.serving_for(rds) < 0.01:  # the restart guard: seen serving long enough
+    rds.sadd(f"{bp}{owners.OWNERS}", "killed-one")  # registered, heartbeat gone
+    while owners.serving_for(rds) < 0.01:  # the restart guard: seen serving long enough
         time.sleep(0.01)
     assert sw.restore_dead_owners() == 0
     assert sw.check_all == "a worker died"
-    assert unacked_owners.registered(rds, bp) == {"alive-one"}  # the dead one is forgotten
+    assert owners.registered(rds, bp) == {"alive-one"}  # the dead one is forgotten
     assert sw.sweep_once() == 1
     assert [k["id"] for k in sent] == [lost]  # the queued seed is left alone
     assert state.counters(rid)["resent"] == 1
@@ -576,10 +576,10 @@ def test_the_second_look_s_wait_keeps_the_lock(
 def test_a_connection_drop_in_one_process_has_the_next_sweeper_check_every_run(
     app: Celery, rds: redis.Redis, settings: Settings
 ) -> None:
-    """utils/broker_drops.py: a drop noted in one process reaches the sweeper of whichever
+    """broker/drops.py: a drop noted in one process reaches the sweeper of whichever
     process holds the lock next, whose pass checks every run (the seed's run is 60 s quiet,
     far from the 600 s stall)."""
-    from utils import broker_drops
+    from broker import drops
 
     seed = lost_seed(rds, settings, app)
     sent: list[dict[str, Any]] = []
@@ -587,10 +587,10 @@ def test_a_connection_drop_in_one_process_has_the_next_sweeper_check_every_run(
     sweeping = sweeper(rds, settings, sent, stall=600)
     assert sweeping.try_sweep() == 0, "no stall, no death: nothing is checked"
     rds.delete(sweeping.lock_key)
-    broker_drops.take()
-    broker_drops.note("host: the broker connection dropped (ConnectionError)")
+    drops.take()
+    drops.note("host: the broker connection dropped (ConnectionError)")
     dropped.note_connection_drops()  # its sweeper thread, each interval
-    assert broker_drops.take() == []
+    assert drops.take() == []
     assert sweeping.try_sweep() == 1 and [k["id"] for k in sent] == [seed]
     assert rds.get(sweeping.check_key) is None and sweeping.check_all == ""
 
@@ -598,7 +598,7 @@ def test_a_connection_drop_in_one_process_has_the_next_sweeper_check_every_run(
 def test_a_task_a_worker_refused_as_unknown_is_never_re_sent(
     app: Celery, rds: redis.Redis, settings: Settings
 ) -> None:
-    from ledger.workers import TaskSets
+    from broker.workers import TaskSets
 
     p = settings.key_prefix
     state = RunState(rds, settings)
@@ -619,22 +619,22 @@ def test_messages_taken_before_a_connection_drop_are_given_back(
     """A worker's reject (or ack) that failed while the broker's Redis was down leaves the
     message in `unacked` under a live owner: the worker's own sweeper gives back what it took
     before the drop, two intervals later; what it took after stays."""
-    from utils import broker_drops, unacked_owners
+    from broker import drops, owners
 
     prefix = f"{settings.key_prefix}:q:"
-    monkeypatch.setattr(unacked_owners, "_owner", "host:1:abc")
+    monkeypatch.setattr(owners, "_owner", "host:1:abc")
     for tag, taken in (("old", 1000.0), ("new", 3000.0)):
-        rds.hset(f"{prefix}{unacked_owners.OWNER_HASH}", tag, "host:1:abc")
+        rds.hset(f"{prefix}{owners.OWNER_HASH}", tag, "host:1:abc")
         rds.zadd(f"{prefix}unacked_index", {tag: taken})
-    rds.hset(f"{prefix}{unacked_owners.OWNER_HASH}", "other", "host:2:def")
+    rds.hset(f"{prefix}{owners.OWNER_HASH}", "other", "host:2:def")
     rds.zadd(f"{prefix}unacked_index", {"other": 1000.0})
     restored: list[list[str]] = []
     sw = sweeper(rds, settings, [], interval=5, restore=lambda tags: restored.append(tags) or 1)
-    broker_drops.note("host: the broker connection dropped (ConnectionError)", at=2000.0)
+    drops.note("host: the broker connection dropped (ConnectionError)", at=2000.0)
     assert sw.restore_held_before_drop(now=2005.0) == 0  # too soon: running tasks may ack
     assert sw.restore_held_before_drop(now=2011.0) == 1 and restored == [["old"]]
     assert sw.restore_held_before_drop(now=2100.0) == 0  # once per drop
-    broker_drops.take()
+    drops.take()
 
 
 def test_a_sweep_compacts_a_finished_stored_run_the_drainer_left(

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from config import ROOT
-from external_interface.sinks.base import Origin, Policies
-from external_interface.sinks.jsonl import JsonlSink
+from external_interface.storage.sinks.base import Origin, Policies
+from external_interface.storage.sinks.jsonl import JsonlSink
 from tests.external_interface.postgres_fixtures import pg_server, pg_url  # noqa: F401 - fixtures
 
 T = "demo.post"  # the demo's Post declares history_fields likes, comments_count
@@ -64,7 +64,7 @@ def test_history_and_parquet_from_the_jsonl_store(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_search_and_history_from_postgres(tmp_path: Path, pg_url: str) -> None:  # noqa: F811
-    from external_interface.sinks.postgres import PostgresSink
+    from external_interface.storage.sinks.postgres import PostgresSink
 
     p = Policies()
     p.set(T, track=("likes",), search=("title", "content"))

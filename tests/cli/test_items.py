@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from config import ROOT
-from external_interface.sinks.base import Origin
-from external_interface.sinks.jsonl import JsonlSink
+from external_interface.storage.sinks.base import Origin
+from external_interface.storage.sinks.jsonl import JsonlSink
 
 T = "shop.product"
 N = 20_000  # ~1 MB of lines: far more than a pipe holds, so the writer meets the closed pipe

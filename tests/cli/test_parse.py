@@ -17,7 +17,7 @@ import redis
 from base_task import run_endpoint
 from config import ROOT
 from demo.testing import DemoServer
-from external_interface.mock import load_case, outputs_of
+from external_interface.fetch.mock import load_case, outputs_of
 from tests.cli.conftest import control as cli_control
 from tests.testsite.server import TestSite
 

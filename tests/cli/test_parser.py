@@ -14,8 +14,8 @@ import pytest
 
 from cli import parser
 from config import DEFAULT_POOL, POOLS, ROOT
-from external_interface.columnar import FORMATS as COLUMNAR_FORMATS
-from external_interface.export import FORMATS
+from external_interface.storage.columnar import FORMATS as COLUMNAR_FORMATS
+from external_interface.storage.export import FORMATS
 
 
 def control(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess[str]:

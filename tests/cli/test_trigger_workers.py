@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from broker.workers import TaskSets
 from config import Settings
 from ledger.state import RunState
-from ledger.workers import TaskSets
 from tests.cli.conftest import control as cli_control
 
 pytestmark = pytest.mark.integration

@@ -1,21 +1,22 @@
-"""The settings classes of `config`: one base, errors that name the variable, the cached
-instances, and a configuration reference that stays true to the classes."""
+"""The settings classes (`config` and the `settings` package): one base, errors that name the
+variable, the cached instances, and a configuration reference that stays true to the classes."""
 
 from __future__ import annotations
 
 import pytest
 
 import config
-from config import ChaincrawlSettings, Settings, get_settings, reference, reset_settings
-from config.proxy import ProxySettings, get_proxy_settings
-from config.storage import StorageSettings, get_storage_settings
+from config import ChaincrawlSettings, Settings, get_settings, reset_settings
 from exceptions import ConfigError
+from settings import reference
+from settings.proxy import ProxySettings, get_proxy_settings
+from settings.storage import StorageSettings, get_storage_settings
 
 
 def _subclasses(cls: type) -> set[type]:
     out = set()
     for sub in cls.__subclasses__():
-        if sub.__module__.startswith("config"):
+        if sub.__module__ == "config" or sub.__module__.startswith("settings."):
             out |= {sub} | _subclasses(sub)
     return out
 
@@ -105,7 +106,7 @@ def test_instances_are_cached_until_reset(monkeypatch) -> None:
 
 def test_the_written_reference_is_current() -> None:
     """docs/configuration.md and the README's tables (when it has the markers) are generated
-    from the classes: `python -m config.reference --write` after changing a field."""
+    from the classes: `python -m settings.reference --write` after changing a field."""
     assert reference.DOC.read_text() == reference.markdown()
     readme = reference.README.read_text()
     assert reference.with_readme_block(readme) == readme

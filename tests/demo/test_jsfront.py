@@ -1,6 +1,6 @@
 """The `js` front end without a browser: empty shells, the API its script reads, the inline
 data of detail pages, the page that never finishes, and the checks that apply to it.
-(Rendered in a browser: tests/external_interface/test_browser_render.py.)"""
+(Rendered in a browser: tests/external_interface/browser/test_render.py.)"""
 
 from __future__ import annotations
 

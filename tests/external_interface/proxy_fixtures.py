@@ -14,9 +14,9 @@ import pytest
 import redis
 import requests
 
-from config.proxy import ProxySettings
-from external_interface.base import Outcome, OutgoingRequest
-from external_interface.proxy.pool import GlobalPool
+from external_interface.resources.base import Outcome, OutgoingRequest
+from external_interface.resources.proxy.pool import GlobalPool
+from settings.proxy import ProxySettings
 from tests.external_interface.proxy_servers import (
     ForwardProxy,
     ProxyFarm,

@@ -18,7 +18,7 @@ import redis
 
 import chains
 from chains import Chain, step
-from external_interface.pool import Pool, PoolConfig
+from external_interface.resources.pool import Pool, PoolConfig
 
 pytestmark = pytest.mark.integration
 

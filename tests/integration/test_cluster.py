@@ -26,8 +26,8 @@ import worker
 from chains.sweeper import Sweeper
 from config import Settings, get_settings, reset_settings
 from external_interface.dedup import MemoryDedup, RedisDedup, Status
-from external_interface.outbox import ClusterDrainer, Drainer, drainer_class
-from external_interface.sinks.jsonl import JsonlSink, iter_records
+from external_interface.storage.outbox import ClusterDrainer, Drainer, drainer_class
+from external_interface.storage.sinks.jsonl import JsonlSink, iter_records
 from ledger.state import Kid, RunState
 from tests.testsite import chains as tchains
 from tests.testsite.server import PAGES, PER_PAGE, REVIEW_PAGES, REVIEWS_PER_PAGE

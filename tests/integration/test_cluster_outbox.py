@@ -14,17 +14,17 @@ from rich.console import Console
 
 from cli import status as cli_status
 from config import Settings, reset_settings
-from external_interface.outbox import (
+from external_interface.storage.outbox import (
     ClusterDrainer,
     backlog,
     cluster_backlog,
     outbox_streams,
     requeue_dead,
 )
-from external_interface.outbox.__main__ import main as outbox_main
-from external_interface.outbox.cluster import POLL_MAX, POLL_MIN
-from external_interface.sinks.base import PermanentSinkError
-from external_interface.sinks.jsonl import JsonlSink, iter_records
+from external_interface.storage.outbox.__main__ import main as outbox_main
+from external_interface.storage.outbox.cluster import POLL_MAX, POLL_MIN
+from external_interface.storage.sinks.base import PermanentSinkError
+from external_interface.storage.sinks.jsonl import JsonlSink, iter_records
 from ledger.state import RunState
 from monitor import health
 from monitor import snapshot as msnap

@@ -34,9 +34,9 @@ import pytest
 import chains
 from config import get_settings
 from demo.testing import DemoServer
-from external_interface.pool import Pool, pool_stats
-from external_interface.proxy.channel import ChannelPool, channel_stats
-from external_interface.proxy.pool import GlobalPool
+from external_interface.resources.pool import Pool, pool_stats
+from external_interface.resources.proxy.channel import ChannelPool, channel_stats
+from external_interface.resources.proxy.pool import GlobalPool
 from monitor.metrics import read, site_key
 from tests.external_interface.proxy_servers import ForwardProxy, ProxyFarm, dead_address
 from tests.integration.test_demo_resources import check_complete
@@ -126,7 +126,7 @@ def test_demo_chain_with_every_feature_on_through_rotating_proxies(
         )
 
         # --- the pool is fed the way a deployment feeds it: harvest, then first validation
-        from external_interface.proxy import tasks as proxy_tasks
+        from external_interface.resources.proxy import tasks as proxy_tasks
 
         proxy_tasks.harvest.apply_async()
         wait_for(lambda: pool.raw_count() == len(listed), 20, "the harvest of /proxies")

@@ -15,7 +15,7 @@ import pytest
 
 import chains
 from demo.testing import DemoServer
-from external_interface.sinks.jsonl import iter_records
+from external_interface.storage.sinks.jsonl import iter_records
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ import pytest
 import chains
 from config import get_settings
 from demo.testing import DemoServer
-from external_interface.pool import Pool, pool_stats
-from external_interface.sinks.jsonl import iter_records
+from external_interface.resources.pool import Pool, pool_stats
+from external_interface.storage.sinks.jsonl import iter_records
 from monitor.deadletter import DeadLetterStore
 from monitor.health import collect
 from monitor.metrics import read, site_key

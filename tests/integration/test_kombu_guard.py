@@ -1,4 +1,4 @@
-"""utils.kombu_guard in one process: kombu's own consumer on a private Redis (no Celery).
+"""broker.kombu_guard in one process: kombu's own consumer on a private Redis (no Celery).
 
 The worker-level tests are `test_a_malformed_broker_message_does_not_kill_the_worker`
 (tests/torture/test_crash_paths.py) and the Redis restart torture (tests/torture/test_redis_restart.py)."""
@@ -18,8 +18,8 @@ import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.transport import redis as kredis
 
+from broker import kombu_guard
 from config import reset_settings
-from utils import kombu_guard
 from utils.redis import reset_clients
 from utils.servers import RedisServer
 

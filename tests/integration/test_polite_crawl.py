@@ -23,7 +23,7 @@ import chains
 import sites
 from chains import Chain, step
 from config import ROOT, reset_settings
-from external_interface.sinks.jsonl import read_items
+from external_interface.storage.sinks.jsonl import read_items
 from tests.polite_site import PoliteSite, sitemapindex, urlset
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import pytest
 
 import chains
 from demo.testing import DemoServer
-from external_interface.outbox import backlog
-from external_interface.sinks.base import Policies
+from external_interface.storage.outbox import backlog
+from external_interface.storage.sinks.base import Policies
 from tests.external_interface.postgres_fixtures import private_server
 from utils.pgserver import PostgresServer
 from utils.redis import get_redis
@@ -53,7 +53,7 @@ def wait_for(pred: Any, timeout: float, what: str) -> Any:
 def test_the_demo_chain_is_stored_once_across_a_postgres_outage(
     start_worker: Any, demo: DemoServer, pg: PostgresServer, cc_env: dict[str, str]
 ) -> None:
-    from external_interface.sinks.postgres import PostgresSink
+    from external_interface.storage.sinks.postgres import PostgresSink
 
     start_worker(concurrency=4, queues="demo", DEMO_BASE_URL=demo.url,
                  CHAINCRAWL_POSTGRES_URL=pg.url, **WORKER_ENV)  # fmt: skip

@@ -22,7 +22,7 @@ import chains
 from config import get_settings
 from demo.testing import DemoServer
 from external_interface.browser import procmem
-from external_interface.sinks.jsonl import iter_records
+from external_interface.storage.sinks.jsonl import iter_records
 from monitor.metrics import read, task_key
 from tests.external_interface.browser_fixtures import needs_browser
 from utils.keyspace import Keyspace

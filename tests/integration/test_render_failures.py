@@ -20,12 +20,12 @@ from chains import Chain, step
 from cli import deadletter as cli_deadletter
 from config import get_settings, reset_settings
 from demo.testing import DemoServer
-from external_interface.cookie import add_cookies
-from external_interface.pool import Pool, pool_stats
-from external_interface.proxy.channel import ChannelPool
-from external_interface.proxy.models import ProxyAddress
-from external_interface.proxy.pool import GlobalPool
-from external_interface.sinks.jsonl import iter_records
+from external_interface.resources.cookie import add_cookies
+from external_interface.resources.pool import Pool, pool_stats
+from external_interface.resources.proxy.channel import ChannelPool
+from external_interface.resources.proxy.models import ProxyAddress
+from external_interface.resources.proxy.pool import GlobalPool
+from external_interface.storage.sinks.jsonl import iter_records
 from monitor.deadletter import DeadLetterStore
 from monitor.metrics import read, task_key
 from tests.external_interface.browser_fixtures import needs_browser

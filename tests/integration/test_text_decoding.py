@@ -14,7 +14,7 @@ import pytest
 import chains
 from chains import Chain, step
 from config import ROOT
-from external_interface.sinks.jsonl import read_items
+from external_interface.storage.sinks.jsonl import read_items
 from monitor.deadletter import DeadLetterStore
 from monitor.status import summary, task_metrics
 from utils.redis import get_redis

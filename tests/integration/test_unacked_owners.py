@@ -1,4 +1,4 @@
-"""utils.unacked_owners: a dead worker's unacknowledged messages come back in seconds, not
+"""broker.owners: a dead worker's unacknowledged messages come back in seconds, not
 after the visibility timeout.
 
 First with kombu's own consumer in this process (the tags follow kombu's bookkeeping), then
@@ -18,9 +18,9 @@ import redis
 from kombu import Connection, Consumer, Producer, Queue
 
 import chains
+from broker import kombu_guard, owners
 from config import get_settings, reset_settings
 from tests.testsite import chains as tchains
-from utils import kombu_guard, unacked_owners
 from utils.redis import get_redis, reset_clients
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def broker(
     try:
         yield conn, prefix
     finally:
-        unacked_owners.stop()
+        owners.stop()
         conn.release()
         monkeypatch.undo()
         reset_settings()
@@ -49,7 +49,7 @@ def broker(
 
 
 class _App:
-    """What `unacked_owners.restorer` needs of a Celery app."""
+    """What `owners.restorer` needs of a Celery app."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -83,32 +83,32 @@ def test_a_dead_owners_messages_are_restored_and_a_live_ones_are_not(
     broker: tuple[Connection, str], rds: redis.Redis
 ) -> None:
     conn, prefix = broker
-    owners = f"{prefix}{unacked_owners.OWNER_HASH}"
-    who = unacked_owners.start(rds, prefix, ttl=2.0, hostname="t1")
-    assert rds.exists(f"{prefix}{unacked_owners.ALIVE}{who}")
+    owner_hash = f"{prefix}{owners.OWNER_HASH}"
+    who = owners.start(rds, prefix, ttl=2.0, hostname="t1")
+    assert rds.exists(f"{prefix}{owners.ALIVE}{who}")
     producer = Producer(conn.channel())
     for i in range(3):
         producer.publish({"n": i}, routing_key="o", serializer="json")
     _, held = _take(conn, 3)
     tags = {m.delivery_tag for m in held}
-    assert {k.decode() for k in rds.hkeys(owners)} == tags
-    assert set(unacked_owners.held(rds, prefix)) == {who}
+    assert {k.decode() for k in rds.hkeys(owner_hash)} == tags
+    assert set(owners.held(rds, prefix)) == {who}
     held[0].ack()  # kombu's ack removes the tag too
-    assert rds.hlen(owners) == 2 and rds.hlen(f"{prefix}unacked") == 2
+    assert rds.hlen(owner_hash) == 2 and rds.hlen(f"{prefix}unacked") == 2
 
     # alive: nothing to restore
-    assert unacked_owners.orphans(rds, prefix, ttl=0, confirm=0) == {}
+    assert owners.orphans(rds, prefix, ttl=0, confirm=0) == {}
     # a broker Redis up for less than the TTL declares nobody dead (heartbeats coming back)
-    rds.delete(f"{prefix}{unacked_owners.ALIVE}{who}")
-    unacked_owners.stop()
-    assert unacked_owners.orphans(rds, prefix, ttl=10**9, confirm=0) == {}
+    rds.delete(f"{prefix}{owners.ALIVE}{who}")
+    owners.stop()
+    assert owners.orphans(rds, prefix, ttl=10**9, confirm=0) == {}
 
-    found = unacked_owners.orphans(rds, prefix, ttl=0, confirm=0)
+    found = owners.orphans(rds, prefix, ttl=0, confirm=0)
     assert {w: sorted(t) for w, t in found.items()} == {who: sorted(tags - {held[0].delivery_tag})}
-    restore = unacked_owners.restorer(_App(conn))
+    restore = owners.restorer(_App(conn))
     assert restore(found[who]) == 2
     assert restore(found[who]) == 0  # restored once, whoever gets there second
-    assert rds.hlen(owners) == 0 and rds.hlen(f"{prefix}unacked") == 0
+    assert rds.hlen(owner_hash) == 0 and rds.hlen(f"{prefix}unacked") == 0
     # back in the queue (newest restored first, as kombu does, so the oldest is taken first;
     # two taken in the same instant tie, so the order is not checked), marked redelivered
     again, msgs = _take(conn, 2)
@@ -160,32 +160,32 @@ def test_a_killed_workers_pages_are_run_by_another_within_seconds(
 
 def test_a_clean_exit_is_no_death_and_a_stopped_heartbeat_is(rds: redis.Redis) -> None:
     prefix = f"reg{int(time.time() * 1000)}:q:"
-    who = unacked_owners.start(rds, prefix, ttl=60.0, hostname="clean")
+    who = owners.start(rds, prefix, ttl=60.0, hostname="clean")
     try:
-        assert unacked_owners.registered(rds, prefix) == {who}
-        unacked_owners.leave()
-        assert unacked_owners.registered(rds, prefix) == set()
-        unacked_owners._beat.beat()  # type: ignore[union-attr]  # beats go on, unregistered
-        assert unacked_owners.registered(rds, prefix) == set()
-        assert rds.exists(f"{prefix}{unacked_owners.ALIVE}{who}")
+        assert owners.registered(rds, prefix) == {who}
+        owners.leave()
+        assert owners.registered(rds, prefix) == set()
+        owners._beat.beat()  # type: ignore[union-attr]  # beats go on, unregistered
+        assert owners.registered(rds, prefix) == set()
+        assert rds.exists(f"{prefix}{owners.ALIVE}{who}")
     finally:
-        unacked_owners.stop()
-    killed = unacked_owners.start(rds, prefix, ttl=0.3, hostname="killed")
-    unacked_owners.stop()  # as SIGKILL: no leave, the beats stop
+        owners.stop()
+    killed = owners.start(rds, prefix, ttl=0.3, hostname="killed")
+    owners.stop()  # as SIGKILL: no leave, the beats stop
     time.sleep(0.5)
-    assert unacked_owners.orphans(rds, prefix, ttl=0, confirm=0) == {killed: []}
-    unacked_owners.forget(rds, prefix, [killed])
-    assert unacked_owners.orphans(rds, prefix, ttl=0, confirm=0) == {}
+    assert owners.orphans(rds, prefix, ttl=0, confirm=0) == {killed: []}
+    owners.forget(rds, prefix, [killed])
+    assert owners.orphans(rds, prefix, ttl=0, confirm=0) == {}
 
 
 _THIEF = """
 import sys, time
 from config import get_settings
-from utils import unacked_owners
+from broker import owners
 from utils.redis import get_redis
 s = get_settings()
 r = get_redis(s.broker_url)
-unacked_owners.start(r, s.broker_key_prefix, s.dead_worker_after, "thief")
+owners.start(r, s.broker_key_prefix, s.dead_worker_after, "thief")
 key, tid = sys.argv[1], sys.argv[2]
 while True:  # BRPOP, as kombu's consumer; killed before it would record the message
     _, raw = r.brpop([key])

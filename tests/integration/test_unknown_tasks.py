@@ -11,12 +11,12 @@ import pytest
 
 import chains
 from base_task import Context, Item, Outputs, Params, endpoint
+from broker.workers import TaskSets
 from chains import Chain, step
 from cli.deadletter import replay
 from config import get_settings
 from exceptions import WorkersOutdated
 from ledger.state import RunState
-from ledger.workers import TaskSets
 from monitor.deadletter import DeadLetterStore
 from tests.testsite.server import PER_PAGE
 from utils.redis import get_redis

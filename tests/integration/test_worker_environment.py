@@ -1,4 +1,4 @@
-"""A real worker names the CHAINCRAWL_* variables it will not read (config/envcheck.py)."""
+"""A real worker names the CHAINCRAWL_* variables it will not read (settings/envcheck.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from config import ROOT, Settings
-from config.monitor import AlertSettings
 from monitor import health
 from monitor import status as st
 from monitor.alerts import (
@@ -23,6 +22,7 @@ from monitor.alerts import (
     parse_config,
 )
 from monitor.deadletter import DeadLetter, DeadLetterStore
+from settings.monitor import AlertSettings
 from tests.monitor.conftest import record
 from utils.logsafe import RedactingFilter
 from utils.redis import cluster_client

@@ -15,9 +15,9 @@ from rich.console import Console
 
 from cli import deadletter as cli_deadletter
 from config import Settings
-from config.browser import BrowserSettings
 from exceptions import BrowserCrashed, FetchTimeout, RenderTimeout
 from monitor.deadletter import DeadLetter, DeadLetterStore, drop_capture, keep_capture
+from settings.browser import BrowserSettings
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 100
 

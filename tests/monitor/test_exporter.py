@@ -8,11 +8,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.monitor import MonitorSettings
 from ledger.state import RunState
 from monitor import health
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.exporter import is_loopback, serve
+from settings.monitor import MonitorSettings
 from tests.monitor.conftest import record
 
 

@@ -67,10 +67,10 @@ def test_forget_removes_a_pool(rds, mon) -> None:
 
 
 def test_the_proxy_pools_are_read_from_their_keys(rds, mon) -> None:
-    pytest.importorskip("external_interface.proxy.channel")
-    from external_interface.proxy.channel import ChannelPool
-    from external_interface.proxy.models import Event, ProxyAddress
-    from external_interface.proxy.pool import GlobalPool
+    pytest.importorskip("external_interface.resources.proxy.channel")
+    from external_interface.resources.proxy.channel import ChannelPool
+    from external_interface.resources.proxy.models import Event, ProxyAddress
+    from external_interface.resources.proxy.pool import GlobalPool
 
     pool = GlobalPool(rds, prefix=mon.key_prefix)
     for i in range(3):
@@ -91,9 +91,9 @@ def test_no_proxy_pool_means_no_proxy_rows(rds, mon) -> None:
 
 
 def test_the_cookie_pools_report_through_their_module(rds, mon) -> None:
-    """external_interface.cookie defines `pool_health`; collect() finds it by module name."""
-    pytest.importorskip("external_interface.cookie")
-    from external_interface.pool import Pool
+    """external_interface.resources.cookie defines `pool_health`; collect() finds it by module name."""
+    pytest.importorskip("external_interface.resources.cookie")
+    from external_interface.resources.pool import Pool
 
     pool = Pool("cookie", "shop", rds=rds, prefix=mon.key_prefix)
     pool.add({"cookies": {"sid": "a"}})

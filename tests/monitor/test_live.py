@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import chains
 from config import ROOT, get_settings
-from config.monitor import MonitorSettings
 from monitor import snapshot as msnap
 from monitor.exporter import serve
+from settings.monitor import MonitorSettings
 from tests.testsite import chains as tchains
 from tests.testsite.server import PAGES, PER_PAGE, REVIEW_PAGES
 from utils.servers import free_port

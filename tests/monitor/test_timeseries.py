@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from config import Settings
-from config.monitor import reset_monitor_settings
 from monitor import timeseries
 from monitor.report import gather, parse_since
+from settings.monitor import reset_monitor_settings
 from tests.monitor.conftest import record
 from utils import environ
 from utils.keyspace import Keyspace

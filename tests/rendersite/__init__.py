@@ -7,7 +7,7 @@ sessions are judged by the demo's login wall (`id="login-wall"`)."""
 from __future__ import annotations
 
 from exceptions import LoginRequired
-from external_interface.rules import Verdict, add_rules, rule
+from external_interface.resources.rules import Verdict, add_rules, rule
 
 add_rules(
     "rendersite",

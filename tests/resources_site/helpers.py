@@ -10,7 +10,7 @@ import sites.demo.production  # noqa: F401 - registers the production endpoints
 from base_task import Context, Follow, Item, get_endpoint, runtime
 from config import reset_settings
 from external_interface.fetch import RequestsFetcher
-from external_interface.pool import reset_pool_config
+from external_interface.resources.pool import reset_pool_config
 from ledger.meta import TaskMeta
 from monitor.metrics import TaskMetrics
 from utils import environ

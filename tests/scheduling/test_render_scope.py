@@ -10,10 +10,10 @@ import time
 import pytest
 
 from config import Settings, reset_settings
-from config.browser import BrowserSettings
 from exceptions import ConfigError, Throttled
 from scheduling.gate import NoopGate, get_gate, politeness_report, reset_gate
 from scheduling.ratelimit import RENDER, Limit, RedisGate, parse_limits, render_limit
+from settings.browser import BrowserSettings
 
 
 @pytest.fixture

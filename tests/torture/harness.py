@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from config import DEFAULT_POOL, ROOT, get_settings, reset_settings
-from config.suite import get_suite_settings
+from settings.suite import get_suite_settings
 from utils import environ
 from utils.keyspace import Keyspace
 from utils.redis import reset_clients
@@ -63,7 +63,7 @@ def base_env(redis_url: str, var: Path, prefix: str = "tt", **extra: str) -> dic
         "CHAINCRAWL_SWEEP_STALL": "3",
         "CHAINCRAWL_SWEEP_INTERVAL": "1",
         # a killed worker's messages come back once its heartbeat is 3 s old
-        # (utils/unacked_owners.py), before the visibility timeout would give them back
+        # (broker/owners.py), before the visibility timeout would give them back
         "CHAINCRAWL_DEAD_WORKER_AFTER": "3",
         # the resource providers are tested elsewhere; the torture is about crashes
         "CHAINCRAWL_PROVIDERS": "user_agent=noop,device_id=noop,sign=noop,cookie=noop",
@@ -431,7 +431,7 @@ def check_store(
     - no key was stored by two different outbox entries (a task committed twice);
     - no (key, entry) pair was written twice (the sink repeated a redelivered entry).
     """
-    from external_interface.sinks.jsonl import iter_records, read_items
+    from external_interface.storage.sinks.jsonl import iter_records, read_items
 
     out = []
     for item_type, (key, ids) in expected.items():

@@ -40,8 +40,8 @@ from exceptions import (
     UnknownFieldError,
     UnknownTaskError,
 )
-from external_interface.sinks.jsonl import iter_records
-from external_interface.storage import restore_keys
+from external_interface.storage.routing import restore_keys
+from external_interface.storage.sinks.jsonl import iter_records
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from tests.external_interface.mongo_server import MongoServer
 from tests.torture.badsite import GBK_TITLE, HOSTILE_ATTRS, HOSTILE_TAGS, BadSite

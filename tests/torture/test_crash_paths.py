@@ -21,8 +21,8 @@ import redis
 
 import chains
 from chains import Chain, step
-from external_interface.outbox import Drainer, xadd_entry
-from external_interface.sinks.jsonl import JsonlSink, iter_records
+from external_interface.storage.outbox import Drainer, xadd_entry
+from external_interface.storage.sinks.jsonl import JsonlSink, iter_records
 from tests.torture.harness import wait_complete, wait_for
 from utils.keyspace import Keyspace
 from utils.redis import get_redis
@@ -216,7 +216,7 @@ def test_a_malformed_broker_message_does_not_kill_the_worker(
     The payload was already popped, so it is gone; but every worker that had taken such a
     message is down, and under a process manager it would restart into the next one.
 
-    Fixed by utils/kombu_guard.py: the payload is skipped, logged, kept for inspection in
+    Fixed by broker/kombu_guard.py: the payload is skipped, logged, kept for inspection in
     `{prefix}:broker:malformed` and counted in `{prefix}:metrics:broker`."""
     t = torture_factory()
     fleet = fleets(t, queues="torture", concurrency=2)
@@ -293,9 +293,9 @@ def test_a_proxy_lease_is_returned_when_a_later_provider_refuses(torture_factory
     lost in a 14 s crawl."""
     from base_task import Context, get_endpoint, runtime
     from exceptions import ResourceUnavailable
-    from external_interface.proxy.channel import ChannelPool
-    from external_interface.proxy.models import ProxyAddress
-    from external_interface.proxy.pool import GlobalPool
+    from external_interface.resources.proxy.channel import ChannelPool
+    from external_interface.resources.proxy.models import ProxyAddress
+    from external_interface.resources.proxy.pool import GlobalPool
     from ledger.meta import TaskMeta
     from monitor.metrics import TaskMetrics
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from external_interface.sinks.base import Origin
-from external_interface.sinks.jsonl import JsonlSink
+from external_interface.storage.sinks.base import Origin
+from external_interface.storage.sinks.jsonl import JsonlSink
 from tests.torture.harness import check_store, counters, redelivered, scan_values
 from utils.keyspace import Keyspace
 from utils.redis import cluster_client

@@ -7,7 +7,7 @@ on the victim's way out: tasks in flight are neither finished nor acknowledged, 
 drainer's batch is neither written nor acknowledged, a JSONL write may be torn.
 
 Recovery comes from the mechanism alone: on Redis the sweeper gives a dead worker's
-unacknowledged messages back once its heartbeat is 3 s old (utils/unacked_owners.py), and
+unacknowledged messages back once its heartbeat is 3 s old (broker/owners.py), and
 kombu does after the visibility timeout (8 s here) whatever is left; RabbitMQ gives them back
 when the connection drops. The commit script runs once per task id, drainers claim
 entries a dead drainer left pending after `CHAINCRAWL_OUTBOX_CLAIM_IDLE` (2 s), and the JSONL

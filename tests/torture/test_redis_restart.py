@@ -17,7 +17,7 @@ stopped, kept down for a few seconds, and started again on the same port and dat
 Workers are not restarted by the test. A supervisor (as `control.sh start` or systemd would)
 stands by to replace one that exits by itself, so that the run still completes and every other
 check still reports, but any such exit fails the test: a worker exiting on a Redis restart (kombu reading a cleared
-connection on the reconnect) is fixed by utils/kombu_guard.py. Nothing may be written twice
+connection on the reconnect) is fixed by broker/kombu_guard.py. Nothing may be written twice
 after SIGTERM either (an outbox entry the drainer wrote twice).
 """
 

@@ -94,8 +94,8 @@ def test_bad_sizes_and_extra_releases_are_errors() -> None:
 
 
 def test_a_pages_rank_is_its_runs_priority_or_the_default() -> None:
-    from base_task import runtime
     from config import get_settings
+    from lifecycle import runtime
 
     page_rank = runtime.current().page_rank
     default = get_settings().default_priority

@@ -16,11 +16,11 @@ from typing import Any, ClassVar
 import chains
 from base_task import Context, Item, Outputs, Params, endpoint
 from exceptions import CrawlError, ParseError, Policy, error_for_status
-from external_interface import vault
-from external_interface.accounts import Accounts
-from external_interface.captcha import CaptchaStats, Challenge, solve, verdict
 from external_interface.fetch import Response
-from external_interface.pool import Pool, register_producer
+from external_interface.resources import vault
+from external_interface.resources.accounts import Accounts
+from external_interface.resources.captcha import CaptchaStats, Challenge, solve, verdict
+from external_interface.resources.pool import Pool, register_producer
 from sites.demo import base_url
 from sites.demo.production.profile import SITE
 from sites.production import (
@@ -97,7 +97,7 @@ def captcha_download(ctx: Context, p: ProduceParams) -> Outputs:
 
 @endpoint(RecognizeParams, items=[CaptchaSolution], name="demo.captcha.recognize", queue=QUEUE)
 def captcha_recognize(ctx: Context, p: RecognizeParams) -> Outputs:
-    """The site's recognizer (external_interface.captcha); failures are counted there."""
+    """The site's recognizer (external_interface.resources.captcha); failures are counted there."""
     yield CaptchaSolution(captcha_id=p.captcha_id, answer=recognize(p))
 
 

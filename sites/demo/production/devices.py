@@ -14,8 +14,8 @@ import random
 import chains
 from base_task import Context, Outputs, endpoint
 from exceptions import ParseError
-from external_interface import vault
-from external_interface.pool import Pool, register_producer
+from external_interface.resources import vault
+from external_interface.resources.pool import Pool, register_producer
 from sites.demo import base_url
 from sites.demo.production.profile import (
     APP_VERSIONS,

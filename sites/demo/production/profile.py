@@ -7,11 +7,11 @@ accounts); nothing here talks to the site.
 
 from __future__ import annotations
 
+from base_task import Verdict, add_rules, rule
 from exceptions import BannedError, LoginRequired
-from external_interface import accounts, user_agent
-from external_interface.pool import configure_pool
-from external_interface.rules import Verdict, add_rules, rule
-from external_interface.sign import HmacQuerySigner, sign_key, signers
+from external_interface.resources import accounts, user_agent
+from external_interface.resources.pool import configure_pool
+from external_interface.resources.sign import HmacQuerySigner, sign_key, signers
 
 SITE = "demo"
 DEFAULT_SIGN_KEY = "demo-sign-key"  # the demo's documented default (`sign_key` setting)

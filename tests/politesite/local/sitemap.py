@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from base_task import Context, Item, Outputs, Params, endpoint
-from external_interface.sitemap import sitemap_urls
+from external_interface.fetch.sitemap import sitemap_urls
 from tests.politesite import base_url
 
 

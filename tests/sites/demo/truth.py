@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from base_task import Follow, Item, run_endpoint
+from base_task import FixtureFetcher, Follow, Item, run_endpoint
 from demo.data import Dataset
-from external_interface.mock import FixtureFetcher
 from sites.demo.items import Comment, FeedEntry, Post, StatusEntry, User
 
 HERE = Path(__file__).parent

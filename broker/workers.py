@@ -1,0 +1,222 @@
+"""The task sets of the live workers, and the task ids a worker refused as unknown.
+
+A worker knows the endpoints it imported when it started. An endpoint added (or a route
+changed) while workers run is known to a fresh client process but not to them: Celery's
+consumer logs `Received unregistered task` and drops the message, and without this module the
+sweeper would re-send it forever while the run stays `running`. So:
+
+- every worker publishes its registered task names and the queues it consumes at start, and
+  beats every `BEAT` seconds; a worker whose `alive` key expired (`LIVE_FOR` seconds after its
+  last beat, by the server's clock: machines' clocks may differ) is gone;
+- `chains.run()` (and `control.sh trigger`) ask `check()` before sending: a live worker
+  consuming a step's queue that lacks the step's task makes it refuse (`WorkersOutdated`);
+  with no live worker at all it only warns (workers started later load the code as it is now);
+- a worker that receives a task it does not know dead-letters it (lifecycle/unknown.py) and
+  marks its task id here (`mark_unknown`), so the sweeper never re-sends it.
+
+Keys (state store, under the key prefix):
+    workers:tasks      hash  worker name -> {"tasks": [...], "queues": [...], "at": time}
+    workers:alive:{w}  string  there while worker w beats (expires `LIVE_FOR` s after a beat)
+    tasks:unknown      zset  task id -> time a worker refused it as unknown (a week kept)
+    metrics:broker     hash  `unknown_tasks`: messages refused as unknown, summed
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+
+from config import Settings, get_settings
+from exceptions import WorkersOutdated
+
+log = logging.getLogger("chaincrawl.workers")
+
+BEAT = 10.0  # seconds between a worker's re-publications
+LIVE_FOR = 45.0  # an entry not refreshed for this long is a worker that is gone
+FORGET_AFTER = 3600.0  # the entry of a worker gone this long is removed
+UNKNOWN_KEEP = 7 * 24 * 3600  # as long as a run record lives
+
+
+@dataclass
+class WorkerTasks:
+    """What one live worker published."""
+
+    name: str
+    tasks: frozenset[str]
+    queues: frozenset[str]  # empty: not said (taken as every queue)
+    at: float
+
+    def consumes(self, queue: str) -> bool:
+        return not self.queues or queue in self.queues
+
+
+@dataclass
+class Check:
+    """What `TaskSets.check` found: `missing` is worker -> the needed tasks it lacks; `note`
+    a warning to show (no worker up, or none consuming a queue), "" when all is well."""
+
+    live: list[str]
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    note: str = ""
+
+    def raise_if_outdated(self) -> None:
+        if not self.missing:
+            return
+        tasks = sorted({t for ts in self.missing.values() for t in ts})
+        who = ", ".join(sorted(self.missing))
+        raise WorkersOutdated(
+            f"live worker(s) {who} do not know task(s) {', '.join(tasks)}: "
+            f"restart the workers so they load {', '.join(tasks)} (./control.sh restart), "
+            "then trigger again; nothing was sent",
+            tasks=tasks,
+            workers=sorted(self.missing),
+        )
+
+
+class TaskSets:
+    """The registry of live workers' task sets; cheap to build, thread-safe."""
+
+    def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
+        self.r = client
+        self.s = settings or get_settings()
+        self.key = self.s.key("workers", "tasks")
+        self.unknown_key = self.s.key("tasks", "unknown")
+        self.metrics_key = self.s.key("metrics", "broker")
+
+    # -- the worker's side
+
+    def alive_key(self, worker: str) -> str:
+        return self.s.key("workers", "alive", worker)
+
+    def publish(
+        self, worker: str, tasks: Iterable[str], queues: Iterable[str] = (),
+        live_for: float = LIVE_FOR,
+    ) -> None:  # fmt: skip
+        """Say (again) which tasks `worker` knows and which queues it consumes; it counts as
+        live for `live_for` seconds (by the server's clock)."""
+        entry = {"tasks": sorted(set(tasks)), "queues": sorted(set(queues)), "at": time.time()}
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.key, worker, orjson.dumps(entry))
+        pipe.set(self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)))
+        pipe.execute()
+
+    def leave(self, worker: str) -> None:
+        """A clean shutdown: the worker no longer counts at once."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hdel(self.key, worker)
+        pipe.delete(self.alive_key(worker))
+        pipe.execute()
+
+    def mark_unknown(self, tids: Iterable[str], pipe: Any = None) -> None:
+        """Task ids a worker refused as unknown: the sweeper leaves them alone; counted."""
+        tids = [t for t in tids if t]
+        if not tids:
+            return
+        p = pipe if pipe is not None else self.r.pipeline(transaction=False)
+        now = time.time()
+        p.zadd(self.unknown_key, dict.fromkeys(tids, now))
+        p.zremrangebyscore(self.unknown_key, "-inf", now - UNKNOWN_KEEP)
+        p.expire(self.unknown_key, UNKNOWN_KEEP)
+        p.hincrby(self.metrics_key, "unknown_tasks", len(tids))
+        if pipe is None:
+            p.execute()
+
+    # -- the readers' side
+
+    def unknown(self, tids: Iterable[str]) -> set[str]:
+        """Those of `tids` a worker refused as unknown."""
+        tids = list(tids)
+        if not tids:
+            return set()
+        scores = self.r.zmscore(self.unknown_key, tids)
+        return {t for t, sc in zip(tids, scores, strict=True) if sc is not None}
+
+    def unknown_total(self) -> int:
+        return int(self.r.hget(self.metrics_key, "unknown_tasks") or 0)
+
+    def live(self) -> dict[str, WorkerTasks]:
+        """Workers still beating; the entries of those long gone are removed."""
+        entries = self.r.hgetall(self.key)
+        if not entries:
+            return {}
+        names = sorted(entries)
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.exists(self.alive_key(name.decode()))
+        alive = pipe.execute()
+        out: dict[str, WorkerTasks] = {}
+        gone = []
+        for name, ok in zip(names, alive, strict=True):
+            try:
+                d = orjson.loads(entries[name])
+                w = WorkerTasks(name.decode(), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
+                                float(d["at"]))  # fmt: skip
+            except (ValueError, KeyError, TypeError):
+                gone.append(name)
+                continue
+            if ok:
+                out[w.name] = w
+            elif time.time() - w.at > FORGET_AFTER:  # long gone (a worker beating again
+                gone.append(name)  # meanwhile keeps its fresh entry)
+        if gone:
+            self.r.hdel(self.key, *gone)
+        return out
+
+    def check(self, needed: Mapping[str, str]) -> Check:
+        """`needed`: task name -> the queue it is sent to. Every live worker that consumes a
+        task's queue must know the task; `Check.raise_if_outdated()` refuses otherwise."""
+        live = self.live()
+        out = Check(live=list(live))
+        if not live:
+            out.note = ("no worker is up yet: the run is recorded and waits in the broker "
+                        "(./control.sh start)")  # fmt: skip
+            return out
+        unserved = []
+        for task, queue in sorted(needed.items()):
+            consumers = [w for w in live.values() if w.consumes(queue)]
+            if not consumers:
+                unserved.append(f"{queue} ({task})")
+            for w in consumers:
+                if task not in w.tasks:
+                    out.missing.setdefault(w.name, []).append(task)
+        if unserved:
+            out.note = f"no live worker consumes queue(s) {', '.join(unserved)}: they wait"
+        return out
+
+
+class Beat:
+    """A worker's publication, refreshed every `BEAT` seconds in a daemon thread."""
+
+    def __init__(self, sets: TaskSets, worker: str, tasks: Iterable[str], queues: Iterable[str]):
+        self.sets, self.worker = sets, worker
+        self.tasks, self.queues = sorted(set(tasks)), sorted(set(queues))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.sets.publish(self.worker, self.tasks, self.queues)
+        self._thread = threading.Thread(target=self._loop, name="task-set-beat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(BEAT):
+            try:
+                self.sets.publish(self.worker, self.tasks, self.queues)
+            except redis.RedisError as exc:  # Redis down: the next beat
+                log.warning("publishing this worker's task set failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+            self._thread = None
+        with contextlib.suppress(redis.RedisError):  # Redis down: the entry expires
+            self.sets.leave(self.worker)

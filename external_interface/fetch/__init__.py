@@ -1,0 +1,42 @@
+"""The fetch layer: one-method `Fetcher` interface, a urllib3 default, typed errors.
+
+    base.py      FetchRequest, the Fetcher interface
+    response.py  Response (text, json, css, xpath on demand), charset decoding that counts
+    http.py      Urllib3Fetcher (the default), RequestsFetcher, default_fetcher
+    limits.py    LimitedFetcher: fetch slots per process, the most urgent run first
+    cache.py     the development HTTP cache on disk (HttpCache) and CachingFetcher
+    robots.py    robots.txt per origin (RobotsPolicy)
+    sitemap.py   URLs from a site's sitemaps
+    mock.py      test doubles: fixture fetchers and recorded cases for parser tests
+
+`Urllib3Fetcher` (the default) and `RequestsFetcher` keep the same contract and raise the same
+typed errors; urllib3 directly costs about a third less CPU per request than requests on top
+of it (docs/performance.md). `CHAINCRAWL_FETCHER=requests` switches back.
+
+Timeouts are enforced here rather than left to Celery, because Celery's time limits do not
+fire under the threads and gevent pools. Every request gets `min(request_timeout, time left
+in the task)` as a *whole-request* deadline: the connect and read timeouts bound each socket
+operation, and the body is read in chunks with the clock checked between them, so a server
+that drips one byte a second cannot hold a worker slot past the deadline. The same loop
+enforces the response size limit.
+"""
+
+from external_interface.fetch.base import Fetcher, FetchRequest
+from external_interface.fetch.cache import CachingFetcher
+from external_interface.fetch.http import RequestsFetcher, Urllib3Fetcher, default_fetcher
+from external_interface.fetch.limits import LimitedFetcher
+from external_interface.fetch.response import Response, decode_counting, header_charset, lazy
+
+__all__ = [
+    "CachingFetcher",
+    "FetchRequest",
+    "Fetcher",
+    "LimitedFetcher",
+    "RequestsFetcher",
+    "Response",
+    "Urllib3Fetcher",
+    "decode_counting",
+    "default_fetcher",
+    "header_charset",
+    "lazy",
+]

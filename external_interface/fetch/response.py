@@ -1,0 +1,150 @@
+"""A fully read response (`Response`: text, JSON, CSS and XPath on demand) and the charset
+decoding that counts the bytes it could not decode."""
+
+from __future__ import annotations
+
+import codecs
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import orjson
+from parsel import Selector
+from w3lib.encoding import html_body_declared_encoding, read_bom, resolve_encoding
+
+from exceptions import (
+    ParseError,
+    UndecodableText,
+)
+
+_T = TypeVar("_T")
+
+
+class lazy(Generic[_T]):
+    """Computed once per instance and stored in its `__dict__`, without a lock: Python 3.11's
+    `cached_property` holds one RLock per *class* while computing, so every thread's first
+    `.css()` on any response queued behind one lxml parse. A race computes twice, harmlessly
+    (Python 3.12's `cached_property` behaves the same way)."""
+
+    def __init__(self, func: Callable[[Any], _T]) -> None:
+        self.func = func
+        self.name = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, inst: Any, owner: type | None = None) -> Any:
+        if inst is None:
+            return self
+        val = inst.__dict__[self.name] = self.func(inst)
+        return val
+
+
+@dataclass
+class Response:
+    """A fully read response. Bodies stay in the worker: never put them in task messages."""
+
+    url: str
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+    elapsed: float
+    declared_encoding: str | None = None
+    history: list[str] = field(default_factory=list)
+    from_cache: bool = False  # answered by the development HTTP cache (CHAINCRAWL_HTTP_CACHE)
+    # bytes the charset cannot decode: "replace" (U+FFFD, reported to `on_undecodable`) or
+    # "strict" (`text` raises UndecodableText); set by the endpoint's Context
+    decode_errors: str = field(default="replace", repr=False, compare=False)
+    on_undecodable: Callable[[Response, int], None] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    @lazy
+    def encoding(self) -> str:
+        """w3lib's detection: a byte order mark, else the header's charset, else an HTML/XML
+        meta charset, else UTF-8; labels resolved as browsers do (gb2312 -> gb18030,
+        latin-1 -> cp1252), an unknown one taken as UTF-8."""
+        bom, _ = read_bom(self.content)
+        if bom:
+            return bom
+        if self.declared_encoding:
+            enc = resolve_encoding(self.declared_encoding)
+            if enc:
+                return enc
+        return html_body_declared_encoding(self.content) or "utf-8"
+
+    @lazy
+    def undecodable(self) -> int:
+        """Bytes of the body its encoding cannot decode (0: clean)."""
+        return decode_counting(self.content, self.encoding)[1]
+
+    @lazy
+    def text(self) -> str:
+        """The body decoded. Bytes the charset cannot decode are replaced with U+FFFD and
+        reported (`on_undecodable`: the page's metrics and a warning), or with
+        `decode_errors="strict"` raise UndecodableText: never silently."""
+        text, n = decode_counting(self.content, self.encoding)
+        if n:
+            if self.decode_errors == "strict":
+                raise UndecodableText(
+                    f"{self.url}: {n} bytes are not valid {self.encoding} "
+                    f"(declared: {self.declared_encoding or 'none'})"
+                )
+            if self.on_undecodable is not None:
+                self.on_undecodable(self, n)
+        return text
+
+    def json(self) -> Any:
+        try:
+            return orjson.loads(self.content)
+        except orjson.JSONDecodeError as exc:
+            raise ParseError(f"invalid JSON from {self.url}: {exc}") from None
+
+    @lazy
+    def selector(self) -> Selector:
+        return Selector(text=self.text)
+
+    def css(self, query: str) -> Any:
+        return self.selector.css(query)
+
+    def xpath(self, query: str) -> Any:
+        return self.selector.xpath(query)
+
+
+_BAD = threading.local()
+
+
+def _count_and_replace(exc: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: U+FFFD, as `errors="replace"`, counting the bytes replaced."""
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    _BAD.n = getattr(_BAD, "n", 0) + (exc.end - exc.start)
+    return "\ufffd", exc.end
+
+
+codecs.register_error("chaincrawl-count", _count_and_replace)
+
+
+def decode_counting(data: bytes, encoding: str) -> tuple[str, int]:
+    """`data` decoded as `errors="replace"` does, and how many bytes were replaced. The
+    strict decode goes first: a clean page (the usual case) costs no more than before."""
+    bom_enc, bom = read_bom(data)
+    body = data[len(bom) :] if bom and bom_enc == encoding else data
+    try:
+        return body.decode(encoding), 0
+    except UnicodeDecodeError:
+        pass
+    _BAD.n = 0  # a decode never yields to another greenlet: the count is this call's
+    text = body.decode(encoding, errors="chaincrawl-count")
+    return text, _BAD.n
+
+
+def header_charset(content_type: str) -> str | None:
+    """The charset a Content-Type names (`text/html; charset=gbk` -> `gbk`), or None."""
+    for part in content_type.split(";")[1:]:
+        k, _, v = part.strip().partition("=")
+        if k.lower() == "charset" and v:
+            return v.strip("\"' ")
+    return None

@@ -1,0 +1,387 @@
+"""The lease engine under every resource pool (cookies, device ids, proxy channels): members
+lent exclusively to one request at a time, with use counts, a health score, cool-down,
+retirement and a bench, all in Redis and shared by every worker.
+
+Keys of a pool under its base `<b>` (`<p>:site:{<site>}:pool:<kind>` for cookies and devices,
+`<p>:site:{<site>}:proxy` for a site's proxies: utils/keyspace.py), all on the site's Redis
+Cluster slot:
+
+    :idle     zset  id -> ready at (ms)   members not lent; usable once `ready at` <= now, so the
+                                          one idle longest goes out first (rotation). A pool
+                                          ordered by use ("uses") keeps the use count here
+                                          instead: always ready, least used first
+    :lease    zset  id -> expiry (ms)     lent members; Redis server time, worker clocks never matter
+    :token    hash  id -> lease token     fences a late return from a lease that was reclaimed
+    :uses     hash  id -> uses            completed requests per member (use limit)
+    :score    hash  id -> health score    +1 per success, -penalty per failure, retired at 0
+                                          (pools that score members: cookies, devices)
+    :secret   hash  id -> sealed secret   the only place it lives (cookie values, a device id,
+                                          a proxy URL with credentials), sealed (utils/seal.py:
+                                          Redis's files never show it); messages carry the id.
+                                          The proxy channel names this hash `:url`
+    :stats    hash  produced checkouts bans retired retired:<reason> reclaimed cancelled
+                                          (checkouts: in pools that are `produced`)
+    :retired  zset  id -> unix time       the last 1000 retired ids, for inspection
+    :ban      zset  id -> until (ms)      retired ids that may not be added again before then
+
+Every operation is one call of one Lua script (`lease.lua`; a pool's `Profile` — its order,
+whether lost leases count, whether it scores and is produced — is compiled into its copy), so
+each is atomic and a page's checkout and its release are one round trip each: a member is in `:idle` or in `:lease`, never
+both, only the holder of the current token returns it, and a ban retires the member even when
+its lease had already been reclaimed. `LeasesInFlight` keeps this process's leases of requests in flight,
+for every kind, so the provider that hears the outcome (or cancels) finds the lease.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from exceptions import SecretUnreadable
+from external_interface.resources.base import OutgoingRequest
+from utils.redis import as_str, get_redis
+from utils.seal import Sealer, get_sealer
+
+log = logging.getLogger(__name__)
+
+SCRIPT = Path(__file__).with_name("lease.lua").read_text()
+KEY_NAMES = ("idle", "lease", "token", "uses", "score", "secret", "stats", "retired", "ban")
+ORDERS = ("lru", "uses")
+STATES = {0: "stale", 1: "returned", 2: "retired", 3: "renewed"}
+ACTIONS = ("use", "cancel", "ban", "retire")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How a pool behaves, compiled into its copy of the script (no argument on the page path).
+
+    `order`: "lru" lends the member idle longest, with cool-down; "uses" the least used.
+    `lost_uses`: a lease that ends without its holder's return (reclaimed, or returned late)
+    counts as a use. `scored`: members carry a health score. `produced`: the pool is refilled
+    by production when low, so checkout and release report its size and checkouts are counted.
+    """
+
+    order: str = "lru"
+    lost_uses: bool = False
+    scored: bool = True
+    produced: bool = True
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"unknown lease order {self.order!r}: one of {', '.join(ORDERS)}")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One exclusive checkout. `secret` holds the member's values: kept out of repr and logs."""
+
+    kind: str
+    site: str
+    id: str
+    token: str
+    uses: int
+    score: int
+    expires_ms: int
+    secret: Any = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Checkout:
+    lease: Lease | None
+    available: int  # ready members left after this checkout
+    size: int  # members in the pool (idle or lent); -1 unless the profile is `produced`
+    wait: float | None  # seconds until the next member is ready (None: nothing idle)
+
+
+class LeasePool:
+    """One pool on the engine; see the module docstring for keys and atomicity, `Profile` for
+    how it behaves. Secrets are sealed on the way in and opened at checkout (`sealer`: this
+    process's by default); subclasses turn the opened text into what their callers use
+    (`_lease`).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        site: str,
+        base: str,
+        *,
+        rds: redis.Redis | None = None,
+        profile: Profile = Profile(),
+        secret_key: str = "secret",
+        sealer: Sealer | None = None,
+    ) -> None:
+        self.kind, self.site, self.base = kind, site, base
+        self.name = f"{kind}:{site}"
+        self._rds = rds
+        self._sealer = sealer
+        names = {n: n for n in KEY_NAMES} | {"secret": secret_key}
+        self.keys = [f"{base}:{names[n]}" for n in KEY_NAMES]
+        (
+            self.k_idle,
+            self.k_lease,
+            self.k_token,
+            self.k_uses,
+            self.k_score,
+            self.k_secret,
+            self.k_stats,
+            self.k_retired,
+            self.k_ban,
+        ) = self.keys
+        self.profile = profile
+        self._script: Any = None
+
+    @property
+    def rds(self) -> redis.Redis:
+        """The given client, else the process's (looked up per call: safe across fork)."""
+        return self._rds if self._rds is not None else get_redis()
+
+    @property
+    def sealer(self) -> Sealer:
+        """The given sealer, else the process's (its keys from the settings)."""
+        return self._sealer if self._sealer is not None else get_sealer()
+
+    def _run(self, op: str, args: Iterable[Any] = (), keys: list[str] | None = None) -> Any:
+        client = self.rds
+        if self._script is None:
+            self._script = client.register_script(_source(self.profile))
+        return self._script(keys=keys or self.keys, args=[op, *args], client=client)
+
+    def _lease(self, mid: str, token: str, uses: int, score: int, exp: int, text: str) -> Lease:
+        """The lease handed to callers; subclasses decode the opened secret."""
+        return Lease(self.kind, self.site, mid, token, uses, score, exp, text)
+
+    def _open(self, mid: str, raw: bytes) -> str:
+        """A checked-out member's secret, opened. One that no key opens (sealed with another
+        key, stored in clear) is retired, so it fails one task, loudly, and never another."""
+        try:
+            return self.sealer.open(raw, f"the secret of {self.kind} {mid} of site {self.site}")
+        except SecretUnreadable:
+            self.retire_members([mid], "unreadable")
+            log.error("%s %s of site %s: its secret does not open with this process's keys; "
+                      "retired (docs/security.md)", self.kind, mid, self.site)  # fmt: skip
+            raise
+
+    # --- lending -------------------------------------------------------------------------
+    def take(self, avoid: Collection[str], lease_ttl: float, fallback: bool = True) -> Checkout:
+        """Lend the first ready member not in `avoid`, exclusively for `lease_ttl` seconds.
+        With `fallback`, `avoid` is a preference: when every member is in it, waiting could
+        never end, so the first avoided one is lent after all."""
+        token = secrets.token_hex(8)
+        res = self._run("checkout", [int(lease_ttl * 1000), token, int(fallback), *avoid])
+        mid, raw, uses, score, avail, size, wait, exp = res
+        if not mid:
+            wait_s = None if int(wait) < 0 else int(wait) / 1000
+            return Checkout(None, int(avail), int(size), wait_s)
+        mid = as_str(mid)
+        text = self._open(mid, raw)
+        lease = self._lease(mid, token, int(uses), int(float(score)), int(exp), text)
+        return Checkout(lease, int(avail), int(size), 0.0)
+
+    def give_back(
+        self,
+        lease: Lease,
+        action: str = "use",
+        *,
+        rest: float = 0.0,
+        max_uses: int = 0,
+        delta: int = 0,
+        max_score: int = 0,
+        reason: str = "",
+        hold: float = 0.0,
+    ) -> tuple[str, int]:
+        """End a lease; -> (state, pool size: -1 unless `produced`), state "returned", "retired"
+        or "stale" (the lease had expired and was reclaimed). Actions: "use" (the request was sent: a use, the score
+        moves by `delta`, then `rest` seconds of cool-down, retired at `max_uses`), "cancel"
+        (never sent: back at once), "ban" / "retire" (forget it with `reason`; `hold` seconds
+        before its id may be added again)."""
+        args: list[Any] = [lease.id, lease.token, action]
+        if action == "use":
+            extra = [int(rest * 1000), max_uses, delta, max_score]
+            while extra and not extra[-1]:  # trailing zeros are the script's defaults
+                extra.pop()
+            args += extra
+        elif action in ("ban", "retire"):
+            args += [reason, int(hold * 1000)]
+        elif action != "cancel":
+            raise ValueError(f"unknown lease action {action!r}: one of {', '.join(ACTIONS)}")
+        state, size = self._run("release", args)
+        return STATES[int(state)], int(size)
+
+    def cancel(self, lease: Lease) -> None:
+        """Give a lease back unused (the request was never sent): no use, no cool-down."""
+        self.give_back(lease, "cancel")
+
+    def renew_lease(self, lease: Lease, lease_ttl: float) -> bool:
+        """Extend a lease for a long request; False if it had already expired and gone back."""
+        state, _ = self._run("release", [lease.id, lease.token, "renew", int(lease_ttl * 1000)])
+        return STATES[int(state)] == "renewed"
+
+    # --- membership ----------------------------------------------------------------------
+    def add_members(
+        self,
+        members: Iterable[tuple[str, str]],
+        initial_score: int = 0,
+        source: str | None = None,
+    ) -> int:
+        """Add (id, secret) pairs, each secret sealed; an id already known, benched, or (with
+        `source`) not in that zset is skipped. Returns how many were added. `source` is one
+        more key of the script: on a Redis Cluster it must share the pool's slot."""
+        box = self.sealer
+        flat = [x for mid, secret in members for x in (mid, box.seal(secret))]
+        if not flat:
+            return 0
+        keys = [*self.keys, source] if source else None
+        return int(self._run("add", [initial_score, *flat], keys))
+
+    def retire_members(
+        self, ids: Iterable[str], reason: str, hold: float = 0.0, only_idle: bool = False
+    ) -> int:
+        """Retire members (only idle ones with `only_idle`); returns how many."""
+        ids = list(ids)
+        if not ids:
+            return 0
+        return int(self._run("retire", [reason, int(hold * 1000), int(only_idle), *ids]))
+
+    def reclaim(self) -> int:
+        """Give back every expired lease now (every operation also does it, a few at a time)."""
+        return int(self._run("reclaim"))
+
+    # --- reads ---------------------------------------------------------------------------
+    def sizes(self) -> tuple[int, int, int]:
+        """(available now, members, lent)."""
+        avail, size, leased = self._run("sizes")
+        return int(avail), int(size), int(leased)
+
+    def counters(self) -> dict[str, int]:
+        return {as_str(k): int(v) for k, v in self.rds.hgetall(self.k_stats).items()}
+
+    def __contains__(self, member_id: object) -> bool:
+        return bool(self.rds.hexists(self.k_secret, str(member_id)))
+
+    def members(self) -> set[str]:
+        """Every member, idle or lent."""
+        return {as_str(x) for x in self.rds.hkeys(self.k_secret)}
+
+    def lent(self) -> list[str]:
+        return [as_str(i) for i in self.rds.zrange(self.k_lease, 0, -1)]
+
+    def uses(self, member_id: str) -> int | None:
+        v = self.rds.hget(self.k_uses, member_id)
+        return int(v) if v is not None else None
+
+    def score(self, member_id: str) -> int | None:
+        v = self.rds.hget(self.k_score, member_id)
+        return int(float(v)) if v is not None else None
+
+    def retired(self) -> list[str]:
+        return [as_str(x) for x in self.rds.zrange(self.k_retired, 0, -1)]
+
+    def banned(self) -> list[str]:
+        """Ids benched now (they may not be added again yet)."""
+        sec, usec = self.rds.time()
+        now_ms = sec * 1000 + usec // 1000
+        return [as_str(i) for i in self.rds.zrangebyscore(self.k_ban, now_ms, "+inf")]
+
+    def unban(self, member_id: str) -> None:
+        self.rds.zrem(self.k_ban, member_id)
+
+    def clear(self) -> None:
+        self.rds.delete(*self.keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _source(p: Profile) -> str:
+    """The script for pools of profile `p`: its constants, then `lease.lua`."""
+    flags = ", ".join("true" if f else "false" for f in (p.lost_uses, p.scored, p.produced))
+    return f"local ORDER, LOST, SCORED, PRODUCED = '{p.order}', {flags}\n{SCRIPT}"
+
+
+# --- leases of requests in flight ------------------------------------------------------------
+
+
+@dataclass
+class _Held:
+    pool: LeasePool
+    lease: Lease
+    at: float
+
+
+class LeasesInFlight:
+    """The leases this process lent for requests in flight, of every kind, keyed by
+    (kind, request): the fetch layer hands the same request object to `prepare`, `feedback`
+    and `cancel`, and any provider instance must find the lease another one took. Only opaque
+    ids reach `req.leases` and the logs."""
+
+    def __init__(self, limit: int = 2000, max_age: float = 3600.0) -> None:
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._lock = threading.Lock()
+        self.limit, self.max_age = limit, max_age
+
+    def put(self, req: OutgoingRequest, pool: LeasePool, lease: Lease) -> None:
+        with self._lock:
+            if len(self._held) > self.limit:  # requests that never got feedback: long expired
+                old = time.monotonic() - self.max_age
+                for k in [k for k, v in self._held.items() if v.at < old]:
+                    del self._held[k]
+            self._held[(pool.kind, id(req))] = _Held(pool, lease, time.monotonic())
+        req.leases[pool.kind] = lease.id
+
+    def take(self, req: OutgoingRequest, pool: LeasePool) -> tuple[LeasePool, Lease] | None:
+        """The lease lent for `req` from `pool`'s kind, or for a copy of `req` (the one lease of
+        the same pool and member id), removed from the registry."""
+        with self._lock:
+            held = self._held.pop((pool.kind, id(req)), None)
+            if held is None and (mid := req.leases.get(pool.kind)):
+                keys = [
+                    k
+                    for k, v in self._held.items()
+                    if k[0] == pool.kind and v.lease.id == mid and v.pool.base == pool.base
+                ]
+                if len(keys) == 1:
+                    held = self._held.pop(keys[0])
+        return (held.pool, held.lease) if held is not None else None
+
+    def take_all(self, req: OutgoingRequest) -> list[tuple[LeasePool, Lease]]:
+        with self._lock:
+            keys = [k for k in self._held if k[1] == id(req)]
+            return [(h.pool, h.lease) for h in (self._held.pop(k) for k in keys)]
+
+
+IN_FLIGHT = LeasesInFlight()
+
+
+def cancel_leases(req: OutgoingRequest) -> None:
+    """Give back unused every lease this process lent `req` (a later provider could not lend,
+    so the request is never sent); a failed give-back returns when its lease expires."""
+    for pool, lease in IN_FLIGHT.take_all(req):
+        try:
+            pool.cancel(lease)
+        except redis.RedisError:
+            log.warning(
+                "%s %s: cancel failed; it returns when its lease expires", pool.kind, lease.id
+            )
+        req.leases.pop(pool.kind, None)
+
+
+def avoided(task: Any, kind: str) -> set[str]:
+    """Member ids of `kind` this task must not get again (`task.avoid` holds "kind:id")."""
+    p = f"{kind}:"
+    return {a[len(p) :] for a in getattr(task, "avoid", ()) or () if a.startswith(p)}
+
+
+def avoid_next_time(task: Any, kind: str, member_id: str) -> None:
+    """Put a member that failed into `task.avoid`, so the retry (or the next request of the
+    same attempt) gets another."""
+    avoid = getattr(task, "avoid", None)
+    if isinstance(avoid, set):
+        avoid.add(f"{kind}:{member_id}")

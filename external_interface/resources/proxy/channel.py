@@ -1,0 +1,223 @@
+"""Per-site channel pools: exclusive, leased checkouts of proxies from the global pool.
+
+A channel is a pool on the lease engine (`external_interface.resources.lease`, whose docstring lists the
+keys) under `<p>:site:{<site>}:proxy` (the site's Redis Cluster slot), ordered by use: `:idle` holds each idle proxy's use count
+and the least used goes out first. Its secret hash is named `:url` (the proxy URL, sealed
+like every secret of the engine; the channel's own copy, so it keeps serving after the proxy left the global pool because of another
+site), `:ban` holds the proxies this site benched, until when, and `:stats` counts
+`retired:banned` (benched by the site) and `retired:dead` (dead for it) among the engine's
+counters. A lease that ends without its holder's return still counts as a use.
+
+What the engine makes atomic, for proxies:
+
+* checkout lends the least-used idle proxy not in the task's `avoid` (unless every proxy of
+  the channel is), after reclaiming leases that expired (their worker died);
+* release only acts if the caller's token is still the lease's token; the use count is the
+  exact `HINCRBY` of `:uses`, copied into `:idle`;
+* refill adds a global-pool proxy only if the channel does not know it (`HSETNX`), it is not
+  benched and it is still in the global pool: a proxy lent right now can never be added a
+  second time (the double checkout through a refill). On a Redis Cluster the global pool
+  (`{proxy}`) and the channel (`{<site>}`) are two slots, so "still in the global pool" is
+  checked in steps instead (`refill`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Collection
+from typing import cast
+
+from external_interface.resources.lease import Lease, LeasePool, Profile
+from external_interface.resources.proxy.models import Event
+from external_interface.resources.proxy.pool import GlobalPool
+from external_interface.resources.proxy.select import Selector
+from utils.redis import as_str, is_cluster
+
+log = logging.getLogger(__name__)
+
+KIND = "proxy"
+# least used first, a lost lease counts as a use; no health score (the global pool scores
+# proxies), refilled from the global pool rather than produced
+PROFILE = Profile(order="uses", lost_uses=True, scored=False, produced=False)
+
+
+class ProxyLease(Lease):
+    """A channel lease; its secret is the proxy URL (maybe with credentials: kept out of repr)."""
+
+    @property
+    def url(self) -> str:
+        return str(self.secret)
+
+
+class ChannelPool(LeasePool):
+    """The proxies one site draws from; see the module docstring for keys and atomicity."""
+
+    def __init__(
+        self,
+        site: str,
+        pool: GlobalPool,
+        selector: Selector | None = None,
+    ) -> None:
+        super().__init__(
+            KIND,
+            site,
+            pool.keys.channel(site),
+            rds=pool.rds,
+            profile=PROFILE,
+            secret_key="url",
+            sealer=pool.sealer,
+        )
+        self.pool = pool
+        self.settings = pool.settings
+        self.selector = selector or Selector(pool)
+        self.k_url = self.k_secret
+        self._last_refill = 0.0
+        self._refill_lock = threading.Lock()
+
+    def _lease(self, mid: str, token: str, uses: int, score: int, exp: int, text: str) -> Lease:
+        return ProxyLease(self.kind, self.site, mid, token, uses, score, exp, text)
+
+    # --- lending -----------------------------------------------------------------------------
+    def checkout(
+        self, avoid: Collection[str] = (), lease_ttl: float | None = None
+    ) -> ProxyLease | None:
+        """Lend the least-used proxy not in `avoid`, refilling from the global pool when the
+        channel runs low (at most once per `refill_interval` per instance). `avoid` is a
+        preference: when every proxy of the channel is in it, the least used is lent anyway."""
+        ttl = self.settings.lease_ttl if lease_ttl is None else lease_ttl
+        co = self.take(avoid, ttl, fallback=False)
+        low = co.lease is None or co.available < self.settings.refill_below
+        due = time.monotonic() - self._last_refill >= self.settings.refill_interval
+        if low and due:
+            self.refill()
+            if co.lease is None:  # this refill, or another thread's just before it, filled it
+                co = self.take(avoid, ttl, fallback=False)
+        if co.lease is None and avoid:  # every proxy here avoided? then one of them
+            co = self.take(avoid, ttl, fallback=True)
+        return cast("ProxyLease | None", co.lease)  # built by _lease
+
+    def release(
+        self, lease: Lease, event: Event = Event.SUCCESS, ban_ttl: float | None = None
+    ) -> str:
+        """Give a lease back. Success, timeout and neutral return it; dead drops it; banned
+        drops it and keeps it out of this channel for `ban_ttl` (default: the setting; a site
+        that says how long, e.g. a 429's retry-after, passes that). Returns "returned",
+        "dropped" or "stale" (the lease had expired; the use still counts)."""
+        if event is Event.BANNED:
+            cap = self.settings.ban_ttl
+            hold = max(cap if ban_ttl is None else min(ban_ttl, cap), 0.001)
+            state, _ = self.give_back(lease, "ban", reason="banned", hold=hold)
+        elif event is Event.DEAD:
+            state, _ = self.give_back(lease, "retire", reason="dead")
+        else:
+            state, _ = self.give_back(lease)
+        if state == "stale":
+            log.warning(
+                "proxy %s: lease for site %s had expired before release", lease.id, self.site
+            )
+        return "dropped" if state == "retired" else state
+
+    def renew(self, lease: Lease, lease_ttl: float | None = None) -> bool:
+        """Extend a lease for a long request; False if it had already expired and gone back."""
+        return self.renew_lease(lease, self.settings.lease_ttl if lease_ttl is None else lease_ttl)
+
+    # --- upkeep ------------------------------------------------------------------------------
+    def refill(self, limit: int | None = None) -> int:
+        """Copy qualifying global proxies this channel does not know yet; returns how many.
+
+        On one Redis the add checks, in its script, that each proxy is still in the global pool.
+        On a Redis Cluster that script cannot read the global pool's slot, so the check is
+        split in per-slot steps: (1) keep the proxies still in the global pool, (2) add them
+        (the channel's slot: known, lent or benched ones are still skipped atomically), (3)
+        take back out of the channel, idle, those that left the global pool meanwhile.
+        A crash between (2) and (3) leaves a channel copy of a proxy that has just left the
+        global pool: the state a channel is in anyway when another site's requests kill a
+        proxy (the channel keeps its copy). It is repaired the same way: this site's own
+        request through it settles dead and retires it, or the validator that found it dead
+        purges it from every channel (`validate.purge_channels`)."""
+        limit = self.settings.refill_batch if limit is None else limit
+        with self._refill_lock:
+            self._last_refill = time.monotonic()
+        ranked = self.selector.select().ids
+        if not ranked:
+            return 0
+        # cheap pre-filter so `limit` counts new proxies; the script re-checks atomically
+        pipe = self.rds.pipeline(transaction=False)
+        pipe.hmget(self.k_url, ranked)
+        pipe.hmget(self.pool.keys.url, ranked)
+        known, urls = pipe.execute()
+        fresh = [
+            (pid, url)
+            for pid, k, url in zip(ranked, known, urls, strict=True)
+            if k is None and url is not None
+        ][: max(limit, 0)]
+        if not fresh:
+            return 0
+        self.rds.sadd(self.pool.keys.channels, self.site)
+        if not is_cluster(self.rds):
+            opened = [(pid, self.pool.open_url(pid, url)) for pid, url in fresh]
+            return self.add_members(opened, source=self.pool.keys.score)
+        return self._refill_in_steps(fresh)
+
+    def _refill_in_steps(self, fresh: list[tuple[str, bytes]]) -> int:
+        """`refill`'s add on a Redis Cluster: global check, add, global re-check (see there)."""
+        score = self.pool.keys.score
+        present = self.rds.zmscore(score, [pid for pid, _ in fresh])
+        kept = [(pid, url) for (pid, url), sc in zip(fresh, present, strict=True) if sc is not None]
+        if not kept:
+            return 0
+        added = self.add_members([(pid, self.pool.open_url(pid, url)) for pid, url in kept])
+        after = self.rds.zmscore(score, [pid for pid, _ in kept])
+        gone = [pid for (pid, _), sc in zip(kept, after, strict=True) if sc is None]
+        return max(0, added - self.retire_members(gone, "purged", only_idle=True))
+
+    def purge(self, ids: Collection[str]) -> int:
+        """Take idle copies of `ids` out of this channel (proxies found dead by a validator)."""
+        return self.retire_members(ids, "purged", only_idle=True)
+
+    # --- reads -------------------------------------------------------------------------------
+    def idle(self) -> list[tuple[str, int]]:
+        """Idle members with their use counts, least used first."""
+        return [
+            (as_str(i), int(s)) for i, s in self.rds.zrange(self.k_idle, 0, -1, withscores=True)
+        ]
+
+    def clear(self) -> None:
+        super().clear()
+        self.rds.srem(self.pool.keys.channels, self.site)
+
+
+def channel_stats(channel: ChannelPool) -> dict[str, int]:
+    """Counters of one channel: `banned` (benched by the site), `dropped` (dead for it)."""
+    counters = channel.counters()
+    out = {"banned": counters.get("retired:banned", 0), "dropped": counters.get("retired:dead", 0)}
+    return {k: v for k, v in out.items() if v}
+
+
+def channels(pool: GlobalPool) -> list[str]:
+    """Sites that have a channel pool."""
+    return sorted(as_str(x) for x in pool.rds.smembers(pool.keys.channels))
+
+
+def settle(
+    pool: GlobalPool,
+    channel: ChannelPool | None,
+    lease: Lease | None,
+    proxy_id: str,
+    event: Event,
+    elapsed: float | None,
+    ban_ttl: float | None = None,
+) -> None:
+    """Apply one request's outcome: global score (haipproxy's rule), then the channel lease.
+
+    A ban only concerns the site that banned: the global score is left alone, so other sites
+    keep using the proxy, and this site benches it for `ban_ttl` (default: the setting). A dead
+    proxy leaves the global pool and this channel; other channels keep their copy until their
+    own requests fail, or a validator purges it.
+    """
+    if event is not Event.BANNED and pool.record(proxy_id, event, elapsed).state == "removed":
+        event = Event.DEAD  # e.g. a timeout took the score to 0: gone from this channel too
+    if channel is not None and lease is not None:
+        channel.release(lease, event, ban_ttl=ban_ttl)

@@ -1,0 +1,90 @@
+"""`python -m external_interface.storage.outbox`: a drainer process of its own; SIGTERM flushes and exits."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from config import get_settings
+from external_interface.storage.outbox.cluster import drainer_class
+from external_interface.storage.outbox.status import backlog, requeue_dead
+from utils.redis import get_redis
+
+log = logging.getLogger("external_interface.storage.outbox")
+
+DESCRIPTION = "The outbox drainer: moves committed items from the Redis stream `{prefix}:outbox` to the sinks."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m external_interface.storage.outbox`: a drainer process; SIGTERM flushes and exits."""
+    p = argparse.ArgumentParser(
+        prog="python -m external_interface.storage.outbox", description=DESCRIPTION
+    )
+    p.add_argument(
+        "--status",
+        action="store_true",
+        help="print the backlog as JSON and exit (on a Redis Cluster: every run's stream)",
+    )
+    p.add_argument("--once", action="store_true", help="drain what is there now, then exit")
+    p.add_argument(
+        "--requeue-dead",
+        action="store_true",
+        help="move dead letters back and exit (on a Redis Cluster: each run's to its own stream)",
+    )
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--interval", type=float, default=None)
+    p.add_argument("--claim-idle", type=float, default=None)
+    args = p.parse_args(argv)
+    settings = get_settings()
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.status:
+        r = get_redis(settings.redis_url)
+        sys.stdout.write(
+            orjson.dumps(
+                backlog(r, settings.key_prefix, scan=True), option=orjson.OPT_INDENT_2
+            ).decode()
+            + "\n"
+        )
+        return 0
+    if args.requeue_dead:
+        print(requeue_dead(get_redis(settings.redis_url), settings.key_prefix))
+        return 0
+    kw: dict[str, Any] = {}
+    if args.claim_idle is not None:
+        kw["claim_idle"] = args.claim_idle
+    drainer = drainer_class(get_redis(settings.redis_url)).from_settings(settings, **kw)
+    if args.batch:
+        drainer.batch = args.batch
+    if args.interval:
+        drainer.interval = args.interval
+    if args.once:
+        try:
+            n = drainer.drain_once(claim=True)
+        finally:
+            drainer.router.close()
+        print(n)
+        return 0
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: flushing and stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    drainer.run(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The batch task: several pages in one broker message (`ledger.publish.Publisher.plan`).
+
+Each entry runs as the task it names, with its own task id: its own begin and commit (exactly
+once per id), its own retry (a message of its own, same id) and its own dead letter. The
+entries' begins go in one round trip, their commits in one, their children in one publish
+pipeline. Under gevent the entries run side by side, each holding a page slot; elsewhere one
+after the other. A batch hands the pages it has not started to new messages when it runs past
+its budget or its run reaches its tail.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Task, shared_task
+from celery.exceptions import Reject, Retry
+
+from config import Settings
+from ledger.batching import BATCH_TASK
+from ledger.meta import RETRY_BASE, RUN
+from ledger.state import Begun
+from lifecycle import runtime
+from lifecycle.commits import BatchRun, run_commits, set_batch
+from lifecycle.endpoints import EndpointSpec, get_endpoint
+from lifecycle.unknown import dead_letter_unknown
+from utils.logsafe import safe_text, task_argsrepr
+from utils.ranked_slots import RankedSlots
+from utils.registry import UnknownNameError
+
+log = logging.getLogger("chaincrawl.task")
+
+Entry = tuple[tuple[EndpointSpec, dict[str, Any]], Begun]
+
+
+@shared_task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
+             ignore_result=True, typing=False, max_retries=None)  # fmt: skip
+def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
+    """Several pages in one message (see the module docstring)."""
+    try:
+        return _run_batch(self, entries)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
+        runtime.pause_before_requeue()
+        raise Reject(exc, requeue=True) from None
+
+
+def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
+    rt = runtime.current()
+    settings = rt.settings
+    state = rt.state()
+    todo: list[tuple[EndpointSpec, dict[str, Any]]] = []
+    for e in entries:
+        try:
+            todo.append((get_endpoint(e["task"]), e))
+        except UnknownNameError:
+            dead_letter_unknown(state, settings, e, btask.request.hostname or "", btask.app)
+    begun, deliveries = state.begin_many(
+        [(e["meta"].get(RUN, ""), e["id"], 0) for _, e in todo], batch_id=btask.request.id or ""
+    )
+    # A redelivered batch (its worker died, or it was requeued) runs entry by entry: each
+    # entry counts its own delivery as it starts and commits at once, so a poison entry is
+    # charged alone and the work done before a death is kept.
+    careful = deliveries > 1
+    run = BatchRun()
+    req = btask.request
+    events = settings.task_events
+    set_batch(rt, None if careful else run)
+    budget, t_batch = batch_budget(settings), time.monotonic()
+    rid = next((e["meta"].get(RUN, "") for _, e in todo), "")
+    slots = rt.page_slots()  # gevent: every entry holds a page slot while it runs
+    side_by_side = slots is not None and not careful
+
+    def hand_out(k: int) -> str:
+        """Why entry k should go to a message of its own instead of running here ("": run)."""
+        if not k:
+            return ""
+        # Slow pages: hand the entries not started to a new message rather than run towards
+        # the visibility timeout (a restore would run the batch twice).
+        if time.monotonic() - t_batch > budget:
+            return f"over its {budget:.0f}s budget"
+        # A batch no longer worth its one-slot-at-a-time pages: hand them out too (a batch
+        # whose pages run side by side has none waiting behind each other).
+        if not side_by_side and rt.unbatch(rid):
+            return "in its run's tail"
+        return ""
+
+    def one(spec: EndpointSpec, e: dict[str, Any], b: Begun) -> None:
+        if careful:
+            b = state.begin(e["meta"].get(RUN, ""), e["id"], int(e["meta"].get(RETRY_BASE, 0)))
+            b = b._replace(deliveries=b.deliveries + 1)  # + the first, as for a single message
+        task = spec.task  # the endpoint's SiteTask
+        params, meta = e["params"], e["meta"]
+        task.push_request(
+            id=e["id"], root_id=e["id"], parent_id=None, correlation_id=e["id"],
+            args=[params, meta], kwargs={}, retries=0, called_directly=False,
+            is_eager=False, hostname=req.hostname, delivery_info=req.delivery_info,
+            reply_to=None, ignore_result=True,
+        )  # fmt: skip
+        t0 = time.monotonic()
+        try:
+            if events:
+                _entry_event(task, "task-received", name=spec.name, retries=0,
+                             args=task_argsrepr(params, meta), kwargs="{}")  # fmt: skip
+                _entry_event(task, "task-started")
+            result = task._execute(params, meta, begun=b)
+            if events:
+                _entry_event(task, "task-succeeded", result=result,
+                             runtime=time.monotonic() - t0)  # fmt: skip
+        except Retry as exc:  # already sent as its own message, same id
+            if events:
+                _entry_event(task, "task-retried", exception=safe_text(exc))
+        except (Reject, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            raise
+        except Exception as exc:  # as for a single message: logged, not committed
+            log.exception("%s[%s] raised inside %s", spec.name, e["id"], BATCH_TASK)
+            if events:
+                _entry_event(task, "task-failed", exception=safe_text(exc))
+        finally:
+            task.pop_request()
+
+    entries_b = list(zip(todo, begun, strict=True))
+    try:
+        if side_by_side:
+            assert slots is not None
+            rest, why = _side_by_side(rt, slots, run, entries_b, hand_out, one)
+        else:  # one after the other (threads, prefork, or a redelivered batch)
+            rest, why = [], ""
+            for k, ((spec, e), b) in enumerate(entries_b):
+                why = hand_out(k)
+                if why:
+                    rest = [x for _, x in todo[k:]]
+                    break
+                with rt.holding(e["meta"]):
+                    one(spec, e, b)
+    finally:
+        set_batch(rt, None)
+    bkey = state.deliveries_key(btask.request.id or "", 0)  # the batch's delivery counter goes
+    if run.calls:  # with its commits
+        results = run_commits(rt, state, rid, run.calls, pipe_extra=lambda p: p.unlink(bkey))
+    else:
+        results = []
+        state.r.unlink(bkey)
+    for (_task, tid, _dd), res in zip(run.after, results, strict=True):
+        at = state.staged_at(tid, rid)
+        if res is None:  # committed meanwhile by another delivery: send what it staged
+            run.add(state.staged(tid, rid), at, 0)
+        else:
+            run.add(res.staged, at, res.outstanding)
+    if rest:
+        log.info("%s %s: %d of %d pages handed to new messages",
+                 BATCH_TASK, why, len(rest), len(entries))  # fmt: skip
+    if run.groups or rest:
+        try:
+            rt.publisher(btask.app).publish(state, run.groups, run.outstanding, rest)
+        except Exception as exc:  # committed entries re-send what is staged on redelivery
+            log.warning("%s: children not sent (%s: %s); message requeued",
+                        BATCH_TASK, type(exc).__name__, safe_text(exc))  # fmt: skip
+            raise Reject(exc, requeue=True) from None
+    marks: dict[str, list[str]] = {}
+    for task, _tid, dd in run.after:
+        if dd:
+            marks.setdefault(task.name, []).append(dd)
+    for name, ids in marks.items():  # crawled and handed off durably: skip_seen may skip them
+        rt.request_dedup(name).mark_many(ids, refresh=True)
+    if rest:
+        return f"{len(entries) - len(rest)} pages, {len(rest)} re-queued"
+    return f"{len(entries)} pages"
+
+
+def _side_by_side(
+    rt: runtime.Runtime,
+    sem: RankedSlots,
+    run: BatchRun,
+    entries: list[Entry],
+    hand_out: Callable[[int], str],
+    one: Callable[[EndpointSpec, dict[str, Any], Begun], None],
+) -> tuple[list[dict[str, Any]], str]:
+    """Run a batch's entries in greenlets of their own, each holding a page slot (gevent): at
+    100 ms latency and 256 slots a batch run one page after the other was worth only two
+    pages per message, and each message costs ~3 ms of CPU on a slow machine. An entry that
+    gets its slot past the batch's budget is handed out instead (returned, in order, with
+    why). Errors that must requeue the message (Reject, Redis unreachable) are raised once
+    every entry has finished: nothing is committed before the batch's one commit anyway."""
+    import gevent  # only ever reached on the gevent pool
+
+    left: dict[int, dict[str, Any]] = {}
+    whys: list[str] = []
+    errors: list[BaseException] = []
+
+    def entry(k: int, spec: EndpointSpec, e: dict[str, Any], b: Begun) -> None:
+        set_batch(rt, run)  # greenlet-local under gevent: each entry defers to the batch
+        try:
+            with sem.slot(rt.page_rank(e["meta"])):
+                why = hand_out(k)
+                if why:
+                    left[k] = e
+                    whys.append(why)
+                    return
+                one(spec, e, b)
+        except BaseException as exc:
+            errors.append(exc)
+
+    greenlets = [gevent.spawn(entry, k, spec, e, b) for k, ((spec, e), b) in enumerate(entries)]
+    try:
+        gevent.joinall(greenlets)
+    except BaseException:  # the batch itself is being killed (cold shutdown): its entries too
+        gevent.killall(greenlets)
+        raise
+    if errors:
+        raise errors[0]
+    return [left[k] for k in sorted(left)], (whys[0] if whys else "")
+
+
+def batch_budget(s: Settings) -> float:
+    """Seconds a batch may run before it hands its remaining pages to new messages: well under
+    the visibility timeout (a batch running past it would be restored and run twice) and short
+    enough that a worker's death loses little (a batch commits its pages at its end)."""
+    return max(1.0, min(30.0, 0.25 * s.visibility_timeout))
+
+
+def _entry_event(task: Task, type_: str, **fields: Any) -> None:
+    """Task events for one entry of a batch, in its own id, so Flower lists every page."""
+    try:
+        task.send_event(type_, **fields)
+    except Exception as exc:  # monitoring never fails a page
+        log.debug("event %s not sent: %s", type_, exc)

@@ -1,0 +1,162 @@
+"""The endpoint contract's data: parameter and item schemas, and the registry of endpoints.
+
+A leaf of `base_task`: the context, the task class and the batch runner all build on it, and it
+builds on nothing of theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from exceptions import ParamsError
+from external_interface.storage.routing import configure_type
+from utils.registry import Registry, UnknownNameError
+
+RESOURCES_QUEUE = "resources"  # tasks named `resources.*` (pool production helpers)
+DEFAULT_QUEUE = "default"  # tasks no endpoint declares
+# `resources=["browser"]`: the endpoint renders pages (`ctx.render`). Not a provider: the
+# browser is this process's pool, and the other resources are lent to each page it renders.
+BROWSER = "browser"
+
+
+class Params(BaseModel):
+    """An endpoint's input. Unknown fields are rejected so a typo in a chain mapping shows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Item(BaseModel):
+    """An endpoint's output record. `item_type` names its collection; `key_fields` its identity
+    (sinks upsert by them, so a redelivered task never duplicates an item).
+
+    `history_fields`: fields whose every version the sinks that can keep (postgres, mongo,
+    jsonl) keep with the interval it held; `search_fields`: fields the postgres sink indexes for
+    full-text search. Both register the type's storage policy (`configure_type`) when the class
+    is defined; a dotted path names a field inside a field (`stats.views`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    item_type: ClassVar[str] = ""
+    key_fields: ClassVar[tuple[str, ...]] = ()
+    store: ClassVar[bool] = True  # False: feeds child steps only (e.g. a captcha challenge)
+    history_fields: ClassVar[tuple[str, ...]] = ()
+    search_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if not cls.item_type:
+            return  # an abstract intermediate class
+        missing = [k for k in cls.key_fields if k not in cls.model_fields]
+        if not cls.key_fields or missing:
+            raise TypeError(
+                f"Item {cls.__name__}: key_fields must name fields of the item (missing: {missing})"
+            )
+        declared = {"history_fields": cls.history_fields, "search_fields": cls.search_fields}
+        for attr, names in declared.items():
+            if isinstance(names, str):
+                raise TypeError(
+                    f"Item {cls.__name__}: {attr} must be a tuple of names, not a string"
+                )
+            unknown = [n for n in names if n.split(".", 1)[0] not in cls.model_fields]
+            if unknown:
+                raise TypeError(
+                    f"Item {cls.__name__}: {attr} names {unknown}, not fields of the item "
+                    f"(fields: {', '.join(cls.model_fields)})"
+                )
+        if cls.history_fields or cls.search_fields:
+            configure_type(
+                cls.item_type,
+                **({"track": cls.history_fields} if cls.history_fields else {}),
+                **({"search": cls.search_fields} if cls.search_fields else {}),
+            )
+
+
+@dataclass
+class Follow:
+    """A follow-up of the same endpoint and step, e.g. the next page."""
+
+    params: dict[str, Any]
+
+
+Output = Item | Follow
+Outputs = Iterable[Output]
+
+
+@dataclass
+class EndpointSpec:
+    """One endpoint as `@endpoint` declared it (`task` is its Celery task)."""
+
+    name: str
+    site: str
+    platform: str
+    fn: Callable[..., Outputs | None]
+    params: type[Params]
+    item_types: tuple[type[Item], ...]
+    resources: dict[str, str]
+    max_retries: int | None = None
+    deadline: float | None = None
+    request_timeout: float | None = None
+    queue: str = ""
+    decode_errors: str = "replace"  # undecodable text: "replace" (counted, warned) or "strict"
+    task: Any = None
+
+    @property
+    def renders(self) -> bool:
+        """Whether the endpoint asked for the browser (`resources=["browser"]`)."""
+        return BROWSER in self.resources
+
+    def validate_params(self, data: Any) -> Params:
+        """Params or a ParamsError naming the task, the field and what is wrong."""
+        if isinstance(data, self.params):
+            return data
+        if not isinstance(data, Mapping):
+            raise ParamsError(
+                f"{self.name}: parameters must be an object, got {type(data).__name__}"
+            )
+        try:
+            return self.params.model_validate(data)
+        except ValidationError as exc:
+            raise ParamsError(f"{self.name}: {describe(exc)}") from None
+
+
+def describe(exc: ValidationError) -> str:
+    """A pydantic error as one line naming the fields (at most five)."""
+    parts = []
+    for e in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(root)"
+        parts.append(f"field {loc!r}: {e['msg']}")
+    return "; ".join(parts)
+
+
+ENDPOINTS: Registry[EndpointSpec] = Registry("task")
+
+
+def get_endpoint(name: str) -> EndpointSpec:
+    """The endpoint spec by task name (UnknownNameError with a "did you mean" if none).
+    Only endpoints already imported are known: `sites.load_all()` imports every site."""
+    return ENDPOINTS.get(name)
+
+
+def iter_endpoints() -> Iterator[EndpointSpec]:
+    for n in ENDPOINTS.names():
+        yield ENDPOINTS.get(n)
+
+
+def queue_for(name: str) -> str:
+    """The queue a task is sent to: its endpoint's (the site's unless it sets one),
+    `resources` for pool production helpers, `default` for a task no endpoint declares."""
+    if name.startswith(RESOURCES_QUEUE + "."):
+        return RESOURCES_QUEUE
+    try:
+        return ENDPOINTS.get(name).queue
+    except UnknownNameError:
+        return DEFAULT_QUEUE
+
+
+def route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> dict:
+    """Celery's router signature around `queue_for` (the app's `task_routes`)."""
+    return {"queue": queue_for(name)}

@@ -1,0 +1,147 @@
+"""One endpoint, once, live, outside the broker: what `control.sh parse` and `shell` run.
+
+No Celery, no run ledger, no outbox: the endpoint's code runs in this process with what a
+worker gives it (its providers: proxy, user agent, cookie, device id, signature; robots.txt,
+the site's shared limits and adaptive delay; the fetch layer, behind the development HTTP
+cache when `CHAINCRAWL_HTTP_CACHE` is set), and what it yields is returned, never stored. Given its chain,
+the children its step would dispatch are computed as the commit would (`outputs.children`;
+a `skip_seen_hours` step reads the dedup store, and writes nothing).
+
+`run_endpoint` (base_task.py) is the offline twin, for parser tests: a given fetcher,
+no providers, no gate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
+from external_interface.fetch.cache import HttpCache
+from ledger.meta import TaskMeta
+from ledger.model import Chain
+from ledger.state import Kid
+from lifecycle import runtime
+from lifecycle.context import Context
+from lifecycle.endpoints import EndpointSpec, Follow, Item, Params, iter_endpoints
+from lifecycle.outputs import children
+from monitor.metrics import TaskMetrics
+from utils.registry import UnknownNameError
+
+
+class RecordingFetcher:
+    """Passes every request on to `inner` and keeps each request with its response."""
+
+    def __init__(self, inner: Fetcher) -> None:
+        self.inner = inner
+        self.exchanges: list[tuple[FetchRequest, Response]] = []
+
+    def fetch(self, req: FetchRequest) -> Response:
+        resp = self.inner.fetch(req)
+        self.exchanges.append((req, resp))
+        return resp
+
+
+class RecordingCache(CachingFetcher):
+    """The development HTTP cache keeping each answer it gives, from disk or from the site. A
+    `CachingFetcher` still, so `Context` answers from the cache before anything goes out."""
+
+    def __init__(self, inner: Fetcher, cache: HttpCache) -> None:
+        super().__init__(inner, cache)
+        self.exchanges: list[tuple[FetchRequest, Response]] = []
+
+    def lookup(self, req: FetchRequest) -> Response | None:
+        hit = super().lookup(req)
+        if hit is not None:
+            self.exchanges.append((req, hit))
+        return hit
+
+    def fetch(self, req: FetchRequest) -> Response:
+        seen = len(self.exchanges)
+        resp = super().fetch(req)
+        if len(self.exchanges) == seen:  # not answered by `lookup`
+            self.exchanges.append((req, resp))
+        return resp
+
+
+def recording(fetcher: Fetcher) -> RecordingFetcher | RecordingCache:
+    """`fetcher` keeping what it answers (`.exchanges`)."""
+    if isinstance(fetcher, CachingFetcher):
+        return RecordingCache(fetcher.inner, fetcher.cache)
+    return RecordingFetcher(fetcher)
+
+
+@dataclass
+class LiveResult:
+    """What one live run of an endpoint yielded and the requests it made."""
+
+    spec: EndpointSpec
+    params: dict[str, Any]
+    items: list[Item] = field(default_factory=list)
+    follows: list[Follow] = field(default_factory=list)
+    children: list[Kid] = field(default_factory=list)
+    exchanges: list[tuple[FetchRequest, Response]] = field(default_factory=list)
+    error: Exception | None = None  # what the endpoint raised (items and follows are then empty)
+
+
+def context(spec: EndpointSpec, params: Mapping[str, Any] | Params, fetcher: Fetcher | None = None,
+            meta: TaskMeta | None = None, *, online: bool = True) -> Context:  # fmt: skip
+    """A `Context` as a worker builds it for a page of `spec` (providers, gate and robots.txt
+    included; `online=False`: none of them), on `fetcher` (default: the process's fetch layer,
+    behind the development HTTP cache when `CHAINCRAWL_HTTP_CACHE` is set)."""
+    rt = runtime.current()
+    p = spec.validate_params(params)
+    return Context(spec, p, meta or TaskMeta(), rt, TaskMetrics(), fetcher or rt.fetcher(),
+                   online=online)  # fmt: skip
+
+
+def site_spec(site: str, platform: str | None = None) -> EndpointSpec:
+    """A stand-in endpoint of `site` (on `platform`, else the one most of its endpoints use)
+    that borrows every resource kind any of its endpoints declares: what `control.sh shell
+    --site` sends requests as. The site's endpoints must be imported (`sites.load_all()`)."""
+    everything = list(iter_endpoints())
+    mine = [s for s in everything if s.site == site and platform in (None, s.platform)]
+    if not mine:
+        known = sorted({f"{s.site}.{s.platform}" if platform else s.site for s in everything})
+        raise UnknownNameError("site" + (" and platform" if platform else ""),
+                               f"{site}.{platform}" if platform else site, known)  # fmt: skip
+    platform = platform or Counter(s.platform for s in mine).most_common(1)[0][0]
+    resources: dict[str, str] = {}
+    for s in mine:
+        for kind, name in s.resources.items():
+            resources.setdefault(kind, name)
+    return EndpointSpec(name=f"{site}.{platform}.shell", site=site, platform=platform,
+                        fn=_nothing, params=Params, item_types=(), resources=resources,
+                        queue=mine[0].queue)  # fmt: skip
+
+
+def _nothing(ctx: Context, p: Params) -> None:
+    return None
+
+
+def run_live(
+    spec: EndpointSpec,
+    params: Mapping[str, Any],
+    *,
+    fetcher: Fetcher | None = None,
+    chain: Chain | None = None,
+    step: str = "",
+) -> LiveResult:
+    """Run `spec` once on `params` (a ParamsError for bad ones, before any request). The
+    endpoint's own errors are returned in `error`, with the requests made until then."""
+    recorder = recording(fetcher or runtime.current().fetcher())
+    meta = TaskMeta(step=step)
+    ctx = context(spec, params, recorder, meta)
+    result = LiveResult(spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges)
+    try:
+        result.items, result.follows = spec.task._collect(ctx, ctx.params)
+    except Exception as exc:
+        result.error = exc
+        return result
+    if chain is not None and step:
+        dumped = [it.model_dump(mode="json") for it in result.items]
+        result.children = children(runtime.current(), chain, spec.name, meta, result.items,
+                                   result.follows, dumped)  # fmt: skip
+    return result

@@ -1,0 +1,73 @@
+"""One endpoint run live outside the broker (lifecycle/live.py): what it yields, the children
+its chain step would send, the requests it made, its error; and the stand-in endpoint of a
+site that `control.sh shell --site` sends requests as."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from exceptions import NotFound, ParamsError
+from lifecycle.endpoints import EndpointSpec
+from lifecycle.live import run_live, site_spec
+from sites import get_endpoint
+from tests.testsite.chains import three_step
+from tests.testsite.server import TestSite
+from utils.registry import UnknownNameError
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[TestSite]:
+    s = TestSite()
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _site_url(site: TestSite, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESTSITE_URL", site.url)
+
+
+def test_items_follow_ups_and_the_children_of_its_step(site: TestSite) -> None:
+    spec = get_endpoint("testsite.local.listing")
+    chain = three_step()
+    root = chain.root.id
+    res = run_live(spec, {"page": 1, "per": 2}, chain=chain, step=root)
+    assert res.error is None and res.params == {"page": 1, "per": 2}
+    assert [i.model_dump() for i in res.items] == [{"entry_id": "e1-0", "n": 0},
+                                                   {"entry_id": "e1-1", "n": 1}]  # fmt: skip
+    assert [f.params for f in res.follows] == [{"page": 2, "per": 2}]
+    kids = [(k.step, k.task, k.params) for k in res.children]
+    assert kids[0] == (root, "testsite.local.listing", {"page": 2, "per": 2})
+    assert sorted((k[1], sorted(k[2].items())) for k in kids[1:]) == [
+        ("testsite.local.detail", [("entry_id", "e1-0")]),
+        ("testsite.local.detail", [("entry_id", "e1-1")]),
+        ("testsite.local.reviews", [("delay", 0.0), ("entry_id", "e1-0")]),
+        ("testsite.local.reviews", [("delay", 0.0), ("entry_id", "e1-1")]),
+    ]
+    ((req, resp),) = res.exchanges
+    assert req.url == f"{site.url}/list" and resp.status == 200
+    assert run_live(spec, {"page": 1}).children == []  # no chain: no children computed
+
+
+def test_the_endpoints_error_comes_back_with_its_requests(site: TestSite) -> None:
+    spec = get_endpoint("testsite.local.probe")
+    res = run_live(spec, {"path": "/status/404"})
+    assert isinstance(res.error, NotFound) and res.items == [] and len(res.exchanges) == 1
+    with pytest.raises(ParamsError, match="field 'path'"):
+        run_live(spec, {})
+
+
+def test_a_site_stand_in_borrows_what_its_endpoints_borrow() -> None:
+    spec = site_spec("demo")
+    assert isinstance(spec, EndpointSpec) and spec.site == "demo" and spec.queue == "demo"
+    kinds = {k for s in (get_endpoint(n) for n in ("demo.h5.feed", "demo.app.detail",
+                                                    "demo.pc.comment")) for k in s.resources}  # fmt: skip
+    assert kinds <= set(spec.resources)
+    assert site_spec("demo", "app").platform == "app"
+    with pytest.raises(UnknownNameError, match="did you mean 'demo'"):
+        site_spec("dmeo")
