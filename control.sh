@@ -47,7 +47,8 @@ lock() {
   setup
   local spec name extras
   for spec in "runtime:" "dev:--extra demo --extra test" \
-      "bench:--extra demo --extra test --extra bench" "browser:--extra browser" "kafka:--extra kafka"; do
+      "bench:--extra demo --extra test --extra bench" "browser:--extra browser" "kafka:--extra kafka" \
+      "postgres:--extra postgres" "parquet:--extra parquet"; do
     name=${spec%%:*}; extras=${spec#*:}
     # shellcheck disable=SC2086
     "$VENV/bin/uv" pip compile pyproject.toml $extras --universal --python-version 3.11 -q \

@@ -35,6 +35,7 @@ from lifecycle.commits import compact_quietly
 from lifecycle.endpoints import route
 from lifecycle.unknown import dead_letter_unknown, entry_of
 from monitor.metrics import aggregator
+from monitor.timeseries import Sampler
 from scheduling import recrawl
 from scheduling.shares import fleet_from_settings
 from settings import envcheck
@@ -74,6 +75,7 @@ set_lease_guard(fleet_from_settings())  # the fleet budget's shares of the pools
 _drainer: Drainer | None = None
 _observing = False  # the re-crawl observer is among this process's on_stored hooks
 _sweeper: Sweeper | None = None
+_sampler: Sampler | None = None
 _beat: Beat | None = None
 _background_lock = threading.Lock()
 _pinned = ""  # what _pin_core did, logged at worker_ready
@@ -186,6 +188,18 @@ def _start_drainer(**kw: Any) -> None:
                 s, runs_hooks=[lambda rids: compact_quietly(state, rids)]
             )
             _drainer.start_thread()
+
+
+@signals.worker_ready.connect
+def _start_sampler(**kw: Any) -> None:
+    """Each worker process also samples the numbers the report shows over time, one process
+    of the fleet per interval (monitor/timeseries.py)."""
+    global _sampler
+    with _background_lock:
+        if _sampler is None:
+            s = get_settings()
+            _sampler = Sampler(get_redis(s.redis_url), s)
+            _sampler.start_thread()
 
 
 @signals.worker_ready.connect

@@ -1,4 +1,5 @@
-"""`control.sh items [TYPE]`: stored items as JSON lines or CSV, to stdout or a file.
+"""`control.sh items [TYPE]`: stored items as JSON lines or CSV, to stdout or a file (history,
+search and Parquet: cli/itemviews.py).
 
 Without TYPE: the types the JSONL store holds, with their counts and files. Output to a pipe
 that closes early (`| head`) ends quietly.
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from cli import UserError
+from cli import UserError, itemviews
 from external_interface.storage.export import FORMATS, export
 from external_interface.storage.sinks.jsonl import default_root, item_types, read_items, type_files
 from utils.registry import UnknownNameError
@@ -94,4 +95,13 @@ def list_types() -> int:
 
 
 def main(a: argparse.Namespace) -> int:
+    if a.type is not None and (a.history or a.search is not None or a.format == "parquet"):
+        try:
+            if a.history:
+                return itemviews.history(a.type, a.key, a.sink)
+            if a.search is not None:
+                return itemviews.search(a.type, a.search, a.sink, a.limit)
+            return itemviews.parquet(a.type, a.out, a.run, a.all)
+        except UnknownNameError as exc:
+            raise UserError(f"{exc} in the JSONL store at {default_root()}") from None
     return run(a.type, fmt=a.format, run_id=a.run, out=a.out, all_versions=a.all, limit=a.limit)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Copies of values that live in modules needing the venv (a test keeps them equal).
 POOLS = ("gevent", "threads", "prefork", "solo")  # config.POOLS, the default first
-ITEM_FORMATS = ("jsonl", "csv")  # external_interface.storage.export.FORMATS
+ITEM_FORMATS = ("jsonl", "csv", "parquet")  # storage.export.FORMATS + storage.columnar.FORMATS
 SITE_KINDS = ("list", "detail", "api")
 DEMO_FEATURES = "ua_check,sign,device,login,soft_fail"
 
@@ -137,6 +137,13 @@ def _core_commands(sub: Any) -> None:
     )
     ru.set_defaults(fn="cmd_runs")
 
+    rp = sub.add_parser("report", help="how the crawls went, as one self-contained HTML file")
+    rp.add_argument("run_id", nargs="?", help="one run (default: the runs of the last 24 h)")
+    rp.add_argument("--site", help="only the runs of this site's chains")
+    rp.add_argument("--since", help="the runs started within this long: 90m, 24h (default), 7d")
+    rp.add_argument("--out", "-o", default="report.html", help="the file to write (report.html)")
+    rp.set_defaults(fn="cli.report:main")
+
     for name, what, reason in (
         ("cancel", "stop a run (workers and other runs go on)", "kept with the run"),
         ("pause", "hold a run without losing its place (resume goes on)",
@@ -197,12 +204,25 @@ def _tool_commands(sub: Any) -> None:
     p.add_argument("--no-flower", action="store_true")
     p.set_defaults(fn="cli.demo:cmd_demo")
 
-    p = sub.add_parser("items", help="stored items of a type as JSON lines or CSV")
+    p = sub.add_parser(
+        "items", help="stored items of a type (JSON lines, CSV, Parquet), their history, a search"
+    )
     p.add_argument("type", nargs="?", help="item type, e.g. demo.post (none: list the types)")
     p.add_argument("--format", "-f", default="jsonl", choices=ITEM_FORMATS,
-                   help="jsonl (default) or csv")  # fmt: skip
+                   help="jsonl (default), csv, or parquet (a dataset partitioned by day: --out DIR)")  # fmt: skip
     p.add_argument("--run", help="only the items this run stored")
-    p.add_argument("--out", "-o", help="write to this file instead of stdout")
+    p.add_argument(
+        "--out", "-o", help="write to this file (parquet: this directory) instead of stdout"
+    )
+    p.add_argument("--key", "-k", action="append",
+                   help="with --history: the item's key value (once per key field, in order)")  # fmt: skip
+    p.add_argument("--history", action="store_true",
+                   help="the versions of the item's history fields, with when each held")  # fmt: skip
+    p.add_argument("--search", metavar="WORDS",
+                   help='items whose search fields match (postgres): words, "a phrase", -word')  # fmt: skip
+    p.add_argument("--from", dest="sink", metavar="SINK",
+                   help="the sink to read --history or --search from (default: the type's first "
+                   "sink that keeps history; postgres for --search)")  # fmt: skip
     p.add_argument("--all", action="store_true",
                    help="every stored version (append mode keeps them), not the latest per key")  # fmt: skip
     p.add_argument("--limit", type=int, help="at most this many items")

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from exceptions import ParamsError
+from external_interface.storage.routing import configure_type
 from utils.registry import Registry, UnknownNameError
 
 RESOURCES_QUEUE = "resources"  # tasks named `resources.*` (pool production helpers)
@@ -30,12 +31,19 @@ class Params(BaseModel):
 
 class Item(BaseModel):
     """An endpoint's output record. `item_type` names its collection; `key_fields` its identity
-    (sinks upsert by them, so a redelivered task never duplicates an item)."""
+    (sinks upsert by them, so a redelivered task never duplicates an item).
+
+    `history_fields`: fields whose every version the sinks that can keep (postgres, mongo,
+    jsonl) keep with the interval it held; `search_fields`: fields the postgres sink indexes for
+    full-text search. Both register the type's storage policy (`configure_type`) when the class
+    is defined; a dotted path names a field inside a field (`stats.views`)."""
 
     model_config = ConfigDict(extra="forbid")
     item_type: ClassVar[str] = ""
     key_fields: ClassVar[tuple[str, ...]] = ()
     store: ClassVar[bool] = True  # False: feeds child steps only (e.g. a captcha challenge)
+    history_fields: ClassVar[tuple[str, ...]] = ()
+    search_fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -46,6 +54,24 @@ class Item(BaseModel):
         if not cls.key_fields or missing:
             raise TypeError(
                 f"Item {cls.__name__}: key_fields must name fields of the item (missing: {missing})"
+            )
+        declared = {"history_fields": cls.history_fields, "search_fields": cls.search_fields}
+        for attr, names in declared.items():
+            if isinstance(names, str):
+                raise TypeError(
+                    f"Item {cls.__name__}: {attr} must be a tuple of names, not a string"
+                )
+            unknown = [n for n in names if n.split(".", 1)[0] not in cls.model_fields]
+            if unknown:
+                raise TypeError(
+                    f"Item {cls.__name__}: {attr} names {unknown}, not fields of the item "
+                    f"(fields: {', '.join(cls.model_fields)})"
+                )
+        if cls.history_fields or cls.search_fields:
+            configure_type(
+                cls.item_type,
+                **({"track": cls.history_fields} if cls.history_fields else {}),
+                **({"search": cls.search_fields} if cls.search_fields else {}),
             )
 
 

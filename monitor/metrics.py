@@ -200,3 +200,24 @@ def aggregator() -> Aggregator:
 
 def read(client: Any, key: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall(key).items()}
+
+
+def read_hashes(client: Any, prefix: str) -> dict[str, dict[str, int]]:
+    """Every hash whose key starts with `prefix`, by the rest of its key, its integer fields
+    (one SCAN, then one pipelined round trip)."""
+    keys = sorted(client.scan_iter(match=prefix + "*", count=1000))
+    if not keys:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.hgetall(k)
+    out: dict[str, dict[str, int]] = {}
+    for k, raw in zip(keys, pipe.execute(), strict=True):
+        vals: dict[str, int] = {}
+        for f, v in raw.items():
+            try:
+                vals[f.decode()] = int(v)
+            except ValueError:
+                continue
+        out[(k.decode() if isinstance(k, bytes) else k)[len(prefix) :]] = vals
+    return out

@@ -29,7 +29,7 @@ from external_interface.storage.outbox import backlog
 from ledger.model import chain_from_dict
 from ledger.state import RunState, run_status, stalled_resends
 from monitor.deadletter import DeadLetterStore
-from monitor.metrics import LATENCY_BUCKETS_MS
+from monitor.metrics import LATENCY_BUCKETS_MS, read_hashes
 from scheduling.recrawl import History, Watch, recrawl_clock
 from utils.keyspace import Keyspace
 from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
@@ -50,32 +50,13 @@ ERROR_OUTCOMES = ("failed", "retried", "waited")
 # --- Redis readers -----------------------------------------------------------------------------
 
 
-def _hashes(client: Any, prefix: str) -> dict[str, dict[str, int]]:
-    keys = sorted(client.scan_iter(match=prefix + "*", count=1000))
-    if not keys:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for k in keys:
-        pipe.hgetall(k)
-    out: dict[str, dict[str, int]] = {}
-    for k, raw in zip(keys, pipe.execute(), strict=True):
-        vals: dict[str, int] = {}
-        for f, v in raw.items():
-            try:
-                vals[f.decode()] = int(v)
-            except ValueError:
-                continue
-        out[k.decode()[len(prefix) :]] = vals
-    return out
-
-
 def task_metrics(client: Any, s: Settings | None = None) -> dict[str, dict[str, int]]:
     """Every `metrics:task:{task}` hash, pipelined (one round trip after the scan)."""
-    return _hashes(client, (s or get_settings()).key("metrics", "task", ""))
+    return read_hashes(client, (s or get_settings()).key("metrics", "task", ""))
 
 
 def site_metrics(client: Any, s: Settings | None = None) -> dict[str, dict[str, int]]:
-    return _hashes(client, (s or get_settings()).key("metrics", "site", ""))
+    return read_hashes(client, (s or get_settings()).key("metrics", "site", ""))
 
 
 def site_of(task: str) -> str:

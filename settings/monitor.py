@@ -23,6 +23,12 @@ class MonitorSettings(ChaincrawlSettings):
     user: str = Field("metrics", description="Basic-auth user.")
     password: str = Field("", description="Basic-auth password; generated into var/ if needed.")
     runs_limit: int = Field(50, description="Active runs exported per scrape (label cardinality).")
+    series_interval: float = Field(
+        60.0, gt=0, description="Seconds between two points of the report's time series."
+    )
+    series_points: int = Field(
+        1440, gt=0, description="Points a time series keeps (per run, and the fleet's)."
+    )
 
 
 class AlertSettings(ChaincrawlSettings):

@@ -29,8 +29,13 @@ class StorageSettings(ChaincrawlSettings):
     )
     track_history: str = Field(
         "",
-        description="Fields whose changes the mongo sink records in `_history`: "
-        "`demo.post=likes,comments`.",
+        description="Fields whose versions the sinks keep (field history; over an item "
+        "type's `history_fields`): `demo.post=likes,comments`.",
+    )
+    search_fields: str = Field(
+        "",
+        description="Fields the `postgres` sink indexes for full-text search (over an item "
+        "type's `search_fields`): `demo.post=title,content`.",
     )
 
     # --- the drainer (external_interface/storage/outbox) ------------------------------------------
@@ -92,6 +97,29 @@ class StorageSettings(ChaincrawlSettings):
         "chaincrawl.", description="Topic of an item type: this prefix + the type."
     )
     kafka_timeout: float = Field(10.0, description="Seconds a write waits for acknowledgements.")
+
+    # --- postgres (external_interface/storage/sinks/postgres) ----------------------------
+    postgres_url: str = Field(
+        "",
+        description="Connection string of the `postgres` sink (`postgresql://user:pass@host/db`; "
+        "a secret: never logged).",
+    )
+    postgres_schema: str = Field(
+        "public", description="Schema the `postgres` sink's tables live in."
+    )
+    postgres_table_prefix: str = Field(
+        "items_", description="Prefix of each item type's table (`demo.post` -> `items_demo_post`)."
+    )
+    postgres_pool: int = Field(4, gt=0, description="Largest number of connections per process.")
+    postgres_timeout: float = Field(
+        5.0, description="Seconds to connect, and to wait for a connection of the pool."
+    )
+    postgres_batch: int = Field(1000, gt=0, description="Items per statement batch.")
+    postgres_text_search: str = Field(
+        "simple",
+        description="Text search configuration of the search index (`simple`: no stemming, any "
+        "language; `english`, ...).",
+    )
 
     def jsonl_root(self, var_dir: Path | str) -> Path:
         """Where the JSON Lines sink writes: JSONL_DIR, else `items/` under the var dir."""

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import struct
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -38,6 +39,7 @@ from external_interface.dedup.layout import (
     REC_BYTES,
     Layout,
 )
+from monitor.metrics import aggregator
 from utils.lua import load_lua
 from utils.redis import is_cluster
 
@@ -100,6 +102,7 @@ class RedisDedup(DedupBase):
         self.clock = clock
         self.base = f"{prefix}:dedup:{namespace}"
         self.meta_key = f"{self.base}:meta"
+        self.stats_key = f"{prefix}:dedupstats:{namespace}"  # monitor.timeseries reads it
         self.max_ops_per_call = max_ops_per_call
         self._explicit = layout
         self._planned = layout or Layout.plan(
@@ -152,7 +155,12 @@ class RedisDedup(DedupBase):
     def mark_many(
         self, ids: Sequence[Id], values: Sequence[Value] | None = None, *, refresh: bool = False
     ) -> list[Seen]:
-        return self._run(2 if refresh else 1, ids, values)
+        seen = self._run(2 if refresh else 1, ids, values)
+        # what the marks found, summed per process with the task metrics (the report's
+        # change rates): no round trip of its own
+        counts = Counter(s.status.name.lower() for s in seen)
+        aggregator().add((self.stats_key,), counts)
+        return seen
 
     def _run(self, mode: int, ids: Sequence[Id], values: Sequence[Value] | None) -> list[Seen]:
         n = len(ids)

@@ -13,8 +13,13 @@ unless a per-type policy names its own. Policies come from code (`configure_type
 the environment, which wins:
 
     CHAINCRAWL_SINK_ROUTES="demo.post=jsonl,mongo;shop.*=mongo"   sinks per type (fnmatch)
-    CHAINCRAWL_TRACK_HISTORY="demo.post=likes,comments"           fields whose changes MongoDB
-                                                                  records in `_history`
+    CHAINCRAWL_TRACK_HISTORY="demo.post=likes,comments"           fields whose versions the
+                                                                  sinks keep (field history)
+    CHAINCRAWL_SEARCH_FIELDS="demo.post=title,content"            fields the postgres sink
+                                                                  indexes for text search
+
+An `Item` class declares the same in code (`history_fields`, `search_fields`): its definition
+calls `configure_type` for its type.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from external_interface.storage.sinks.http import HttpSink
 from external_interface.storage.sinks.jsonl import JsonlSink
 from external_interface.storage.sinks.kafka import KafkaSink
 from external_interface.storage.sinks.mongo import MongoSink
+from external_interface.storage.sinks.postgres import PostgresSink
 from utils.registry import Registry
 
 __all__ = [  # the shared types are re-exported: this module is where users meet storage
@@ -81,9 +87,12 @@ def configure_type(
     sinks: Iterable[str] | None = None,
     track: Iterable[str] | None = None,
     history_limit: int | None = None,
+    search: Iterable[str] | None = None,
 ) -> None:
     """Declare how an item type (or a glob of types) is stored; the environment still wins."""
     changes: dict[str, Any] = {}
+    if search is not None:
+        changes["search"] = tuple(search)
     if sinks is not None:
         changes["sinks"] = tuple(sinks)
     if track is not None:
@@ -101,12 +110,17 @@ sink_registry: Registry[SinkFactory] = Registry("sink")
 
 @sink_registry.register("jsonl")
 def _jsonl(settings: Settings, policies: Policies) -> Sink:
-    return JsonlSink.from_settings(settings)
+    return JsonlSink.from_settings(settings, policies)
 
 
 @sink_registry.register("mongo")
 def _mongo(settings: Settings, policies: Policies) -> Sink:
     return MongoSink.from_settings(settings, policies)
+
+
+@sink_registry.register("postgres")
+def _postgres(settings: Settings, policies: Policies) -> Sink:
+    return PostgresSink.from_settings(settings, policies)
 
 
 @sink_registry.register("http")

@@ -4,6 +4,8 @@ The three front ends serve the same records, so a user, post or comment has one 
 one key whichever front end found it: sinks upsert by the key, and a chain may mix front ends.
 
 Stored: `demo.user`, `demo.post`, `demo.comment` (the records a crawl is for).
+Their moving counts keep a history (`history_fields`: every version with its interval, in the
+sinks that keep one) and their text is searchable in the postgres sink (`search_fields`).
 Not stored (`store = False`): the link items of list pages — feed entries, a user's status
 list, feed page numbers — which exist to feed child steps. Storing them would count every
 post twice, and the full record comes from the detail step anyway.
@@ -42,6 +44,8 @@ class DemoItem(Item):
 class User(DemoItem):
     item_type: ClassVar[str] = "demo.user"
     key_fields: ClassVar[tuple[str, ...]] = ("user_id",)
+    history_fields: ClassVar[tuple[str, ...]] = ("followers", "post_count")
+    search_fields: ClassVar[tuple[str, ...]] = ("name", "bio")
     api: ClassVar[dict[str, str]] = {"user_id": "id"}
 
     user_id: str
@@ -56,6 +60,8 @@ class User(DemoItem):
 class Post(DemoItem):
     item_type: ClassVar[str] = "demo.post"
     key_fields: ClassVar[tuple[str, ...]] = ("post_id",)
+    history_fields: ClassVar[tuple[str, ...]] = ("likes", "comments_count")
+    search_fields: ClassVar[tuple[str, ...]] = ("title", "summary", "content")
     api: ClassVar[dict[str, str]] = {"post_id": "id", "user_name": "user.name"}
 
     post_id: str
@@ -72,6 +78,8 @@ class Post(DemoItem):
 class Comment(DemoItem):
     item_type: ClassVar[str] = "demo.comment"
     key_fields: ClassVar[tuple[str, ...]] = ("comment_id",)
+    history_fields: ClassVar[tuple[str, ...]] = ("likes",)
+    search_fields: ClassVar[tuple[str, ...]] = ("text",)
     api: ClassVar[dict[str, str]] = {"comment_id": "id"}
 
     comment_id: str

@@ -14,6 +14,7 @@ import pytest
 
 from cli import parser
 from config import DEFAULT_POOL, POOLS, ROOT
+from external_interface.storage.columnar import FORMATS as COLUMNAR_FORMATS
 from external_interface.storage.export import FORMATS
 
 
@@ -45,7 +46,7 @@ def test_parser_needs_only_the_standard_library() -> None:
 
 def test_copies_match_their_sources() -> None:
     assert parser.POOLS == POOLS and parser.POOLS[0] == DEFAULT_POOL
-    assert parser.ITEM_FORMATS == FORMATS
+    assert parser.ITEM_FORMATS == FORMATS + COLUMNAR_FORMATS
 
 
 def test_help_lists_every_command_shell_handled_ones_too() -> None:

@@ -160,8 +160,9 @@ class TypePolicy:
     """How one item type is stored."""
 
     sinks: tuple[str, ...] | None = None  # None: the default sinks
-    track: tuple[str, ...] = ()  # fields (dotted paths allowed) whose changes go to _history
-    history_limit: int = 100  # newest entries kept in _history
+    track: tuple[str, ...] = ()  # fields (dotted paths allowed) whose versions are kept
+    history_limit: int = 100  # mongo: newest versions kept per field in `_history`
+    search: tuple[str, ...] = ()  # fields the postgres sink indexes for full-text search
 
 
 @dataclass
@@ -187,13 +188,15 @@ class Policies:
         return Policies(dict(self.rules))
 
     def update_from_env(self, environ: Mapping[str, str] | None = None) -> Policies:
-        """Apply SINK_ROUTES and TRACK_HISTORY (of `environ` when given, else this process's
-        settings); the environment wins over code."""
+        """Apply SINK_ROUTES, TRACK_HISTORY and SEARCH_FIELDS (of `environ` when given, else
+        this process's settings); the environment wins over code."""
         s = get_storage_settings() if environ is None else StorageSettings.from_environ(environ)
         for pattern, names in _parse_map(s.sink_routes):
             self.set(pattern, sinks=tuple(names))
         for pattern, names in _parse_map(s.track_history):
             self.set(pattern, track=tuple(names))
+        for pattern, names in _parse_map(s.search_fields):
+            self.set(pattern, search=tuple(names))
         return self
 
 

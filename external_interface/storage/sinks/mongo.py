@@ -17,13 +17,18 @@ document whose `_v` is already >= the entry's version is left alone, so a redeli
 (same version) changes nothing and an old entry arriving late (claimed after an outage) never
 overwrites newer data. Within one batch the latest version of each key wins.
 
-History: for tracked fields (`TypePolicy.track`, dotted paths allowed) a change appends
-`{field, old, new, at, entry}` to `_history` (newest `history_limit` kept). The batch reads the
-current documents first, and each update's filter pins the `_rev` it read: if another writer got
-in between, the upsert turns into a duplicate-key error and that item is re-read and retried,
-so no change is recorded twice or against the wrong old value. The whole array is `$set`
-rather than `$push`ed: it works on every server speaking the wire protocol (nx-27017 stores
-`$push`ed sub-documents as strings), and the `_rev` lock already serialises writers.
+History: for tracked fields (`Item.history_fields`, `TypePolicy.track`, dotted paths allowed)
+`_history` holds observations `{field, value, at, v, entry}`: the first value of each field, then
+each value that differs from the stored one (`at`: the entry's time, `v`: its version; newest
+`history_limit` kept per field); `history()` reads them as versions with their intervals
+(sinks.history). Documents written before this layout hold `{field, old, new, at, entry}`
+changes: they are read (and rewritten on the next change) as observations, the first `old`
+at `_created_at`. The batch reads the current documents first, and each update's filter pins
+the `_rev` it read: if another writer got in between, the upsert turns into a duplicate-key
+error and that item is re-read and retried, so no change is recorded twice or against the
+wrong old value. The whole array is `$set` rather than `$push`ed: it works on every server
+speaking the wire protocol (nx-27017 stores `$push`ed sub-documents as strings), and the `_rev`
+lock already serialises writers.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +54,14 @@ from external_interface.storage.sinks.base import (
     key_values,
     sanitize_key,
     sanitize_keys,
+)
+from external_interface.storage.sinks.history import (
+    MISSING,
+    Observation,
+    Version,
+    field_value,
+    version_time,
+    versions,
 )
 from settings.storage import get_storage_settings
 
@@ -78,7 +92,6 @@ MAX_ROUNDS = 5  # re-reads after write conflicts before giving up (and retrying 
 TRANSIENT_CODES = frozenset(
     (6, 7, 8, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436)
 )
-_MISSING = object()
 _SCALARS = (str, int, float, datetime)  # bool is an int
 
 
@@ -94,12 +107,55 @@ def collection_name(item_type: str, prefix: str = "") -> str:
     return prefix + re.sub(r"[^A-Za-z0-9_]", "_", item_type)
 
 
-def _get(doc: Any, path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(doc, dict) or part not in doc:
-            return _MISSING
-        doc = doc[part]
-    return doc
+def _obs(path: str, value: Any, version: int, entry: str) -> dict[str, Any]:
+    return {"field": path, "value": value, "at": version_time(version), "v": version,
+            "entry": entry}  # fmt: skip
+
+
+def _legacy(doc: dict[str, Any]) -> bool:
+    return any("new" in h and "value" not in h for h in doc.get("_history") or ())
+
+
+def _observations(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A document's `_history` as observations; the earlier layout's changes converted."""
+    out: list[dict[str, Any]] = []
+    started: set[str] = set()
+    for h in doc.get("_history") or ():
+        if "value" in h:
+            out.append(dict(h))
+            started.add(h["field"])
+            continue
+        at = h.get("at")
+        v = int(at.timestamp() * 1e9) if isinstance(at, datetime) else 0
+        if h["field"] not in started:
+            created = doc.get("_created_at")
+            c = int(created.timestamp() * 1e9) if isinstance(created, datetime) else 0
+            out.append(_obs(h["field"], h.get("old"), min(c, v), ""))
+            started.add(h["field"])
+        out.append(_obs(h["field"], h.get("new"), v, h.get("entry") or ""))
+    return out
+
+
+def _limit(history: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The newest `limit` observations of each field, in order."""
+    count: dict[str, int] = {}
+    keep = []
+    for h in reversed(history):
+        n = count[h["field"]] = count.get(h["field"], 0) + 1
+        if n <= limit:
+            keep.append(h)
+    return keep[::-1]
+
+
+def _typed(text: Any) -> Any:
+    """A key value typed on the command line as text: a JSON number stays a number."""
+    if isinstance(text, str):
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return text
+        return value if isinstance(value, int | float) else text
+    return text
 
 
 def _kid(values: Sequence[Any]) -> bytes:
@@ -239,7 +295,7 @@ class MongoSink:
         proj = dict.fromkeys([*skeys, "_v", "_rev"], 1)
         if policy.track:
             proj.update(dict.fromkeys([p.split(".")[0] for p in policy.track], 1))
-            proj["_history"] = 1
+            proj.update(_history=1, _created_at=1, _entry=1)
         if len(skeys) == 1:
             query: dict[str, Any] = {skeys[0]: {"$in": [p.key[0] for p in chunk]}}
         else:
@@ -303,28 +359,70 @@ class MongoSink:
             fields.update(
                 _entry=p.origin.entry, _run=p.origin.run, _step=p.origin.step, _task=p.origin.task
             )
-        if ex is not None and policy.track:
-            changes = []
-            for path in policy.track:
-                new = _get(p.doc, path)
-                old = _get(ex, path)
-                if new is _MISSING or new == old:
-                    continue
-                changes.append(
-                    {
-                        "field": path,
-                        "old": None if old is _MISSING else old,
-                        "new": new,
-                        "at": now,
-                        "entry": p.origin.entry,
-                    }
-                )
-            if changes:
-                history = list(ex.get("_history") or []) + changes
-                fields["_history"] = history[-policy.history_limit :]
+        if policy.track:
+            history = self._observe(p, ex, policy)
+            if history is not None:
+                fields["_history"] = history
         query: dict[str, Any] = dict(zip(skeys, p.key, strict=True))
         query["_rev"] = rev if rev is not None else {"$exists": False}
         return UpdateOne(query, {"$set": fields, "$setOnInsert": {"_created_at": now}}, upsert=True)
+
+    def _observe(
+        self, p: _Pending, ex: dict[str, Any] | None, policy: TypePolicy
+    ) -> list[dict[str, Any]] | None:
+        """The document's `_history` with this write's observations, or None: no change."""
+        history = _observations(ex) if ex is not None else []
+        version = p.version if p.version is not None else time.time_ns()
+        added = False
+        for path in policy.track:
+            new = field_value(p.doc, path)
+            if new is MISSING:
+                continue
+            last = next((h for h in reversed(history) if h["field"] == path), None)
+            old = field_value(ex, path) if ex is not None else MISSING
+            if last is None and ex is not None and old is not MISSING:
+                # tracked since the document was stored: its value then starts the history
+                at_v = ex.get("_v")
+                last = _obs(path, old, at_v if isinstance(at_v, int) else 0,
+                            str(ex.get("_entry") or ""))  # fmt: skip
+                history.append(last)
+                added = True
+            if last is not None and last["value"] == new:
+                continue
+            history.append(_obs(path, new, version, p.origin.entry))
+            added = True
+        if not added and not (ex is not None and _legacy(ex)):
+            return None
+        return _limit(history, policy.history_limit)
+
+    def history(self, item_type: str, key: Sequence[Any]) -> list[Version]:
+        """The versions of the type's tracked fields for one key (`control.sh items --history`):
+        a key given as text also finds a number (`5`)."""
+        from pymongo.errors import PyMongoError
+
+        coll = self.collection(item_type)
+        try:
+            index = next(
+                (ix for ix in coll.list_indexes() if ix.get("unique") and ix["name"] != "_id_"),
+                None,
+            )
+            if index is None:
+                return []
+            skeys = list(index["key"])
+            if len(skeys) != len(key):
+                raise ConfigError(f"{item_type}: its key is {skeys}, got {list(key)}")
+            proj = {"_history": 1, "_created_at": 1}
+            doc = coll.find_one(dict(zip(skeys, key, strict=True)), proj)
+            if doc is None:
+                typed = [_typed(k) for k in key]
+                doc = coll.find_one(dict(zip(skeys, typed, strict=True)), proj)
+        except PyMongoError as e:
+            raise SinkError(f"mongo {item_type}: {type(e).__name__}: {e}", self.name) from e
+        if doc is None:
+            return []
+        obs = [Observation(h["field"], h["value"], int(h["v"]), h.get("entry") or "")
+               for h in _observations(doc)]  # fmt: skip
+        return versions(tuple(key), obs)
 
     def _classify(self, coll: str, errors: list[dict[str, Any]]) -> SinkError:
         first = errors[0]

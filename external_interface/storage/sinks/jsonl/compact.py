@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 import orjson
 
+from external_interface.storage.sinks.jsonl.history import HistoryWriter
 from external_interface.storage.sinks.jsonl.read import Snapshot, key_of
 from external_interface.storage.sinks.jsonl.store import (
     TMP_PREFIX,
@@ -67,9 +69,10 @@ class _PartWriter:
             tmp.unlink(missing_ok=True)
 
 
-def compact(store: TypeStore, max_bytes: int) -> int:
+def compact(store: TypeStore, max_bytes: int, track: Sequence[str] = ()) -> int:
     """Keep the latest version of each key; -> lines dropped. The caller holds the type's
-    lock and has refreshed `store` (the writer's view, whose `done` the new journal keeps)."""
+    lock and has refreshed `store` (the writer's view, whose `done` the new journal keeps).
+    The `track`ed fields of the dropped lines go to the type's history file first (history.py)."""
     view = TypeStore(store.root, store.item_type, fsync=store.fsync, collect=True)
     view.refresh()  # under the caller's lock: the same files, with every line's group
     with Snapshot(view) as snap:
@@ -86,6 +89,7 @@ def compact(store: TypeStore, max_bytes: int) -> int:
             store.dirty = False
             return 0
         writer = _PartWriter(store, max_bytes, time.time())
+        kept_history = HistoryWriter(store, snap.key, track) if track else None
         groups: list[Group] = []
         keep = bytearray(total)  # one byte a line: the second pass parses nothing
         for _, seq in best.values():
@@ -93,6 +97,8 @@ def compact(store: TypeStore, max_bytes: int) -> int:
         try:
             for line in snap.lines():
                 if not keep[line.seq]:
+                    if kept_history is not None:
+                        kept_history.dropped(line, orjson.loads(line.raw))
                     continue
                 writer.add(line.raw + b"\n")
                 head = [line.version, line.entry, line.run, line.step]
@@ -101,6 +107,8 @@ def compact(store: TypeStore, max_bytes: int) -> int:
                 else:
                     groups.append([*head, 1])
             parts = writer.finish()
+            if kept_history is not None:
+                kept_history.finish()  # before the commit point
         except BaseException:
             writer.abort()
             raise

@@ -38,12 +38,15 @@ from config import Settings
 from external_interface.storage.sinks.base import (
     Origin,
     PermanentSinkError,
+    Policies,
     SinkError,
     entry_version,
     key_values,
     safe_name,
 )
+from external_interface.storage.sinks.history import Version
 from external_interface.storage.sinks.jsonl.compact import compact
+from external_interface.storage.sinks.jsonl.history import history
 from external_interface.storage.sinks.jsonl.read import DUMPS_OPTS
 from external_interface.storage.sinks.jsonl.store import Group, TypeStore
 from settings.storage import get_storage_settings
@@ -68,6 +71,7 @@ class JsonlSink:
         fsync: bool = True,
         mode: str = "latest",
         compact_after: float = 1.0,
+        policies: Policies | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"jsonl mode {mode!r}: expected one of {', '.join(MODES)}")
@@ -79,16 +83,18 @@ class JsonlSink:
         self.fsync = fsync
         self.mode = mode
         self.compact_after = compact_after
+        self.policies = policies or Policies()
         self._stores: dict[str, TypeStore] = {}
         self._stores_lock = threading.Lock()
         self._horizon: int | None = None  # entry version below which nothing is redelivered
         self._next_compact: dict[str, float] = {}
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> JsonlSink:
+    def from_settings(cls, settings: Settings, policies: Policies | None = None) -> JsonlSink:
         ss = get_storage_settings()
         return cls(
-            ss.jsonl_root(settings.var_dir),
+            policies=policies,
+            root=ss.jsonl_root(settings.var_dir),
             max_bytes=ss.jsonl_max_bytes,
             max_age=ss.jsonl_max_age,
             fsync=ss.jsonl_fsync,
@@ -157,6 +163,10 @@ class JsonlSink:
     def close(self) -> None:
         return None
 
+    def history(self, item_type: str, key: Sequence[Any]) -> list[Version]:
+        """The versions of the type's tracked fields for one key (`control.sh items --history`)."""
+        return history(item_type, key, self.policies.for_type(item_type).track, self.root)
+
     # --- internals -------------------------------------------------------------------------
 
     def _compact(self, st: TypeStore, quiet_for: float) -> int:
@@ -167,7 +177,7 @@ class JsonlSink:
                 return 0
             if quiet_for and time.time() - os.stat(st.journal).st_mtime < quiet_for:
                 return 0  # still being written: wait for a quiet moment
-            dropped = compact(st, self.max_bytes)
+            dropped = compact(st, self.max_bytes, self.policies.for_type(st.item_type).track)
         took = time.monotonic() - started
         self._next_compact[st.name] = time.monotonic() + took * (1 - DUTY) / DUTY
         if dropped:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pymongo
 import pytest
 
-from external_interface.storage.sinks.base import Origin, PermanentSinkError, Policies, SinkError
+from external_interface.storage.sinks.base import (
+    Origin,
+    PermanentSinkError,
+    Policies,
+    SinkError,
+    entry_version,
+)
+from external_interface.storage.sinks.history import version_time
 from external_interface.storage.sinks.mongo import MongoSink, collection_name
 from tests.external_interface.mongo_server import mongo_db, mongo_url  # noqa: F401 - fixtures
 from utils.servers import free_port
@@ -98,14 +106,45 @@ def test_history_of_tracked_fields(sink: MongoSink) -> None:
     write("300-0", 5, 11)
     doc = sink.collection(T).find_one({"post_id": 7})
     assert doc["likes"] == 5 and doc["stats"] == {"views": 11}
-    changes = [(h["field"], h["old"], h["new"], h["entry"]) for h in doc["_history"]]
-    assert changes == [("likes", 1, 5, "200-0"), ("stats.views", 10, 11, "300-0")]
-    assert all(h["at"].year >= 2024 for h in doc["_history"])
-    for i in range(5):  # history keeps the newest `history_limit` entries
+    seen = [(h["field"], h["value"], h["entry"]) for h in doc["_history"]]
+    assert seen == [("likes", 1, "100-0"), ("stats.views", 10, "100-0"), ("likes", 5, "200-0"),
+                    ("stats.views", 11, "300-0")]  # fmt: skip
+    assert doc["_history"][2]["at"] == version_time(entry_version("200-0"))  # the entry's time
+    for i in range(5):  # history keeps the newest `history_limit` observations of each field
         write(f"{400 + i}-0", 10 + i)
     doc = sink.collection(T).find_one({"post_id": 7})
-    assert [h["new"] for h in doc["_history"]] == [12, 13, 14]
+    assert [h["value"] for h in doc["_history"] if h["field"] == "likes"] == [12, 13, 14]
+    assert [h["value"] for h in doc["_history"] if h["field"] == "stats.views"] == [10, 11]
     assert doc["_rev"] == 8 and isinstance(doc["_created_at"].year, int)
+
+
+def test_a_field_changed_three_times_reads_back_as_three_versions(sink: MongoSink) -> None:
+    entries = ["1700000000000-0", "1700000060000-0", "1700000120000-0", "1700000180000-0"]
+    for entry, likes in zip(entries, (3, 5, 5, 8), strict=True):  # 5 twice: no new version
+        sink.write(T, ["post_id"], [{"post_id": "p1", "likes": likes}], origins=[o(entry)])
+    got = [v for v in sink.history(T, ["p1"]) if v.field == "likes"]
+    t0 = version_time(entry_version(entries[0]))
+    assert [(v.value, v.valid_from - t0, v.valid_to and v.valid_to - t0) for v in got] == [
+        (3, timedelta(0), timedelta(minutes=1)),
+        (5, timedelta(minutes=1), timedelta(minutes=3)),
+        (8, timedelta(minutes=3), None),
+    ]
+    # a numeric key given as text (the command line) finds the document
+    sink.write(T, ["post_id"], [{"post_id": 42, "likes": 1}], origins=[o(entries[0])])
+    assert [v.value for v in sink.history(T, ["42"])] == [1]
+
+
+def test_history_in_the_earlier_layout_is_read_and_continued(sink: MongoSink) -> None:
+    created = datetime(2023, 1, 1, tzinfo=UTC)
+    changed = datetime(2023, 1, 2, tzinfo=UTC)
+    sink.collection(T).insert_one({
+        "post_id": "old", "likes": 2, "_v": 5, "_rev": 1, "_created_at": created,
+        "_history": [{"field": "likes", "old": 1, "new": 2, "at": changed, "entry": "5-0"}],
+    })  # fmt: skip
+    sink.write(T, ["post_id"], [{"post_id": "old", "likes": 3}], origins=[o("1700000000000-0")])
+    got = [(v.value, v.valid_from, v.valid_to) for v in sink.history(T, ["old"])]
+    later = version_time(entry_version("1700000000000-0"))
+    assert got == [(1, created, changed), (2, changed, later), (3, later, None)]
 
 
 def test_concurrent_writers_record_each_change_once(mongo_url: str, mongo_db: str) -> None:  # noqa: F811
@@ -128,7 +167,7 @@ def test_concurrent_writers_record_each_change_once(mongo_url: str, mongo_db: st
         t.join()
     doc = sinks[0].collection(T).find_one({"post_id": 1})
     assert doc["likes"] == 29
-    news = [h["new"] for h in doc["_history"]]
+    news = [h["value"] for h in doc["_history"]]
     assert news == sorted(set(news))  # every change recorded once, in order
     for s in sinks:
         s.close()
