@@ -39,7 +39,7 @@ from monitor.timeseries import Sampler
 from scheduling import recrawl
 from scheduling.shares import fleet_from_settings
 from settings import envcheck
-from utils import affinity, logsafe
+from utils import affinity, logsafe, outage
 from utils.redis import get_redis
 
 settings = get_settings()
@@ -85,6 +85,7 @@ _pinned = ""  # what _pin_core did, logged at worker_ready
 @signals.after_setup_task_logger.connect
 def _redact_logs(logger: logging.Logger, **kw: Any) -> None:
     logsafe.install(logger)
+    outage.install(logger)  # a Redis outage: one line when it starts, one when it ends
     if not get_settings().task_log:  # two INFO lines per task, through the redaction filter
         for name in ("celery.app.trace", "celery.worker.strategy", "celery.worker.request"):
             logging.getLogger(name).setLevel(logging.WARNING)

@@ -354,7 +354,7 @@ class Sweeper:
         self._broker_id = bid
         restarted = seen is not None and seen.decode() != bid
         if restarted:
-            log.warning("the broker's Redis restarted: checking every active run's ledger")
+            log.info("the broker's Redis restarted: checking every active run's ledger")
             self.check_all = self.check_all or "the broker restarted"
         return restarted
 
@@ -397,7 +397,7 @@ class Sweeper:
         """A drop noted by any process (`note_connection_drops`): check every run now."""
         why = self.r.getdel(self.check_key)
         if why is not None:
-            log.warning("%s: checking every active run's ledger", why.decode())
+            log.info("%s: checking every active run's ledger", why.decode())
             self.check_all = self.check_all or why.decode()
 
     def compact_finished(self) -> list[str]:
