@@ -70,6 +70,8 @@ KINDS = {
     "run_idle": "seconds since a run with tasks outstanding last finished one (not paused)",
     "run_resending": "tasks of a run the sweeper re-sent since the run last finished one",
     "fleet_shortage": "share of its fleet entitlement a site with a backlog runs at, per site",
+    "sink_failing": "1 per sink whose last write failed (disk full, sink down), from the first "
+    "failed write until one succeeds",
     "queue_unserved": "messages waiting in a queue no live worker consumes, per queue",
     "module_broken": "processes (live workers, the monitor) that failed to import a site or "
     "chain module, per module",
@@ -370,6 +372,8 @@ def rule_values(rule: Rule, obs: Observation, base: Sample | None) -> dict[str, 
         vals = {k: float(v) for k, v in obs.resending.items()}
     elif rule.kind == "fleet_shortage":  # only sites with work waiting are judged
         vals = {r["site"]: r["runs_at"] for r in obs.fleet if r["backlog"] > r["held"]}
+    elif rule.kind == "sink_failing":
+        vals = {name: 1.0 for name in obs.outbox.get("errors") or {}}
     elif rule.kind == "queue_unserved":
         vals = {q: float(n) for q, n in obs.unserved.items()}
     elif rule.kind == "module_broken":
@@ -381,6 +385,8 @@ def causes(rule: Rule, obs: Observation) -> dict[str, str]:
     """Why a subject breaches, where a kind knows (a fleet shortage names its cause)."""
     if rule.kind == "fleet_shortage":
         return {r["site"]: describe_shortage(r) for r in obs.fleet if r["shortage"]}
+    if rule.kind == "sink_failing":
+        return {n: str(e.get("error", "")) for n, e in (obs.outbox.get("errors") or {}).items()}
     if rule.kind == "module_broken":
         return {b["module"]: f"{b['file']}:{b['line']}: {b['error']}" for b in obs.broken}
     return {}
@@ -413,6 +419,7 @@ def describe(
         "run_idle": f"time since run {subject} last finished a task (s)",
         "run_resending": f"tasks of run {subject} re-sent since it last finished one",
         "fleet_shortage": f"share of its entitlement site {subject} runs at",
+        "sink_failing": f"failing writes of sink {subject}",
         "queue_unserved": f"messages in queue {subject} (no live worker consumes it)",
         "module_broken": f"processes that failed to import module {subject}",
     }.get(rule.kind, f"{subject} (rule no longer configured)")
