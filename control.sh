@@ -96,10 +96,6 @@ case "$cmd" in
     shift; setup
     "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check . \
       && exec "$VENV/bin/python" -m tests.architecture lint --no-cache ;;
-  restart)
-    shift; setup
-    "$VENV/bin/python" -m cli stop --keep-redis
-    exec "$VENV/bin/python" -m cli start "$@" ;;
   *)
     setup
     exec "$VENV/bin/python" -m cli "$@" ;;

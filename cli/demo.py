@@ -35,6 +35,10 @@ def start_demo_site(s: Settings, a: argparse.Namespace) -> str:
                 f"port {a.port} is taken by something that is not the demo site; use --port"
             ) from None
         return url
+    if (pid := procs.alive(procs.run_dir(s) / "demo-site.pid")) is not None:
+        was = procs.demo_url_of(procs.process_cmd(pid)) or "another port"
+        print(f"demo site: stopping the one at {was} (pid {pid}) for {url}")
+        procs.stop_named("demo-site", s, 30)
     cmd = [
         sys.executable, "-m", "demo", "--host", "127.0.0.1", "--port", str(a.port),
         "--size", a.size, "--features", a.features, "--latency-ms", str(a.latency_ms),
@@ -135,6 +139,18 @@ def check_browser(chain: str) -> None:
         )
 
 
+def _workers_elsewhere(s: Settings, url: str) -> dict[str, str]:
+    """Our running workers started to crawl another demo site -> its URL (`DEMO_BASE_URL`,
+    read from their environment): an endpoint reads it in the worker, so they must restart."""
+    out = {}
+    for name, pid in procs.running("worker-", s).items():
+        env = procs.process_env(pid)
+        theirs = env.get("DEMO_BASE_URL", _demo_url(8700)).rstrip("/")
+        if env and theirs != url:
+            out[name] = theirs
+    return out
+
+
 def cmd_demo(a: argparse.Namespace) -> None:
     from cli import runs
 
@@ -151,6 +167,10 @@ def cmd_demo(a: argparse.Namespace) -> None:
     if "throttle" not in s.model_fields_set:
         os.environ["CHAINCRAWL_THROTTLE"] = "off"
     console.print(f"[bold]demo site[/bold]: {url} (size {a.size}, features {a.features or 'none'})")
+    if stale := _workers_elsewhere(s, url):
+        console.print(f"[bold]workers[/bold]: restarting {', '.join(stale)}: they crawl "
+                      f"{', '.join(sorted(set(stale.values())))}, this demo site is {url}")  # fmt: skip
+        procs.stop_named("worker-", s, 120)
     if names := list(procs.running("worker-", s)):
         up = procs.answering_workers(names)
         console.print(f"[bold]workers[/bold]: {len(up)} of {len(names)} already started here "

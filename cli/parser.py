@@ -29,7 +29,7 @@ SITE_KINDS = ("list", "detail", "api")
 DEMO_FEATURES = "ua_check,sign,device,login,soft_fail"
 
 # Commands control.sh runs itself (no Python handler).
-SHELL_COMMANDS = ("setup", "lock", "test", "lint", "restart")
+SHELL_COMMANDS = ("setup", "lock", "test", "lint")
 
 TRIGGER_EXIT_CODES = """\
 exit status:
@@ -89,8 +89,10 @@ def _shell_commands(sub: Any) -> None:
     te = sub.add_parser("test", help="run the test suite (arguments go to pytest)")
     te.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS")
     sub.add_parser("lint", help="ruff check, ruff format --check and the import contracts")
-    rs = sub.add_parser("restart", help="stop workers (Redis stays), then start with these options")
+    rs = sub.add_parser("restart", help="stop workers (Redis stays), start them with these options, "
+                        "and bring back the demo site, Flower, beat and the monitor it stopped")  # fmt: skip
     _start_options(rs)
+    rs.set_defaults(fn="cli.restart:cmd_restart")
 
 
 def _core_commands(sub: Any) -> None:

@@ -76,6 +76,34 @@ def stop_named(prefix: str, s: Settings, timeout: float = 60.0) -> list[str]:
     return stopped
 
 
+def process_cmd(pid: int) -> list[str]:
+    """The command line process `pid` was started with ([] if it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """The environment process `pid` was started with ({} if unreadable): what a running
+    worker was told (its `DEMO_BASE_URL`), whatever this shell has now."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (part.decode(errors="replace").partition("=") for part in raw.split(b"\0") if part)
+    return {k: v for k, _, v in pairs}
+
+
+def demo_url_of(cmd: list[str]) -> str | None:
+    """The URL of the demo site started with `cmd` (`python -m demo --port N ...`)."""
+    if "--port" not in cmd[:-1]:
+        return None
+    host = cmd[cmd.index("--host") + 1] if "--host" in cmd[:-1] else "127.0.0.1"
+    return f"http://{host}:{cmd[cmd.index('--port') + 1]}"
+
+
 def running(prefix: str, s: Settings) -> dict[str, int]:
     out = {}
     for pidfile in sorted(run_dir(s).glob(f"{prefix}*.pid")):
