@@ -36,6 +36,7 @@ from ledger.state import (
 from lifecycle import runtime
 from lifecycle.endpoints import queue_for
 from utils.redis import get_redis
+from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.runs")
 
@@ -226,7 +227,7 @@ def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     app = app or default_app()
     settings = get_settings()
     state = RunState(get_redis(), settings)
-    staging = state.kids_key(f"client-resume-{uuid.uuid4().hex[:8]}", run_id)
+    staging = state.kids_key(run_id, f"client-resume-{uuid.uuid4().hex[:8]}")
     out = state.resume(run_id, staging)
     _known(out.was, run_id)
     if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
@@ -280,11 +281,8 @@ def run(
     state.create_run(rid, ch.name, ch.to_json(), prio, cap)
     meta = TaskMeta(run_id=rid, step=ch.root.id, priority=prio, queue=ch.root.options.queue or "")
     wire = meta.to_wire()
-    msgs = [
-        orjson.dumps({"id": uuid.uuid4().hex, "task": ch.root.task, "params": p, "meta": wire})
-        for p in params
-    ]
-    staging = state.kids_key("client", rid)
+    msgs = [TaskEnvelope(uuid.uuid4().hex, ch.root.task, p, dict(wire)).encode() for p in params]
+    staging = state.kids_key(rid, "client")
     state.enqueue_and_release(rid, ch.root.id, msgs, staging)
     r = state.r
     for raw in r.lrange(staging, 0, -1):

@@ -86,6 +86,7 @@ from config import Settings, get_settings
 from utils.keyspace import Keyspace
 from utils.lua import script
 from utils.redis import is_cluster, pipeline, wait_replicas
+from utils.wire import CommitArgs, KidArgs, TaskEnvelope, commit_argv
 
 RUN_TTL = 7 * 24 * 3600  # the default of CHAINCRAWL_RUN_RETENTION (`RunState.ttl`)
 RECENT_KEEP = 10_000  # runs listed by `recent` (their records expire after the retention)
@@ -115,9 +116,7 @@ class Kid:
     uniq: str = ""
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {"id": self.task_id, "task": self.task, "params": self.params, "meta": self.meta}
-        )
+        return TaskEnvelope(self.task_id, self.task, self.params, self.meta).encode()
 
 
 class StagedAt(NamedTuple):
@@ -148,7 +147,7 @@ class CommitCall:
     rid: str
     done_key: str
     staging: str  # the run's staged hash, or (without a run) the task's kids list
-    args: list[Any]  # its ARGV part: tid, step, outcome, n_items, kids, counts
+    args: CommitArgs  # its part of the script's ARGV (utils/wire.py)
     forget: tuple[str, ...] = ()  # keys unlinked right after the commit (its delivery counter)
     kids: tuple[bytes, ...] = ()  # its children's messages, as the script stages them
     entries: tuple[Mapping[str, Any], ...] = ()  # its outbox entries (fields)
@@ -248,25 +247,25 @@ class RunState:
     def done_key(self, rid: str, tid: str) -> str:
         return self.ks.done(rid, tid)
 
-    def kids_key(self, tid: str, rid: str) -> str:
+    def kids_key(self, rid: str, tid: str) -> str:
         """A staging list: a client's (`tid` a staging name) in its run's slot, or a task's
         without a run (`rid` "")."""
-        return self.ks.kids(tid, rid)
+        return self.ks.kids(rid, tid)
 
     def staged_key(self, rid: str) -> str:
         return self.ks.staged(rid)
 
-    def staged_at(self, tid: str, rid: str) -> StagedAt:
+    def staged_at(self, rid: str, tid: str) -> StagedAt:
         """Where the children a commit of `tid` staged wait until sent."""
         if rid:
             return StagedAt(self.staged_key(rid), tid)
-        return StagedAt(self.kids_key(tid, ""), "")
+        return StagedAt(self.kids_key("", tid), "")
 
-    def staged(self, tid: str, rid: str) -> list[bytes]:
+    def staged(self, rid: str, tid: str) -> list[bytes]:
         """The messages of the children a committed task staged and has not sent (read back
         by its redelivery): those of a run still in its ledger, i.e. not committed since."""
         if not rid:
-            return self.r.lrange(self.kids_key(tid, ""), 0, -1)
+            return self.r.lrange(self.kids_key("", tid), 0, -1)
         ids = self.r.hget(self.staged_key(rid), tid)
         if not ids:
             return []
@@ -285,10 +284,10 @@ class RunState:
     def uniq_key(self, rid: str, step: str) -> str:
         return self.ks.uniq_prefix(rid) + step
 
-    def deliveries_key(self, tid: str, attempt: object, rid: str = "") -> str:
+    def deliveries_key(self, rid: str, tid: str, attempt: object) -> str:
         """Deliveries of one attempt of a task (`begin`), dropped when it commits or retries;
         in its run's slot."""
-        return self.ks.deliveries(tid, attempt, rid)
+        return self.ks.deliveries(rid, tid, attempt)
 
     @property
     def active_key(self) -> str:
@@ -437,7 +436,7 @@ class RunState:
         counted at begin (under `attempt`) and is taken back."""
         keys = [self.run_key(rid), self.counters_key(rid), self.pending_key(rid),
                 self.ledger_key(rid), self.done_key(rid, tid),
-                self.deliveries_key(tid, attempt, rid), self.parked_key(rid)]  # fmt: skip
+                self.deliveries_key(rid, tid, attempt), self.parked_key(rid)]  # fmt: skip
         return int(self._park(keys=keys, args=[tid, msg, self.ttl, "1" if counted else "0"]))
 
     def add_dispatched(self, rid: str, step: str, n: int) -> None:
@@ -603,15 +602,13 @@ class RunState:
         appended there (None returned) for `run_commits`. `forget`: keys unlinked in the same
         round trip (the attempt's delivery counter, `deliv_key`). `counts`: (step, counter) ->
         n added with the commit, to the step's and the run's counter (`skipped_seen`)."""
-        args: list[Any] = [tid, step, outcome, n_items, len(kids)]
         msgs = tuple(k.encode() for k in kids)
-        for k, m in zip(kids, msgs, strict=True):
-            args.extend((k.step, k.uniq, m))
-        extra = [(s, c, n) for (s, c), n in (counts or {}).items() if n]
-        args.append(len(extra))
-        for s, c, n in extra:
-            args.extend((s, c, n))
-        call = CommitCall(rid, self.done_key(rid, tid), self.staged_at(tid, rid).key, args,
+        args = CommitArgs(
+            tid, step, outcome, n_items,
+            tuple(KidArgs(k.step, k.uniq, m) for k, m in zip(kids, msgs, strict=True)),
+            tuple((s, c, n) for (s, c), n in (counts or {}).items() if n),
+        )  # fmt: skip
+        call = CommitCall(rid, self.done_key(rid, tid), self.staged_at(rid, tid).key, args,
                           tuple(forget), msgs, tuple(entries))  # fmt: skip
         if defer is not None:  # the caller sends it with others: run_commits(defer)
             defer.append(call)
@@ -631,35 +628,14 @@ class RunState:
             self.ledger_key(rid) if rid else norun,
             self._storing(rid) if rid else norun,
         ]
-        groups: dict[Any, int] = {}  # entries that differ only in their items -> group number
-        header: list[Any] = []
-        body: list[Any] = []
         if rid:  # the run's done set and staged hash, shared by every commit
             keys += (calls[0].done_key, calls[0].staging)
-        for c in calls:
-            if not rid:
+        else:
+            for c in calls:
                 keys += (c.done_key, c.staging)
-            body += c.args[1:4]  # its tid is in the ids up front
-            body.append(len(c.entries))
-            for e in c.entries:
-                items = e.get("items")
-                if isinstance(items, str):
-                    items = items.encode()
-                if isinstance(items, bytes) and items[:1] == b"[" and items[-1:] == b"]":
-                    fields = tuple((k, v) for k, v in e.items() if k != "items")
-                    g = groups.get(fields)
-                    if g is None:
-                        g = groups[fields] = len(groups) + 1
-                        header += ("m", 2 * len(fields), *(x for kv in fields for x in kv))
-                    body += (g, items[1:-1])
-                else:  # not a JSON array: written as it came (the drainer dead-letters it)
-                    g = groups[object()] = len(groups) + 1
-                    header += ("r", 2 * len(e), *(x for kv in e.items() for x in kv))
-                    body += (g, "")
-            body += c.args[4:]
-        args: list[Any] = [rid, f"{time.time():.3f}", self.ttl, self.ks.uniq_prefix(rid),
-                           len(calls), len(groups), *(c.args[0] for c in calls)]  # fmt: skip
-        return [len(keys), *keys, *args, *header, *body]
+        argv = commit_argv(rid, f"{time.time():.3f}", self.ttl, self.ks.uniq_prefix(rid),
+                           [(c.args, c.entries) for c in calls])  # fmt: skip
+        return [len(keys), *keys, *argv]
 
     def run_commits(
         self,
@@ -749,12 +725,12 @@ class RunState:
         for tid in runless:
             pipe.exists(self.done_key("", tid))
         if batch_id:
-            deliv_key = self.deliveries_key(batch_id, 0)
+            deliv_key = self.deliveries_key("", batch_id, 0)
             pipe.incr(deliv_key)
             pipe.expire(deliv_key, DELIV_TTL)
         else:
             for rid, tid, retries in calls:
-                deliv_key = self.deliveries_key(tid, retries, rid)
+                deliv_key = self.deliveries_key(rid, tid, retries)
                 pipe.incr(deliv_key)
                 pipe.expire(deliv_key, DELIV_TTL)
         res = pipe.execute()
@@ -814,12 +790,12 @@ class RunState:
                 out.append(rid)
         return out
 
-    def staged_kids(self, tid: str, rid: str) -> list[dict[str, Any]]:
-        return [orjson.loads(m) for m in self.staged(tid, rid)]
+    def staged_kids(self, rid: str, tid: str) -> list[dict[str, Any]]:
+        return [orjson.loads(m) for m in self.staged(rid, tid)]
 
-    def clear_kids(self, tid: str, rid: str) -> None:
+    def clear_kids(self, rid: str, tid: str) -> None:
         """Forget what `tid` staged (sent)."""
-        drop_staged(self.r, [self.staged_at(tid, rid)])
+        drop_staged(self.r, [self.staged_at(rid, tid)])
 
     def count_retry(self, rid: str, step: str, pipe: Any) -> None:
         if rid:
