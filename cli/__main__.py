@@ -356,11 +356,12 @@ def _module_warnings() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    if args.subcommand in SHELL_COMMANDS:
-        print(f"error: ./control.sh {args.subcommand} (control.sh runs it itself)", file=sys.stderr)
-        return 2
     try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+        if args.subcommand in SHELL_COMMANDS:
+            print(f"error: ./control.sh {args.subcommand} (control.sh runs it itself)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         rc = run(args)
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head` stopped reading: not an error of ours

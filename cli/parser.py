@@ -414,8 +414,12 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
     try:
         parse(args)
+        sys.stdout.flush()
     except SystemExit as exc:
         return 3 if exc.code in (0, None) else int(exc.code or 2)
+    except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 3
     return 0
 
 
