@@ -55,10 +55,11 @@ _FAILS = {
     "beat": "beat did not come up",
     "parse": "the endpoint raised (its error, or its traceback for a bug in its code)",
     "shell": "the -c code raised",
+    "items": "--run: that run stored none of this type (it stored other types)",
     "test": "tests failed (pytest's own statuses)",
     "lint": "a check failed",
 }
-_NO_REDIS = ("help", "setup", "lock", "test", "lint", "chains", "config", "new-site")
+_NO_REDIS = ("help", "setup", "lock", "test", "lint", "chains", "config", "new-site", "items")
 _REDIS_DOWN = ("  5  Redis or the broker unreachable (a refused connection: at once; a Redis "
                "restarting\n     or loading its data: after CHAINCRAWL_REDIS_WAIT)")  # fmt: skip
 
@@ -276,8 +277,10 @@ def _tool_commands(sub: Any) -> None:
         "items", help="stored items of a type (JSON lines, CSV, Parquet), their history, a search"
     )
     p.add_argument("type", nargs="?", help="item type, e.g. demo.post (none: list the types)")
-    p.add_argument("--format", "-f", default="jsonl", choices=ITEM_FORMATS,
-                   help="jsonl (default), csv, or parquet (a dataset partitioned by day: --out DIR)")  # fmt: skip
+    p.add_argument("--format", "-f", default=None, choices=ITEM_FORMATS,
+                   help="jsonl, csv, or parquet (a dataset partitioned by day: --out DIR); "
+                   "default: what --out's extension says (.jsonl, .ndjson, .csv, .parquet), "
+                   "JSON lines on stdout")  # fmt: skip
     p.add_argument("--run", help="only the items this run stored")
     p.add_argument(
         "--out", "-o", help="write to this file (parquet: this directory) instead of stdout"
