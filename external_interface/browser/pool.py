@@ -14,7 +14,8 @@ screenshot and DOM); the pool waits `timeout + ANSWER_GRACE` for that answer, an
 that misses even that is killed and replaced.
 
 Failures become the project's errors (exceptions.py): `RenderTimeout` (retry, with the page's
-capture), `BrowserCrashed` (retry; the next render gets a new browser, or a new driver),
+capture; `SelectorTimeout`, never retried, when a selector never came on a loaded, quiet
+page), `InvalidSelector` (never retried: found before the page loads), `BrowserCrashed` (retry; the next render gets a new browser, or a new driver),
 `ConnectError`/`ProxyError`/`FetchTimeout` for network errors as the fetch layer raises them,
 `ResourceUnavailable` when every context stayed busy for `queue_wait` (re-queued, not failed),
 `BrowserUnavailable` when no browser can start here (fail, with what to install).
@@ -44,11 +45,13 @@ from exceptions import (
     BrowserUnavailable,
     ConnectError,
     FetchTimeout,
+    InvalidSelector,
     PageCapture,
     ProxyError,
     RenderError,
     RenderTimeout,
     ResourceUnavailable,
+    SelectorTimeout,
     TooManyRedirects,
     TransportError,
 )
@@ -357,10 +360,14 @@ def _error(header: Mapping[str, Any], blobs: Sequence[bytes], url: str) -> Excep
         return ResourceUnavailable(msg, retry_after=BUSY_RETRY_AFTER)
     if kind == "bad_request":
         return ValueError(msg)
+    if kind == "bad_selector":
+        return InvalidSelector(msg)
     if kind == "net":
         return net_error(msg, url)
     if kind == "timeout":
         exc = RenderTimeout(msg)
+    elif kind == "selector_timeout":
+        exc = SelectorTimeout(msg)
     elif kind == "crashed":
         exc = BrowserCrashed(msg)
     else:
