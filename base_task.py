@@ -424,7 +424,7 @@ class SiteTask(Task):
             state.commit(rid=rid, tid=self.request.id or "", step=step, outcome="skipped",
                          n_items=0, entries=(), kids=(), defer=calls, forget=forget)  # fmt: skip
             res = run_commits(rt, state, rid, calls, pipe_extra=lambda pipe: metrics.flush(
-                pipe, spec.name, spec.site, settings))  # fmt: skip
+                pipe, spec.name, spec.site, settings))[0]  # fmt: skip
             log.info("%s skipped (%s): %s", spec.name, reason, safe_text(exc))
             if res is not None:  # backpressure may have released waiting children to this task
                 self._send_staged(rt, state, rid, self.request.id or "", res)

@@ -247,9 +247,11 @@ def run(
     app: Celery | None = None,
     check_workers: bool = True,
 ) -> RunHandle:
-    """Start a run: validate the seeds against the root step's Params, check that the live
-    workers know every task of the chain (`WorkersOutdated` if one lacks one; a warning in
-    `RunHandle.note` when no worker is up), record the run and its chain definition in Redis,
+    """Start a run: validate the seeds against the root step's Params (strictly, as the JSON
+    they travel as: `{"page": "2"}` or `{"page": true}` is a ParamsError, an unknown field
+    gets a "did you mean"), check that the live workers know every task of the chain
+    (`WorkersOutdated` if one lacks one; a warning in `RunHandle.note` when no worker is
+    up), record the run and its chain definition in Redis,
     and send the root tasks. Returns at once. `app`: the Celery app to send with (default:
     `broker.app.default_app()`, the worker's where one runs)."""
     app = app or default_app()
@@ -267,7 +269,8 @@ def run(
         if not isinstance(s, Mapping):
             raise ParamsError(f"seed {i}: must be an object of parameters, got {type(s).__name__}")
         try:
-            params.append(spec.validate_params({**ch.root.const, **s}).model_dump(mode="json"))
+            merged = {**ch.root.const, **s}  # strictly, as the chain's constants are
+            params.append(spec.validate_params(merged, strict=True).model_dump(mode="json"))
         except ParamsError as exc:
             raise ParamsError(f"seed {i}: {exc}") from None
     note = workers_check(ch) if check_workers else ""
