@@ -189,7 +189,7 @@ def endpoint(
         run.__name__ = fn.__name__
         run.__doc__ = fn.__doc__
         run.__module__ = fn.__module__
-        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,
+        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,  # type: ignore[call-overload]
                            soft_time_limit=dl + 5, time_limit=dl + 15)(run)  # fmt: skip
         spec.task = task
         ENDPOINTS.add(tname, spec)
@@ -424,7 +424,7 @@ class SiteTask(Task):
             state.commit(rid=rid, tid=self.request.id or "", step=step, outcome="skipped",
                          n_items=0, entries=(), kids=(), defer=calls, forget=forget)  # fmt: skip
             res = run_commits(rt, state, rid, calls, pipe_extra=lambda pipe: metrics.flush(
-                pipe, spec.name, spec.site, settings))  # fmt: skip
+                pipe, spec.name, spec.site, settings))[0]  # fmt: skip
             log.info("%s skipped (%s): %s", spec.name, reason, safe_text(exc))
             if res is not None:  # backpressure may have released waiting children to this task
                 self._send_staged(rt, state, rid, self.request.id or "", res)
@@ -485,7 +485,7 @@ class SiteTask(Task):
             dls.add(dl, pipe)
             metrics.flush(pipe, spec.name, spec.site, settings)
 
-        calls: list[CommitCall] = []
+        calls = []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
             defer=calls, forget=forget,
@@ -505,15 +505,9 @@ class SiteTask(Task):
         opts: dict[str, Any] = {"queue": meta.queue or queue_for(self.name)}
         if meta.priority is not None:
             opts["priority"] = broker_priority(meta.priority)
+        opts.update(argsrepr=task_argsrepr(params, wire), kwargsrepr="{}")  # apply_async's
         return self.retry(
-            args=(params, wire),
-            kwargs={},
-            countdown=countdown,
-            max_retries=None,
-            exc=exc,
-            argsrepr=task_argsrepr(params, wire),
-            kwargsrepr="{}",
-            **opts,
+            args=(params, wire), kwargs={}, countdown=countdown, max_retries=None, exc=exc, **opts
         )
 
 

@@ -77,15 +77,16 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import orjson
 import redis
+from redis.cluster import RedisCluster
 
 from config import Settings, get_settings
 from utils.keyspace import Keyspace
 from utils.lua import script
-from utils.redis import is_cluster, pipeline, wait_replicas
+from utils.redis import as_str, is_cluster, pipeline, wait_replicas
 
 RUN_TTL = 7 * 24 * 3600  # the default of CHAINCRAWL_RUN_RETENTION (`RunState.ttl`)
 RECENT_KEEP = 10_000  # runs listed by `recent` (their records expire after the retention)
@@ -205,7 +206,7 @@ def _committed(reply: list[Any], calls: Sequence[CommitCall]) -> list[Committed 
     """A commit script's flat reply for `calls`: outstanding, then per commit -1 (had already
     committed) or m and its m staged children: a kid staged as its number (the script does
     not copy back a message the caller holds), a waiting child released as its message."""
-    left, pos, out = int(reply[0]), 1, []
+    left, pos, out = int(reply[0]), 1, list[Committed | None]()
     for c in calls:
         m = int(reply[pos])
         pos += 1
@@ -266,11 +267,11 @@ class RunState:
         """The messages of the children a committed task staged and has not sent (read back
         by its redelivery): those of a run still in its ledger, i.e. not committed since."""
         if not rid:
-            return self.r.lrange(self.kids_key(tid, ""), 0, -1)
+            return cast("list[bytes]", self.r.lrange(self.kids_key(tid, ""), 0, -1))
         ids = self.r.hget(self.staged_key(rid), tid)
         if not ids:
             return []
-        msgs = self.r.hmget(self.ledger_key(rid), ids.split())
+        msgs = cast("list[bytes | None]", self.r.hmget(self.ledger_key(rid), ids.split()))
         return [m for m in msgs if m is not None]
 
     def pending_key(self, rid: str) -> str:
@@ -326,7 +327,7 @@ class RunState:
         rid = uuid.uuid4().hex[:16]
         if not self.cluster:
             return rid
-        masters = [n.name for n in self.r.get_primaries()]
+        masters = [n.name for n in cast(RedisCluster, self.r).get_primaries()]
         load = Counter(self._master(r) for r in self.active_runs())
         least = min(load[m] for m in masters)
         wanted = {m for m in masters if load[m] == least}
@@ -338,7 +339,7 @@ class RunState:
 
     def _master(self, rid: str) -> str:
         """The name (host:port) of the master that holds run `rid`'s slot."""
-        return str(self.r.get_node_from_key(self.run_key(rid)).name)
+        return str(cast(RedisCluster, self.r).get_node_from_key(self.run_key(rid)).name)
 
     def create_run(
         self, rid: str, chain_name: str, chain_json: bytes, priority: int, cap: int = 0
@@ -370,8 +371,7 @@ class RunState:
         """Run ids, newest first from `offset`, finished or not (whose records have not
         expired: those are dropped from the index as they are met)."""
         rids = [
-            m.decode()
-            for m in self.r.zrevrange(self.recent_key, offset, offset + max(0, limit - 1))
+            as_str(m) for m in self.r.zrevrange(self.recent_key, offset, offset + max(0, limit - 1))
         ]
         if not rids:
             return []
@@ -472,7 +472,8 @@ class RunState:
 
     def ledger(self, rid: str) -> dict[str, bytes]:
         """tid -> message of the run's tasks sent and not yet committed."""
-        return {k.decode(): v for k, v in self.r.hgetall(self.ledger_key(rid)).items()}
+        ledger = cast("dict[bytes, bytes]", self.r.hgetall(self.ledger_key(rid)))
+        return {as_str(k): v for k, v in ledger.items()}
 
     def waiting(self, rid: str) -> int:
         return int(self.r.llen(self.pending_key(rid)))
@@ -483,17 +484,17 @@ class RunState:
         return "cancelled" if cancelled else "paused" if paused else ""
 
     def chain_def(self, rid: str) -> bytes | None:
-        return self.r.hget(self.run_key(rid), "def")
+        return cast("bytes | None", self.r.hget(self.run_key(rid), "def"))
 
     def info(self, rid: str) -> dict[str, str]:
         return {
-            k.decode(): v.decode()
+            as_str(k): as_str(v)
             for k, v in self.r.hgetall(self.run_key(rid)).items()
             if k != b"def"
         }
 
     def counters(self, rid: str) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}
+        return {as_str(k): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}
 
     def note_resends(self, rid: str, n: int, pipe: Any) -> None:
         """The sweeper re-sent `n` of the run's tasks: counted in the run hash against the
@@ -534,7 +535,7 @@ class RunState:
         stored meanwhile (or expired) are dropped from the set as they are met. On a cluster
         a cancelled run stays in the set (not listed) while items wait in its stream: the
         drainers read the streams of the runs in the set."""
-        rids = sorted(m.decode() for m in self.r.smembers(self.storing_key))
+        rids = sorted(as_str(m) for m in self.r.smembers(self.storing_key))
         if not rids:
             return []
         shown = self.statuses(rids)
@@ -560,7 +561,7 @@ class RunState:
 
     def active_runs(self, chain: str | None = None) -> list[str]:
         """Run ids not yet done (of one chain if given)."""
-        rids = sorted(m.decode() for m in self.r.smembers(self.active_key))
+        rids = sorted(as_str(m) for m in self.r.smembers(self.active_key))
         if self.cluster and rids:  # a run whose end was not yet taken out of the set
             pipe = self.r.pipeline(transaction=False)
             for rid in rids:
