@@ -189,7 +189,7 @@ def endpoint(
         run.__name__ = fn.__name__
         run.__doc__ = fn.__doc__
         run.__module__ = fn.__module__
-        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,
+        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,  # type: ignore[call-overload]
                            soft_time_limit=dl + 5, time_limit=dl + 15)(run)  # fmt: skip
         spec.task = task
         ENDPOINTS.add(tname, spec)
@@ -483,7 +483,7 @@ class SiteTask(Task):
             dls.add(dl, pipe)
             metrics.flush(pipe, spec.name, spec.site, settings)
 
-        calls: list[CommitCall] = []
+        calls = []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
             defer=calls, forget=forget,
@@ -503,15 +503,9 @@ class SiteTask(Task):
         opts: dict[str, Any] = {"queue": meta.queue or queue_for(self.name)}
         if meta.priority is not None:
             opts["priority"] = broker_priority(meta.priority)
+        opts.update(argsrepr=task_argsrepr(params, wire), kwargsrepr="{}")  # apply_async's
         return self.retry(
-            args=(params, wire),
-            kwargs={},
-            countdown=countdown,
-            max_retries=None,
-            exc=exc,
-            argsrepr=task_argsrepr(params, wire),
-            kwargsrepr="{}",
-            **opts,
+            args=(params, wire), kwargs={}, countdown=countdown, max_retries=None, exc=exc, **opts
         )
 
 

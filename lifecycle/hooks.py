@@ -286,7 +286,7 @@ def filter_items(ctx: Any, task: str, items: list[Any]) -> list[Any]:
     return kept
 
 
-def page_error(ctx: Any, task: str, exc: BaseException, count: Count) -> BaseException:
+def page_error(ctx: Any, task: str, exc: Exception, count: Count) -> Exception:
     """The error a page's on_error hooks make of `exc`: itself (continue), or the skip, retry
     or fail they say. Waits (a full pool, a shared limit) and hooks' own signals are no errors
     and are not shown to them; an exception an on_error hook raises becomes the page's error."""
