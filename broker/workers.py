@@ -15,7 +15,8 @@ sweeper would re-send it forever while the run stays `running`. So:
   marks its task id here (`mark_unknown`), so the sweeper never re-sends it.
 
 Keys (state store, under the key prefix):
-    workers:tasks      hash  worker name -> {"tasks": [...], "queues": [...], "at": time}
+    workers:tasks      hash  worker name -> {"tasks": [...], "queues": [...], "at": time,
+                             "broken": [site modules that failed to import, as dicts]}
     workers:alive:{w}  string  there while worker w beats (expires `LIVE_FOR` s after a beat)
     tasks:unknown      zset  task id -> time a worker refused it as unknown (a week kept)
     metrics:broker     hash  `unknown_tasks`: messages refused as unknown, summed
@@ -54,6 +55,7 @@ class WorkerTasks:
     tasks: frozenset[str]
     queues: frozenset[str]  # empty: not said (taken as every queue)
     at: float
+    broken: tuple[dict[str, Any], ...] = ()  # site modules it failed to import (utils/modules.py)
 
     def consumes(self, queue: str) -> bool:
         return not self.queues or queue in self.queues
@@ -99,11 +101,13 @@ class TaskSets:
 
     def publish(
         self, worker: str, tasks: Iterable[str], queues: Iterable[str] = (),
-        live_for: float = LIVE_FOR,
+        live_for: float = LIVE_FOR, broken: Iterable[Mapping[str, Any]] = (),
     ) -> None:  # fmt: skip
-        """Say (again) which tasks `worker` knows and which queues it consumes; it counts as
-        live for `live_for` seconds (by the server's clock)."""
-        entry = {"tasks": sorted(set(tasks)), "queues": sorted(set(queues)), "at": time.time()}
+        """Say (again) which tasks `worker` knows, which queues it consumes and which site
+        modules it failed to import; it counts as live for `live_for` seconds (by the
+        server's clock)."""
+        entry = {"tasks": sorted(set(tasks)), "queues": sorted(set(queues)), "at": time.time(),
+                 "broken": [dict(b) for b in broken]}  # fmt: skip
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(self.key, worker, orjson.dumps(entry))
         pipe.set(self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)))
@@ -159,7 +163,7 @@ class TaskSets:
             try:
                 d = orjson.loads(entries[name])
                 w = WorkerTasks(as_str(name), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
-                                float(d["at"]))  # fmt: skip
+                                float(d["at"]), tuple(d.get("broken") or ()))  # fmt: skip
             except (ValueError, KeyError, TypeError):
                 gone.append(name)
                 continue
@@ -196,21 +200,23 @@ class TaskSets:
 class Beat:
     """A worker's publication, refreshed every `BEAT` seconds in a daemon thread."""
 
-    def __init__(self, sets: TaskSets, worker: str, tasks: Iterable[str], queues: Iterable[str]):
+    def __init__(self, sets: TaskSets, worker: str, tasks: Iterable[str], queues: Iterable[str],
+                 broken: Iterable[Mapping[str, Any]] = ()):  # fmt: skip
         self.sets, self.worker = sets, worker
         self.tasks, self.queues = sorted(set(tasks)), sorted(set(queues))
+        self.broken = [dict(b) for b in broken]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.sets.publish(self.worker, self.tasks, self.queues)
+        self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
         self._thread = threading.Thread(target=self._loop, name="task-set-beat", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(BEAT):
             try:
-                self.sets.publish(self.worker, self.tasks, self.queues)
+                self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
             except redis.RedisError as exc:  # Redis down: the next beat
                 log.warning("publishing this worker's task set failed: %s", exc)
 

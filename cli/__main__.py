@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -328,6 +329,19 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def _module_warnings() -> None:
+    """A site or chain module that fails at import is one line on stderr, and the command
+    goes on with the rest (sites/__init__.py, chains/registry.py)."""
+    out = logging.StreamHandler()  # sys.stderr as it is when a line is written
+    out.setFormatter(logging.Formatter("warning: %(message)s"))
+    out.set_name("chaincrawl-cli-modules")
+    for name in ("chaincrawl.sites", "chaincrawl.chains"):
+        logger = logging.getLogger(name)
+        if not any(h.get_name() == out.get_name() for h in logger.handlers):
+            logger.addHandler(out)
+        logger.propagate = False  # said once, not again by a handler set up later
+
+
 def main(argv: list[str] | None = None) -> int:
     from exceptions import ChainCrawlError
 
@@ -336,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: ./control.sh {args.subcommand} (control.sh runs it itself)", file=sys.stderr)
         return 2
     _patient_redis()
+    _module_warnings()
     try:
         rc = handler(args.fn)(args)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included

@@ -22,6 +22,7 @@ from celery import Celery
 import sites
 from broker.app import BASE_QUEUES
 from broker.workers import TaskSets
+from chains import registry as chain_registry
 from chains.runner import RunHandle
 from config import Settings, get_settings
 from external_interface.fetch.adaptive import AdaptiveStore
@@ -186,6 +187,20 @@ def recrawl_watches(client: Any, s: Settings | None = None) -> list[dict[str, An
 def unknown_tasks(client: Any, s: Settings | None = None) -> int:
     """Messages workers refused as naming a task they do not know (broker/workers.py)."""
     return TaskSets(client, s or get_settings()).unknown_total()
+
+
+def broken_modules(client: Any, s: Settings | None = None) -> list[dict[str, Any]]:
+    """Site and chain modules that failed to import, in this process or in a live worker
+    (broker/workers.py), each with the processes that failed it (`in`): the rest works."""
+    out: dict[str, dict[str, Any]] = {}
+    here = [("site", b) for b in sites.broken()] + [("chain", b) for b in chain_registry.broken()]
+    for kind, b in here:
+        out.setdefault(b.module, {"kind": kind, **b.as_dict(), "in": []})["in"].append("here")
+    for w in TaskSets(client, s or get_settings()).live().values():
+        for d in w.broken:
+            name = str(d.get("module", ""))
+            out.setdefault(name, {"kind": "site", **d, "in": []})["in"].append(w.name)
+    return [out[k] for k in sorted(out)]
 
 
 def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
