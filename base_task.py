@@ -204,7 +204,7 @@ def _name_from_module(module: str) -> str:
     return module[len("sites.") :]
 
 
-class SiteTask(Task):
+class SiteTask(Task[Any, Any]):
     """Celery task base for endpoints: see the module docstring for what it adds."""
 
     spec: EndpointSpec
@@ -517,7 +517,7 @@ def countdown_cap(s: Settings) -> float:
 def backoff(attempt: int, s: Settings | None = None) -> float:
     """Exponential backoff with equal jitter: half the step fixed, half random."""
     s = s or get_settings()
-    step = min(countdown_cap(s), s.retry_backoff * (2**attempt))
+    step = min(countdown_cap(s), s.retry_backoff * (2.0**attempt))
     return step / 2 + random.uniform(0, step / 2)
 
 
@@ -530,7 +530,8 @@ def run_endpoint(
     p = spec.validate_params(params)
     ctx = Context(spec, p, TaskMeta.from_wire(meta), runtime.current(), TaskMetrics(), fetcher,
                   online=False)  # fmt: skip
-    return spec.task._collect(ctx, p)
+    out: tuple[list[Item], list[Follow]] = spec.task._collect(ctx, p)
+    return out
 
 
 __all__ = [
@@ -565,9 +566,11 @@ __all__ = [
     "endpoint",
     "error_for_status",
     "fail",
+    "get_endpoint",
     "load_case",
     "on_error",
     "outputs_of",
+    "queue_for",
     "retry",
     "rule",
     "run_endpoint",
