@@ -266,7 +266,7 @@ class ClusterDrainer(Drainer):
         horizon = max(0, min(versions) - CLOCK_MARGIN_MS * 1_000_000)
         for sink in targets:
             try:
-                sink.horizon(f"{horizon // 1_000_000}-{horizon % 1_000_000}")  # type: ignore[attr-defined]
+                sink.horizon(f"{horizon // 1_000_000}-{horizon % 1_000_000}")
             except Exception:
                 log.exception("sink %s: horizon update failed", sink.name)
 
