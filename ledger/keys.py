@@ -1,4 +1,4 @@
-"""Where a run's records are: the keys of the ledger (ledger/state.py describes each) and
+"""Where a run's records are: the keys of the ledger (docs/architecture.md describes each) and
 the reads of what a committed task staged."""
 
 from __future__ import annotations
