@@ -17,10 +17,12 @@
         │   ├── TransportError ................. retry
         │   │   ├── FetchTimeout ............... retry
         │   │   │   └── RenderTimeout .......... retry  (a page that never settled; + capture)
+        │   │   │       └── SelectorTimeout .... fail   (the page loaded and went quiet, the selector never came)
         │   │   ├── ConnectError ............... rotate (the proxy/route is likely bad)
         │   │   ├── ProxyError ................. rotate
         │   │   └── BrowserCrashed ............. retry  (on a new browser)
         │   ├── RenderError .................... retry  (the browser refused a page or action; + capture)
+        │   │   └── InvalidSelector ............ fail   (a selector that cannot be parsed; no page is loaded)
         │   ├── BrowserUnavailable ............. fail   (no Chromium or Playwright installed)
         │   ├── HTTPStatusError
         │   │   ├── NotFound (404, 410) ........ fail
@@ -198,6 +200,15 @@ class RenderTimeout(FetchTimeout, PageCapture):
     """A page did not load, show the awaited selector or finish its actions within its deadline."""
 
 
+class SelectorTimeout(RenderTimeout):
+    """A loaded page never showed what the render waited for (`wait_for`, a `WaitFor` or a
+    `Click` target) although its network had been quiet for a while, with no request failed:
+    a retry would wait for the same nothing. Still a `RenderTimeout` (with the capture); a wait
+    that ran out with requests in flight or failed stays a plain, retried `RenderTimeout`."""
+
+    policy = Policy.FAIL
+
+
 class BrowserCrashed(TransportError, PageCapture):
     """The browser (or its driver) died under a page; the next render gets a new browser."""
 
@@ -209,6 +220,13 @@ class RenderError(FetchError, PageCapture):
     Playwright cannot parse, a page that threw); retried, then dead-lettered with its capture."""
 
     policy = Policy.RETRY
+
+
+class InvalidSelector(RenderError, ValueError):
+    """A selector neither CSS nor Playwright can parse (`div[`, `##id`): the endpoint's bug,
+    found before the page is loaded; a `ValueError` too, as every bad render argument is."""
+
+    policy = Policy.FAIL
 
 
 class BrowserUnavailable(FetchError):

@@ -62,6 +62,12 @@ class Response:
         default=None, repr=False, compare=False
     )
 
+    def __repr__(self) -> str:
+        """One line (a shell echoing a response, a log line): never the body."""
+        ctype = self.headers.get("content-type", "?")
+        cached = ", from the HTTP cache" if self.from_cache else ""
+        return f"<Response {self.status} {self.url} ({ctype}, {len(self.content)} bytes{cached})>"
+
     @lazy
     def encoding(self) -> str:
         """w3lib's detection: a byte order mark, else the header's charset, else an HTML/XML

@@ -26,6 +26,7 @@ class TestSite(ThreadedSite):
         self.pages, self.per_page = pages, per_page
         self.hits: Counter[str] = Counter()
         self.in_flight = self.max_in_flight = 0  # /flaky requests being answered at once
+        self.released: set[str] = set()  # /hold/{key} pages let go (`release`)
         super().__init__()
 
     def app(self) -> web.Application:
@@ -36,6 +37,7 @@ class TestSite(ThreadedSite):
         app.router.add_get("/flaky/{key}", self.flaky)
         app.router.add_get("/status/{code}", self.status)
         app.router.add_get("/slow", self.slow)
+        app.router.add_get("/hold/{key}", self.hold)
         app.router.add_get("/drip", self.drip)
         app.router.add_get("/big", self.big)
         app.router.add_get("/redirect-loop", self.redirect_loop)
@@ -93,6 +95,19 @@ class TestSite(ThreadedSite):
     async def slow(self, req: web.Request) -> web.Response:
         await asyncio.sleep(float(req.query.get("s", "1")))
         return web.json_response({"slow": True})
+
+    def release(self, key: str) -> None:
+        """Let /hold/{key} answer: a page that lasts exactly as long as the test needs."""
+        self.released.add(key)
+
+    async def hold(self, req: web.Request) -> web.Response:
+        """Answers once the test releases the key (or after `s` seconds, 120 by default)."""
+        key = req.match_info["key"]
+        loop = asyncio.get_running_loop()
+        until = loop.time() + float(req.query.get("s", "120"))
+        while key not in self.released and loop.time() < until:
+            await asyncio.sleep(0.05)
+        return web.json_response({"held": key})
 
     async def drip(self, req: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
