@@ -266,9 +266,9 @@ class ChaincrawlBench:
         kinds = kinds_from(kind)
         node = None
         for k in reversed(kinds[1:]):
-            s = step(task, id=k, url="url", const={"kind": k}, options=link)
+            s = step(task, _id=k, url="url", _const={"kind": k}, _options=link)
             node = s if node is None else s.then(node)
-        root = step(task, id=kind)
+        root = step(task, _id=kind)
         return Chain("bench_pc" if kind == "feed" else f"bench_{kind}",
                      root if node is None else root.then(node))  # fmt: skip
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -139,7 +140,7 @@ def cmd_trigger(a: argparse.Namespace) -> int:
     seeds = _seeds_file(a.seeds_file) if a.seeds_file is not None else _seeds(a.seeds)
     s = procs.settings()
     procs.ensure_redis(s)
-    result = runs.trigger(a.chain, seeds, a.priority, not a.no_wait, a.timeout)
+    result = runs.trigger(a.chain, seeds, a.priority, not a.no_wait, a.timeout, a.wait_for_workers)
     if a.no_wait:
         return 0
     p: Any = result  # a Progress once watched
@@ -287,9 +288,9 @@ def handler(name: str | Callable[[argparse.Namespace], Any]) -> Callable[[argpar
     if callable(name):
         return name
     if ":" not in name:
-        return globals()[name]  # type: ignore[no-any-return]
+        return globals()[name]
     module, func = name.split(":")
-    return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), func)
 
 
 REDIS_UNREACHABLE = 5  # exit status: Redis (or the broker) did not answer within REDIS_WAIT
@@ -341,6 +342,19 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def _module_warnings() -> None:
+    """A site or chain module that fails at import is one line on stderr, and the command
+    goes on with the rest (sites/__init__.py, chains/registry.py)."""
+    out = logging.StreamHandler()  # sys.stderr as it is when a line is written
+    out.setFormatter(logging.Formatter("warning: %(message)s"))
+    out.set_name("chaincrawl-cli-modules")
+    for name in ("chaincrawl.sites", "chaincrawl.chains"):
+        logger = logging.getLogger(name)
+        if not any(h.get_name() == out.get_name() for h in logger.handlers):
+            logger.addHandler(out)
+        logger.propagate = False  # said once, not again by a handler set up later
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
@@ -364,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
     from utils.redis import not_there
 
     _patient_redis()
+    _module_warnings()
     try:
         rc = handler(args.fn)(args)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included

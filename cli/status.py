@@ -232,6 +232,10 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
     parts.append(head)
     for a in firing:
         parts.append(Text(f"  ! {a['rule']} {a['subject']} (value {a.get('value')})", style="red"))
+    for b in snap.get("broken_modules") or []:
+        parts.append(Text(f"  ! {b['kind']} module {b['module']} ({b['file']}:{b['line']}) "
+                          f"failed to import in {', '.join(b['in'])}: {b['error']}",
+                          style="bold red"))  # fmt: skip
     parts.append(_workers_table(snap))
     parts.append(_queues_table(snap))
     runs = snap["active_runs"]
