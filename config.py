@@ -262,7 +262,8 @@ class Settings(ChaincrawlSettings):
         120.0,
         ge=0,
         description="`control.sh` commands wait this long (s) for a Redis that is restarting "
-        "or loading its data, then fail with one line (exit 5).",
+        "or loading its data, then fail with one line (exit 5); nothing listening at "
+        "REDIS_URL (a refused first connection) fails at once.",
     )
     task_log: bool = Field(
         False,

@@ -15,7 +15,9 @@ from typing import Any
 
 import requests
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from cli import UserError, procs
 from config import Settings
@@ -123,6 +125,21 @@ def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] |
     return t
 
 
+def show_summary(console: Console, table: Table) -> None:
+    """The summary as a table when it fits; narrower (80 columns), as "label" lines with
+    their values below, each value line printed whole (soft-wrapped by the terminal, never
+    broken by rich inside a file name: a path stays one line to copy)."""
+    natural = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    if natural <= console.width:
+        console.print(table)
+        return
+    console.print(Text(str(table.title or ""), style="italic"))
+    for label, value in zip(table.columns[0].cells, table.columns[1].cells, strict=True):
+        console.print(Text(str(label), style="bold"))
+        for line in str(value).splitlines():
+            console.print(Text("  " + line), soft_wrap=True)
+
+
 def check_browser(chain: str) -> None:
     """A chain with rendered steps needs Chromium and Playwright here: say what to install
     before anything starts (docs/browser.md)."""
@@ -173,7 +190,9 @@ def cmd_demo(a: argparse.Namespace) -> None:
                       f"{', '.join(sorted(set(stale.values())))}, this demo site is {url}")  # fmt: skip
         procs.stop_named("worker-", s, 120)
     if names := list(procs.running("worker-", s)):
-        up = procs.answering_workers(names)
+        # a second demo: loading the sites and pinging the workers takes seconds; say so
+        with console.status(f"asking the {len(names)} worker(s) already started here…"):
+            up = procs.answering_workers(names)
         console.print(f"[bold]workers[/bold]: {len(up)} of {len(names)} already started here "
                       "answer (./control.sh stop to restart them)")  # fmt: skip
     else:
@@ -189,12 +208,13 @@ def cmd_demo(a: argparse.Namespace) -> None:
         console.print(f"[yellow]not answering: {quiet} (see {procs.log_dir(s)})[/yellow]")
     flower = None
     if not a.no_flower:
-        flower = procs.start_flower(s)
+        with console.status("starting Flower (or finding it running)…"):
+            flower = procs.start_flower(s)
         console.print(f"[bold]flower[/bold]: {flower[0]}")
     progress = runs.trigger(a.chain, None, a.priority, True, a.timeout)
     assert isinstance(progress, Progress)  # waited for
     console.print()
-    console.print(summary(s, progress, url, flower))
+    show_summary(console, summary(s, progress, url, flower))
     if not progress.complete:
         raise UserError(
             f"the run did not complete within {a.timeout}s; it goes on (./control.sh status)"

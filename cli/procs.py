@@ -317,7 +317,8 @@ def answering_workers(names: list[str], timeout: float = 2.0, tries: int = 3) ->
     nodes: set[str] = set()
     for _ in range(tries):
         try:
-            replies = app.control.ping(timeout=timeout) or []
+            # `limit`: back as soon as ours all answered, not after the whole timeout
+            replies = app.control.ping(timeout=timeout, limit=len(names)) or []
         except Exception:  # the broker is unreachable: none answers
             replies = []
         nodes |= {node.split("@", 1)[0] for reply in replies for node in reply}

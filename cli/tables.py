@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -40,8 +41,9 @@ class Fit:
     ids (`head`) on a line of their own, its other fields packed on the lines below."""
 
     def __init__(self, wide: Table, title: str, rows: list[tuple[Part, list[Part]]],
-                 caption: str = "") -> None:  # fmt: skip
+                 caption: str = "", bars: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
         self.wide, self.title, self.rows, self.caption = wide, title, rows, caption
+        self.bars = bars  # per row, (completed, total): its progress bar, in lines too
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         natural = Measurement.get(console, options.update_width(100_000), self.wide).maximum
@@ -49,8 +51,13 @@ class Fit:
             yield self.wide
             return
         yield Text(self.title, style="italic", overflow="fold")
-        for head, parts in self.rows:
+        for n, (head, parts) in enumerate(self.rows):
             yield head if isinstance(head, Text) else Text(head, style="bold", overflow="fold")
+            if self.bars is not None:
+                done, total = self.bars[n]
+                width = max(10, min(40, options.max_width - 2))
+                yield Padding(ProgressBar(total=max(total, 1), completed=done, width=width),
+                              (0, 0, 0, 2))  # fmt: skip
             yield pack(parts, options.max_width)
         if self.caption:
             yield Text(self.caption, style="dim", overflow="fold")
@@ -117,9 +124,11 @@ def run_table(r: dict[str, Any]) -> Fit:
     for col in ("done/sent", "ok", "failed", "retried", "skipped", "items", "stored"):
         t.add_column(col, justify="right")
     rows: list[tuple[Part, list[Part]]] = []
+    bars: list[tuple[int, int]] = []
     for sid, c in r["steps"].items():
         done = finished(c)
         sent = c.get("dispatched", 0)
+        bars.append((done, sent))
         skipped = Text(str(sum(c.get(k, 0) for k, _ in SKIP_REASONS)),
                        style="yellow" if skips(c) else "")  # fmt: skip
         nums: list[Part] = [str(c.get("succeeded", 0)), _red(c.get("failed", 0)), str(c.get("retried", 0)),
@@ -132,7 +141,7 @@ def run_table(r: dict[str, Any]) -> Fit:
                       labelled("failed", nums[1]), labelled("retried", nums[2]),
                       labelled("skipped", nums[3]), labelled("items", nums[4]),
                       labelled("stored", nums[5])]))  # fmt: skip
-    return Fit(t, title, rows, caption)
+    return Fit(t, title, rows, caption, bars)
 
 
 def _resending(r: Mapping[str, Any]) -> str:
