@@ -11,6 +11,7 @@
     ├── ParamsError ............................ fail   (parameters fail the endpoint schema)
     ├── UnknownChainError ...................... fail
     ├── WorkersOutdated ........................ fail   (live workers lack a chain's tasks: restart them)
+    ├── QueuesUnserved ......................... fail   (no live worker consumes a queue the chain needs)
     └── CrawlError  (raised while a task runs)
         ├── FetchError
         │   ├── TransportError ................. retry
