@@ -11,7 +11,7 @@
     ├── ParamsError ............................ fail   (parameters fail the endpoint schema)
     ├── UnknownChainError ...................... fail
     ├── WorkersOutdated ........................ fail   (live workers lack a chain's tasks: restart them)
-    ├── QueuesUnserved ......................... fail   (no live worker consumes a queue the chain needs)
+    ├── QueuesUnserved ......................... fail   (no live worker consumes a chain's queue: restart them)
     └── CrawlError  (raised while a task runs)
         ├── FetchError
         │   ├── TransportError ................. retry
@@ -46,6 +46,8 @@
         │   └── RobotsUnavailable .............. wait   (robots.txt unreachable or 5xx: not yet)
         ├── DeadlineExceeded ................... retry  (the per-task deadline ran out)
         ├── ParseError ......................... retry  (then dead-letter: layout changed?)
+        │   └── MalformedBody .................. fail   (a 2xx body that is not valid JSON: the
+        │                                                 same bytes come back on a refetch)
         ├── UndecodableText .................... fail   (bytes not in the page's charset, with
         │                                                 `decode_errors="strict"`)
         ├── ItemValidationError ................ fail   (parsed data fails the Item schema)
@@ -386,6 +388,15 @@ class ParseError(CrawlError):
     """The page did not look as the parser expects."""
 
     policy = Policy.RETRY
+
+
+class MalformedBody(ParseError):
+    """A successful (2xx) answer whose body does not parse (`resp.json()` on invalid JSON):
+    the server answered and refetching gets the same bytes, so the page is dead-lettered at
+    once with the reason. An endpoint that knows its site sends a body cut short now and then
+    says so with `resp.json(retry=True)` (a `ParseError`, retried)."""
+
+    policy = Policy.FAIL
 
 
 class UndecodableText(CrawlError):
