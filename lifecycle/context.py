@@ -68,8 +68,10 @@ class Context:
         metrics: TaskMetrics,
         fetcher: Fetcher | None = None,
         online: bool = True,
+        renders: list[RenderedPage] | None = None,
     ) -> None:
         self.params = params
+        self._renders = renders  # the live runner (`control.sh parse`) keeps each rendered page
         self.log: logging.Logger = rt.logger(spec.name)
         self._spec = spec
         self._meta = meta
@@ -328,6 +330,8 @@ class Context:
             raise
         self._metrics.request(page.status, len(page.content))
         self._metrics.counts["renders"] += 1
+        if self._renders is not None:
+            self._renders.append(page)
         if gate is not None and page.status != 200:
             # a render's time is the browser's, not the site's: only the status is told
             hint = retry_after(page.headers.get("retry-after"))
