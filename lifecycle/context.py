@@ -249,9 +249,12 @@ class Context:
         `ok_statuses` (an error document is returned at once either way: it would never show
         `wait_for`). Renders also hold a place in the site's `<site>.render` scope, capped
         across workers (CHAINCRAWL_BROWSER_SITE_LIMIT), and may wait for it (`Throttled`).
-        Failures: `RenderTimeout` (the page did not settle in time), `BrowserCrashed` (a
-        retry on a new browser), `RenderError`, the fetch layer's network errors; the first
-        three carry the page's screenshot and DOM into the task's dead letter.
+        Failures: `RenderTimeout` (the page did not settle in time; `SelectorTimeout`, never
+        retried, when a loaded, quiet page never showed the selector), `InvalidSelector` (a
+        selector that cannot parse, before the page loads; never retried), `BrowserCrashed`
+        (a retry on a new browser), `RenderError`, the fetch layer's network errors; the
+        timeouts, crashes and `RenderError` carry the page's screenshot and DOM into the
+        task's dead letter (docs/browser.md, "Errors").
         """
         spec = self._spec
         if not spec.renders:
