@@ -68,8 +68,10 @@ class Context:
         metrics: TaskMetrics,
         fetcher: Fetcher | None = None,
         online: bool = True,
+        renders: list[RenderedPage] | None = None,
     ) -> None:
         self.params = params
+        self._renders = renders  # the live runner (`control.sh parse`) keeps each rendered page
         self.log: logging.Logger = rt.logger(spec.name)
         self._spec = spec
         self._meta = meta
@@ -247,9 +249,12 @@ class Context:
         `ok_statuses` (an error document is returned at once either way: it would never show
         `wait_for`). Renders also hold a place in the site's `<site>.render` scope, capped
         across workers (CHAINCRAWL_BROWSER_SITE_LIMIT), and may wait for it (`Throttled`).
-        Failures: `RenderTimeout` (the page did not settle in time), `BrowserCrashed` (a
-        retry on a new browser), `RenderError`, the fetch layer's network errors; the first
-        three carry the page's screenshot and DOM into the task's dead letter.
+        Failures: `RenderTimeout` (the page did not settle in time; `SelectorTimeout`, never
+        retried, when a loaded, quiet page never showed the selector), `InvalidSelector` (a
+        selector that cannot parse, before the page loads; never retried), `BrowserCrashed`
+        (a retry on a new browser), `RenderError`, the fetch layer's network errors; the
+        timeouts, crashes and `RenderError` carry the page's screenshot and DOM into the
+        task's dead letter (docs/browser.md, "Errors").
         """
         spec = self._spec
         if not spec.renders:
@@ -328,6 +333,8 @@ class Context:
             raise
         self._metrics.request(page.status, len(page.content))
         self._metrics.counts["renders"] += 1
+        if self._renders is not None:
+            self._renders.append(page)
         if gate is not None and page.status != 200:
             # a render's time is the browser's, not the site's: only the status is told
             hint = retry_after(page.headers.get("retry-after"))

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from external_interface.browser import RenderedPage
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
 from external_interface.fetch.cache import HttpCache
 from ledger.meta import TaskMeta
@@ -83,18 +84,21 @@ class LiveResult:
     follows: list[Follow] = field(default_factory=list)
     children: list[Kid] = field(default_factory=list)
     exchanges: list[tuple[FetchRequest, Response]] = field(default_factory=list)
+    renders: list[RenderedPage] = field(default_factory=list)  # the pages `ctx.render` rendered
     error: Exception | None = None  # what the endpoint raised (items and follows are then empty)
 
 
 def context(spec: EndpointSpec, params: Mapping[str, Any] | Params, fetcher: Fetcher | None = None,
-            meta: TaskMeta | None = None, *, online: bool = True) -> Context:  # fmt: skip
+            meta: TaskMeta | None = None, *, online: bool = True,
+            renders: list[RenderedPage] | None = None) -> Context:  # fmt: skip
     """A `Context` as a worker builds it for a page of `spec` (providers, gate and robots.txt
     included; `online=False`: none of them), on `fetcher` (default: the process's fetch layer,
-    behind the development HTTP cache when `CHAINCRAWL_HTTP_CACHE` is set)."""
+    behind the development HTTP cache when `CHAINCRAWL_HTTP_CACHE` is set); each page it
+    renders is appended to `renders` when given."""
     rt = runtime.current()
     p = spec.validate_params(params)
     return Context(spec, p, meta or TaskMeta(), rt, TaskMetrics(), fetcher or rt.fetcher(),
-                   online=online)  # fmt: skip
+                   online=online, renders=renders)  # fmt: skip
 
 
 def site_spec(site: str, platform: str | None = None) -> EndpointSpec:
@@ -130,11 +134,14 @@ def run_live(
     step: str = "",
 ) -> LiveResult:
     """Run `spec` once on `params` (a ParamsError for bad ones, before any request). The
-    endpoint's own errors are returned in `error`, with the requests made until then."""
+    endpoint's own errors are returned in `error`, with the requests made and the pages
+    rendered until then."""
     recorder = recording(fetcher or runtime.current().fetcher())
     meta = TaskMeta(step=step)
-    ctx = context(spec, params, recorder, meta)
-    result = LiveResult(spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges)
+    rendered: list[RenderedPage] = []
+    ctx = context(spec, params, recorder, meta, renders=rendered)
+    result = LiveResult(spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges,
+                        renders=rendered)  # fmt: skip
     try:
         result.items, result.follows = spec.task._collect(ctx, ctx.params)
     except Exception as exc:
