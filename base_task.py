@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import orjson
 import redis
 from celery import Task, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
@@ -105,6 +104,7 @@ from monitor.metrics import TaskMetrics
 from scheduling.gate import get_gate
 from settings.sitevars import site_env
 from utils.logsafe import safe_text, task_argsrepr
+from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.task")
 
@@ -189,7 +189,7 @@ def endpoint(
         run.__name__ = fn.__name__
         run.__doc__ = fn.__doc__
         run.__module__ = fn.__module__
-        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,
+        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,  # type: ignore[call-overload]
                            soft_time_limit=dl + 5, time_limit=dl + 15)(run)  # fmt: skip
         spec.task = task
         ENDPOINTS.add(tname, spec)
@@ -204,7 +204,7 @@ def _name_from_module(module: str) -> str:
     return module[len("sites.") :]
 
 
-class SiteTask(Task):
+class SiteTask(Task[Any, Any]):
     """Celery task base for endpoints: see the module docstring for what it adds."""
 
     spec: EndpointSpec
@@ -257,14 +257,12 @@ class SiteTask(Task):
         if deliveries > 1:  # its earlier delivery's worker died (or lost its connection)
             metrics.counts["redelivered"] += 1
         # its delivery counter goes with its commit or retry (nothing of a page left behind)
-        forget = (state.deliveries_key(tid, attempt, rid),) if deliveries else ()
+        forget = (state.deliveries_key(rid, tid, attempt),) if deliveries else ()
         if paused and not (cancelled or committed):
             # back as a new message: its retry number kept, its wait for a resource restarted
             # (a pause is no time spent waiting for a pool: `resource_wait_max`)
             meta.wait_since, meta.retry_base = None, attempt
-            msg = orjson.dumps(
-                {"id": tid, "task": self.name, "params": params, "meta": meta.to_wire()}
-            )
+            msg = TaskEnvelope(tid, self.name, params, meta.to_wire()).encode()
             parked = state.park(rid, tid, msg, attempt, counted=deliveries > 0)
             if parked:
                 outcome = "paused" if parked > 0 else "duplicate"
@@ -377,9 +375,9 @@ class SiteTask(Task):
         A failure after the commit requeues the message: its redelivery finds the task
         committed and sends what is still staged, where acking it would strand the children
         (tests/base_task/test_send_path.py::test_a_publish_failure_after_the_commit_requeues...)."""
-        at = state.staged_at(tid, rid)
+        at = state.staged_at(rid, tid)
         try:
-            staged = res.staged if res is not None else state.staged(tid, rid)
+            staged = res.staged if res is not None else state.staged(rid, tid)
             outstanding = res.outstanding if res is not None else 0
             batch = current_batch(rt)
             if batch is not None:
@@ -424,7 +422,7 @@ class SiteTask(Task):
             state.commit(rid=rid, tid=self.request.id or "", step=step, outcome="skipped",
                          n_items=0, entries=(), kids=(), defer=calls, forget=forget)  # fmt: skip
             res = run_commits(rt, state, rid, calls, pipe_extra=lambda pipe: metrics.flush(
-                pipe, spec.name, spec.site, settings))  # fmt: skip
+                pipe, spec.name, spec.site, settings))[0]  # fmt: skip
             log.info("%s skipped (%s): %s", spec.name, reason, safe_text(exc))
             if res is not None:  # backpressure may have released waiting children to this task
                 self._send_staged(rt, state, rid, self.request.id or "", res)
@@ -485,7 +483,7 @@ class SiteTask(Task):
             dls.add(dl, pipe)
             metrics.flush(pipe, spec.name, spec.site, settings)
 
-        calls: list[CommitCall] = []
+        calls = []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
             defer=calls, forget=forget,
@@ -505,15 +503,9 @@ class SiteTask(Task):
         opts: dict[str, Any] = {"queue": meta.queue or queue_for(self.name)}
         if meta.priority is not None:
             opts["priority"] = broker_priority(meta.priority)
+        opts.update(argsrepr=task_argsrepr(params, wire), kwargsrepr="{}")  # apply_async's
         return self.retry(
-            args=(params, wire),
-            kwargs={},
-            countdown=countdown,
-            max_retries=None,
-            exc=exc,
-            argsrepr=task_argsrepr(params, wire),
-            kwargsrepr="{}",
-            **opts,
+            args=(params, wire), kwargs={}, countdown=countdown, max_retries=None, exc=exc, **opts
         )
 
 
@@ -525,7 +517,7 @@ def countdown_cap(s: Settings) -> float:
 def backoff(attempt: int, s: Settings | None = None) -> float:
     """Exponential backoff with equal jitter: half the step fixed, half random."""
     s = s or get_settings()
-    step = min(countdown_cap(s), s.retry_backoff * (2**attempt))
+    step = min(countdown_cap(s), s.retry_backoff * (2.0**attempt))
     return step / 2 + random.uniform(0, step / 2)
 
 
@@ -538,7 +530,8 @@ def run_endpoint(
     p = spec.validate_params(params)
     ctx = Context(spec, p, TaskMeta.from_wire(meta), runtime.current(), TaskMetrics(), fetcher,
                   online=False)  # fmt: skip
-    return spec.task._collect(ctx, p)
+    out: tuple[list[Item], list[Follow]] = spec.task._collect(ctx, p)
+    return out
 
 
 __all__ = [
@@ -573,9 +566,11 @@ __all__ = [
     "endpoint",
     "error_for_status",
     "fail",
+    "get_endpoint",
     "load_case",
     "on_error",
     "outputs_of",
+    "queue_for",
     "retry",
     "rule",
     "run_endpoint",

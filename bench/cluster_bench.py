@@ -27,7 +27,7 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -53,7 +53,7 @@ def crawl(state: RunState, runs: int, pages: int, placed: bool = True) -> int:
     for _ in range(runs):
         rid = state.new_run_id() if placed else uuid.uuid4().hex[:16]
         state.create_run(rid, "bench", b"{}", 5)
-        staging = state.kids_key("client", rid)
+        staging = state.kids_key(rid, "client")
         seed = orjson.dumps({"id": uuid.uuid4().hex, "task": "t", "params": {},
                              "meta": {"run": rid, "step": "s"}})  # fmt: skip
         state.enqueue_and_release(rid, "s", [seed], staging)
@@ -77,7 +77,7 @@ def crawl(state: RunState, runs: int, pages: int, placed: bool = True) -> int:
                                entries=[entry], kids=kids)  # fmt: skip
             assert res is not None
             q.extend(orjson.loads(m) for m in res.staged)
-            state.clear_kids(tid, rid)
+            state.clear_kids(rid, tid)
             done += 1
     for rid in queues:
         c = state.counters(rid)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
                     RunState(client, s), [client], a.runs, a.pages
                 )
         with RedisClusterServer(Path(tmp) / "cluster", appendonly=False) as cluster:
-            client = cluster_client(cluster.url)
+            client = cast(redis.Redis, cluster_client(cluster.url))  # the common commands
             s = Settings(redis_url=cluster.url, broker_url="redis://127.0.0.1:1/0",
                          key_prefix="cb")  # fmt: skip
             masters = [n.client() for n in cluster.masters()]

@@ -6,10 +6,12 @@ builds on nothing of theirs.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from exceptions import ParamsError
@@ -70,8 +72,8 @@ class Item(BaseModel):
         if cls.history_fields or cls.search_fields:
             configure_type(
                 cls.item_type,
-                **({"track": cls.history_fields} if cls.history_fields else {}),
-                **({"search": cls.search_fields} if cls.search_fields else {}),
+                track=cls.history_fields or None,
+                search=cls.search_fields or None,
             )
 
 
@@ -111,8 +113,11 @@ class EndpointSpec:
         """Whether the endpoint asked for the browser (`resources=["browser"]`)."""
         return BROWSER in self.resources
 
-    def validate_params(self, data: Any) -> Params:
-        """Params or a ParamsError naming the task, the field and what is wrong."""
+    def validate_params(self, data: Any, *, strict: bool = False) -> Params:
+        """Params or a ParamsError naming the task, the field and what is wrong (an unknown
+        field with a "did you mean"). `strict`: as the JSON the parameters travel as, with no
+        coercion (`"2"` is no int, `true` no page number): how seeds are checked, as strictly
+        as a chain's constants; children mapped from item fields are validated laxly."""
         if isinstance(data, self.params):
             return data
         if not isinstance(data, Mapping):
@@ -120,17 +125,33 @@ class EndpointSpec:
                 f"{self.name}: parameters must be an object, got {type(data).__name__}"
             )
         try:
+            if strict:
+                try:
+                    raw = orjson.dumps(data)
+                except TypeError as exc:
+                    raise ParamsError(f"{self.name}: parameters are not JSON: {exc}") from None
+                return self.params.model_validate_json(raw, strict=True)
             return self.params.model_validate(data)
         except ValidationError as exc:
-            raise ParamsError(f"{self.name}: {describe(exc)}") from None
+            raise ParamsError(f"{self.name}: {describe(exc, self.params)}") from None
 
 
-def describe(exc: ValidationError) -> str:
-    """A pydantic error as one line naming the fields (at most five)."""
+def describe(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """A pydantic error as one line naming the fields (at most five); an unknown field of
+    `model` gets a "did you mean" from its fields."""
     parts = []
     for e in exc.errors()[:5]:
         loc = ".".join(str(x) for x in e["loc"]) or "(root)"
-        parts.append(f"field {loc!r}: {e['msg']}")
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden" and model is not None and len(e["loc"]) == 1:
+            known = list(model.model_fields)
+            near = difflib.get_close_matches(str(e["loc"][0]), known, n=1, cutoff=0.6)
+            msg = "unknown field" + (
+                f"; did you mean {near[0]!r}?"
+                if near
+                else f" (fields: {', '.join(known) or 'none'})"
+            )
+        parts.append(f"field {loc!r}: {msg}")
     return "; ".join(parts)
 
 

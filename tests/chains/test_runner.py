@@ -1,8 +1,15 @@
-"""Progress: what a run's end says, so that "complete" is not read as "every task succeeded"."""
+"""Progress: what a run's end says, so that "complete" is not read as "every task succeeded";
+seeds checked strictly before a run starts."""
 
 from __future__ import annotations
 
+import pytest
+
+import chains
+import sites
 from chains.runner import Progress
+from exceptions import ParamsError
+from ledger.model import Chain, step
 from ledger.state import COUNTERS
 
 
@@ -34,3 +41,40 @@ def test_cancelled_and_running_runs() -> None:
     assert progress("cancelled", dispatched=2, succeeded=1, cancelled=1).ending == "cancelled"
     running = progress("running", dispatched=2, succeeded=1)
     assert running.ending is None and not running.ok
+
+
+# --- seeds: as strict as constants, checked before anything is recorded or sent ----------
+
+
+def listing_chain() -> Chain:
+    return Chain("seeds_t", step("testsite.local.listing"), lookup=sites.get_endpoint)
+
+
+@pytest.mark.parametrize(
+    ("seed", "says"),
+    [
+        (
+            {"page": True},
+            "seed 0: testsite.local.listing: field 'page': Input should be a valid integer",
+        ),
+        (
+            {"page": "2"},
+            "seed 0: testsite.local.listing: field 'page': Input should be a valid integer",
+        ),
+        ({"page": 1.5}, "field 'page'"),
+        ({"pgae": 2}, "field 'pgae': unknown field; did you mean 'page'?"),
+        ({"zzz": 2}, "field 'zzz': unknown field (fields: page, per)"),
+    ],
+)
+def test_seeds_are_validated_strictly_with_a_did_you_mean(seed: dict, says: str) -> None:
+    """`{"page": true}` used to fetch page 1 and `"2"` became 2; a typo had no hint. The
+    check runs before Redis or the broker is touched: no run is recorded."""
+    with pytest.raises(ParamsError) as err:
+        chains.run(listing_chain(), seeds=[seed], check_workers=False)
+    msg = str(err.value)
+    assert says in msg and "\n" not in msg, msg
+
+
+def test_a_later_bad_seed_is_named_by_its_index() -> None:
+    with pytest.raises(ParamsError, match=r"^seed 1: .*'page'"):
+        chains.run(listing_chain(), seeds=[{"page": 2}, {"page": "3"}], check_workers=False)

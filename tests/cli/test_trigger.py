@@ -103,6 +103,22 @@ def test_usage_errors_exit_2(crawl_env: dict[str, str], tmp_path: Path) -> None:
     assert out.returncode == 2 and "not both" in out.stderr
 
 
+def test_a_seed_of_the_wrong_type_or_a_misspelled_field_exits_2_in_one_line(
+    crawl_env: dict[str, str],
+) -> None:
+    """Seeds are as strict as constants: `true` or `"2"` is no page number (not page 1 or 2),
+    and an unknown field is named with the nearest real one."""
+    for seed, says in [
+        ('{"page": true}', "field 'page': Input should be a valid integer"),
+        ('{"page": "2"}', "field 'page': Input should be a valid integer"),
+        ('{"pgae": 2}', "field 'pgae': unknown field; did you mean 'page'?"),
+    ]:
+        out = control("trigger", "cli_listing", seed, "--no-wait", env=crawl_env)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert out.stderr == f"error: seed 0: testsite.local.listing: {says}\n", out.stderr
+        assert "run id" not in out.stdout
+
+
 @pytest.mark.parametrize("how", ["file-jsonl", "stdin-list"])
 def test_ten_thousand_seeds_from_a_file_or_stdin(crawl_env: dict[str, str], tmp_path: Path,
                                                  how: str) -> None:  # fmt: skip

@@ -4,3 +4,6 @@ from chains import define, step
 
 # one page per seed: `{"path": "/status/404"}` fails for good, `{"path": "/detail/x"}` succeeds
 define("cli_probe", step("testsite.local.probe"))
+
+# one listing page per seed: seeds are checked strictly (`{"page": "2"}` is refused)
+define("cli_listing", step("testsite.local.listing"))
