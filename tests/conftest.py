@@ -58,7 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         hit = next((e for e in entries if matches(item.nodeid, e)), None)
         if hit is not None:
             used.add(hit)
-            if not any(matches(item.nodeid, n) for n in named):  # a test named runs as asked
+            slow = item.get_closest_marker("slow") is not None  # its own run, -m slow
+            if not slow and not any(matches(item.nodeid, n) for n in named):  # named: as asked
                 item.add_marker(pytest.mark.extended)
     if config.option.keyword or named:
         return  # part of a module collected: its other tests are not here to match
