@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # chaincrawl's one command line. Every command sets the project up first if needed.
 #   ./control.sh demo                 the demo crawl on the embedded defaults
-#   ./control.sh test [pytest args]   the test suite
+#   ./control.sh test [pytest args]   the quick test suite (-m extended: the rest; docs/testing.md)
 #   ./control.sh --help               every command (the help comes from cli/parser.py)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"

@@ -1,10 +1,12 @@
-"""Shared fixtures: a private redis-server per test session, never the machine's shared one."""
+"""Shared fixtures: a private redis-server per test session, never the machine's shared one;
+and the `extended` mark on the tests `tests/extended.txt` lists (out of the quick default run)."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -26,6 +28,45 @@ for _name in (
     "CHAINCRAWL_BROWSER_SITE_LIMIT",
 ):
     os.environ.setdefault(_name, "off")
+
+
+EXTENDED = Path(__file__).with_name("extended.txt")
+
+
+def extended_entries(text: str) -> list[str]:
+    """The node ids (or their prefixes: a module, a test with every parameter) of a list in
+    the form of `tests/extended.txt`; `#` starts a comment."""
+    return [e for e in (line.split("#", 1)[0].strip() for line in text.splitlines()) if e]
+
+
+def matches(nodeid: str, entry: str) -> bool:
+    """`entry` names the test `nodeid`, one of its parameters, or its module or folder."""
+    return nodeid == entry or nodeid.startswith(
+        (entry + "::", entry + "[", entry.rstrip("/") + "/")
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `extended` the tests tests/extended.txt lists, except one named on the command line
+    (`path::test` runs whatever its list). An entry that names nothing in a module collected
+    whole is an error: a renamed test must not slip back into the quick run unnoticed."""
+    entries = extended_entries(EXTENDED.read_text())
+    named = [str(a) for a in config.args if "::" in str(a)]  # tests named on the command line
+    used: set[str] = set()
+    for item in items:
+        hit = next((e for e in entries if matches(item.nodeid, e)), None)
+        if hit is not None:
+            used.add(hit)
+            slow = item.get_closest_marker("slow") is not None  # its own run, -m slow
+            if not slow and not any(matches(item.nodeid, n) for n in named):  # named: as asked
+                item.add_marker(pytest.mark.extended)
+    if config.option.keyword or named:
+        return  # part of a module collected: its other tests are not here to match
+    collected = {item.nodeid.split("::")[0] for item in items}
+    stale = [e for e in entries if e not in used and e.split("::")[0] in collected]
+    if stale:
+        raise pytest.UsageError(f"{EXTENDED.name} names tests that do not exist: {stale}")
 
 
 @pytest.fixture(scope="session", autouse=True)

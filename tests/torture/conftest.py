@@ -1,10 +1,11 @@
 """Torture-suite fixtures: a private Redis per test, the process pointed at it, worker fleets,
 and a report of the figures (kills survived, items checked, duplicates) at the end of the run.
 
-Sizes: every crash test is parametrized with `SIZES`; `short` runs in CI (`integration`),
-`long` only on demand (`slow`, excluded by the default `-m 'not slow'`):
+Sizes: every crash test is parametrized with `SIZES`; `short` runs in CI's extended run
+(`integration`, listed in tests/extended.txt), `long` only on demand (`slow`); the default
+`-m 'not slow and not extended'` runs neither:
 
-    ./control.sh test tests/torture                 # short versions
+    ./control.sh test -m extended tests/torture     # short versions
     ./control.sh test -m slow tests/torture         # long versions
 """
 
