@@ -128,6 +128,16 @@ class WorkersOutdated(ChainCrawlError):
         self.workers = list(workers or ())
 
 
+class QueuesUnserved(ChainCrawlError):
+    """Workers are up but none consumes a queue the chain needs (a site added after they
+    started): its tasks would wait for good. Raised before anything is sent when the caller
+    does not want to wait (`chains.run(..., wait_for_workers=False)`); `queues` names them."""
+
+    def __init__(self, msg: str, queues: list[str] | None = None) -> None:
+        super().__init__(msg)
+        self.queues = list(queues or ())
+
+
 class ParamsError(ChainCrawlError):
     """Parameters do not fit an endpoint's Params schema (names the field)."""
 

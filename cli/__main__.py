@@ -137,7 +137,7 @@ def cmd_trigger(a: argparse.Namespace) -> int:
     seeds = _seeds_file(a.seeds_file) if a.seeds_file is not None else _seeds(a.seeds)
     s = procs.settings()
     procs.ensure_redis(s)
-    result = runs.trigger(a.chain, seeds, a.priority, not a.no_wait, a.timeout)
+    result = runs.trigger(a.chain, seeds, a.priority, not a.no_wait, a.timeout, a.wait_for_workers)
     if a.no_wait:
         return 0
     p: Any = result  # a Progress once watched

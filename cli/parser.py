@@ -35,7 +35,8 @@ TRIGGER_EXIT_CODES = """\
 exit status:
   0  the run is complete and every task succeeded
   1  the run ended with failed tasks (dead letters; `deadletter list --run RUN_ID`)
-  2  usage error (a bad argument, unknown chain, unreadable seeds)
+  2  usage error (a bad argument, unknown chain, unreadable seeds), or live workers
+     that lack a task of the chain or consume none of its queues (nothing was sent)
   3  the run was cancelled
   4  still running when --timeout passed (the run goes on)"""
 
@@ -123,6 +124,9 @@ def _core_commands(sub: Any) -> None:
                     "line; '-' reads standard input")  # fmt: skip
     tr.add_argument("--priority", type=int, help="0..9, 9 most urgent")
     tr.add_argument("--no-wait", action="store_true", help="print the run id and return")
+    tr.add_argument("--wait-for-workers", action="store_true",
+                    help="send even when no live worker consumes a queue of the chain (its "
+                    "tasks wait for one); without it such a trigger is refused, exit 2")  # fmt: skip
     tr.add_argument("--timeout", type=float, default=None,
                     help="stop watching after this many seconds (exit 4; the run goes on)")  # fmt: skip
     tr.set_defaults(fn="cmd_trigger")
