@@ -53,17 +53,8 @@
         ├── ItemValidationError ................ fail   (parsed data fails the Item schema)
         └── PoisonMessage ...................... fail   (delivered too often; worker keeps dying)
 
-Policies: `retry` = back off and try again; `rotate` = return the lent resources as bad,
-then retry with fresh ones; `fail` = no retry, straight to the dead-letter store;
-`wait` = re-queue after a short countdown without spending a retry; `skip` = the request is
-not sent and the task ends with neither a retry nor a dead letter, counted as skipped under
-the error's `reason` (a decision, not a failure). Unknown exceptions (bugs in endpoint code)
-are treated as `retry` so a transient bug can recover, and end in the dead-letter store with
-their traceback.
-
-Errors of a rendered page (`RenderTimeout`, `BrowserCrashed`, `RenderError`) are also `PageCapture`s: they
-carry the page's screenshot (PNG bytes) and DOM when the browser could still take them, so a
-dead letter can show what the page looked like when it failed.
+What each policy does, and what its settings are: docs/architecture.md, "Errors and retry
+policies". Unknown exceptions (bugs in endpoint code) retry, so a transient bug can recover.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class Context:
         if auto is not None and method == "GET" and auto.renders(_with_query(url, params)):
             return self.render(url, params=params, headers=headers, cookies=cookies,
                                ok_statuses=ok_statuses, resources=resources,
-                               wait_until=auto.wait_until)  # type: ignore[arg-type]  # fmt: skip
+                               wait_until=auto.wait_until)  # fmt: skip
         if self._cache is not None:
             hit = self._cache.lookup(FetchRequest(method=method, url=url,
                                                   params=dict(params) if params else None,

@@ -92,6 +92,8 @@ def test_each_kind_from_new_site_to_a_passing_recorded_test(
         ruff = str(ROOT / ".venv/bin/ruff")
         assert subprocess.run([ruff, "check", *rel], cwd=ROOT).returncode == 0
         assert subprocess.run([ruff, "format", "--check", *rel], cwd=ROOT).returncode == 0
+        mine = sorted({r for r in rel if r.startswith("sites/")})  # `./control.sh lint` checks them
+        assert subprocess.run([str(ROOT / ".venv/bin/mypy"), *mine], cwd=ROOT).returncode == 0
 
         tests = ROOT / "tests/sites" / site
         before = pytest_run(tests)
