@@ -180,7 +180,7 @@ def endpoint(
         run.__name__ = fn.__name__
         run.__doc__ = fn.__doc__
         run.__module__ = fn.__module__
-        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,
+        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,  # type: ignore[call-overload]
                            soft_time_limit=dl + 5, time_limit=dl + 15)(run)  # fmt: skip
         spec.task = task
         ENDPOINTS.add(tname, spec)
@@ -195,7 +195,7 @@ def _name_from_module(module: str) -> str:
     return module[len("sites.") :]
 
 
-class SiteTask(Task):
+class SiteTask(Task[Any, Any]):
     """Celery task base for endpoints: see the module docstring for what it adds."""
 
     spec: EndpointSpec
@@ -263,15 +263,9 @@ class SiteTask(Task):
         opts: dict[str, Any] = {"queue": meta.queue or queue_for(self.name)}
         if meta.priority is not None:
             opts["priority"] = broker_priority(meta.priority)
+        opts.update(argsrepr=task_argsrepr(params, wire), kwargsrepr="{}")  # apply_async's
         return self.retry(
-            args=(params, wire),
-            kwargs={},
-            countdown=countdown,
-            max_retries=None,
-            exc=exc,
-            argsrepr=task_argsrepr(params, wire),
-            kwargsrepr="{}",
-            **opts,
+            args=(params, wire), kwargs={}, countdown=countdown, max_retries=None, exc=exc, **opts
         )
 
 
@@ -284,7 +278,8 @@ def run_endpoint(
     p = spec.validate_params(params)
     ctx = Context(spec, p, TaskMeta.from_wire(meta), runtime.current(), TaskMetrics(), fetcher,
                   online=False)  # fmt: skip
-    return spec.task._collect(ctx, p)
+    out: tuple[list[Item], list[Follow]] = spec.task._collect(ctx, p)
+    return out
 
 
 __all__ = [
@@ -319,9 +314,11 @@ __all__ = [
     "endpoint",
     "error_for_status",
     "fail",
+    "get_endpoint",
     "load_case",
     "on_error",
     "outputs_of",
+    "queue_for",
     "retry",
     "rule",
     "run_endpoint",

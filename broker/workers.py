@@ -10,6 +10,8 @@ sweeper would re-send it forever while the run stays `running`. So:
   last beat, by the server's clock: machines' clocks may differ) is gone;
 - `chains.run()` (and `control.sh trigger`) ask `check()` before sending: a live worker
   consuming a step's queue that lacks the step's task makes it refuse (`WorkersOutdated`);
+  live workers none of which consumes a step's queue make `control.sh trigger` refuse
+  (`QueuesUnserved`, unless `--wait-for-workers`; `chains.run` warns unless asked to refuse);
   with no live worker at all it only warns (workers started later load the code as it is now);
 - a worker that receives a task it does not know dead-letters it (lifecycle/unknown.py) and
   marks its task id here (`mark_unknown`), so the sweeper never re-sends it.
@@ -36,7 +38,8 @@ import orjson
 import redis
 
 from config import Settings, get_settings
-from exceptions import WorkersOutdated
+from exceptions import QueuesUnserved, WorkersOutdated
+from utils.redis import as_str
 
 log = logging.getLogger("chaincrawl.workers")
 
@@ -68,6 +71,18 @@ class Check:
     live: list[str]
     missing: dict[str, list[str]] = field(default_factory=dict)
     note: str = ""
+    unserved: dict[str, list[str]] = field(default_factory=dict)  # queue -> its tasks
+
+    def raise_if_unserved(self) -> None:
+        """Workers are up, none consumes a queue of the chain: refuse (`QueuesUnserved`)."""
+        if not self.unserved:
+            return
+        what = _queues_with_tasks(self.unserved)
+        raise QueuesUnserved(
+            f"no live worker consumes queue(s) {what}: restart the workers: ./control.sh "
+            "restart (or trigger --wait-for-workers to send it anyway); nothing was sent",
+            queues=sorted(self.unserved),
+        )
 
     def raise_if_outdated(self) -> None:
         if not self.missing:
@@ -81,6 +96,15 @@ class Check:
             tasks=tasks,
             workers=sorted(self.missing),
         )
+
+
+def _queues_with_tasks(unserved: Mapping[str, list[str]]) -> str:
+    """`demo (demo.h5.feed, demo.h5.post and 3 more)`: each queue with a few of its tasks."""
+    parts = []
+    for q, ts in sorted(unserved.items()):
+        more = f" and {len(ts) - 2} more" if len(ts) > 3 else ""
+        parts.append(f"{q} ({', '.join(ts if not more else ts[:2])}{more})")
+    return ", ".join(parts)
 
 
 class TaskSets:
@@ -154,14 +178,14 @@ class TaskSets:
         names = sorted(entries)
         pipe = self.r.pipeline(transaction=False)
         for name in names:
-            pipe.exists(self.alive_key(name.decode()))
+            pipe.exists(self.alive_key(as_str(name)))
         alive = pipe.execute()
         out: dict[str, WorkerTasks] = {}
         gone = []
         for name, ok in zip(names, alive, strict=True):
             try:
                 d = orjson.loads(entries[name])
-                w = WorkerTasks(name.decode(), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
+                w = WorkerTasks(as_str(name), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
                                 float(d["at"]), tuple(d.get("broken") or ()))  # fmt: skip
             except (ValueError, KeyError, TypeError):
                 gone.append(name)
@@ -183,16 +207,17 @@ class TaskSets:
             out.note = ("no worker is up yet: the run is recorded and waits in the broker "
                         "(./control.sh start)")  # fmt: skip
             return out
-        unserved = []
         for task, queue in sorted(needed.items()):
             consumers = [w for w in live.values() if w.consumes(queue)]
             if not consumers:
-                unserved.append(f"{queue} ({task})")
+                out.unserved.setdefault(queue, []).append(task)
             for w in consumers:
                 if task not in w.tasks:
                     out.missing.setdefault(w.name, []).append(task)
-        if unserved:
-            out.note = f"no live worker consumes queue(s) {', '.join(unserved)}: they wait"
+        if out.unserved:
+            what = _queues_with_tasks(out.unserved)
+            out.note = (f"no live worker consumes queue(s) {what}: they wait until a worker "
+                        "does (./control.sh restart)")  # fmt: skip
         return out
 
 

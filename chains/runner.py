@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from celery import Celery
@@ -231,7 +231,7 @@ def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     out = state.resume(run_id, staging)
     _known(out.was, run_id)
     if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
-        staged = state.r.lrange(staging, 0, -1)
+        staged = cast("list[bytes]", state.r.lrange(staging, 0, -1))
         outstanding = state.counters(run_id).get("outstanding", 0)
         runtime.current().publisher(app).publish(state, [(staged, StagedAt(staging))],
                                                  outstanding)  # fmt: skip
@@ -247,12 +247,15 @@ def run(
     max_in_flight: int | None = None,
     app: Celery | None = None,
     check_workers: bool = True,
+    wait_for_workers: bool = True,
 ) -> RunHandle:
     """Start a run: validate the seeds against the root step's Params (strictly, as the JSON
     they travel as: `{"page": "2"}` or `{"page": true}` is a ParamsError, an unknown field
     gets a "did you mean"), check that the live workers know every task of the chain
-    (`WorkersOutdated` if one lacks one; a warning in `RunHandle.note` when no worker is
-    up), record the run and its chain definition in Redis,
+    (`WorkersOutdated` if one lacks one; a warning in `RunHandle.note` when no worker is up;
+    when workers are up but none consumes a queue of the chain, a warning too, or
+    `QueuesUnserved` with `wait_for_workers=False`), record the run and its chain definition
+    in Redis,
     and send the root tasks. Returns at once. `app`: the Celery app to send with (default:
     `broker.app.default_app()`, the worker's where one runs)."""
     app = app or default_app()
@@ -274,7 +277,7 @@ def run(
             params.append(spec.validate_params(merged, strict=True).model_dump(mode="json"))
         except ParamsError as exc:
             raise ParamsError(f"seed {i}: {exc}") from None
-    note = workers_check(ch) if check_workers else ""
+    note = workers_check(ch, wait_for_workers) if check_workers else ""
     cap = settings.run_max_in_flight if max_in_flight is None else int(max_in_flight)
     state = RunState(get_redis(), settings)
     rid = run_id or state.new_run_id()
@@ -293,7 +296,7 @@ def run(
     return handle
 
 
-def workers_check(ch: Chain) -> str:
+def workers_check(ch: Chain, wait_for_workers: bool = True) -> str:
     """Refuse a chain that a live worker consuming one of its queues would drop as unknown
     (an endpoint added or a route changed after the workers started): `WorkersOutdated`,
     naming the tasks and the workers, before anything is recorded or sent. -> a warning
@@ -301,6 +304,8 @@ def workers_check(ch: Chain) -> str:
     needed = {s.task: s.options.queue or queue_for(s.task) for s in ch.root.walk()}
     check = TaskSets(get_redis()).check(needed)
     check.raise_if_outdated()
+    if not wait_for_workers:
+        check.raise_if_unserved()
     if check.note:
         log.warning("chain %s: %s", ch.name, check.note)
     return check.note

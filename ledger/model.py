@@ -93,21 +93,36 @@ def step(
     mapping: Mapping[str, str] | None = None,
     /,
     *,
-    id: str = "",
-    const: Mapping[str, Any] | None = None,
-    options: StepOptions | Mapping[str, Any] | None = None,
-    **fields: str,
+    _id: str = "",
+    _const: Mapping[str, Any] | None = None,
+    _options: StepOptions | Mapping[str, Any] | None = None,
+    **fields: Any,
 ) -> Step:
     """DSL: `step("demo.h5.user_info", user_id="user_id")` maps child param <- parent field.
 
-    A parameter whose name is one of this function's own keywords (`id`, `const`, `options`)
-    is mapped in the positional dict: `step("demo.app.detail", {"id": "post_id"})`."""
+    Every keyword is a parameter mapping, whatever its name (`id="post_id"` maps a parameter
+    `id`): the step's own settings are the underscored keywords, which no parameter can be
+    named (pydantic fields never start with `_`): `_id` (the step's id in counters),
+    `_const` (fixed parameters), `_options` (StepOptions). `const=` and `options=` given a
+    mapping (never a field name) still mean `_const` and `_options`."""
+    own = {"const": _const, "options": _options}
+    mapped: dict[str, str] = dict(mapping or {})
+    for name, src in fields.items():
+        if name in own and isinstance(src, Mapping | StepOptions):
+            if own[name] is not None:
+                raise ChainDefinitionError(f"step {task!r}: both {name}= and _{name}= given")
+            own[name] = src
+            continue
+        mapped[name] = src
+    for name, src in mapped.items():
+        if not isinstance(src, str):
+            raise ChainDefinitionError(
+                f"step {task!r}: parameter {name!r} must map from a parent item field's name, "
+                f"got {type(src).__name__} {src!r} (a fixed value goes in _const=)"
+            )
+    options = own["options"]
     opts = options if isinstance(options, StepOptions) else StepOptions(**(options or {}))
-    both = {**(mapping or {}), **fields}
-    return Step(task=task, map=both, const=dict(const or {}), options=opts, id=id)
-
-
-_OWN_KEYWORDS = frozenset({"id", "const", "options"})
+    return Step(task=task, map=mapped, const=dict(own["const"] or {}), options=opts, id=_id)
 
 
 class Chain:
@@ -159,29 +174,32 @@ class Chain:
             fields = spec.params.model_fields
             for p in (*s.map, *s.const):
                 if p not in fields:
+                    own = "; the step's own id is _id=" if p == "id" and p in s.map else ""
                     raise ChainDefinitionError(
-                        f"{where}: {s.task} has no parameter {p!r} (has: {', '.join(fields)})"
+                        f"{where}: {s.task} has no parameter {p!r} (has: {', '.join(fields)}){own}"
                     )
             if const_err := _check_consts(spec.params, s):
                 raise ChainDefinitionError(f"{where}: {const_err}")
             parent = self.parent_of.get(s.id)
             required = [n for n, f in fields.items() if f.is_required()]
-            if parent is None:
-                continue  # the root's parameters come from the seeds
+            if parent is None:  # the root's parameters come from the seeds: nothing to map
+                for p, src in s.map.items():
+                    raise ChainDefinitionError(
+                        f"{where}: parameter {p!r} maps from parent field {src!r}, but the "
+                        f"root step has no parent (its parameters come from the seeds; a "
+                        f"fixed value goes in _const={{{p!r}: ...}})"
+                    )
+                continue
             for p in required:
                 if p not in s.map and p not in s.const:
-                    # `id`, `const` and `options` are step()'s own keywords: a parameter of
-                    # that name is mapped in the positional dict
-                    hint = f'{{"{p}": "<field>"}}' if p in _OWN_KEYWORDS else f'{p}="<field>"'
                     raise MissingMappingError(
                         f"{where}: required parameter {p!r} of {s.task} has no mapping "
-                        f"from {parent.task}'s items (add {hint})"
-                        + (f"; step(..., {p}=...) set the step's own {p}" if p == "id" else "")
+                        f'from {parent.task}\'s items (add {p}="<field>")'
                     )
             pspec = get_endpoint(parent.task)
             types = pspec.item_types
             if s.options.on:
-                types = [t for t in types if t.item_type == s.options.on]
+                types = tuple(t for t in types if getattr(t, "item_type", "") == s.options.on)
                 if not types:
                     raise ChainDefinitionError(
                         f"{where}: on={s.options.on!r} is not an item type of {parent.task}"
@@ -193,6 +211,13 @@ class Chain:
                         f"{where}: parameter {p!r} maps from field {src!r}, which no item "
                         f"of {parent.task} has (fields: {', '.join(sorted(available)) or 'none'})"
                     )
+            if s.map and not any(all(f in t.model_fields for f in s.map.values()) for t in types):
+                # each field is somewhere, but no one item type has them all: fan_out would
+                # never send this step
+                raise UnknownFieldError(
+                    f"{where}: no item type of {parent.task} has all of the fields "
+                    f"{sorted(s.map.values())} its parameters map from, so it would never run"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "root": self.root.to_dict()}

@@ -45,8 +45,12 @@ class PageTask(Protocol):
 
     name: str
     spec: EndpointSpec
-    request: Any  # Celery's request: id, retries
-    app: Any
+
+    @property
+    def request(self) -> Any: ...  # Celery's request: id, retries
+
+    @property
+    def app(self) -> Any: ...
 
     def _collect(self, ctx: Context, p: Params) -> tuple[list[Item], list[Follow]]: ...
 

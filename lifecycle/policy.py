@@ -44,7 +44,7 @@ def countdown_cap(s: Settings) -> float:
 def backoff(attempt: int, s: Settings | None = None, jitter: Jitter = random.uniform) -> float:
     """Exponential backoff with equal jitter: half the step fixed, half random."""
     s = s or get_settings()
-    step = min(countdown_cap(s), s.retry_backoff * (2**attempt))
+    step = min(countdown_cap(s), s.retry_backoff * (2.0**attempt))
     return step / 2 + jitter(0, step / 2)
 
 

@@ -189,6 +189,13 @@ def unknown_tasks(client: Any, s: Settings | None = None) -> int:
     return TaskSets(client, s or get_settings()).unknown_total()
 
 
+def unserved_queues(client: Any, s: Settings, depths: Mapping[str, int]) -> dict[str, int]:
+    """Queues holding messages that no live worker consumes (a site added after the workers
+    started, a worker started with the wrong `--queues`): queue -> messages waiting."""
+    live = TaskSets(client, s).live().values()
+    return {q: n for q, n in depths.items() if n > 0 and not any(w.consumes(q) for w in live)}
+
+
 def broken_modules(client: Any, s: Settings | None = None) -> list[dict[str, Any]]:
     """Site and chain modules that failed to import, in this process or in a live worker
     (broker/workers.py), each with the processes that failed it (`in`): the rest works."""
@@ -231,7 +238,7 @@ def run_records(
         pipe.hgetall(Keyspace(s.key_prefix).counters(rid))
     res = pipe.execute()
     now = time.time()
-    out = []
+    out: list[dict[str, Any]] = []
     for i, rid in enumerate(rids):
         f = dict(zip(_RUN_FIELDS, (v.decode() if v else "" for v in res[2 * i]), strict=True))
         if not f["status"]:  # expired under us

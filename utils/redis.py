@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -70,12 +70,27 @@ class _Outage:
 
 _outage = _Outage()
 _patience: float | None = None  # None: redis-py's own few retries (workers: Celery retries)
+_reached = False  # a call of this process's patient clients has worked once
+
+
+def not_there(error: BaseException) -> bool:
+    """Whether `error` says nothing listens at the address (connection refused, a host name
+    that does not resolve) or that the password is wrong: no restart or load to wait for."""
+    if isinstance(error, redis.AuthenticationError):
+        return True
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, ConnectionRefusedError | socket.gaierror):
+        return True
+    return "Connection refused" in str(error)
 
 
 class PatientRetry(Retry):
     """Retries a call through a Redis restart or a Redis loading its data, for up to
     `patience` seconds (backing off up to 1 s), saying so once through `notify`; then the
-    last error is raised. redis-py's own `Retry` counts attempts, not time."""
+    last error is raised. redis-py's own `Retry` counts attempts, not time.
+
+    Until a call of this process has worked once, a refused connection (or a wrong password)
+    is raised at once: that is a Redis that is not there, not one restarting."""
 
     def __init__(self, patience: float) -> None:
         super().__init__(ExponentialBackoff(cap=1.0, base=0.05), 1_000_000, OUTAGE_ERRORS)
@@ -88,6 +103,7 @@ class PatientRetry(Retry):
         is_retryable: Callable[[Exception], bool] | None = None,
         with_failure_count: bool = False,
     ) -> Any:
+        global _reached
         self._backoff.reset()
         failures = 0
         while True:
@@ -95,6 +111,10 @@ class PatientRetry(Retry):
                 out = do()
             except self._supported_errors as error:
                 if is_retryable and not is_retryable(error):
+                    raise
+                if isinstance(error, redis.AuthenticationError) or (
+                    not _reached and not_there(error)
+                ):
                     raise
                 failures += 1
                 if with_failure_count:
@@ -107,6 +127,7 @@ class PatientRetry(Retry):
                     raise
                 time.sleep(min(self._backoff.compute(failures), deadline - now))
             else:
+                _reached = True
                 if failures:
                     _outage.worked()
                 return out
@@ -137,7 +158,7 @@ def get_redis(url: str | None = None) -> redis.Redis:
             client = _clients.get(key)
             if client is None:
                 if is_cluster_url(url):
-                    client = cluster_client(url)  # type: ignore[assignment]
+                    client = cast(redis.Redis, cluster_client(url))
                 else:
                     extra: dict[str, Any] = {}
                     if _patience is not None:
@@ -172,7 +193,7 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
     if "read_from_replicas" in query:
         opts["read_from_replicas"] = query["read_from_replicas"][0] in ("1", "true", "yes")
     client = RedisCluster(startup_nodes=nodes, **{**opts, **kw})
-    client.commands_parser = StreamKeys(client.commands_parser)  # its pipelines share it
+    client.commands_parser = StreamKeys(client.commands_parser)  # type: ignore[assignment]  # its pipelines share it
     return client
 
 
@@ -274,8 +295,9 @@ def eval_scripts(client: redis.Redis, calls: Sequence[tuple[Any, Sequence[Any], 
     return results
 
 
-def as_str(value: bytes | str | None) -> str:
-    """A Redis reply as text (our clients do not decode responses; None reads as "")."""
+def as_str(value: object) -> str:
+    """A Redis reply as text (our clients do not decode responses; None reads as ""). Any
+    reply: redis-py's hints cover every reply shape of a command, and decoding clients too."""
     if value is None:
         return ""
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode() if isinstance(value, bytes) else str(value)

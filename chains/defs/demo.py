@@ -52,10 +52,10 @@ UNIQUE = {"unique": True}
 
 def _social(front: str, *, detail: str, comment: str) -> Step:
     return step(f"demo.{front}.feed").then(
-        step(f"demo.{front}.user_info", user_id="user_id", options=UNIQUE),
-        step(f"demo.{front}.user_statuses", user_id="user_id", options=UNIQUE).then(
-            step(detail, post_id="post_id", options=UNIQUE).then(
-                step(comment, post_id="post_id", options=UNIQUE)
+        step(f"demo.{front}.user_info", user_id="user_id", _options=UNIQUE),
+        step(f"demo.{front}.user_statuses", user_id="user_id", _options=UNIQUE).then(
+            step(detail, post_id="post_id", _options=UNIQUE).then(
+                step(comment, post_id="post_id", _options=UNIQUE)
             )
         ),
     )
@@ -63,10 +63,10 @@ def _social(front: str, *, detail: str, comment: str) -> Step:
 
 def _rendered(list_step: str, detail: str) -> Step:
     return step(list_step).then(
-        step("demo.h5.user_info", user_id="user_id", options=UNIQUE),
-        step("demo.h5.user_statuses", user_id="user_id", options=UNIQUE).then(
-            step(detail, post_id="post_id", options=UNIQUE).then(
-                step("demo.pc.comment", post_id="post_id", options=UNIQUE)
+        step("demo.h5.user_info", user_id="user_id", _options=UNIQUE),
+        step("demo.h5.user_statuses", user_id="user_id", _options=UNIQUE).then(
+            step(detail, post_id="post_id", _options=UNIQUE).then(
+                step("demo.pc.comment", post_id="post_id", _options=UNIQUE)
             )
         ),
     )
@@ -82,13 +82,13 @@ define(
     "demo_pc_sharded",
     step("demo.pc.feed_index").then(
         # max_pages=1: each shard fetches its own page only, no "next" link is followed
-        step("demo.pc.feed", page="page", options={"unique": True, "max_pages": 1}).then(
-            step("demo.pc.user_statuses", user_id="user_id", options=UNIQUE).then(
+        step("demo.pc.feed", page="page", _options={"unique": True, "max_pages": 1}).then(
+            step("demo.pc.user_statuses", user_id="user_id", _options=UNIQUE).then(
                 step(
                     "demo.pc.detail",
                     post_id="post_id",
-                    options={**UNIQUE, "on": "demo.status_entry"},
-                ).then(step("demo.pc.comment", post_id="post_id", options=UNIQUE))
+                    _options={**UNIQUE, "on": "demo.status_entry"},
+                ).then(step("demo.pc.comment", post_id="post_id", _options=UNIQUE))
             )
         )
     ),
@@ -96,9 +96,9 @@ define(
 
 define(
     "demo_guarded",
-    step("demo.secure.feed").then(step("demo.secure.detail", post_id="post_id", options=UNIQUE)),
+    step("demo.secure.feed").then(step("demo.secure.detail", post_id="post_id", _options=UNIQUE)),
 )
 define(
     "demo_mix",
-    step("demo.mix.feed").then(step("demo.mix.detail", post_id="post_id", options=UNIQUE)),
+    step("demo.mix.feed").then(step("demo.mix.detail", post_id="post_id", _options=UNIQUE)),
 )

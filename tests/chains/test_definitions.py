@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from functools import partial
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 import sites
-from base_task import Params
+from base_task import Item, Params
 from chains import chain_from_dict, load_chain_file, step
 from exceptions import (
     ChainCycleError,
@@ -190,22 +190,104 @@ def test_fan_out_skips_items_without_the_fields_and_honours_on() -> None:
     assert list(fan_out(s, items)) == [{"entry_id": "e1"}]
 
 
-def test_a_parameter_named_like_a_step_keyword_is_mapped_in_the_positional_dict() -> None:
-    """`step(task, id="id")` names the step; the error says how to map a parameter `id`."""
+def by_id_lookup() -> Any:
+    """An endpoint whose parameters are named like step()'s old keywords."""
 
     class ByIdParams(Params):
         id: str
+        const: str = ""
+        options: str = ""
 
     detail = sites.get_endpoint("testsite.local.detail")
     by_id = SimpleNamespace(params=ByIdParams, item_types=detail.item_types)
+    return lambda task: by_id if task == "t.by_id" else sites.get_endpoint(task)
 
-    def lookup(task: str) -> Any:
-        return by_id if task == "t.by_id" else sites.get_endpoint(task)
 
+def test_no_parameter_name_is_reserved() -> None:
+    """`id=`, `const=` and `options=` given a field name map parameters of those names; the
+    step's own settings are `_id`, `_const`, `_options`."""
+    lookup = by_id_lookup()
+    kid = step("t.by_id", id="entry_id", const="n", options="n", _id="by_id",
+               _options={"unique": True})  # fmt: skip
+    ok = model.Chain("t", step("testsite.local.listing").then(kid), lookup=lookup)
+    s = ok.steps["by_id"]
+    assert s.map == {"id": "entry_id", "const": "n", "options": "n"}
+    assert s.options.unique and s.const == {}
+    assert list(fan_out(s, [("testsite.entry", {"entry_id": "e1", "n": 3})])) == [
+        {"id": "e1", "const": 3, "options": 3}
+    ]
     with pytest.raises(MissingMappingError) as err:
-        model.Chain("t", step("testsite.local.listing").then(step("t.by_id", id="entry_id")),
-                    lookup=lookup)  # fmt: skip
-    assert """(add {"id": "<field>"}); step(..., id=...) set the step's own id""" in str(err.value)
-    ok = model.Chain("t", step("testsite.local.listing").then(step("t.by_id", {"id": "entry_id"})),
-                     lookup=lookup)  # fmt: skip
-    assert ok.steps["t.by_id"].map == {"id": "entry_id"}
+        model.Chain("t", step("testsite.local.listing").then(step("t.by_id")), lookup=lookup)
+    assert (
+        """required parameter 'id' of t.by_id has no mapping from testsite.local.listing's items (add id="<field>")"""
+        in str(err.value)
+    )
+
+
+def test_the_old_const_and_options_keywords_still_work() -> None:
+    """Chains written with `const={...}` / `options={...}` (a mapping, never a field name)."""
+    ch = Chain("t", step("testsite.local.listing", options={"max_pages": 1}).then(
+        step("testsite.local.reviews", entry_id="entry_id", const={"delay": 0.5})))  # fmt: skip
+    assert ch.root.options.max_pages == 1
+    assert ch.steps["local.reviews"].const == {"delay": 0.5}
+    with pytest.raises(ChainDefinitionError, match="both options= and _options= given"):
+        step("testsite.local.listing", options={"max_pages": 1}, _options={"unique": True})
+
+
+def test_the_old_step_id_keyword_is_named_in_the_error() -> None:
+    with pytest.raises(ChainDefinitionError) as err:
+        Chain("t", step("testsite.local.listing").then(step("testsite.local.detail", entry_id="entry_id", id="d")))  # fmt: skip
+    assert "has no parameter 'id'" in str(err.value)
+    assert "the step's own id is _id=" in str(err.value)
+    assert "local.detail" in str(err.value)
+
+
+def test_a_mapping_on_the_root_step_is_an_error_naming_step_and_parameter() -> None:
+    """It used to be ignored: the root's parameters come from the seeds."""
+    with pytest.raises(ChainDefinitionError) as err:
+        Chain("t", step("testsite.local.listing", page="2"))
+    assert str(err.value) == (
+        "chain 't', step 'local.listing': parameter 'page' maps from parent field '2', but the "
+        "root step has no parent (its parameters come from the seeds; a fixed value goes in "
+        "_const={'page': ...})"
+    )
+    with pytest.raises(ChainDefinitionError, match=r"step 'local\.listing': parameter 'page'"):
+        chain_from_dict(
+            {"name": "t", "root": {"task": "testsite.local.listing", "map": {"page": "p"}}}
+        )
+
+
+def test_a_mapping_value_that_is_no_field_name_is_an_error() -> None:
+    with pytest.raises(ChainDefinitionError) as err:
+        step("testsite.local.listing", page=2)
+    assert (
+        "step 'testsite.local.listing': parameter 'page' must map from a parent item field's name, got int 2"
+        in str(err.value)
+    )
+
+
+def test_a_mapping_no_single_parent_item_type_satisfies_is_an_error() -> None:
+    """Each field exists on some item of the parent, none has both: the step would never run."""
+
+    class A(Item):
+        item_type: ClassVar[str] = "t.a"
+        key_fields: ClassVar[tuple[str, ...]] = ("a",)
+        a: str
+
+    class B(Item):
+        item_type: ClassVar[str] = "t.b"
+        key_fields: ClassVar[tuple[str, ...]] = ("b",)
+        b: str
+
+    class TwoParams(Params):
+        x: str
+        y: str
+
+    ends = {"t.parent": SimpleNamespace(params=TwoParams, item_types=(A, B)),
+            "t.two": SimpleNamespace(params=TwoParams, item_types=())}  # fmt: skip
+    with pytest.raises(UnknownFieldError) as err:
+        model.Chain(
+            "t", step("t.parent").then(step("t.two", x="a", y="b")), lookup=ends.__getitem__
+        )
+    assert "step 't.two'" in str(err.value) and "['a', 'b']" in str(err.value)
+    model.Chain("t", step("t.parent").then(step("t.two", x="a", y="a")), lookup=ends.__getitem__)

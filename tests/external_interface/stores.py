@@ -52,3 +52,15 @@ def let_time_pass(rds: Any, pool: LeasePool, seconds: float) -> None:
         scores = rds.zrange(key, 0, -1, withscores=True)
         if scores:
             rds.zadd(key, {member: score - shift for member, score in scores}, xx=True)
+
+
+def let_ttl_pass(rds: Any, key: str, seconds: float) -> None:
+    """As if `seconds` had gone by for a key with a TTL: it lives that much less (gone when
+    nothing is left)."""
+    left = rds.pttl(key)
+    if left < 0:
+        return  # no such key, or no TTL
+    if left <= seconds * 1000:
+        rds.delete(key)
+    else:
+        rds.pexpire(key, int(left - seconds * 1000))

@@ -43,6 +43,7 @@ class TestSite(ThreadedSite):
         app.router.add_get("/redirect-loop", self.redirect_loop)
         app.router.add_get("/gbk", self.gbk)
         app.router.add_get("/mislabelled", self.mislabelled)
+        app.router.add_get("/malformed", self.malformed)
         return app
 
     async def listing(self, req: web.Request) -> web.Response:
@@ -127,6 +128,11 @@ class TestSite(ThreadedSite):
             '<html><head><meta charset="gbk"></head><body><p class="t">中文标题</p></body></html>'
         )
         return web.Response(body=html.encode("gbk"), content_type="text/html")
+
+    async def malformed(self, req: web.Request) -> web.Response:
+        """A 200 whose JSON is broken (the whole body sent: not a truncation)."""
+        self.hits["malformed"] += 1
+        return web.Response(body=b'{"id": 1, "title": ', content_type="application/json")
 
     async def mislabelled(self, req: web.Request) -> web.Response:
         """Latin-1 text labelled UTF-8: two bytes (é, è) no UTF-8 decoder accepts."""

@@ -177,13 +177,13 @@ _Q = {"queue": QUEUE}
 
 COOKIE_CHAIN = chains.define(
     "demo_cookie_production",
-    chains.step("demo.captcha.download", options=_Q).then(
+    chains.step("demo.captcha.download", _options=_Q).then(
         chains.step(
             "demo.captcha.recognize", captcha_id="captcha_id", image="image", format="format",
-            length="length", options=_Q,
+            length="length", _options=_Q,
         ).then(
-            chains.step("demo.login", captcha_id="captcha_id", answer="answer", options=_Q).then(
-                chains.step("demo.cookie.add", ticket="ticket", options=_Q)
+            chains.step("demo.login", captcha_id="captcha_id", answer="answer", _options=_Q).then(
+                chains.step("demo.cookie.add", ticket="ticket", _options=_Q)
             )
         )
     ),

@@ -64,8 +64,8 @@ _Q = {"queue": QUEUE}
 
 DEVICE_CHAIN = chains.define(
     "demo_device_production",
-    chains.step("demo.device.register", options=_Q).then(
-        chains.step("demo.device.add", ticket="ticket", options=_Q)
+    chains.step("demo.device.register", _options=_Q).then(
+        chains.step("demo.device.add", ticket="ticket", _options=_Q)
     ),
 )
 
