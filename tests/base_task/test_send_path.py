@@ -337,3 +337,29 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
     with pytest.raises(Reject):
         lifecycle.batch.run_batch([])
     assert pauses == [runtime.REQUEUE_PAUSE] * 2
+
+
+def test_a_page_committed_alone_inside_a_batch_sends_its_children_with_the_batchs_publish(
+    rds: redis.Redis, settings: Settings, app: Celery
+) -> None:
+    """A skipped, failed or cancelled entry of a batch commits at once (its dead letter and
+    metrics go with it) and hands what its commit staged to the batch: one publish for all."""
+    state = RunState(rds, settings)
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 2)
+    rt = runtime.Runtime(settings)
+    batch = Committer(rt, state, "r1", BATCH_TASK)
+    page = Committer(rt, state, "r1", TASK)
+    call = state.commit_call(rid="r1", tid="t1", step="s", outcome="skipped", kids=[kid(1), kid(2)])
+    page.add(call, TASK)
+    (res,) = page.commit()
+    assert res is not None and len(page.groups) == 1
+    batch.absorb(page)
+    assert page.groups == [] and len(batch.groups) == 1
+    assert rds.llen(f"{settings.key_prefix}:q:testsite") == 0  # nothing sent before the batch's
+    batch.publish(app)
+    assert rds.llen(f"{settings.key_prefix}:q:testsite") == 2
+    assert not rds.hexists(state.staged_key("r1"), "t1")
+    again = Committer(rt, state, "r1", TASK)  # a second delivery of the same skip
+    again.add(call, TASK)
+    assert again.commit(read_back=False) == [None] and again.groups == []
