@@ -141,12 +141,12 @@ PHASES: list[Rule] = [
     ("metrics flush thread (aggregated HINCRBYs)", lambda t, f: _has(f, "Aggregator._loop")),
     # the task thread
     ("child dispatch: plan + raw envelopes + one pipeline", lambda t, f: _has(f, "Publisher.publish")),
-    ("child dispatch: other (staged children read back)", lambda t, f: _has(f, "_send_staged")),
+    ("child dispatch: other (staged children read back)", lambda t, f: _has(f, "Committer.stage", "Committer.publish")),
     ("fetch (requests / urllib3 / http.client)", lambda t, f: _has(f, "Fetcher.fetch")),
     ("parse (decode, lxml tree, 3 CSS fields + links)",
      lambda t, f: _has(f, "workload.py", "Response.selector", "Response.text", "Response.css")),
     ("commit: EVALSHA pipeline (a batch's commits together; tail: + metrics)",
-     lambda t, f: _has(f, "RunState.commit", "run_commits")),
+     lambda t, f: _has(f, "RunState.commit", "run_commits", "send_commits")),
     ("begin: redelivery check, delivery count (one pipeline per batch)",
      lambda t, f: _has(f, "RunState.begin")),
     ("items -> outbox entries, children (model_dump, fan-out, orjson)",
@@ -163,7 +163,7 @@ PHASES: list[Rule] = [
     ("tracer: 'Task succeeded' log line", lambda t, f: _has(f, *TASK_ROOT) and _has(f, "logging/")),
     ("tracer: ack (QoS pipeline: ZREM/HDEL)",
      lambda t, f: _has(f, *TASK_ROOT) and _has(f, "Message.ack", "basic_ack", "QoS.ack", "ack_log_error")),
-    ("task scaffolding: the batch loop, SiteTask._execute, side-by-side greenlets",
+    ("task scaffolding: the batch loop, run_page, side-by-side greenlets",
      lambda t, f: _has(f, "_run_batch")),
     ("tracer & task bookkeeping (celery)", lambda t, f: _has(f, *TASK_ROOT)),
     # gevent: the hub's loop (libev callbacks, greenlet switches, Timeout expiry); a sample with

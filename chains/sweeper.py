@@ -50,6 +50,7 @@ from ledger.publish import send_kid
 from ledger.state import RunState
 from utils.lua import script
 from utils.redis import as_str, get_redis
+from utils.wire import envelope_id
 
 log = logging.getLogger("chaincrawl.sweeper")
 
@@ -532,6 +533,7 @@ class Sweeper:
 
 def _kid_id(raw: bytes | str) -> list[str]:
     try:
-        return [str(orjson.loads(raw)["id"])]
-    except (ValueError, TypeError, KeyError):
+        tid = envelope_id(raw.encode() if isinstance(raw, str) else raw)
+    except ValueError:  # WireError: not a task message
         return []
+    return [tid] if tid else []

@@ -49,6 +49,16 @@ class PageTaskState:
     avoid: set[str] = field(default_factory=set)  # "kind:id" leases that failed this task
 
 
+@dataclass
+class PageReport:
+    """What a page's requests left for the task (`ctx.report`): the leases lent to requests
+    that failed ("kind:id", never lent to its retry) and how many responses had text their
+    charset could not decode (counted with the commit)."""
+
+    failed_leases: set[str] = field(default_factory=set)
+    undecodable: int = 0
+
+
 class Context:
     """What an endpoint gets: `get`, `post`, `request`, `render`, `follow`, `log`, `remaining`,
     `count`.
@@ -83,8 +93,7 @@ class Context:
         self._robots = rt.robots() if online else None
         self._rank = meta.priority if meta.priority is not None else rt.settings.default_priority
         self._task_state = PageTaskState(spec.site, spec.platform, spec.name, set(meta.avoid))
-        self._failed_leases: set[str] = set()
-        self._undecodable_seen = 0  # responses whose text had bytes their charset cannot decode
+        self.report = PageReport()
         self._deadline = time.monotonic() + (spec.deadline or rt.settings.task_deadline)
         self._providers = (
             [rt.provider(n, spec.site, spec.platform) for _, n in rt.resource_plan(spec)]
@@ -367,7 +376,7 @@ class Context:
         """No answer came: count it, tell the providers, never lend the same again."""
         self._metrics.request(None, 0)
         self._feedback(active, out, Outcome(elapsed=elapsed, error=exc))
-        self._failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+        self.report.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
 
     def _watch(self, resp: Response) -> None:
         """The endpoint's `decode_errors`, and its metrics told of undecodable text."""
@@ -376,7 +385,7 @@ class Context:
 
     def _report_undecodable(self, resp: Response, n: int) -> None:
         """Text decoded with replacement characters: counted and warned of, never silent."""
-        self._undecodable_seen += 1
+        self.report.undecodable += 1
         self._metrics.counts["undecodable"] += 1
         self._metrics.counts["undecodable_bytes"] += n
         self.log.warning(
@@ -402,10 +411,10 @@ class Context:
             try:
                 self._feedback(active, out, outcome)
             except BannedError:
-                self._failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+                self.report.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
                 raise
         if resp.status >= 400 and resp.status not in set(ok_statuses):
-            self._failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+            self.report.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
         self._check_status(resp, url, ok_statuses)
 
     def _check_status(self, resp: Response, url: str, ok_statuses: Iterable[int]) -> None:

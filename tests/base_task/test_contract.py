@@ -11,7 +11,8 @@ import base_task
 from base_task import Context, Params, endpoint
 
 PUBLIC_CONTEXT = {
-    "count", "follow", "get", "log", "params", "post", "remaining", "render", "request",
+    "count", "follow", "get", "log", "params", "post", "remaining", "render", "report",
+    "request",
 }  # fmt: skip
 
 
@@ -35,11 +36,11 @@ def test_endpoint_takes_its_documented_options_only() -> None:
 
 def test_a_context_shows_endpoints_only_its_public_surface() -> None:
     public = {n for n in dir(Context) if not n.startswith("_")}
-    assert public == PUBLIC_CONTEXT - {"params", "log"}  # instance attributes
+    assert public == PUBLIC_CONTEXT - {"params", "log", "report"}  # instance attributes
     init = inspect.getsource(Context.__init__)
     assigned = {line.split("=")[0].strip().removeprefix("self.").split(":")[0]
                 for line in init.splitlines() if line.strip().startswith("self.")}  # fmt: skip
-    assert {a for a in assigned if not a.startswith("_")} == {"params", "log"}
+    assert {a for a in assigned if not a.startswith("_")} == {"params", "log", "report"}
 
 
 def test_render_takes_the_options_the_docs_list_and_returns_a_response() -> None:
