@@ -49,6 +49,7 @@ from exceptions import (
     ChainCrawlError,
     CrawlError,
     DeadlineExceeded,
+    EmptyPage,
     ItemValidationError,
     LoginRequired,
     NotFound,
@@ -86,6 +87,7 @@ from lifecycle.endpoints import (
     get_endpoint,
     queue_for,
 )
+from lifecycle.guards import need, need_int, yielded_nothing
 from lifecycle.hooks import (
     CONTINUE,
     Signal,
@@ -122,6 +124,7 @@ def endpoint(
     decode_errors: Literal["replace", "strict"] = "replace",
     fetcher: str = "",
     render: Literal["", "auto"] = "",
+    must_yield: bool = False,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Turn `fn(ctx, params) -> outputs` into a Celery task on SiteTask.
 
@@ -144,6 +147,9 @@ def endpoint(
     - `render`: "auto" fetches each `ctx.get` over HTTP where that yields the items a browser
       would, and renders it where it does not, learnt per URL pattern from pages fetched both
       ways (needs the browser: implies `resources=["browser"]`; docs/browser.md).
+    - `must_yield`: a page that yields nothing (no item, no follow-up) fails with `EmptyPage`
+      (retried: a page that came back wrong may come back whole; then dead-lettered). Without
+      it such a page is counted `empty` (the endpoint's metrics, the run's step) and warned.
 
     Nothing else: acknowledgement, redelivery and time-limit behaviour are the mechanism's,
     the same for every endpoint (a site cannot turn `acks_late` off by accident).
@@ -181,6 +187,7 @@ def endpoint(
             decode_errors=decode_errors,
             fetcher=fetcher,
             render=render,
+            must_yield=must_yield,
         )
 
         def run(self: SiteTask, params: dict[str, Any], meta: dict[str, Any] | None = None) -> Any:
@@ -306,6 +313,7 @@ class SiteTask(Task):
             if admitted:
                 gate.release(spec.site, spec.name, tid)
         dumped = [it.model_dump(mode="json") for it in items]  # once: outbox rows and fan-out
+        empty = metrics.counts.get("empty", 0)  # read before aggregate() takes the counts
         stored = [(it, row) for it, row in zip(items, dumped, strict=True) if it.store]
         entries = outbox_entries(rid, step, spec.name, stored)
         chain = rt.chain(state, rid) if rid else None
@@ -326,7 +334,8 @@ class SiteTask(Task):
             rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(stored),
             entries=entries, kids=kids, defer=calls, forget=forget,
             counts={**{(sid, "skipped_seen"): n for sid, (_, n) in seen.items()},
-                    (step, "undecodable"): int(bool(ctx and ctx._undecodable_seen))},
+                    (step, "undecodable"): int(bool(ctx and ctx._undecodable_seen)),
+                    (step, "empty"): empty},
         )  # fmt: skip
         if batch is not None:
             batch.after.append((self, tid, meta.dedup_id))
@@ -357,6 +366,8 @@ class SiteTask(Task):
                         f"{self.spec.name} yielded {type(out).__name__}; yield Item or ctx.follow()"
                     )
                 ctx._check_deadline()
+            if not (items or follows):  # a selector that matched nothing? counted or failed
+                yielded_nothing(ctx, self.spec)
             items = hooks.filter_items(ctx, self.spec.name, items)  # before_store hooks
         except ValidationError as exc:
             raise ItemValidationError(f"{self.spec.name}: item invalid: {describe(exc)}") from None
@@ -548,6 +559,7 @@ __all__ = [
     "ChainCrawlError",
     "Context",
     "CrawlError",
+    "EmptyPage",
     "FixtureFetcher",
     "Follow",
     "Item",
@@ -574,6 +586,8 @@ __all__ = [
     "error_for_status",
     "fail",
     "load_case",
+    "need",
+    "need_int",
     "on_error",
     "outputs_of",
     "retry",

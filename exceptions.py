@@ -43,6 +43,9 @@
         │   └── RobotsUnavailable .............. wait   (robots.txt unreachable or 5xx: not yet)
         ├── DeadlineExceeded ................... retry  (the per-task deadline ran out)
         ├── ParseError ......................... retry  (then dead-letter: layout changed?)
+        │   └── EmptyPage ...................... retry  (a `must_yield` endpoint's page yielded
+        │                                                 nothing: a soft block or a page cut
+        │                                                 short may come back whole)
         ├── UndecodableText .................... fail   (bytes not in the page's charset, with
         │                                                 `decode_errors="strict"`)
         ├── ItemValidationError ................ fail   (parsed data fails the Item schema)
@@ -357,6 +360,15 @@ class ParseError(CrawlError):
     """The page did not look as the parser expects."""
 
     policy = Policy.RETRY
+
+
+class EmptyPage(ParseError):
+    """A page of an endpoint declared `must_yield=True` yielded nothing: no item, no follow-up.
+
+    Retried like any ParseError: a page that came back wrong (a soft block, a placeholder or
+    a body cut short answered with 200) often comes back whole; a selector the site's layout
+    no longer matches fails the same way every time and is dead-lettered after the retries,
+    its URLs in the message. Endpoints without `must_yield` count such a page as `empty`."""
 
 
 class UndecodableText(CrawlError):

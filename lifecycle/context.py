@@ -83,6 +83,7 @@ class Context:
         self._task_state = PageTaskState(spec.site, spec.platform, spec.name, set(meta.avoid))
         self._failed_leases: set[str] = set()
         self._undecodable_seen = 0  # responses whose text had bytes their charset cannot decode
+        self._answered_urls: list[str] = []  # the page's answers (an empty page's message)
         self._deadline = time.monotonic() + (spec.deadline or rt.settings.task_deadline)
         self._providers = (
             [rt.provider(n, spec.site, spec.platform) for _, n in rt.resource_plan(spec)]
@@ -283,6 +284,8 @@ class Context:
 
     def _answered(self, resp: Response, method: str, url: str) -> None:
         """An answer the status and the providers accepted: the after_response hooks."""
+        if len(self._answered_urls) < 3:
+            self._answered_urls.append(resp.url or url)
         if self._online:
             hooks.in_page(self, "after_response", self._spec.name, f"{method} {url}", resp)
 
