@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import orjson
 import redis
 from celery import Task, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
@@ -107,6 +106,7 @@ from monitor.metrics import TaskMetrics
 from scheduling.gate import get_gate
 from settings.sitevars import site_env
 from utils.logsafe import safe_text, task_argsrepr
+from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.task")
 
@@ -264,14 +264,12 @@ class SiteTask(Task):
         if deliveries > 1:  # its earlier delivery's worker died (or lost its connection)
             metrics.counts["redelivered"] += 1
         # its delivery counter goes with its commit or retry (nothing of a page left behind)
-        forget = (state.deliveries_key(tid, attempt, rid),) if deliveries else ()
+        forget = (state.deliveries_key(rid, tid, attempt),) if deliveries else ()
         if paused and not (cancelled or committed):
             # back as a new message: its retry number kept, its wait for a resource restarted
             # (a pause is no time spent waiting for a pool: `resource_wait_max`)
             meta.wait_since, meta.retry_base = None, attempt
-            msg = orjson.dumps(
-                {"id": tid, "task": self.name, "params": params, "meta": meta.to_wire()}
-            )
+            msg = TaskEnvelope(tid, self.name, params, meta.to_wire()).encode()
             parked = state.park(rid, tid, msg, attempt, counted=deliveries > 0)
             if parked:
                 outcome = "paused" if parked > 0 else "duplicate"
@@ -388,9 +386,9 @@ class SiteTask(Task):
         A failure after the commit requeues the message: its redelivery finds the task
         committed and sends what is still staged, where acking it would strand the children
         (tests/base_task/test_send_path.py::test_a_publish_failure_after_the_commit_requeues...)."""
-        at = state.staged_at(tid, rid)
+        at = state.staged_at(rid, tid)
         try:
-            staged = res.staged if res is not None else state.staged(tid, rid)
+            staged = res.staged if res is not None else state.staged(rid, tid)
             outstanding = res.outstanding if res is not None else 0
             batch = current_batch(rt)
             if batch is not None:
@@ -435,7 +433,7 @@ class SiteTask(Task):
             state.commit(rid=rid, tid=self.request.id or "", step=step, outcome="skipped",
                          n_items=0, entries=(), kids=(), defer=calls, forget=forget)  # fmt: skip
             res = run_commits(rt, state, rid, calls, pipe_extra=lambda pipe: metrics.flush(
-                pipe, spec.name, spec.site, settings))  # fmt: skip
+                pipe, spec.name, spec.site, settings))[0]  # fmt: skip
             log.info("%s skipped (%s): %s", spec.name, reason, safe_text(exc))
             if res is not None:  # backpressure may have released waiting children to this task
                 self._send_staged(rt, state, rid, self.request.id or "", res)

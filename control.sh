@@ -14,7 +14,11 @@ PY=${PYTHON:-python3}
 LOCK=requirements/dev.txt          # runtime + demo + test: what this checkout needs
 BROWSER_LOCK=requirements/browser.txt
 
-deps_stamp() { "$PY" - "$@" <<'PYX'
+# sha1 of the lock files (coreutils' sha1sum, else Python: the same digest): no interpreter
+# start on every command where sha1sum is there
+deps_stamp() {
+  if command -v sha1sum >/dev/null; then cat "$@" | sha1sum | cut -c1-12; return; fi
+  "$PY" - "$@" <<'PYX'
 import hashlib, pathlib, sys
 print(hashlib.sha1(b"".join(pathlib.Path(f).read_bytes() for f in sys.argv[1:])).hexdigest()[:12])
 PYX
@@ -70,12 +74,16 @@ setup_browser() {
 
 # The command line is checked first, by the system Python and the standard library alone
 # (cli/parser.py): help, --version and usage errors are answered before a venv is made, Redis
-# started or a worker stopped. Its exit status: 0 valid, 3 help or version printed, 2 usage error.
-need_python
-rc=0; "$PY" -m cli.parser --check "$@" || rc=$?
+# started or a worker stopped. Its exit status: 0 valid, 3 help or version printed, 2 usage error,
+# 9 a Python older than 3.11 (checked in the same start: one interpreter start, not two).
+if ! command -v "$PY" >/dev/null; then echo "error: $PY not found; install Python 3.11+" >&2; exit 2; fi
+rc=0; "$PY" -c 'import sys
+if sys.version_info < (3, 11): sys.exit(9)
+from cli.parser import main; sys.exit(main())' --check "$@" || rc=$?
 case $rc in
   0) ;;
   3) exit 0 ;;
+  9) echo "error: Python 3.11+ needed, found $("$PY" --version)" >&2; exit 2 ;;
   *) exit "$rc" ;;
 esac
 

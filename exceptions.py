@@ -11,15 +11,18 @@
     ├── ParamsError ............................ fail   (parameters fail the endpoint schema)
     ├── UnknownChainError ...................... fail
     ├── WorkersOutdated ........................ fail   (live workers lack a chain's tasks: restart them)
+    ├── QueuesUnserved ......................... fail   (no live worker consumes a chain's queue: restart them)
     └── CrawlError  (raised while a task runs)
         ├── FetchError
         │   ├── TransportError ................. retry
         │   │   ├── FetchTimeout ............... retry
         │   │   │   └── RenderTimeout .......... retry  (a page that never settled; + capture)
+        │   │   │       └── SelectorTimeout .... fail   (the page loaded and went quiet, the selector never came)
         │   │   ├── ConnectError ............... rotate (the proxy/route is likely bad)
         │   │   ├── ProxyError ................. rotate
         │   │   └── BrowserCrashed ............. retry  (on a new browser)
         │   ├── RenderError .................... retry  (the browser refused a page or action; + capture)
+        │   │   └── InvalidSelector ............ fail   (a selector that cannot be parsed; no page is loaded)
         │   ├── BrowserUnavailable ............. fail   (no Chromium or Playwright installed)
         │   ├── HTTPStatusError
         │   │   ├── NotFound (404, 410) ........ fail
@@ -43,9 +46,11 @@
         │   └── RobotsUnavailable .............. wait   (robots.txt unreachable or 5xx: not yet)
         ├── DeadlineExceeded ................... retry  (the per-task deadline ran out)
         ├── ParseError ......................... retry  (then dead-letter: layout changed?)
-        │   └── EmptyPage ...................... retry  (a `must_yield` endpoint's page yielded
-        │                                                 nothing: a soft block or a page cut
-        │                                                 short may come back whole)
+        │   ├── EmptyPage ...................... retry  (a `must_yield` endpoint's page yielded
+        │   │                                             nothing: a soft block or a page cut
+        │   │                                             short may come back whole)
+        │   └── MalformedBody .................. fail   (a 2xx body that is not valid JSON: the
+        │                                                 same bytes come back on a refetch)
         ├── UndecodableText .................... fail   (bytes not in the page's charset, with
         │                                                 `decode_errors="strict"`)
         ├── ItemValidationError ................ fail   (parsed data fails the Item schema)
@@ -131,6 +136,16 @@ class WorkersOutdated(ChainCrawlError):
         self.workers = list(workers or ())
 
 
+class QueuesUnserved(ChainCrawlError):
+    """Workers are up but none consumes a queue the chain needs (a site added after they
+    started): its tasks would wait for good. Raised before anything is sent when the caller
+    does not want to wait (`chains.run(..., wait_for_workers=False)`); `queues` names them."""
+
+    def __init__(self, msg: str, queues: list[str] | None = None) -> None:
+        super().__init__(msg)
+        self.queues = list(queues or ())
+
+
 class ParamsError(ChainCrawlError):
     """Parameters do not fit an endpoint's Params schema (names the field)."""
 
@@ -188,6 +203,15 @@ class RenderTimeout(FetchTimeout, PageCapture):
     """A page did not load, show the awaited selector or finish its actions within its deadline."""
 
 
+class SelectorTimeout(RenderTimeout):
+    """A loaded page never showed what the render waited for (`wait_for`, a `WaitFor` or a
+    `Click` target) although its network had been quiet for a while, with no request failed:
+    a retry would wait for the same nothing. Still a `RenderTimeout` (with the capture); a wait
+    that ran out with requests in flight or failed stays a plain, retried `RenderTimeout`."""
+
+    policy = Policy.FAIL
+
+
 class BrowserCrashed(TransportError, PageCapture):
     """The browser (or its driver) died under a page; the next render gets a new browser."""
 
@@ -199,6 +223,13 @@ class RenderError(FetchError, PageCapture):
     Playwright cannot parse, a page that threw); retried, then dead-lettered with its capture."""
 
     policy = Policy.RETRY
+
+
+class InvalidSelector(RenderError, ValueError):
+    """A selector neither CSS nor Playwright can parse (`div[`, `##id`): the endpoint's bug,
+    found before the page is loaded; a `ValueError` too, as every bad render argument is."""
+
+    policy = Policy.FAIL
 
 
 class BrowserUnavailable(FetchError):
@@ -369,6 +400,15 @@ class EmptyPage(ParseError):
     a body cut short answered with 200) often comes back whole; a selector the site's layout
     no longer matches fails the same way every time and is dead-lettered after the retries,
     its URLs in the message. Endpoints without `must_yield` count such a page as `empty`."""
+
+
+class MalformedBody(ParseError):
+    """A successful (2xx) answer whose body does not parse (`resp.json()` on invalid JSON):
+    the server answered and refetching gets the same bytes, so the page is dead-lettered at
+    once with the reason. An endpoint that knows its site sends a body cut short now and then
+    says so with `resp.json(retry=True)` (a `ParseError`, retried)."""
+
+    policy = Policy.FAIL
 
 
 class UndecodableText(CrawlError):

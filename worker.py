@@ -216,8 +216,9 @@ def _start_sweeper(**kw: Any) -> None:
 
 @signals.worker_ready.connect
 def _publish_task_set(sender: Any = None, **kw: Any) -> None:
-    """Say which tasks this worker knows and which queues it consumes, with a heartbeat
-    (broker/workers.py): a trigger refuses a chain whose tasks a live worker lacks."""
+    """Say which tasks this worker knows, which queues it consumes and which site modules it
+    failed to import, with a heartbeat (broker/workers.py): a trigger refuses a chain whose
+    tasks a live worker lacks; status and the `module_broken` alert show the broken ones."""
     global _beat
     consumer_app = getattr(sender, "app", None) or app
     queues = list(consumer_app.amqp.queues.consume_from or {})
@@ -225,7 +226,8 @@ def _publish_task_set(sender: Any = None, **kw: Any) -> None:
         if _beat is None:
             s = get_settings()
             _beat = Beat(TaskSets(get_redis(s.redis_url), s), str(getattr(sender, "hostname", "")
-                         or broker_app.APP_NAME), list(consumer_app.tasks), queues)  # fmt: skip
+                         or broker_app.APP_NAME), list(consumer_app.tasks), queues,
+                         [b.as_dict() for b in sites.broken()])  # fmt: skip
             _beat.start()
 
 

@@ -53,7 +53,7 @@ def crawl(state: RunState, runs: int, pages: int, placed: bool = True) -> int:
     for _ in range(runs):
         rid = state.new_run_id() if placed else uuid.uuid4().hex[:16]
         state.create_run(rid, "bench", b"{}", 5)
-        staging = state.kids_key("client", rid)
+        staging = state.kids_key(rid, "client")
         seed = orjson.dumps({"id": uuid.uuid4().hex, "task": "t", "params": {},
                              "meta": {"run": rid, "step": "s"}})  # fmt: skip
         state.enqueue_and_release(rid, "s", [seed], staging)
@@ -77,7 +77,7 @@ def crawl(state: RunState, runs: int, pages: int, placed: bool = True) -> int:
                                entries=[entry], kids=kids)  # fmt: skip
             assert res is not None
             q.extend(orjson.loads(m) for m in res.staged)
-            state.clear_kids(tid, rid)
+            state.clear_kids(rid, tid)
             done += 1
     for rid in queues:
         c = state.counters(rid)

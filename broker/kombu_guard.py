@@ -43,6 +43,12 @@ after Redis answered); a worker full of such slots sends no BRPOP and never noti
 connection died (the gevent workers stalled so after a Redis restart). The failed ack marks its
 channel and the poller's next tick raises a connection error: Celery reconnects and the channel's
 close restores the messages. Both consumer loops (synloop and the event loop) are covered.
+
+A Redis client object built for every ack: outside a poll, kombu's `conn_or_acquire` builds a
+new `redis.Redis` on the channel's pool for each ack and reject (`Channel._create_client`),
+and building one copies redis-py's ~250 response callbacks. The guard keeps one synchronous
+client per channel and pool (a `redis.Redis` takes a connection from its pool per command, so
+sharing it across greenlets and threads is safe); a new pool gets a new client.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ counts = {
     "ack_failed": 0,
     "ack_reconnect": 0,
     "restore_sweeps": 0,
+    "clients_built": 0,
 }  # this process, for tests and status
 
 
@@ -124,6 +131,9 @@ def _check() -> None:
         (kredis.MultiChannelPoller.maybe_restore_messages, "restore_visible("),
         (virtual.Channel.basic_ack, "self.qos.ack(delivery_tag)"),
         (virtual.Channel.basic_reject, "self.qos.reject(delivery_tag"),
+        # a client kombu builds is a plain one on the channel's pool (no per-call state)
+        (kredis.Channel._create_client, "'connection_pool': self.pool"),
+        (kredis.Channel.conn_or_acquire, "yield self._create_client()"),
     ]
     require_source(expectations)
     if not issubclass(kredis.Channel.Message, vbase.Message):
@@ -168,6 +178,7 @@ def apply() -> None:
     _patch_consumer()
     _patch_connparams()
     _patch_saturated_poll()
+    _patch_client_reuse()
     log.debug("kombu %s: consumer guard installed", kombu.__version__)
 
 
@@ -403,3 +414,25 @@ def _restore_when_due(poller: Any) -> None:
 
 def _saturated(poller: Any) -> bool:
     return any(ch.active_queues and not ch.qos.can_consume() for ch in poller._channels)
+
+
+# --- one Redis client per channel for acks, not one per ack -------------------------------------
+
+
+def _patch_client_reuse() -> None:
+    create = kredis.Channel._create_client
+
+    @functools.wraps(create)
+    def reused_client(self: Any, asynchronous: bool = False) -> Any:
+        if asynchronous:
+            return create(self, asynchronous=True)
+        pool = self.pool
+        cached = getattr(self, "_chaincrawl_client", None)
+        if cached is not None and cached[0] is pool:
+            return cached[1]
+        client = create(self, asynchronous=False)
+        self._chaincrawl_client = (pool, client)
+        counts["clients_built"] += 1
+        return client
+
+    kredis.Channel._create_client = reused_client

@@ -10,12 +10,15 @@ sweeper would re-send it forever while the run stays `running`. So:
   last beat, by the server's clock: machines' clocks may differ) is gone;
 - `chains.run()` (and `control.sh trigger`) ask `check()` before sending: a live worker
   consuming a step's queue that lacks the step's task makes it refuse (`WorkersOutdated`);
+  live workers none of which consumes a step's queue make `control.sh trigger` refuse
+  (`QueuesUnserved`, unless `--wait-for-workers`; `chains.run` warns unless asked to refuse);
   with no live worker at all it only warns (workers started later load the code as it is now);
 - a worker that receives a task it does not know dead-letters it (lifecycle/unknown.py) and
   marks its task id here (`mark_unknown`), so the sweeper never re-sends it.
 
 Keys (state store, under the key prefix):
-    workers:tasks      hash  worker name -> {"tasks": [...], "queues": [...], "at": time}
+    workers:tasks      hash  worker name -> {"tasks": [...], "queues": [...], "at": time,
+                             "broken": [site modules that failed to import, as dicts]}
     workers:alive:{w}  string  there while worker w beats (expires `LIVE_FOR` s after a beat)
     tasks:unknown      zset  task id -> time a worker refused it as unknown (a week kept)
     metrics:broker     hash  `unknown_tasks`: messages refused as unknown, summed
@@ -35,7 +38,7 @@ import orjson
 import redis
 
 from config import Settings, get_settings
-from exceptions import WorkersOutdated
+from exceptions import QueuesUnserved, WorkersOutdated
 
 log = logging.getLogger("chaincrawl.workers")
 
@@ -53,6 +56,7 @@ class WorkerTasks:
     tasks: frozenset[str]
     queues: frozenset[str]  # empty: not said (taken as every queue)
     at: float
+    broken: tuple[dict[str, Any], ...] = ()  # site modules it failed to import (utils/modules.py)
 
     def consumes(self, queue: str) -> bool:
         return not self.queues or queue in self.queues
@@ -66,6 +70,18 @@ class Check:
     live: list[str]
     missing: dict[str, list[str]] = field(default_factory=dict)
     note: str = ""
+    unserved: dict[str, list[str]] = field(default_factory=dict)  # queue -> its tasks
+
+    def raise_if_unserved(self) -> None:
+        """Workers are up, none consumes a queue of the chain: refuse (`QueuesUnserved`)."""
+        if not self.unserved:
+            return
+        what = _queues_with_tasks(self.unserved)
+        raise QueuesUnserved(
+            f"no live worker consumes queue(s) {what}: restart the workers: ./control.sh "
+            "restart (or trigger --wait-for-workers to send it anyway); nothing was sent",
+            queues=sorted(self.unserved),
+        )
 
     def raise_if_outdated(self) -> None:
         if not self.missing:
@@ -79,6 +95,15 @@ class Check:
             tasks=tasks,
             workers=sorted(self.missing),
         )
+
+
+def _queues_with_tasks(unserved: Mapping[str, list[str]]) -> str:
+    """`demo (demo.h5.feed, demo.h5.post and 3 more)`: each queue with a few of its tasks."""
+    parts = []
+    for q, ts in sorted(unserved.items()):
+        more = f" and {len(ts) - 2} more" if len(ts) > 3 else ""
+        parts.append(f"{q} ({', '.join(ts if not more else ts[:2])}{more})")
+    return ", ".join(parts)
 
 
 class TaskSets:
@@ -98,11 +123,13 @@ class TaskSets:
 
     def publish(
         self, worker: str, tasks: Iterable[str], queues: Iterable[str] = (),
-        live_for: float = LIVE_FOR,
+        live_for: float = LIVE_FOR, broken: Iterable[Mapping[str, Any]] = (),
     ) -> None:  # fmt: skip
-        """Say (again) which tasks `worker` knows and which queues it consumes; it counts as
-        live for `live_for` seconds (by the server's clock)."""
-        entry = {"tasks": sorted(set(tasks)), "queues": sorted(set(queues)), "at": time.time()}
+        """Say (again) which tasks `worker` knows, which queues it consumes and which site
+        modules it failed to import; it counts as live for `live_for` seconds (by the
+        server's clock)."""
+        entry = {"tasks": sorted(set(tasks)), "queues": sorted(set(queues)), "at": time.time(),
+                 "broken": [dict(b) for b in broken]}  # fmt: skip
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(self.key, worker, orjson.dumps(entry))
         pipe.set(self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)))
@@ -158,7 +185,7 @@ class TaskSets:
             try:
                 d = orjson.loads(entries[name])
                 w = WorkerTasks(name.decode(), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
-                                float(d["at"]))  # fmt: skip
+                                float(d["at"]), tuple(d.get("broken") or ()))  # fmt: skip
             except (ValueError, KeyError, TypeError):
                 gone.append(name)
                 continue
@@ -179,37 +206,40 @@ class TaskSets:
             out.note = ("no worker is up yet: the run is recorded and waits in the broker "
                         "(./control.sh start)")  # fmt: skip
             return out
-        unserved = []
         for task, queue in sorted(needed.items()):
             consumers = [w for w in live.values() if w.consumes(queue)]
             if not consumers:
-                unserved.append(f"{queue} ({task})")
+                out.unserved.setdefault(queue, []).append(task)
             for w in consumers:
                 if task not in w.tasks:
                     out.missing.setdefault(w.name, []).append(task)
-        if unserved:
-            out.note = f"no live worker consumes queue(s) {', '.join(unserved)}: they wait"
+        if out.unserved:
+            what = _queues_with_tasks(out.unserved)
+            out.note = (f"no live worker consumes queue(s) {what}: they wait until a worker "
+                        "does (./control.sh restart)")  # fmt: skip
         return out
 
 
 class Beat:
     """A worker's publication, refreshed every `BEAT` seconds in a daemon thread."""
 
-    def __init__(self, sets: TaskSets, worker: str, tasks: Iterable[str], queues: Iterable[str]):
+    def __init__(self, sets: TaskSets, worker: str, tasks: Iterable[str], queues: Iterable[str],
+                 broken: Iterable[Mapping[str, Any]] = ()):  # fmt: skip
         self.sets, self.worker = sets, worker
         self.tasks, self.queues = sorted(set(tasks)), sorted(set(queues))
+        self.broken = [dict(b) for b in broken]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.sets.publish(self.worker, self.tasks, self.queues)
+        self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
         self._thread = threading.Thread(target=self._loop, name="task-set-beat", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(BEAT):
             try:
-                self.sets.publish(self.worker, self.tasks, self.queues)
+                self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
             except redis.RedisError as exc:  # Redis down: the next beat
                 log.warning("publishing this worker's task set failed: %s", exc)
 

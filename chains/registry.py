@@ -3,24 +3,30 @@
 Every chain is validated against the endpoints when it is defined or loaded from a file (unknown
 task with a "did you mean", a required parameter with no mapping, a mapping from a field the
 parent's items lack, a bad constant, a cycle), with every site loaded first.
+
+A chain module that fails at import (a definition error included) is logged in one line with
+its file and line and kept in `broken()`; every other chain still loads, and asking for a
+chain that module would have defined says which module failed.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import sites
-from config import get_settings
+from config import ROOT, get_settings
 from exceptions import UnknownChainError
 from ledger import model
 from ledger.model import Chain, Step
+from utils.modules import BrokenModule, import_tree
 from utils.registry import Registry, UnknownNameError
 
+log = logging.getLogger("chaincrawl.chains")
+_broken: list[BrokenModule] = []
 _chains: Registry[Chain] = Registry("chain")
 _lock = threading.Lock()
 _loaded = False
@@ -55,9 +61,15 @@ def load_all() -> None:
     packages = ["chains.defs"]
     packages += [p.strip() for p in get_settings().extra_chain_packages.split(",") if p.strip()]
     for package in packages:
-        pkg = importlib.import_module(package)
-        for info in pkgutil.walk_packages(pkg.__path__, prefix=package + "."):
-            importlib.import_module(info.name)
+        for b in import_tree(package, ROOT)[1]:
+            _broken.append(b)
+            log.error("chain %s; every other chain works", b.describe())
+
+
+def broken() -> list[BrokenModule]:
+    """The chain modules that failed to import in this process."""
+    load_all()
+    return list(_broken)
 
 
 def get_chain(name: str) -> Chain:
@@ -65,7 +77,8 @@ def get_chain(name: str) -> Chain:
     try:
         return _chains.get(name)
     except UnknownNameError as exc:
-        raise UnknownChainError(str(exc)) from None
+        why = "".join(f"; chain {b.describe()}" for b in _broken)
+        raise UnknownChainError(f"{exc}{why}") from None
 
 
 def names() -> list[str]:

@@ -36,6 +36,7 @@ from ledger.state import (
 from lifecycle import runtime
 from lifecycle.endpoints import queue_for
 from utils.redis import get_redis
+from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.runs")
 
@@ -226,7 +227,7 @@ def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     app = app or default_app()
     settings = get_settings()
     state = RunState(get_redis(), settings)
-    staging = state.kids_key(f"client-resume-{uuid.uuid4().hex[:8]}", run_id)
+    staging = state.kids_key(run_id, f"client-resume-{uuid.uuid4().hex[:8]}")
     out = state.resume(run_id, staging)
     _known(out.was, run_id)
     if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
@@ -246,12 +247,15 @@ def run(
     max_in_flight: int | None = None,
     app: Celery | None = None,
     check_workers: bool = True,
+    wait_for_workers: bool = True,
 ) -> RunHandle:
     """Start a run: validate the seeds against the root step's Params (strictly, as the JSON
     they travel as: `{"page": "2"}` or `{"page": true}` is a ParamsError, an unknown field
     gets a "did you mean"), check that the live workers know every task of the chain
-    (`WorkersOutdated` if one lacks one; a warning in `RunHandle.note` when no worker is
-    up), record the run and its chain definition in Redis,
+    (`WorkersOutdated` if one lacks one; a warning in `RunHandle.note` when no worker is up;
+    when workers are up but none consumes a queue of the chain, a warning too, or
+    `QueuesUnserved` with `wait_for_workers=False`), record the run and its chain definition
+    in Redis,
     and send the root tasks. Returns at once. `app`: the Celery app to send with (default:
     `broker.app.default_app()`, the worker's where one runs)."""
     app = app or default_app()
@@ -273,18 +277,15 @@ def run(
             params.append(spec.validate_params(merged, strict=True).model_dump(mode="json"))
         except ParamsError as exc:
             raise ParamsError(f"seed {i}: {exc}") from None
-    note = workers_check(ch) if check_workers else ""
+    note = workers_check(ch, wait_for_workers) if check_workers else ""
     cap = settings.run_max_in_flight if max_in_flight is None else int(max_in_flight)
     state = RunState(get_redis(), settings)
     rid = run_id or state.new_run_id()
     state.create_run(rid, ch.name, ch.to_json(), prio, cap)
     meta = TaskMeta(run_id=rid, step=ch.root.id, priority=prio, queue=ch.root.options.queue or "")
     wire = meta.to_wire()
-    msgs = [
-        orjson.dumps({"id": uuid.uuid4().hex, "task": ch.root.task, "params": p, "meta": wire})
-        for p in params
-    ]
-    staging = state.kids_key("client", rid)
+    msgs = [TaskEnvelope(uuid.uuid4().hex, ch.root.task, p, dict(wire)).encode() for p in params]
+    staging = state.kids_key(rid, "client")
     state.enqueue_and_release(rid, ch.root.id, msgs, staging)
     r = state.r
     for raw in r.lrange(staging, 0, -1):
@@ -295,7 +296,7 @@ def run(
     return handle
 
 
-def workers_check(ch: Chain) -> str:
+def workers_check(ch: Chain, wait_for_workers: bool = True) -> str:
     """Refuse a chain that a live worker consuming one of its queues would drop as unknown
     (an endpoint added or a route changed after the workers started): `WorkersOutdated`,
     naming the tasks and the workers, before anything is recorded or sent. -> a warning
@@ -303,6 +304,8 @@ def workers_check(ch: Chain) -> str:
     needed = {s.task: s.options.queue or queue_for(s.task) for s in ch.root.walk()}
     check = TaskSets(get_redis()).check(needed)
     check.raise_if_outdated()
+    if not wait_for_workers:
+        check.raise_if_unserved()
     if check.note:
         log.warning("chain %s: %s", ch.name, check.note)
     return check.note

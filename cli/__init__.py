@@ -8,6 +8,11 @@ class UserError(Exception):
 
     exit_code = 2
 
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
 
 class StartFailed(UserError):
     """A process `control.sh` started did not come up: one message (with its log's last

@@ -1,17 +1,21 @@
-"""`python -m cli COMMAND` — what `control.sh` runs after making sure the venv exists."""
+"""`python -m cli COMMAND` (the `chaincrawl` command) — what `control.sh` runs after making
+sure the venv exists.
+
+Only the standard library and `cli.parser` are imported before the command line is parsed:
+`--help` and a usage error must not pay for redis-py, kombu or the settings (docs/cli.md
+gives the timings); each command imports what it needs when it runs."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import kombu.exceptions
-import redis
 
 from cli import UserError
 from cli.parser import SHELL_COMMANDS, parse
@@ -137,7 +141,7 @@ def cmd_trigger(a: argparse.Namespace) -> int:
     seeds = _seeds_file(a.seeds_file) if a.seeds_file is not None else _seeds(a.seeds)
     s = procs.settings()
     procs.ensure_redis(s)
-    result = runs.trigger(a.chain, seeds, a.priority, not a.no_wait, a.timeout)
+    result = runs.trigger(a.chain, seeds, a.priority, not a.no_wait, a.timeout, a.wait_for_workers)
     if a.no_wait:
         return 0
     p: Any = result  # a Progress once watched
@@ -302,9 +306,19 @@ def _redis_where() -> str:
     return f"{host}:{port}"
 
 
+def _redis_url() -> str:
+    """REDIS_URL as an error names it: without its password."""
+    from config import get_settings
+    from utils.logsafe import safe_url
+
+    return safe_url(get_settings().redis_url)
+
+
 def _patient_redis() -> None:
     """Every Redis call of this command waits out a restart or a load (CHAINCRAWL_REDIS_WAIT),
     saying so on one line, instead of failing with a traceback."""
+    import redis
+
     from config import get_settings
     from utils.redis import be_patient
 
@@ -331,19 +345,55 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def main(argv: list[str] | None = None) -> int:
-    from exceptions import ChainCrawlError
+def _module_warnings() -> None:
+    """A site or chain module that fails at import is one line on stderr, and the command
+    goes on with the rest (sites/__init__.py, chains/registry.py)."""
+    out = logging.StreamHandler()  # sys.stderr as it is when a line is written
+    out.setFormatter(logging.Formatter("warning: %(message)s"))
+    out.set_name("chaincrawl-cli-modules")
+    for name in ("chaincrawl.sites", "chaincrawl.chains"):
+        logger = logging.getLogger(name)
+        if not any(h.get_name() == out.get_name() for h in logger.handlers):
+            logger.addHandler(out)
+        logger.propagate = False  # said once, not again by a handler set up later
 
-    args = parse(sys.argv[1:] if argv is None else argv)
-    if args.subcommand in SHELL_COMMANDS:
-        print(f"error: ./control.sh {args.subcommand} (control.sh runs it itself)", file=sys.stderr)
-        return 2
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+        if args.subcommand in SHELL_COMMANDS:
+            print(f"error: ./control.sh {args.subcommand} (control.sh runs it itself)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        rc = run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... | head` stopped reading: not an error of ours
+        _drop_stdout()
+        return 0
+    return rc
+
+
+def run(args: argparse.Namespace) -> int:
+    import kombu.exceptions
+    import redis
+
+    from exceptions import ChainCrawlError
+    from utils.redis import not_there
+
     _patient_redis()
+    _module_warnings()
     try:
         rc = handler(args.fn)(args)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included
-        print(f"error: Redis at {_redis_where()} did not answer: {_first_line(exc)}",
-              file=sys.stderr)  # fmt: skip
+        if isinstance(exc, redis.AuthenticationError):
+            print(f"error: Redis at {_redis_url()} refused the password: {_first_line(exc)}",
+                  file=sys.stderr)  # fmt: skip
+        elif not_there(exc):
+            print(f"error: Redis at {_redis_url()} refused the connection (nothing listens "
+                  "there; REDIS_URL)", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"error: Redis at {_redis_where()} did not answer: {_first_line(exc)}",
+                  file=sys.stderr)  # fmt: skip
         return REDIS_UNREACHABLE
     except kombu.exceptions.OperationalError as exc:  # the broker (Redis or RabbitMQ)
         print(f"error: the broker did not answer: {_first_line(exc)}", file=sys.stderr)
@@ -357,6 +407,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return rc if isinstance(rc, int) else 0
+
+
+def _drop_stdout() -> None:
+    """Stdout to /dev/null: the interpreter's last flush at exit must not meet the closed
+    pipe again (and print a traceback after all)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def console() -> None:
+    """The `chaincrawl` console command (pyproject.toml's [project.scripts])."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

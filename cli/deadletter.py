@@ -7,7 +7,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -19,6 +18,7 @@ from ledger.publish import send_kid
 from ledger.state import RunState
 from monitor.deadletter import DeadLetterStore
 from utils.redis import get_redis
+from utils.wire import TaskEnvelope
 
 
 def list_view(
@@ -114,12 +114,12 @@ def replay(
             print(f"{dl_id}: not replayed, live worker(s) {', '.join(sorted(lacking))} do not "
                   f"know task {d.task}: restart the workers so they load it")  # fmt: skip
             continue
-        kid = {"id": uuid.uuid4().hex, "task": d.task, "params": d.params, "meta": meta}
+        env = TaskEnvelope(uuid.uuid4().hex, d.task, d.params, meta)
         if meta.get(
             "run"
         ):  # the run's ledger gets the message (the sweeper re-sends it if the broker loses it)
-            state.reopen_failed(meta["run"], meta.get("step", ""), orjson.dumps(kid))
-        send_kid(app, kid, queue_for)
+            state.reopen_failed(meta["run"], meta.get("step", ""), env.encode())
+        send_kid(app, env.to_dict(), queue_for)
         store.remove(dl_id)
         n += 1
     return n

@@ -17,7 +17,13 @@ from typing import BinaryIO
 
 from cli import UserError, itemviews
 from external_interface.storage.export import FORMATS, export
-from external_interface.storage.sinks.jsonl import default_root, item_types, read_items, type_files
+from external_interface.storage.sinks.jsonl import (
+    default_root,
+    item_types,
+    open_snapshot,
+    read_items,
+    type_files,
+)
 from utils.registry import UnknownNameError
 
 
@@ -41,6 +47,8 @@ def run(
         with _target(out) as stream:
             n = export(item_type, stream, fmt=fmt, run=run_id, all_versions=all_versions,
                        limit=limit)  # fmt: skip
+            if n == 0 and run_id and limit != 0:
+                _no_items_of_run(item_type, run_id)  # raises: --out is not written
     except UnknownNameError as exc:
         raise UserError(f"{exc} in the JSONL store at {default_root()}") from None
     except BrokenPipeError:  # the reader stopped reading (`| head`): that is not an error
@@ -52,6 +60,47 @@ def run(
     elif n == 0:
         print(f"no {what.split(' ', 1)[1]}", file=sys.stderr)
     return 0
+
+
+# what `--out FILE`'s extension says the format is (Parquet: a directory, see itemviews)
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+
+def output_format(fmt: str | None, out: str | None) -> str:
+    """The format: --format, else the extension of --out, else JSON lines (stdout). An
+    extension that names no format, or another format than --format, is refused: `-o x.csv`
+    holding JSON lines is a file every spreadsheet misreads."""
+    if not out:
+        return fmt or "jsonl"
+    ext = Path(out).suffix.lower()
+    said = EXTENSIONS.get(ext)
+    if fmt is None:
+        if said is None:
+            known = ", ".join(EXTENSIONS)
+            raise UserError(f"--out {out}: the extension {ext or '(none)'!r} names no format "
+                            f"({known}); give --format jsonl, csv or parquet")  # fmt: skip
+        return said
+    if said is not None and said != fmt:
+        raise UserError(f"--out {out} says {said} but --format says {fmt}: make them agree")
+    return fmt
+
+
+def _no_items_of_run(item_type: str, run_id: str) -> None:
+    """--run matched nothing: say whether that run stored other types or nothing at all."""
+    root = default_root()
+    others = []
+    for t in item_types(root):
+        snap = open_snapshot(t, root)
+        if snap is None:
+            continue
+        with snap:
+            if any(line.run == run_id for line in snap.lines()):
+                others.append(t)
+    if others:
+        raise UserError(f"run {run_id} stored no {item_type} items (it stored "
+                        f"{', '.join(others)})", exit_code=1)  # fmt: skip
+    raise UserError(f"run {run_id} stored no items in the JSONL store at {root}: a mistyped "
+                    "run id? (./control.sh runs lists the runs)")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -95,7 +144,8 @@ def list_types() -> int:
 
 
 def main(a: argparse.Namespace) -> int:
-    if a.type is not None and (a.history or a.search is not None or a.format == "parquet"):
+    fmt = output_format(a.format, a.out) if a.type is not None else "jsonl"
+    if a.type is not None and (a.history or a.search is not None or fmt == "parquet"):
         try:
             if a.history:
                 return itemviews.history(a.type, a.key, a.sink)
@@ -104,4 +154,4 @@ def main(a: argparse.Namespace) -> int:
             return itemviews.parquet(a.type, a.out, a.run, a.all)
         except UnknownNameError as exc:
             raise UserError(f"{exc} in the JSONL store at {default_root()}") from None
-    return run(a.type, fmt=a.format, run_id=a.run, out=a.out, all_versions=a.all, limit=a.limit)
+    return run(a.type, fmt=fmt, run_id=a.run, out=a.out, all_versions=a.all, limit=a.limit)

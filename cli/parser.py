@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.metadata
 import os
 import re
 import sys
@@ -35,21 +36,86 @@ TRIGGER_EXIT_CODES = """\
 exit status:
   0  the run is complete and every task succeeded
   1  the run ended with failed tasks (dead letters; `deadletter list --run RUN_ID`)
-  2  usage error (a bad argument, unknown chain, unreadable seeds)
+  2  usage error (a bad argument, unknown chain, unreadable seeds), or live workers
+     that lack a task of the chain or consume none of its queues (nothing was sent)
   3  the run was cancelled
-  4  still running when --timeout passed (the run goes on)"""
+  4  still running when --timeout passed (the run goes on)
+  5  Redis or the broker unreachable (a refused connection: at once; a Redis restarting or
+     loading its data: after CHAINCRAWL_REDIS_WAIT)
+  130 interrupted (Ctrl-C)"""
+
+# Every other command's exit statuses (`COMMAND --help`): what status 1 means for the
+# commands that have one, and whether it talks to Redis (status 5).
+_FAILS = {
+    "start": "a worker (or the embedded Redis) did not come up; its log's last lines are shown",
+    "restart": "a worker did not come up; its log's last lines are shown",
+    "flower": "Flower did not come up",
+    "demo": "a process did not come up, or the demo run did not complete within --timeout",
+    "monitor": "the exporter did not come up",
+    "beat": "beat did not come up",
+    "parse": "the endpoint raised (its error, or its traceback for a bug in its code)",
+    "shell": "the -c code raised",
+    "items": "--run: that run stored none of this type (it stored other types)",
+    "test": "tests failed (pytest's own statuses)",
+    "lint": "a check failed",
+}
+_NO_REDIS = ("help", "setup", "lock", "test", "lint", "chains", "config", "new-site", "items")
+_REDIS_DOWN = ("  5  Redis or the broker unreachable (a refused connection: at once; a Redis "
+               "restarting\n     or loading its data: after CHAINCRAWL_REDIS_WAIT)")  # fmt: skip
+
+
+def exit_statuses(command: str) -> str:
+    """The `exit status:` block of a command's help."""
+    lines = ["exit status:", "  0  done"]
+    if command in _FAILS:
+        lines.append(f"  1  {_FAILS[command]}")
+    lines.append("  2  usage error, or bad input or settings (one line: what was wrong)")
+    if command not in _NO_REDIS:
+        lines.append(_REDIS_DOWN)
+    lines.append("  130 interrupted (Ctrl-C)")
+    return "\n".join(lines)
 
 
 def version() -> str:
-    """The project's version, as pyproject.toml gives it."""
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        return str(tomllib.load(f)["project"]["version"])
+    """The project's version, as pyproject.toml gives it (an installed copy, which has no
+    pyproject.toml: its package metadata, made from that file)."""
+    try:
+        with (ROOT / "pyproject.toml").open("rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except FileNotFoundError:
+        return importlib.metadata.version("chaincrawl")
 
 
 def nearest(word: str, choices: list[str]) -> str | None:
-    """The valid choice closest to a misspelled one, if any is close enough."""
+    """The valid choice closest to a misspelled one, if any is close enough: the fewest
+    typing slips (a letter added, dropped, changed, or two neighbours swapped: `prase` is one
+    slip from `parse`, two from `pause`), ties going to the most similar (difflib's ratio);
+    else difflib's own guess."""
+    if not choices:
+        return None
+
+    def rank(choice: str) -> tuple[int, float]:
+        ratio = difflib.SequenceMatcher(None, word.lower(), choice.lower()).ratio()
+        return slips(word.lower(), choice.lower()), -ratio
+
+    best = min(choices, key=rank)
+    if slips(word.lower(), best.lower()) <= max(1, len(word.lstrip("-")) // 3):
+        return best
     found = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return found[0] if found else None
+
+
+def slips(a: str, b: str) -> int:
+    """Edit distance counting a swap of two neighbouring letters as one edit (optimal string
+    alignment): the typos of a hand on a keyboard."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
 
 
 class Parser(argparse.ArgumentParser):
@@ -123,6 +189,9 @@ def _core_commands(sub: Any) -> None:
                     "line; '-' reads standard input")  # fmt: skip
     tr.add_argument("--priority", type=int, help="0..9, 9 most urgent")
     tr.add_argument("--no-wait", action="store_true", help="print the run id and return")
+    tr.add_argument("--wait-for-workers", action="store_true",
+                    help="send even when no live worker consumes a queue of the chain (its "
+                    "tasks wait for one); without it such a trigger is refused, exit 2")  # fmt: skip
     tr.add_argument("--timeout", type=float, default=None,
                     help="stop watching after this many seconds (exit 4; the run goes on)")  # fmt: skip
     tr.set_defaults(fn="cmd_trigger")
@@ -208,8 +277,10 @@ def _tool_commands(sub: Any) -> None:
         "items", help="stored items of a type (JSON lines, CSV, Parquet), their history, a search"
     )
     p.add_argument("type", nargs="?", help="item type, e.g. demo.post (none: list the types)")
-    p.add_argument("--format", "-f", default="jsonl", choices=ITEM_FORMATS,
-                   help="jsonl (default), csv, or parquet (a dataset partitioned by day: --out DIR)")  # fmt: skip
+    p.add_argument("--format", "-f", default=None, choices=ITEM_FORMATS,
+                   help="jsonl, csv, or parquet (a dataset partitioned by day: --out DIR); "
+                   "default: what --out's extension says (.jsonl, .ndjson, .csv, .parquet), "
+                   "JSON lines on stdout")  # fmt: skip
     p.add_argument("--run", help="only the items this run stored")
     p.add_argument(
         "--out", "-o", help="write to this file (parquet: this directory) instead of stdout"
@@ -279,6 +350,10 @@ def build_parser() -> Parser:
     _shell_commands(sub)
     _core_commands(sub)
     _tool_commands(sub)
+    for name, cmd in _commands(p).items():
+        if cmd.epilog is None:
+            cmd.epilog = exit_statuses(name)
+            cmd.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
 
 
@@ -342,8 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         args = args[1:]
     try:
         parse(args)
+        sys.stdout.flush()
     except SystemExit as exc:
         return 3 if exc.code in (0, None) else int(exc.code or 2)
+    except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 3
     return 0
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cli import StartFailed, UserError
 from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
@@ -152,18 +154,23 @@ def embedded_redis_stopped(s: Settings) -> bool:
     return alive(s.var_dir / "redis" / "redis.pid") is None
 
 
+_ONCE = Retry(NoBackoff(), 0)  # a probe's one try
+
+
 def _wants_our_password(s: Settings, host: str, port: int) -> bool:
     """Whether the Redis there refuses a client without a password and takes ours (a Redis
-    busy loading counts as yes: the command's own calls wait or say so)."""
+    busy loading counts as yes: the command's own calls wait or say so). One connection per
+    probe: redis-py would retry the refusal (an `AuthenticationError` is a `ConnectionError`
+    to it), seconds of back-off for an answer that is already final."""
     try:
-        redis.Redis(host=host, port=port, socket_timeout=5).ping()
+        redis.Redis(host=host, port=port, socket_timeout=5, retry=_ONCE).ping()
         return False  # open to anyone
     except redis.AuthenticationError:
         pass
     except redis.RedisError:
         return True
     try:
-        redis.Redis.from_url(s.redis_url, socket_timeout=5).ping()
+        redis.Redis.from_url(s.redis_url, socket_timeout=5, retry=_ONCE).ping()
     except (redis.AuthenticationError, redis.ResponseError):
         return False
     except redis.RedisError:

@@ -31,8 +31,10 @@ def watch(
 
 
 def trigger(name: str, seeds: list[dict[str, Any]] | None, priority: int | None, wait: bool,
-            timeout: float | None) -> Progress | RunHandle:  # fmt: skip
-    handle = chains.run(name, seeds=seeds, priority=priority)
+            timeout: float | None, wait_for_workers: bool = False) -> Progress | RunHandle:  # fmt: skip
+    """Start the run (refused, `QueuesUnserved`, when live workers consume none of a queue it
+    needs, unless `wait_for_workers`) and, with `wait`, watch it."""
+    handle = chains.run(name, seeds=seeds, priority=priority, wait_for_workers=wait_for_workers)
     console = Console()
     console.print(f"run id: [bold]{handle.run_id}[/bold]  chain: {name}")
     if handle.note:

@@ -13,6 +13,7 @@ CODE instead and exits.
 from __future__ import annotations
 
 import argparse
+import builtins
 import code
 import sys
 import traceback
@@ -22,7 +23,7 @@ from urllib.parse import urljoin
 import sites
 from cli import UserError, procs
 from config import get_settings
-from exceptions import ChainCrawlError
+from exceptions import ChainCrawlError, RobotsDisallowed
 from external_interface.fetch import Response
 from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec, Params
@@ -53,6 +54,7 @@ class Session:
 
     def __init__(self, ctx: Context, namespace: dict[str, Any]) -> None:
         self.ctx, self.ns = ctx, namespace
+        self.shown: Response | None = None  # the response `fetch` just announced
 
     def fetch(self, url: str, method: str = "GET", **kw: Any) -> Response | None:
         """`url` may be relative to the current `resp`; any status is shown, not raised."""
@@ -63,20 +65,36 @@ class Session:
         try:
             resp = self.ctx.request(method, url, **kw)
         except ChainCrawlError as exc:
-            print(f"{method} {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            # `resp` must not stay the previous page: selectors tried next would read it
+            self.ns["resp"] = self.shown = None
+            if isinstance(exc, RobotsDisallowed):
+                print(f"{method} {url} blocked by robots.txt ({exc}); resp is None now",
+                      file=sys.stderr)  # fmt: skip
+            else:
+                print(f"{method} {url} failed: {type(exc).__name__}: {exc}; resp is None now",
+                      file=sys.stderr)  # fmt: skip
             return None
         cached = ", from the HTTP cache" if resp.from_cache else ""
         ctype = resp.headers.get("content-type", "?")
         print(f"{method} {resp.url} -> {resp.status} ({ctype}, {len(resp.content)} bytes{cached})",
               file=sys.stderr)  # fmt: skip
-        self.ns["resp"] = resp
+        self.ns["resp"] = self.shown = resp
         return resp
+
+    def displayhook(self, value: object) -> None:
+        """The console's echo of `fetch(url)`: the line `fetch` printed says it already."""
+        if value is not None and value is self.shown:
+            builtins._ = value  # type: ignore[attr-defined]
+            self.shown = None
+            return
+        sys.__displayhook__(value)
 
 
 BANNER = """chaincrawl shell: {how}
   resp                the response: resp.css("a::attr(href)").getall(), resp.xpath(...),
                       resp.json(), resp.text, resp.status, resp.headers
-  fetch(url, **kw)    fetch another page the same way (it becomes resp)
+  fetch(url, **kw)    fetch another page the same way (it becomes resp; one that fails or
+                      robots.txt forbids leaves resp None)
   ctx                 the endpoint context the requests go through"""
 
 
@@ -96,6 +114,7 @@ def run(url: str, *, site: str | None = None, task: str | None = None,
     session = Session(ctx, namespace)
     namespace["fetch"] = session.fetch
     session.fetch(url)
+    session.shown = None
     if command is not None:
         try:
             exec(compile(command, "<shell -c>", "exec"), namespace)
@@ -103,6 +122,7 @@ def run(url: str, *, site: str | None = None, task: str | None = None,
             traceback.print_exc()
             return 1
         return 0
+    sys.displayhook = session.displayhook
     interact(namespace, BANNER.format(how=how))
     return 0
 

@@ -106,23 +106,28 @@ def _queues_table(snap: dict[str, Any]) -> Table:
 def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None) -> Fit:
     title = "tasks (since counters began)"
     t = Table(title=title, title_justify="left")
-    cols = ["ok", "failed", "fail %", "retried", "retry %", "p95", "top errors"]
+    # waits (a throttle, a rate limit's slot, an empty pool) are not errors: a crawl whose
+    # every page succeeded shows them apart, under "waits", never under "top errors"
+    cols = ["ok", "failed", "fail %", "retried", "retry %", "p95", "top errors", "waits"]
     if recent is not None:
         cols.insert(3, "fail % recent")
     ident_column(t, "task")
     for col in cols:
-        t.add_column(col, justify="left" if col == "top errors" else "right")
+        t.add_column(col, justify="left" if col in ("top errors", "waits") else "right")
     rows: list[tuple[Part, list[Part]]] = []
     for task, m in sorted(snap["tasks"].items()):
         errs: dict[str, int] = {}
-        for breakdown in m["errors"].values():
+        for outcome, breakdown in m["errors"].items():
+            if outcome == "waited":
+                continue
             for k, v in breakdown.items():
                 errs[k] = errs.get(k, 0) + v
-        top = ", ".join(f"{k} {v}" for k, v in sorted(errs.items(), key=lambda kv: -kv[1])[:3])
+        waits = m["errors"].get("waited", {})
         row: list[Any] = [
             str(m["succeeded"]), str(m["failed"]),
             Text(_pct(m["fail_rate"]), style=_rate_style(m["fail_rate"])),
-            str(m["retried"]), _pct(m["retry_rate"]), _secs(m["latency_p95"]), top,
+            str(m["retried"]), _pct(m["retry_rate"]), _secs(m["latency_p95"]), _top(errs),
+            Text(_top(waits), style="dim"),
         ]  # fmt: skip
         if recent is not None:
             rr = (recent.get(task) or {}).get("fail_rate")
@@ -136,6 +141,10 @@ def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None)
         )
         t.caption_style = "yellow"
     return Fit(t, title, rows, t.caption or "")
+
+
+def _top(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
 
 
 def _pools_table(snap: dict[str, Any]) -> Table:
@@ -229,6 +238,10 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
     parts.append(head)
     for a in firing:
         parts.append(Text(f"  ! {a['rule']} {a['subject']} (value {a.get('value')})", style="red"))
+    for b in snap.get("broken_modules") or []:
+        parts.append(Text(f"  ! {b['kind']} module {b['module']} ({b['file']}:{b['line']}) "
+                          f"failed to import in {', '.join(b['in'])}: {b['error']}",
+                          style="bold red"))  # fmt: skip
     parts.append(_workers_table(snap))
     parts.append(_queues_table(snap))
     runs = snap["active_runs"]

@@ -1,4 +1,5 @@
 -- Commits of one run's tasks (a batch's, or a single task's), each at most once per task id.
+-- The ARGV below is built by utils/wire.py (`commit_argv`), tests/utils/test_wire.py its layout.
 -- KEYS: 1 counters, 2 run hash, 3 outbox (on a cluster the run's own), 4 active runs (on a
 --       cluster the counters again: the caller updates the set), 5 pending, 6 ledger (tid ->
 --       message of every task sent and not yet committed, for the sweeper), 7 storing runs

@@ -138,16 +138,16 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
                     one(spec, e, b)
     finally:
         set_batch(rt, None)
-    bkey = state.deliveries_key(btask.request.id or "", 0)  # the batch's delivery counter goes
+    bkey = state.deliveries_key("", btask.request.id or "", 0)  # the batch's delivery counter goes
     if run.calls:  # with its commits
         results = run_commits(rt, state, rid, run.calls, pipe_extra=lambda p: p.unlink(bkey))
     else:
         results = []
         state.r.unlink(bkey)
     for (_task, tid, _dd), res in zip(run.after, results, strict=True):
-        at = state.staged_at(tid, rid)
+        at = state.staged_at(rid, tid)
         if res is None:  # committed meanwhile by another delivery: send what it staged
-            run.add(state.staged(tid, rid), at, 0)
+            run.add(state.staged(rid, tid), at, 0)
         else:
             run.add(res.staged, at, res.outstanding)
     if rest:

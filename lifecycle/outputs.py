@@ -17,6 +17,7 @@ from ledger.state import Kid
 from lifecycle.endpoints import Follow, Item
 from lifecycle.runtime import Runtime
 from utils.ids import new_id
+from utils.wire import OutboxFields
 
 
 def outbox_entries(
@@ -28,14 +29,7 @@ def outbox_entries(
     for it, row in stored:
         by_type.setdefault(type(it), []).append(row)
     return [
-        {
-            "run": rid,
-            "step": step,
-            "task": task,
-            "type": cls.item_type,
-            "key": orjson.dumps(list(cls.key_fields)),
-            "items": orjson.dumps(rows),
-        }
+        OutboxFields.of(rid, step, task, cls.item_type, cls.key_fields, rows).encode()
         for cls, rows in by_type.items()
     ]
 

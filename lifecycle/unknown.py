@@ -25,6 +25,7 @@ from ledger.state import CommitCall, RunState
 from lifecycle.endpoints import queue_for
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
+from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.task")
 
@@ -44,12 +45,8 @@ def entry_of(headers: Mapping[str, Any], body: Any) -> dict[str, Any]:
         args = body[0]
     params = args[0] if isinstance(args, list | tuple) and args else {}
     meta = args[1] if isinstance(args, list | tuple) and len(args) > 1 else {}
-    return {
-        "id": str(headers.get("id") or ""),
-        "task": str(headers.get("task") or ""),
-        "params": params if isinstance(params, dict) else {},
-        "meta": meta if isinstance(meta, dict) else {},
-    }
+    env = {"id": headers.get("id"), "task": headers.get("task"), "params": params, "meta": meta}
+    return TaskEnvelope.from_dict(env).to_dict()
 
 
 def dead_letter_unknown(
@@ -89,6 +86,6 @@ def dead_letter_unknown(
     log.error("%s does not know task %r (task id %s, run %s): dead-lettered; %s",
               who, task, tid, rid or "-", fix_hint(task))  # fmt: skip
     if res is not None and res.staged and app is not None:  # the run's cap released these
-        for kid in state.staged_kids(tid, rid):
+        for kid in state.staged_kids(rid, tid):
             send_kid(app, kid, queue_for)
-        state.clear_kids(tid, rid)
+        state.clear_kids(rid, tid)

@@ -70,6 +70,9 @@ KINDS = {
     "run_idle": "seconds since a run with tasks outstanding last finished one (not paused)",
     "run_resending": "tasks of a run the sweeper re-sent since the run last finished one",
     "fleet_shortage": "share of its fleet entitlement a site with a backlog runs at, per site",
+    "queue_unserved": "messages waiting in a queue no live worker consumes, per queue",
+    "module_broken": "processes (live workers, the monitor) that failed to import a site or "
+    "chain module, per module",
 }
 RATE_KINDS = ("failure_rate", "retry_rate")
 HISTORY_MAX = 1000
@@ -295,6 +298,8 @@ class Observation:
     idle_runs: dict[str, float] = field(default_factory=dict)  # `{chain}/{run}` -> seconds
     resending: dict[str, int] = field(default_factory=dict)  # `{chain}/{run}` -> re-sends
     fleet: list[dict[str, Any]] = field(default_factory=list)  # monitor.fleet.fleet_view rows
+    broken: list[dict[str, Any]] = field(default_factory=list)  # monitor.status.broken_modules
+    unserved: dict[str, int] = field(default_factory=dict)  # queue -> messages no worker takes
 
 
 def observe(
@@ -307,7 +312,8 @@ def observe(
     pools = {h.name: h for h in health.collect(client, s)}
     return Observation(sample, pools, st.outbox(client, s), ping() if ping else None,
                        st.idle_runs(client, s, now), st.resending_runs(client, s),
-                       fleet_view(client, s))  # fmt: skip
+                       fleet_view(client, s), st.broken_modules(client, s),
+                       st.unserved_queues(client, s, sample.queues))  # fmt: skip
 
 
 def _delta(
@@ -364,6 +370,10 @@ def rule_values(rule: Rule, obs: Observation, base: Sample | None) -> dict[str, 
         vals = {k: float(v) for k, v in obs.resending.items()}
     elif rule.kind == "fleet_shortage":  # only sites with work waiting are judged
         vals = {r["site"]: r["runs_at"] for r in obs.fleet if r["backlog"] > r["held"]}
+    elif rule.kind == "queue_unserved":
+        vals = {q: float(n) for q, n in obs.unserved.items()}
+    elif rule.kind == "module_broken":
+        vals = {b["module"]: float(len(b["in"])) for b in obs.broken}
     return {k: v for k, v in vals.items() if fnmatch.fnmatchcase(k, rule.match)}
 
 
@@ -371,6 +381,8 @@ def causes(rule: Rule, obs: Observation) -> dict[str, str]:
     """Why a subject breaches, where a kind knows (a fleet shortage names its cause)."""
     if rule.kind == "fleet_shortage":
         return {r["site"]: describe_shortage(r) for r in obs.fleet if r["shortage"]}
+    if rule.kind == "module_broken":
+        return {b["module"]: f"{b['file']}:{b['line']}: {b['error']}" for b in obs.broken}
     return {}
 
 
@@ -401,6 +413,8 @@ def describe(
         "run_idle": f"time since run {subject} last finished a task (s)",
         "run_resending": f"tasks of run {subject} re-sent since it last finished one",
         "fleet_shortage": f"share of its entitlement site {subject} runs at",
+        "queue_unserved": f"messages in queue {subject} (no live worker consumes it)",
+        "module_broken": f"processes that failed to import module {subject}",
     }.get(rule.kind, f"{subject} (rule no longer configured)")
     if recovered:
         return f"[{rule.name}] recovered: {what} is {fmt(value)} (limit {limit})"

@@ -1,6 +1,6 @@
 """The whole picture `control.sh status` shows: processes, workers, queues, runs, dead letters,
 the outbox, task and site metrics, pool health, re-crawls by change, the fleet budget's
-shares and firing alerts, in one
+shares, the modules that failed to import and firing alerts, in one
 JSON-ready dict."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from monitor.fleet import fleet_view
 from monitor.status import (
     active_runs,
     adaptive,
+    broken_modules,
     broker_client,
     dead_letters,
     dead_worker_restored,
@@ -65,6 +66,7 @@ def snapshot(
         "malformed": malformed(r, s),
         "dead_worker_restored": dead_worker_restored(r, s),
         "unknown_tasks": unknown_tasks(r, s),
+        "broken_modules": broken_modules(r, s),
         "outbox": outbox(r, s),
         "tasks": {t: {"site": site_of(t), **summary(m)} for t, m in tasks.items()},
         "sites": {site: summary(m) for site, m in site_metrics(r, s).items()},

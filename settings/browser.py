@@ -54,6 +54,13 @@ class BrowserSettings(ChaincrawlSettings):
         description="Longest a render waits for a free browser context; then the task is "
         "re-queued (ResourceUnavailable) instead of spending its deadline waiting.",
     )
+    idle_close: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds without a render after which a worker process's browser (its "
+        "driver, Playwright's Node.js server and Chromium) is closed; the next render starts "
+        "it again (1-2 s). 0: kept open for the worker's life.",
+    )
     block: str = Field(
         "image,font,media",
         description="Resource types aborted before they load (comma-separated Playwright "

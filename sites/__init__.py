@@ -4,29 +4,27 @@
 CHAINCRAWL_EXTRA_SITE_PACKAGES), so a new endpoint module is picked up with no registration
 anywhere else. Celery's autodiscover_tasks would only look for `tasks.py` modules.
 `get_endpoint` is the lookup the rest of the house uses: every site loaded first.
+
+A module that fails at import is skipped, not fatal: it is logged in one line (the module, its
+file and line, the exception) and kept in `broken()`, and the process goes on with every other
+site; workers publish it (broker/workers.py), `control.sh status` lists it and the
+`module_broken` alert fires for it.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import logging
 import threading
 
-from config import get_settings
+from config import ROOT, get_settings
 from lifecycle.endpoints import EndpointSpec, iter_endpoints
 from lifecycle.endpoints import get_endpoint as registered
+from utils.modules import BrokenModule, import_tree
 
+log = logging.getLogger("chaincrawl.sites")
 _lock = threading.RLock()
 _imported: set[str] = set()
-
-
-def _import_tree(package: str) -> list[str]:
-    pkg = importlib.import_module(package)
-    names = []
-    for info in pkgutil.walk_packages(pkg.__path__, prefix=package + "."):
-        importlib.import_module(info.name)
-        names.append(info.name)
-    return names
+_broken: dict[str, BrokenModule] = {}
 
 
 def load_all() -> list[str]:
@@ -38,11 +36,21 @@ def load_all() -> list[str]:
             if package not in _imported:
                 _imported.add(package)  # first: a module of the tree may ask for the lookup
                 try:
-                    names += _import_tree(package)
+                    done, bad = import_tree(package, ROOT)
                 except BaseException:
                     _imported.discard(package)
                     raise
+                names += done
+                for b in bad:
+                    _broken[b.module] = b
+                    log.error("site %s; every other site works", b.describe())
     return names
+
+
+def broken() -> list[BrokenModule]:
+    """The site modules that failed to import in this process (every site loaded first)."""
+    load_all()
+    return sorted(_broken.values(), key=lambda b: b.module)
 
 
 def get_endpoint(name: str) -> EndpointSpec:

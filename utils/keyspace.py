@@ -71,7 +71,7 @@ class Keyspace:
         """The run's set of committed task ids; without a run, the task's own flag."""
         return self.run(rid, "done") if rid else self.key("done", NORUN, tid)
 
-    def kids(self, tid: str, rid: str = "") -> str:
+    def kids(self, rid: str, tid: str) -> str:
         """A staging list of child messages: a task's without a run, or a client's (`tid` a
         staging name: the trigger's, a resume's)."""
         return self.run(rid, "kids", tid) if rid else self.key("kids", NORUN, tid)
@@ -81,7 +81,7 @@ class Keyspace:
         (the messages are in the run's ledger)."""
         return self.run(rid, "staged")
 
-    def deliveries(self, tid: str, attempt: object, rid: str = "") -> str:
+    def deliveries(self, rid: str, tid: str, attempt: object) -> str:
         """How many times an attempt of a task was delivered (the poison-message cap)."""
         if rid:
             return self.run(rid, "deliv", tid, attempt)
@@ -108,6 +108,16 @@ class Keyspace:
     @property
     def outbox(self) -> str:
         return self.key("outbox")
+
+    @property
+    def outbox_dead(self) -> str:
+        """The outbox's dead letters (entries a sink refused for good, or malformed)."""
+        return self.key("outbox", "dead")
+
+    @property
+    def outbox_errors(self) -> str:
+        """The outbox's last error per entry id (the drainer's retries)."""
+        return self.key("outbox", "errors")
 
     def run_outbox(self, rid: str) -> str:
         """On a cluster the commit script cannot reach the global outbox from the run's

@@ -84,6 +84,11 @@ def install(logger: logging.Logger | None = None) -> None:
 _URL_CREDENTIALS = re.compile(r"//[^/@\s]+@")
 
 
+def safe_url(url: str) -> str:
+    """A URL to show: without its user and password."""
+    return _URL_CREDENTIALS.sub("//", url)
+
+
 def safe_text(exc: BaseException) -> str:
     """Error text for logs and dead letters; URLs lose their credentials."""
     return _URL_CREDENTIALS.sub("//***@", str(exc))[:500]

@@ -70,12 +70,27 @@ class _Outage:
 
 _outage = _Outage()
 _patience: float | None = None  # None: redis-py's own few retries (workers: Celery retries)
+_reached = False  # a call of this process's patient clients has worked once
+
+
+def not_there(error: BaseException) -> bool:
+    """Whether `error` says nothing listens at the address (connection refused, a host name
+    that does not resolve) or that the password is wrong: no restart or load to wait for."""
+    if isinstance(error, redis.AuthenticationError):
+        return True
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, ConnectionRefusedError | socket.gaierror):
+        return True
+    return "Connection refused" in str(error)
 
 
 class PatientRetry(Retry):
     """Retries a call through a Redis restart or a Redis loading its data, for up to
     `patience` seconds (backing off up to 1 s), saying so once through `notify`; then the
-    last error is raised. redis-py's own `Retry` counts attempts, not time."""
+    last error is raised. redis-py's own `Retry` counts attempts, not time.
+
+    Until a call of this process has worked once, a refused connection (or a wrong password)
+    is raised at once: that is a Redis that is not there, not one restarting."""
 
     def __init__(self, patience: float) -> None:
         super().__init__(ExponentialBackoff(cap=1.0, base=0.05), 1_000_000, OUTAGE_ERRORS)
@@ -88,6 +103,7 @@ class PatientRetry(Retry):
         is_retryable: Callable[[Exception], bool] | None = None,
         with_failure_count: bool = False,
     ) -> Any:
+        global _reached
         self._backoff.reset()
         failures = 0
         while True:
@@ -95,6 +111,10 @@ class PatientRetry(Retry):
                 out = do()
             except self._supported_errors as error:
                 if is_retryable and not is_retryable(error):
+                    raise
+                if isinstance(error, redis.AuthenticationError) or (
+                    not _reached and not_there(error)
+                ):
                     raise
                 failures += 1
                 if with_failure_count:
@@ -107,6 +127,7 @@ class PatientRetry(Retry):
                     raise
                 time.sleep(min(self._backoff.compute(failures), deadline - now))
             else:
+                _reached = True
                 if failures:
                     _outage.worked()
                 return out

@@ -4,7 +4,9 @@ Every wait is bounded twice: by the action's own `settle_ms` (how long one round
 add content) and by the render's deadline. A round that runs into the deadline raises
 `Deadline`; one that stalls before its end is reached raises `Stalled`; both end the render
 as a timeout (retried) with the page's screenshot attached. Infinite scroll without an `until`
-marker is the one case where "no new content" is the normal end.
+marker is the one case where "no new content" is the normal end, and only once the page's
+network has been quiet for the action's `quiet_ms` (network.py). Before each wait the runner
+tells its `Progress` what it waits for, so a timeout's message can name it.
 
 Playwright objects are typed `Any`: this module never imports Playwright (the driver hands
 in its TimeoutError class), so the worker side can import the package without it.
@@ -13,6 +15,7 @@ in its TimeoutError class), so the worker side can import the package without it
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +27,7 @@ from external_interface.browser.model import (
     Wait,
     WaitFor,
 )
+from external_interface.browser.network import Network, Progress
 
 # elements matching `sel`, or every element of the page when no selector is given
 _COUNT = "(sel) => sel ? document.querySelectorAll(sel).length : document.getElementsByTagName('*').length"
@@ -56,10 +60,19 @@ Remaining = Callable[[], float]  # milliseconds left until the render's deadline
 class Runner:
     """Runs one render's actions on `page`; `timeout_error` is Playwright's TimeoutError."""
 
-    def __init__(self, page: Any, remaining: Remaining, timeout_error: type[Exception]) -> None:
+    def __init__(
+        self,
+        page: Any,
+        remaining: Remaining,
+        timeout_error: type[Exception],
+        net: Network | None = None,
+        progress: Progress | None = None,
+    ) -> None:
         self.page = page
         self.remaining = remaining
         self.timeout_error = timeout_error
+        self.net = net or Network()
+        self.progress = progress or Progress()
 
     def _left(self) -> float:
         left = self.remaining()
@@ -69,16 +82,20 @@ class Runner:
 
     async def run(self, action: Action) -> dict[str, Any]:
         if isinstance(action, WaitFor):
+            self.progress.waiting(f"waiting for WaitFor {action.selector!r} ({action.state})", True)
             await self.page.wait_for_selector(
                 action.selector, state=action.state, timeout=self._left()
             )
             return {"action": action.kind, "selector": action.selector}
         if isinstance(action, Click):
+            self.progress.waiting(f"waiting to click Click {action.selector!r}", True)
             await self.page.click(action.selector, timeout=self._left())
             if action.wait_for:
+                self.progress.waiting(f"waiting for Click.wait_for {action.wait_for!r}", True)
                 await self.page.wait_for_selector(action.wait_for, timeout=self._left())
             return {"action": action.kind, "selector": action.selector}
         if isinstance(action, Wait):
+            self.progress.waiting(f"in Wait({action.ms} ms)", False)
             left = self._left()
             await asyncio.sleep(min(action.ms, left) / 1000)
             if action.ms > left:
@@ -109,6 +126,24 @@ class Runner:
                 raise Deadline("the render's deadline ran out waiting for new content") from None
             return False
 
+    async def _scrolled_in(self, a: ScrollToEnd, before: int) -> bool:
+        """True once the scroll brought content (or `until`); False once the page was quiet
+        for `quiet_ms` without it; Stalled when it kept loading past `settle_ms`."""
+        started = time.monotonic()
+        while True:
+            if await self.page.evaluate(_GROWN, [a.item, before, a.until]):
+                return True
+            if self.net.quiet_for(started) * 1000 >= a.quiet_ms:
+                return False
+            if (time.monotonic() - started) * 1000 >= a.settle_ms:
+                raise Stalled(
+                    f"scroll_to_end: nothing new within settle_ms={a.settle_ms} ms while the "
+                    f"page kept loading ({self.net.describe()})"
+                )
+            if self.remaining() <= 50:
+                raise Deadline("the render's deadline ran out waiting for new content")
+            await asyncio.sleep(0.05)
+
     async def scroll_to_end(self, a: ScrollToEnd) -> dict[str, Any]:
         rounds, complete = 0, False
         while rounds < a.max_rounds:
@@ -116,15 +151,18 @@ class Runner:
                 complete = True
                 break
             before = await self._count(a.item)
+            self.progress.waiting(
+                f"scrolling (round {rounds + 1}) for more {a.item or 'content'}", False
+            )
             await self.page.evaluate(_SCROLL)
             rounds += 1
-            if not await self._wait_growth(a.item, before, a.until, a.settle_ms):
+            if not await self._scrolled_in(a, before):
                 if a.until:
                     raise Stalled(
-                        f"scroll_to_end: round {rounds} added nothing within {a.settle_ms} ms "
-                        f"and {a.until!r} never appeared"
+                        f"scroll_to_end: round {rounds} added nothing before the page was quiet "
+                        f"for {a.quiet_ms} ms and {a.until!r} never appeared"
                     )
-                complete = True  # no new content: the end of an unmarked infinite scroll
+                complete = True  # quiet, nothing new: the end of an unmarked infinite scroll
                 break
         else:
             complete = bool(a.until and await self.page.query_selector(a.until))
@@ -140,7 +178,11 @@ class Runner:
             if clicks >= a.max_clicks:
                 break
             before = await self._count(a.item)
+            self.progress.waiting(f"clicking LoadMore {a.selector!r} (click {clicks + 1})", True)
             await self.page.click(a.selector, timeout=self._left())
+            self.progress.waiting(
+                f"waiting for more {a.item or 'content'} after click {clicks + 1}", False
+            )
             clicks += 1
             if not await self._wait_growth(a.item, before, None, a.settle_ms):
                 raise Stalled(

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -47,11 +46,22 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
+from exceptions import InvalidSelector
 from external_interface.browser import procmem, wire
 from external_interface.browser.actions import Deadline, Runner, Stalled
 from external_interface.browser.model import action_from_wire
+from external_interface.browser.network import Network, Progress, timeout_reply
+from external_interface.browser.pagefacts import (
+    context_key,
+    cookies_for,
+    document_seconds,
+    history,
+    one_line,
+    quietly,
+    same_document,
+)
+from external_interface.browser.selector_check import check_in_page, selectors_of
 
 log = logging.getLogger("chaincrawl.browser.driver")
 
@@ -138,7 +148,7 @@ class Driver:
         try:
             await self._launch()
         except Exception as exc:
-            print(f"error: {_one_line(exc)}", flush=True)
+            print(f"error: {one_line(exc)}", flush=True)
             await self.pw.stop()
             raise SystemExit(3) from None
         path = self.cfg["socket"]
@@ -212,7 +222,7 @@ class Driver:
     async def _borrow(self, req: dict[str, Any], deadline: float) -> Slot:
         assert self.cond is not None
         loop = asyncio.get_running_loop()
-        key = _context_key(req)
+        key = context_key(req)
         give_up = min(deadline, loop.time() + self.queue_wait)
         evict: Slot | None = None
         async with self.cond:
@@ -245,7 +255,7 @@ class Driver:
                     await asyncio.wait_for(self.cond.wait(), left)
         generation = self.generation
         if evict is not None:
-            await _quietly(evict.context.close(), CLOSE_TIMEOUT)
+            await quietly(evict.context.close(), CLOSE_TIMEOUT)
         try:
             context = await asyncio.wait_for(
                 self._new_context(req), max(0.1, deadline - loop.time())
@@ -296,11 +306,11 @@ class Driver:
         keep = current and not slot.bad and slot.pages < self.context_pages and not self.retiring
         if keep:  # popups the page opened (window.open, target=_blank) go with it
             for extra in [p for p in slot.context.pages if p is not slot.page]:
-                await _quietly(extra.close(run_before_unload=False), CLOSE_TIMEOUT)
+                await quietly(extra.close(run_before_unload=False), CLOSE_TIMEOUT)
         else:
             if slot.pages >= self.context_pages:
                 self.counters["contexts_recycled"] += 1
-            await _quietly(slot.context.close(), CLOSE_TIMEOUT)
+            await quietly(slot.context.close(), CLOSE_TIMEOUT)
         async with self.cond:
             if slot.generation == self.generation:
                 if keep:
@@ -351,7 +361,7 @@ class Driver:
         except Exception as exc:  # a bug, or a browser that cannot start: answer and stay up
             log.exception("%s failed", op)
             kind = "error" if self._alive() else "crashed"
-            return {"ok": False, "kind": kind, "message": _one_line(exc)}, []
+            return {"ok": False, "kind": kind, "message": one_line(exc)}, []
 
     async def _render_until_hangup(
         self, req: dict[str, Any], reader: asyncio.StreamReader
@@ -385,21 +395,27 @@ class Driver:
         except self.pw_mod.Error as exc:
             return self._failed(self._classify(exc), [])
         page, ok = None, False
+        progress, net = Progress(), Network()
         try:
             if slot.page is None or slot.page.is_closed():
                 slot.page = await slot.context.new_page()
             page = slot.page
             slot.pages += 1
             reply = await asyncio.wait_for(
-                self._drive(page, slot, req, actions, deadline),
+                self._drive(page, slot, req, actions, deadline, progress, net),
                 max(0.01, deadline - loop.time()) + 1.0,  # Playwright's own timeouts come first
             )
             ok = True
             return reply
+        except InvalidSelector as exc:
+            ok = True  # nothing was loaded: the page is as good as before
+            return self._failed(Failure("bad_selector", str(exc)), [])
         except (Deadline, Stalled, TimeoutError, self.pw_mod.TimeoutError) as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else "the page did not settle"
+            detail = str(exc).splitlines()[0] if isinstance(exc, Deadline | Stalled) else ""
+            kind, msg = timeout_reply(req["url"], loop.time() - started, float(req["timeout"]),
+                                      progress, net, detail)  # fmt: skip
             capture = await self._capture(page) if self._alive() else {}
-            return self._failed(Failure("timeout", f"{req['url']}: {msg}", capture), [])
+            return self._failed(Failure(kind, msg, capture), [])
         except self.pw_mod.Error as exc:
             failure = self._classify(exc)
             if failure.kind == "error" and page is not None and self._alive():
@@ -407,7 +423,7 @@ class Driver:
             return self._failed(failure, [])
         finally:
             if not ok and page is not None:  # a failed page is not reused: it may still be busy
-                closed = await _quietly(page.close(run_before_unload=False), CLOSE_TIMEOUT)
+                closed = await quietly(page.close(run_before_unload=False), CLOSE_TIMEOUT)
                 slot.page = None
                 slot.bad = slot.bad or not closed
             await self._give_back(slot)
@@ -425,7 +441,7 @@ class Driver:
         return header, blobs
 
     def _classify(self, exc: BaseException) -> Failure:
-        text = _one_line(exc)
+        text = one_line(exc)
         if not self._alive() or _GONE.search(text):
             return Failure("crashed", f"the browser went away: {text}")
         m = NET_ERROR.search(text)
@@ -449,7 +465,14 @@ class Driver:
         return out
 
     async def _drive(
-        self, page: Any, slot: Slot, req: dict[str, Any], actions: list[Any], deadline: float
+        self,
+        page: Any,
+        slot: Slot,
+        req: dict[str, Any],
+        actions: list[Any],
+        deadline: float,
+        progress: Progress,
+        net: Network,
     ) -> tuple[dict[str, Any], list[bytes]]:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -463,13 +486,15 @@ class Driver:
                 raise Deadline("the render's deadline ran out")
             return ms
 
+        progress.waiting("checking the selectors", False)
+        await check_in_page(page, *selectors_of(req), self.pw_mod.Error)  # before loading
         await slot.context.clear_cookies()
         if req.get("cookies"):
-            await slot.context.add_cookies(_cookies(req["url"], req["cookies"]))
+            await slot.context.add_cookies(cookies_for(req["url"], req["cookies"]))
         if req.get("headers") or slot.headers:
             await page.set_extra_http_headers(req.get("headers") or {})
             slot.headers = bool(req.get("headers"))
-        if _same_document(page.url, req["url"]):  # else goto would only scroll to the fragment
+        if same_document(page.url, req["url"]):  # else goto would only scroll to the fragment
             await page.goto("about:blank", timeout=left())
         answers: list[tuple[Any, asyncio.Future[bytes]]] = []
         pattern = re.compile(req["capture_json"]) if req.get("capture_json") else None
@@ -479,20 +504,24 @@ class Driver:
                 answers.append((r, asyncio.ensure_future(r.body())))
 
         page.on("response", on_response)
+        net.attach(page)
         try:
-            resp = await page.goto(
-                req["url"], wait_until=req.get("wait_until", "load"), timeout=left()
-            )
+            until = req.get("wait_until", "load")
+            progress.waiting(f"loading the page (until {until!r})", False)
+            resp = await page.goto(req["url"], wait_until=until, timeout=left())
             steps = []
             if resp is None or resp.status < 400:
                 # an error page would never show what the page is waited for: returned as is
                 if req.get("wait_for"):
+                    progress.waiting(f"waiting for wait_for {req['wait_for']!r} (visible)", True)
                     await page.wait_for_selector(req["wait_for"], timeout=left())
-                runner = Runner(page, remaining, self.pw_mod.TimeoutError)
+                runner = Runner(page, remaining, self.pw_mod.TimeoutError, net, progress)
                 steps = [await runner.run(a) for a in actions]
+            progress.waiting("reading the rendered DOM", False)
             dom = (await page.content()).encode()
         finally:
             page.remove_listener("response", on_response)
+            net.detach(page)
         blobs = [dom]
         captured = []
         if answers:
@@ -506,8 +535,8 @@ class Driver:
                     fut.cancel()
         page_info = {"url": page.url, "status": 200, "headers": {}, "history": [], "blob": 0}
         if resp is not None:
-            page_info.update(status=resp.status, headers=resp.headers, history=_history(resp),
-                             elapsed=_document_seconds(resp))  # fmt: skip
+            page_info.update(status=resp.status, headers=resp.headers, history=history(resp),
+                             elapsed=document_seconds(resp))  # fmt: skip
         header = {
             "ok": True,
             "page": page_info,
@@ -533,65 +562,6 @@ class Driver:
             "retiring": self.retiring,
             **self.counters,
         }
-
-
-def _context_key(req: dict[str, Any]) -> tuple[Any, ...]:
-    """Renders that may share a context: same proxy, user agent, cookie set, blocked types.
-    Cookies and proxy credentials only enter as a digest."""
-    secret = json.dumps([req.get("proxy"), sorted((req.get("cookies") or {}).items())])
-    return (
-        hashlib.sha256(secret.encode()).hexdigest(),
-        req.get("user_agent") or "",
-        tuple(sorted(req.get("block") or ())),
-    )
-
-
-def _cookies(url: str, cookies: dict[str, str]) -> list[dict[str, Any]]:
-    host = urlsplit(url).hostname or ""
-    return [{"name": k, "value": v, "domain": host, "path": "/"} for k, v in cookies.items()]
-
-
-def _same_document(current: str, url: str) -> bool:
-    """Whether navigating from `current` to `url` would stay in the same document (the two
-    differ at most in their fragment)."""
-    return (
-        current != "about:blank"
-        and current.split("#", 1)[0] == url.split("#", 1)[0]
-        and ("#" in current or "#" in url)
-    )
-
-
-def _document_seconds(resp: Any) -> float | None:
-    """How long the main document took to arrive (request start to its last byte), the
-    counterpart of a fetch's `elapsed`; None when the browser did not time it."""
-    with contextlib.suppress(Exception):
-        end = float(resp.request.timing.get("responseEnd", -1))
-        if end > 0:
-            return end / 1000
-    return None
-
-
-def _history(resp: Any) -> list[str]:
-    out = []
-    r = resp.request.redirected_from
-    while r is not None:
-        out.append(r.url)
-        r = r.redirected_from
-    return out[::-1]
-
-
-async def _quietly(aw: Any, timeout: float) -> bool:
-    """Await a clean-up step; False if it failed or took longer than `timeout`."""
-    try:
-        await asyncio.wait_for(aw, timeout)
-        return True
-    except Exception:
-        return False
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:500]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 from urllib.parse import unquote, urlsplit
 
+from external_interface.browser.selector_check import check_syntax
 from external_interface.fetch import Response
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
@@ -74,14 +75,19 @@ class ScrollToEnd(Action):
     """Infinite scroll: scroll to the bottom until no new content arrives.
 
     New content is more elements matching `item` (or, without it, more elements in the page).
-    A round that adds nothing within `settle_ms` ends the scrolling, unless `until` is given: a
-    selector that appears once everything is loaded; then a stall before it appears fails the
-    render (a timeout to retry) instead of returning a partial list. `max_rounds` bounds it."""
+    After each scroll the round waits for new content; without `until`, the list is complete
+    once the page has been quiet for `quiet_ms`: no new content, no request in flight and
+    none started (a slow answer is waited for, however long it takes within `settle_ms`). A
+    round still loading after `settle_ms` without new content fails the render (a timeout, to
+    retry) rather than call a partial list complete. With `until`, a selector that appears once
+    everything is loaded, a round that adds nothing before it appears fails the render too.
+    `max_rounds` bounds it. `item` and `until` are plain CSS (counted in the page)."""
 
     item: str | None = None
     until: str | None = None
     max_rounds: int = 100
-    settle_ms: int = 2000
+    settle_ms: int = 15000
+    quiet_ms: int = 1000
     kind: ClassVar[str] = "scroll_to_end"
 
 
@@ -120,7 +126,9 @@ def _check_action(a: Action) -> None:
         value = getattr(a, name, None)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ValueError(f"{a.kind}: {name} must be a non-empty CSS selector, got {value!r}")
-    for name in ("max_rounds", "max_clicks", "settle_ms", "ms"):
+        if value is not None:
+            check_syntax(value, f"{a.kind}.{name}")
+    for name in ("max_rounds", "max_clicks", "settle_ms", "quiet_ms", "ms"):
         value = getattr(a, name, None)
         if value is not None and (not isinstance(value, int) or value < 0):
             raise ValueError(f"{a.kind}: {name} must be a non-negative integer, got {value!r}")
@@ -161,6 +169,8 @@ class RenderRequest:
             raise ValueError(f"render timeout must be > 0 seconds, got {self.timeout!r}")
         if self.wait_for is not None and not self.wait_for.strip():
             raise ValueError("wait_for must be a non-empty CSS selector or None")
+        if self.wait_for is not None:
+            check_syntax(self.wait_for, "wait_for")
         object.__setattr__(self, "actions", tuple(self.actions))
         for a in self.actions:
             _check_action(a)

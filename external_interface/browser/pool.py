@@ -3,7 +3,9 @@
 `get_pool().render(RenderRequest(url, wait_for=..., actions=...))` returns a `RenderResult`
 whose `response` is a `fetch.Response` of the rendered DOM. The pool starts its driver
 (driver.py: Playwright and Chromium in a process of their own) on the first render, and a new
-one whenever the old one is gone; it never imports Playwright itself.
+one whenever the old one is gone; it never imports Playwright itself. A driver that served no
+call for `idle_close` seconds is stopped (with Playwright's Node.js and Chromium) by a watcher
+thread (a greenlet under gevent) and the next render starts a new one.
 
 Each render opens its own connection to the driver's private Unix socket, sends one request
 and reads one answer. Nothing is shared between renders on the worker side but the driver's
@@ -14,7 +16,8 @@ screenshot and DOM); the pool waits `timeout + ANSWER_GRACE` for that answer, an
 that misses even that is killed and replaced.
 
 Failures become the project's errors (exceptions.py): `RenderTimeout` (retry, with the page's
-capture), `BrowserCrashed` (retry; the next render gets a new browser, or a new driver),
+capture; `SelectorTimeout`, never retried, when a selector never came on a loaded, quiet
+page), `InvalidSelector` (never retried: found before the page loads), `BrowserCrashed` (retry; the next render gets a new browser, or a new driver),
 `ConnectError`/`ProxyError`/`FetchTimeout` for network errors as the fetch layer raises them,
 `ResourceUnavailable` when every context stayed busy for `queue_wait` (re-queued, not failed),
 `BrowserUnavailable` when no browser can start here (fail, with what to install).
@@ -44,11 +47,13 @@ from exceptions import (
     BrowserUnavailable,
     ConnectError,
     FetchTimeout,
+    InvalidSelector,
     PageCapture,
     ProxyError,
     RenderError,
     RenderTimeout,
     ResourceUnavailable,
+    SelectorTimeout,
     TooManyRedirects,
     TransportError,
 )
@@ -84,6 +89,7 @@ class PoolConfig:
     args: tuple[str, ...] = ()
     start_timeout: float = 30.0
     answer_grace: float = ANSWER_GRACE  # how long past its deadline a render's answer may take
+    idle_close: float = 60.0  # seconds without a render before the driver is stopped; 0: never
 
     @classmethod
     def from_settings(cls, s: BrowserSettings | None = None) -> PoolConfig:
@@ -105,6 +111,7 @@ class PoolConfig:
             queue_wait=s.queue_wait,
             block=block,
             args=tuple(s.args.split()),
+            idle_close=s.idle_close,
         )
 
 
@@ -145,7 +152,10 @@ class BrowserPool:
         self._lock_: threading.Lock | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: Path | None = None
+        self._busy = 0  # renders and stats calls in flight
+        self._last_used = time.monotonic()
         self.driver_starts = 0
+        self.idle_closes = 0
 
     @property
     def _lock(self) -> threading.Lock:
@@ -192,13 +202,36 @@ class BrowserPool:
 
     # --- the driver process ---------------------------------------------------------------
     def _ensure(self) -> Path:
+        """The driver's socket (a driver started if none runs), counted as in use until
+        `_done`: the idle watcher never stops a driver with a call in flight."""
         if os.getpid() != self._pid:
             self._reset()  # forked: the parent's driver stays the parent's
         with self._lock:
             if self._proc is None or self._proc.poll() is not None or self._dir is None:
                 self._start_driver()
             assert self._dir is not None
+            self._busy += 1
             return self._dir / "driver.sock"
+
+    def _done(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._last_used = time.monotonic()
+
+    def _watch_idle(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop `proc` once no call used it for `idle_close` seconds (a thread per driver, or a
+        greenlet under gevent; it ends with its driver). The next render starts a new one."""
+        idle = self.config.idle_close
+        while True:
+            with self._lock:
+                if self._proc is not proc or proc.poll() is not None:
+                    return  # replaced or gone: its successor has a watcher of its own
+                quiet = time.monotonic() - self._last_used
+                if self._busy == 0 and quiet >= idle:
+                    self._stop_driver(graceful=True)
+                    self.idle_closes += 1
+                    return
+            time.sleep(max(0.05, min(idle - quiet if self._busy == 0 else idle, 5.0)))
 
     def _start_driver(self) -> None:
         self._stop_driver(graceful=False)
@@ -232,6 +265,7 @@ class BrowserPool:
                 start_new_session=True,  # a Ctrl-C to the worker's group is the worker's to handle
             )
         self.driver_starts += 1
+        self._last_used = time.monotonic()
         if self.driver_starts == 1:
             atexit.register(self.close)
         deadline = time.monotonic() + self.config.start_timeout + 15
@@ -243,6 +277,12 @@ class BrowserPool:
                 raise BrowserUnavailable(f"the browser driver did not start: {log}")
             with contextlib.suppress(OSError, wire.WireError):
                 if _ask(sock_path, {"op": "ping"}, 2.0)[0].get("ok"):
+                    if self.config.idle_close > 0:
+                        watcher = threading.Thread(
+                            target=self._watch_idle, args=(self._proc,), daemon=True,
+                            name="browser-idle-close",
+                        )  # fmt: skip
+                        watcher.start()
                     return
             time.sleep(0.05)
         log = self._log_tail()
@@ -288,33 +328,47 @@ class BrowserPool:
     ) -> tuple[dict[str, Any], list[bytes]]:
         for attempt in (1, 2):
             path = self._ensure()
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(wait)
             try:
-                try:
-                    sock.connect(str(path))
-                except OSError:
-                    # nothing listens: the driver died since the last render; start a new one
-                    self._discard(path)
-                    if attempt == 1:
-                        continue
-                    raise BrowserCrashed(f"the browser driver is not reachable for {url}") from None
-                try:
-                    wire.send(sock, msg)
-                    return wire.recv(sock)
-                except TimeoutError:
-                    self._discard(path)  # wedged past its own deadline: replace it
-                    raise RenderTimeout(
-                        f"{url}: the browser driver did not answer within {wait:.1f} s"
-                    ) from None
-                except (OSError, wire.WireError) as exc:
-                    self._discard(path)  # it died under us: the next render starts a new one
-                    raise BrowserCrashed(
-                        f"the browser driver went away while rendering {url}: {exc}"
-                    ) from None
+                return self._call_once(path, msg, wait, url, attempt)
+            except _Again:
+                continue
             finally:
-                sock.close()
+                self._done()
         raise AssertionError("unreachable")
+
+    def _call_once(
+        self, path: Path, msg: Mapping[str, Any], wait: float, url: str, attempt: int
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(wait)
+        try:
+            try:
+                sock.connect(str(path))
+            except OSError:
+                # nothing listens: the driver died since the last render; start a new one
+                self._discard(path)
+                if attempt == 1:
+                    raise _Again from None
+                raise BrowserCrashed(f"the browser driver is not reachable for {url}") from None
+            try:
+                wire.send(sock, msg)
+                return wire.recv(sock)
+            except TimeoutError:
+                self._discard(path)  # wedged past its own deadline: replace it
+                raise RenderTimeout(
+                    f"{url}: the browser driver did not answer within {wait:.1f} s"
+                ) from None
+            except (OSError, wire.WireError) as exc:
+                self._discard(path)  # it died under us: the next render starts a new one
+                raise BrowserCrashed(
+                    f"the browser driver went away while rendering {url}: {exc}"
+                ) from None
+        finally:
+            sock.close()
+
+
+class _Again(Exception):
+    """The driver was gone before the call: try once more on a new one."""
 
 
 def _ask(path: Path, msg: Mapping[str, Any], wait: float) -> tuple[dict[str, Any], list[bytes]]:
@@ -357,10 +411,14 @@ def _error(header: Mapping[str, Any], blobs: Sequence[bytes], url: str) -> Excep
         return ResourceUnavailable(msg, retry_after=BUSY_RETRY_AFTER)
     if kind == "bad_request":
         return ValueError(msg)
+    if kind == "bad_selector":
+        return InvalidSelector(msg)
     if kind == "net":
         return net_error(msg, url)
     if kind == "timeout":
         exc = RenderTimeout(msg)
+    elif kind == "selector_timeout":
+        exc = SelectorTimeout(msg)
     elif kind == "crashed":
         exc = BrowserCrashed(msg)
     else:

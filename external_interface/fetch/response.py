@@ -14,6 +14,7 @@ from parsel import Selector
 from w3lib.encoding import html_body_declared_encoding, read_bom, resolve_encoding
 
 from exceptions import (
+    MalformedBody,
     ParseError,
     UndecodableText,
 )
@@ -61,6 +62,12 @@ class Response:
         default=None, repr=False, compare=False
     )
 
+    def __repr__(self) -> str:
+        """One line (a shell echoing a response, a log line): never the body."""
+        ctype = self.headers.get("content-type", "?")
+        cached = ", from the HTTP cache" if self.from_cache else ""
+        return f"<Response {self.status} {self.url} ({ctype}, {len(self.content)} bytes{cached})>"
+
     @lazy
     def encoding(self) -> str:
         """w3lib's detection: a byte order mark, else the header's charset, else an HTML/XML
@@ -96,11 +103,17 @@ class Response:
                 self.on_undecodable(self, n)
         return text
 
-    def json(self) -> Any:
+    def json(self, retry: bool = False) -> Any:
+        """The body as JSON. Invalid JSON in a 2xx answer is `MalformedBody` (dead-lettered at
+        once: a refetch gets the same bytes) unless `retry` (the site sends bodies cut short
+        now and then); in any other answer, or with `retry`, a `ParseError` (retried)."""
         try:
             return orjson.loads(self.content)
         except orjson.JSONDecodeError as exc:
-            raise ParseError(f"invalid JSON from {self.url}: {exc}") from None
+            why = f"invalid JSON from {self.url} (HTTP {self.status}, {len(self.content)} bytes): {exc}"
+            if 200 <= self.status < 300 and not retry:
+                raise MalformedBody(why) from None
+            raise ParseError(why) from None
 
     @lazy
     def selector(self) -> Selector:

@@ -242,8 +242,8 @@ def test_pages_a_batch_hands_out_go_to_the_head_of_their_queue(
         [kid(i) for i in range(3, 5)],
         [kid(5), kid(6)],
     )
-    pub.publish(state, [([k.encode() for k in backlog], state.staged_at("a", ""))], outstanding=1)
-    pub.publish(state, [([k.encode() for k in kids], state.staged_at("b", ""))], outstanding=1,
+    pub.publish(state, [([k.encode() for k in backlog], state.staged_at("", "a"))], outstanding=1)
+    pub.publish(state, [([k.encode() for k in kids], state.staged_at("", "b"))], outstanding=1,
                 front=[orjson.loads(k.encode()) for k in rest])  # fmt: skip
     pub.publish(state, [], outstanding=1, front=[])  # nothing to send: no round trip fails
     opts = app.conf.broker_transport_options
@@ -264,9 +264,9 @@ def test_raw_envelopes_are_kombu_messages(
     state = RunState(rds, settings)
     pub = Publisher(app, settings, queue_for)
     kids = [kid(i, prio=2) for i in range(5)]
-    rds.rpush(state.kids_key("t", ""), *[k.encode() for k in kids])
-    pub.publish(state, [([k.encode() for k in kids], state.staged_at("t", ""))], outstanding=100)
-    assert not rds.exists(state.kids_key("t", ""))  # the staging list goes in the same pipeline
+    rds.rpush(state.kids_key("", "t"), *[k.encode() for k in kids])
+    pub.publish(state, [([k.encode() for k in kids], state.staged_at("", "t"))], outstanding=100)
+    assert not rds.exists(state.kids_key("", "t"))  # the staging list goes in the same pipeline
     raw = rds.lrange(f"{settings.key_prefix}:q:testsite:{broker_priority(2)}", 0, -1)
     assert {k.task_id for k in kids} <= {
         i for m in raw for i in message_ids(m)
@@ -305,7 +305,7 @@ def test_a_publish_failure_after_the_commit_requeues_and_keeps_the_children(
     with pytest.raises(Reject) as info:
         task._send_staged(rt, state, "r1", "t1", res)
     assert info.value.requeue is True
-    assert len(state.staged("t1", "r1")) == 2  # still staged for the redelivery
+    assert len(state.staged("r1", "t1")) == 2  # still staged for the redelivery
     # the redelivery finds the task committed and sends what is staged (read back)
     monkeypatch.setattr(rt, "publisher", lambda a: Publisher(app, settings, queue_for))
     task._send_staged(rt, state, "r1", "t1", None)

@@ -123,7 +123,7 @@ def start_run(state: RunState, app: Celery, rid: str, n: int = 1) -> list[str]:
                       "meta": {"run": rid, "step": "root", "prio": 5}})
         for i in range(n)
     ]  # fmt: skip
-    staging = state.kids_key("client", rid)
+    staging = state.kids_key(rid, "client")
     state.enqueue_and_release(rid, "root", msgs, staging)
     for raw in state.r.lrange(staging, 0, -1):
         send_kid(app, orjson.loads(raw), queue_for)
@@ -140,9 +140,9 @@ def commit(state: RunState, rid: str, tid: str, n_kids: int = 0, send: Any = Non
     state.commit(rid=rid, tid=tid, step="root" if n_kids else "child", outcome="succeeded",
                  n_items=0, entries=(), kids=kids)  # fmt: skip
     if send is not None:  # the task sends its staged children (SiteTask._send_staged)
-        for kid in state.staged_kids(tid, rid):
+        for kid in state.staged_kids(rid, tid):
             send(kid)
-        state.clear_kids(tid, rid)
+        state.clear_kids(rid, tid)
     return [k.task_id for k in kids]
 
 
@@ -176,7 +176,7 @@ def test_children_waiting_behind_the_cap_are_in_the_ledger(
     state.enqueue_and_release(
         rid, "root",
         [orjson.dumps({"id": seed, "task": "t", "params": {}, "meta": {"run": rid}})],
-        state.kids_key("x", rid),
+        state.kids_key(rid, "x"),
     )  # fmt: skip
     kids = commit(state, rid, seed, n_kids=4)
     assert set(state.ledger(rid)) == set(kids)
@@ -471,7 +471,7 @@ def test_a_paused_run_is_not_stalled_and_its_parked_tasks_are_not_lost(
     sw.check_all = "a worker died"
     assert sw.sweep_once() == 1
     assert [k["id"] for k in sent] == [lost]
-    state.resume(rid, state.kids_key("client-resume", rid))
+    state.resume(rid, state.kids_key(rid, "client-resume"))
     assert sw.stalled_runs() == [], "resume restarted the stall clock"
 
 

@@ -62,3 +62,21 @@ def test_a_cluster_state_store_is_checked_not_started(tmp_path: Path, redis_clus
     gone = f"redis+cluster://127.0.0.1:{free_port()}"
     with pytest.raises(UserError, match=r"^the Redis Cluster of REDIS_URL is not reachable"):
         procs.ensure_redis(Settings(var_dir=tmp_path / "var", redis_url=gone, broker_url=broker))
+
+
+def test_the_password_check_connects_once_per_probe(tmp_path: Path) -> None:
+    """A Redis refusing a client without a password answers once and for all: redis-py's
+    retries of that refusal (an AuthenticationError is a ConnectionError to it) were seconds
+    of back-off on every command that checks the embedded Redis."""
+    with RedisServer(tmp_path / "r", password="pw") as server:
+        s = Settings(
+            var_dir=tmp_path / "var", redis_url=server.url, embedded_redis_port=server.port
+        )
+        counter = redis.Redis.from_url(server.url)
+
+        def received() -> int:
+            return int(counter.info("stats")["total_connections_received"])
+
+        before = received()
+        assert procs._wants_our_password(s, "127.0.0.1", server.port)
+        assert received() - before == 2  # the probe without the password, the one with it

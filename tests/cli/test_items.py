@@ -76,3 +76,28 @@ def test_types_listed_and_a_misspelled_one_named(env: dict[str, str]) -> None:
     assert bad.returncode == 2
     assert "unknown item type 'shop.prodcut'; did you mean 'shop.product'?" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_the_format_follows_the_out_file_s_extension(env: dict[str, str], tmp_path: Path) -> None:
+    out = sh(f"./control.sh items {T} -o {tmp_path / 'x.csv'}", env)
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader((tmp_path / "x.csv").open(newline="")))
+    assert len(rows) == N and rows[0] == {"sku": "s0", "title": "Product 0", "price": "0.0"}
+    out = sh(f"./control.sh items {T} -o {tmp_path / 'x.ndjson'} --limit 2", env)
+    assert out.returncode == 0, out.stderr
+    assert orjson.loads((tmp_path / "x.ndjson").read_text().splitlines()[0])["sku"] == "s0"
+    bad = sh(f"./control.sh items {T} -o {tmp_path / 'x.txt'}", env)
+    assert bad.returncode == 2 and not (tmp_path / "x.txt").exists()
+    assert bad.stderr.strip().startswith("error: --out ") and "names no format" in bad.stderr
+    both = sh(f"./control.sh items {T} -o {tmp_path / 'y.csv'} --format jsonl", env)
+    assert both.returncode == 2 and "says csv but --format says jsonl" in both.stderr
+    assert not (tmp_path / "y.csv").exists()
+    named = sh(f"./control.sh items {T} -o {tmp_path / 'export'} --format csv", env)
+    assert named.returncode == 0 and (tmp_path / "export").read_text().startswith("sku,")
+
+
+def test_a_run_that_stored_nothing_is_an_error(env: dict[str, str], tmp_path: Path) -> None:
+    out = sh(f"./control.sh items {T} --run nope -o {tmp_path / 'n.csv'}", env)
+    assert out.returncode == 2, out.stderr
+    assert "run nope stored no items" in out.stderr and "./control.sh runs" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "n.csv").exists()

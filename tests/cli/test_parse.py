@@ -19,6 +19,7 @@ from config import ROOT
 from demo.testing import DemoServer
 from external_interface.fetch.mock import load_case, outputs_of
 from tests.cli.conftest import control as cli_control
+from tests.polite_site import PoliteSite
 from tests.testsite.server import TestSite
 
 pytestmark = pytest.mark.integration
@@ -160,3 +161,31 @@ def test_shell_fetches_as_the_site_and_runs_code(site: TestSite, env: dict[str, 
     assert "fetch(url, **kw)" in console.stderr
     unknown = control("shell", site.url, "--site", "testsit", env=env)
     assert unknown.returncode == 2 and "did you mean 'testsite'" in unknown.stderr
+
+
+def test_shell_fetch_echoes_one_line_and_a_blocked_fetch_clears_resp(
+    site: TestSite, env: dict[str, str]
+) -> None:
+    """In the console, `fetch(url)` is said once (its summary line), `resp` echoes as one line,
+    never the dataclass's whole repr with the body; a page robots.txt forbids leaves `resp`
+    None (not the page before it, which selectors tried next would read) and says why."""
+    console = subprocess.run([str(ROOT / "control.sh"), "shell", f"{site.url}/list"], cwd=ROOT,
+                             env=env, input="fetch('/detail/e7')\nresp\n", capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert console.returncode == 0, console.stderr
+    assert "Response(url=" not in console.stdout and "b'" not in console.stdout
+    echoed = [line for line in console.stdout.splitlines() if "<Response" in line]
+    assert len(echoed) == 1 and f"<Response 200 {site.url}/detail/e7 (" in echoed[0], echoed
+    assert f"GET {site.url}/detail/e7 -> 200" in console.stderr
+    polite = PoliteSite().start()
+    try:
+        penv = {**env, "CHAINCRAWL_EXTRA_SITE_PACKAGES": "tests.politesite",
+                "POLITESITE_URL": polite.url, "CHAINCRAWL_ROBOTS": "on"}  # fmt: skip
+        code = "print(resp.status); fetch('/private/page'); print(resp)"
+        out = control("shell", f"{polite.url}/robots.txt", "--site", "politesite", "-c", code,
+                      env=penv)  # fmt: skip
+    finally:
+        polite.stop()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["200", "None"]
+    assert f"GET {polite.url}/private/page blocked by robots.txt" in out.stderr

@@ -81,6 +81,29 @@ def test_unknown_command_names_the_nearest_with_its_usage(bare: Path) -> None:
     assert not (bare / ".venv").exists()
 
 
+def test_did_you_mean_counts_swapped_letters_as_one_slip(bare: Path) -> None:
+    """`prase` is `parse` with two letters swapped (one slip), `pause` two letters changed:
+    difflib's ratio alone ranked `pause` first."""
+    out = control("prase", "demo.pc.feed", root=bare)
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1] == "error: unknown command 'prase' (did you mean 'parse'?)"
+    assert parser.nearest("stauts", ["start", "status", "stop"]) == "status"
+    assert parser.nearest("trigegr", ["trigger", "runs"]) == "trigger"
+    assert parser.nearest("xyzzy", ["start", "status"]) is None
+
+
+def test_every_command_s_help_lists_its_exit_statuses(bare: Path) -> None:
+    """Status 5 (Redis unreachable) is listed wherever a command talks to Redis."""
+    for cmd, sub in parser._commands(parser.build_parser()).items():
+        out = control(cmd, "--help", root=bare) if cmd in ("trigger", "status", "parse") else None
+        text = out.stdout if out is not None else sub.format_help()
+        assert "exit status:" in text, cmd
+        assert "\n  0  " in text and "\n  2  usage error" in text, cmd
+        assert ("\n  5  Redis or the broker unreachable" in text) == (
+            cmd not in parser._NO_REDIS
+        ), cmd
+
+
 def test_unknown_flag_names_the_nearest_under_its_commands_usage(bare: Path) -> None:
     out = control("runs", "--lmit", "3", root=bare)
     assert out.returncode == 2
@@ -102,6 +125,18 @@ def test_version_comes_from_pyproject(bare: Path) -> None:
     assert out.returncode == 0
     assert out.stdout.strip() == f"chaincrawl {parser.version()}"
     assert parser.version().count(".") == 2
+
+
+def test_python_help_imports_neither_redis_nor_kombu_nor_the_settings() -> None:
+    """`python -m cli --help` (the `chaincrawl` command) answers from cli.parser alone: the
+    command's modules (redis-py, kombu, pydantic and the settings) are imported when it runs."""
+    code = ("import sys\nfrom cli.__main__ import main\ntry:\n    main(['runs', '--help'])\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('redis', 'kombu', 'celery', 'pydantic', 'config', 'rich')"
+            " if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
 def test_python_entry_point_uses_the_same_parser() -> None:

@@ -41,16 +41,21 @@ def write_big_aof(path: Path, keys: int) -> int:
     return path.stat().st_size
 
 
-def test_a_command_fails_with_one_line_when_redis_stays_away(tmp_path: Path) -> None:
-    env = {**own_env(tmp_path), "CHAINCRAWL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-           "CHAINCRAWL_REDIS_WAIT": "2"}  # fmt: skip
-    for args in (("deadletter", "list"), ("runs",), ("trigger", "demo_social", "--no-wait")):
-        out = control(env, *args, timeout=60)
+def test_a_refused_redis_url_fails_at_once_with_one_line(tmp_path: Path) -> None:
+    """Nothing listens at REDIS_URL: not a restart, so no CHAINCRAWL_REDIS_WAIT (here 600 s,
+    which the subprocess timeout would hit); one line naming the URL without its password."""
+    port = 1  # never listened on (a free port could be taken by another test's server meanwhile)
+    env = {**own_env(tmp_path), "CHAINCRAWL_REDIS_URL": f"redis://:s3cret@127.0.0.1:{port}/0",
+           "CHAINCRAWL_REDIS_WAIT": "600"}  # fmt: skip
+    for args in (("status",), ("deadletter", "list"), ("runs",),
+                 ("trigger", "demo_social", "--no-wait"), ("parse", "demo.pc.feed")):  # fmt: skip
+        out = control(env, *args, timeout=120)
         assert out.returncode == 5, out.stdout + out.stderr
-        assert "Traceback" not in out.stderr, out.stderr
-        assert "does not answer" in out.stderr and "waiting" in out.stderr
-        errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and "did not answer" in errors[0], out.stderr
+        assert "Traceback" not in out.stderr and "waiting" not in out.stderr, out.stderr
+        assert out.stderr.splitlines() == [
+            f"error: Redis at redis://127.0.0.1:{port}/0 refused the connection "
+            "(nothing listens there; REDIS_URL)"
+        ], out.stderr
 
 
 @pytest.mark.integration

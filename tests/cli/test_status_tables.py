@@ -36,3 +36,21 @@ def test_the_fleet_table_names_a_shortage() -> None:
     out = text(snap(fleet=[row]))
     assert "fleet budget shares" in out and "30%" in out
     assert "the cookie pool is exhausted" in out
+
+
+def test_throttle_waits_are_shown_apart_from_errors() -> None:
+    """A crawl whose every page succeeded: its throttle waits are no "top errors"."""
+    task = {"succeeded": 400, "failed": 0, "retried": 3, "fail_rate": 0.0, "retry_rate": 0.0075,
+            "latency_p95": 0.2, "errors": {"waited": {"Throttled": 908},
+                                           "retried": {"RateLimited": 3}}}  # fmt: skip
+    out = text(snap(tasks={"demo.pc.feed": task}))
+    header = next(line for line in out.splitlines() if "top errors" in line)
+    row = next(line for line in out.splitlines() if "demo.pc.feed" in line)
+    assert "waits" in header
+    errors_at, waits_at = header.index("top errors"), header.index("waits")
+    assert row.index("RateLimited 3") in range(errors_at, waits_at)
+    assert row.index("Throttled 908") >= waits_at
+    quiet = text(snap(tasks={"t": {**task, "errors": {"waited": {"Throttled": 9}}}}))
+    header = next(line for line in quiet.splitlines() if "top errors" in line)
+    row = next(line for line in quiet.splitlines() if line.lstrip("│ ").startswith("t "))
+    assert row.index("Throttled 9") >= header.index("waits")

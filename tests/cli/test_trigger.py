@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from config import ROOT
 from tests.cli.conftest import control
+from tests.testsite.server import TestSite
 
 pytestmark = pytest.mark.integration
 
@@ -79,27 +79,23 @@ def test_still_running_at_the_timeout_exits_4(crawl: dict[str, str]) -> None:
     assert "still running after 0.5s" in out.stderr
 
 
-def running(env: dict[str, str]) -> set[str]:
-    out = control("runs", "--json", "--chain", "cli_probe", "--status", "running", env=env)
-    return {r["run_id"] for r in json.loads(out.stdout or "[]")}
-
-
-def test_a_cancelled_run_exits_3(crawl: dict[str, str]) -> None:
-    before = running(crawl)  # a slow run of another test may still be going
-    cmd = [str(ROOT / "control.sh"), "trigger", "cli_probe", '{"path": "/slow?s=6"}',
-           "--timeout", "120"]  # fmt: skip
+def test_a_cancelled_run_exits_3(crawl: dict[str, str], cli_site: TestSite) -> None:
+    # the page is held until the run is cancelled: however loaded the machine, the run cannot
+    # end on its own first
+    key = uuid.uuid4().hex
+    cmd = [str(ROOT / "control.sh"), "trigger", "cli_probe", json.dumps({"path": f"/hold/{key}"}),
+           "--timeout", "240"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=crawl, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        rid = ""
-        deadline = time.monotonic() + 60
-        while not rid and time.monotonic() < deadline:
-            rid = next(iter(running(crawl) - before), "")
-            time.sleep(0.2)
-        assert rid, "the run did not show up"
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # "run id: ...", printed as soon as the run is made
+        rid = run_id(first)
         assert control("cancel", rid, env=crawl).returncode == 0
-        _, err = proc.communicate(timeout=120)
+        cli_site.release(key)
+        _, err = proc.communicate(timeout=240)
     finally:
+        cli_site.release(key)
         proc.kill()
     assert proc.returncode == 3, err
     assert f"run {rid} was cancelled" in err

@@ -1,5 +1,6 @@
 """`control.sh trigger` against the live workers' task sets: refused in one line when a live
-worker lacks a task of the chain, sent with a warning when no worker is up."""
+worker lacks a task of the chain or none consumes its queue (unless --wait-for-workers),
+sent with a warning when no worker is up."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import redis
 from broker.workers import TaskSets
 from config import Settings
 from ledger.state import RunState
+from monitor.alerts import Evaluator, parse_config
 from tests.cli.conftest import control as cli_control
 
 pytestmark = pytest.mark.integration
@@ -49,3 +51,35 @@ def test_trigger_without_workers_warns_and_sends(
     assert "warning: no worker is up yet" in out.stdout
     s = Settings(redis_url=redis_url, key_prefix=key_prefix)
     assert rds.zcard(RunState(rds, s).recent_key) == 1
+
+
+def test_trigger_refuses_a_chain_whose_queue_no_live_worker_consumes(
+    env: dict[str, str], rds: redis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    """A real worker that does not consume the chain's queue (a site added after it started):
+    refused in one line naming the fix, unless --wait-for-workers; then the queue_unserved
+    alert fires for the waiting messages."""
+    s = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    out = control("start", "--workers", "1", "-c", "2", "--pool", "threads", "--name", "uq",
+                  "--queues", "resources,default", env=env)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    try:
+        out = control("trigger", "demo_social", "--no-wait", env=env)
+        assert out.returncode == 2, out.stdout + out.stderr
+        [line] = out.stderr.strip().splitlines()
+        assert line.startswith("error: no live worker consumes queue(s) demo (demo.app.detail, ")
+        assert "restart the workers: ./control.sh restart" in line
+        assert "--wait-for-workers" in line and "nothing was sent" in line
+        assert rds.zcard(RunState(rds, s).recent_key) == 0
+
+        out = control("trigger", "demo_social", "--no-wait", "--wait-for-workers", env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "warning: no live worker consumes queue(s) demo" in out.stdout
+        assert rds.zcard(RunState(rds, s).recent_key) == 1
+
+        rule = {"name": "queue_unserved", "kind": "queue_unserved", "above": 0, "for": 0}
+        ev = Evaluator(rds, parse_config({"rules": [rule]}), s)
+        [t] = [t for t in ev.tick(force=True) or [] if t.subject == "demo"]
+        assert t.action == "fire" and "no live worker consumes it" in t.summary
+    finally:
+        control("stop", "--timeout", "20", "--keep-redis", env=env)

@@ -61,3 +61,9 @@ def hang(url: str, timeout: float) -> dict[str, Any]:
 def driver() -> dict[str, Any]:
     pool = get_pool()
     return {"pid": pool.driver_pid, "dir": str(pool.driver_dir), "stats": pool.stats()}
+
+
+@app.task
+def title(url: str) -> str | None:
+    """The `<h1>` of a rendered page."""
+    return get_pool().render(RenderRequest(url, wait_for="h1")).response.css("h1::text").get()

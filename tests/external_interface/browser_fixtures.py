@@ -33,6 +33,7 @@ def pool_config(**overrides: Any) -> PoolConfig:
         timeout=30.0,
         queue_wait=10.0,
         block=("image", "font", "media"),
+        idle_close=0,  # kept open: a test that wants the idle close asks for it
     )
     return replace(base, **overrides)
 

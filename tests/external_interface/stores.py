@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from config import is_cluster_url
+from external_interface.resources.lease import LeasePool
 from utils.redis import cluster_client
 
 STORES = ["redis", pytest.param("cluster", marks=pytest.mark.integration)]
@@ -38,3 +39,28 @@ def rds_on_both_stores(store_url: str) -> Iterator[Any]:
     client = connect(store_url)
     yield client
     client.close()
+
+
+def let_time_pass(rds: Any, pool: LeasePool, seconds: float) -> None:
+    """As if `seconds` had gone by on Redis's clock for `pool`: its lease expiries, bans and
+    (in the `lru` order) cool-downs move that much into the past. Tests of expiry use long
+    times and this instead of a sleep, so a loaded machine can neither end a lease early nor
+    leave it running late."""
+    shift = seconds * 1000
+    keys = [pool.k_lease, pool.k_ban] + ([pool.k_idle] if pool.profile.order == "lru" else [])
+    for key in keys:
+        scores = rds.zrange(key, 0, -1, withscores=True)
+        if scores:
+            rds.zadd(key, {member: score - shift for member, score in scores}, xx=True)
+
+
+def let_ttl_pass(rds: Any, key: str, seconds: float) -> None:
+    """As if `seconds` had gone by for a key with a TTL: it lives that much less (gone when
+    nothing is left)."""
+    left = rds.pttl(key)
+    if left < 0:
+        return  # no such key, or no TTL
+    if left <= seconds * 1000:
+        rds.delete(key)
+    else:
+        rds.pexpire(key, int(left - seconds * 1000))

@@ -86,12 +86,13 @@ def test_a_slow_batch_hands_its_remaining_pages_to_new_messages(start_worker, te
 def test_gevent_runs_a_batchs_pages_side_by_side_within_the_workers_slots(
     start_worker, test_site, slots: int
 ) -> None:
-    """Four 0.6 s pages in one message on a gevent worker: they run together (0.6 s, not
-    2.4 s one after the other), but never more of them at once than the worker's slots."""
+    """Four 1.5 s pages in one message on a gevent worker: they run together (1.5 s, not
+    6 s one after the other), but never more of them at once than the worker's slots."""
     test_site.max_in_flight = 0  # the site lives for the whole session
-    w = start_worker(pool="gevent", concurrency=slots, **{**BATCHED, "CHAINCRAWL_BATCH": "4"})
+    w = start_worker(pool="gevent", concurrency=slots,  # a batch budget (15 s) past 2 rounds
+                     **{**BATCHED, "CHAINCRAWL_BATCH": "4", "CHAINCRAWL_VISIBILITY_TIMEOUT": "60"})  # fmt: skip
     key = f"side{slots}"
-    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=0.6"), seeds=[{}])
+    run = chains.run(tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=1.5"), seeds=[{}])
     p = run.wait(timeout=60)
     assert p.complete
     probe = p.steps["local.probe"]
@@ -100,8 +101,8 @@ def test_gevent_runs_a_batchs_pages_side_by_side_within_the_workers_slots(
     log = w.log.read_text(errors="replace")
     took = [t for t, n in batches_done(log) if n == 4]
     assert len(took) == 1, log[-3000:]
-    rounds = PER_PAGE // slots  # 0.6 s each
-    assert 0.6 * rounds <= took[0] < 0.6 * rounds + 0.5
+    rounds = PER_PAGE // slots  # 1.5 s each; one round more would be 1.5 s more
+    assert 1.5 * rounds <= took[0] < 1.5 * rounds + 1.5
     assert test_site.max_in_flight == slots
 
 

@@ -60,7 +60,7 @@ class Crawl:
         self.queue: deque[dict[str, Any]] = deque()
         self.errors: list[str] = []
         state.create_run(self.rid, "tree", b"{}", 5, cap)
-        staging = state.kids_key("client", self.rid)
+        staging = state.kids_key(self.rid, "client")
         state.enqueue_and_release(self.rid, "d0", [_msg(self.rid, "d0", 0, 0)], staging)
         self.queue.extend(orjson.loads(m) for m in state.r.lrange(staging, 0, -1))
         state.r.delete(staging)
@@ -74,7 +74,7 @@ class Crawl:
         try:
             begun = self.state.begin(self.rid, tid, 0)
             if begun.committed:  # a redelivery: send what is still staged
-                staged = self.state.staged(tid, self.rid)
+                staged = self.state.staged(self.rid, tid)
             else:
                 kids = []
                 if depth < len(FANOUT):
@@ -88,7 +88,7 @@ class Crawl:
                                         kids=kids)  # fmt: skip
                 staged = res.staged if res is not None else []
             self.queue.extend(orjson.loads(m) for m in staged)
-            self.state.clear_kids(tid, self.rid)
+            self.state.clear_kids(self.rid, tid)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.ClusterError) as exc:  # fmt: skip
             self.errors.append(type(exc).__name__)  # the message is requeued, not acked
@@ -118,8 +118,8 @@ def test_a_runs_keys_share_one_slot_and_runs_spread_over_the_masters(redis_clust
     slots = set()
     for _ in range(30):
         rid = uuid.uuid4().hex[:12]
-        keys = [ks.run(rid), ks.counters(rid), ks.done(rid, "t"), ks.staged(rid), ks.kids("c", rid),
-                ks.deliveries("t", 0, rid), ks.uniq_prefix(rid) + "s", ks.run_outbox(rid)]  # fmt: skip
+        keys = [ks.run(rid), ks.counters(rid), ks.done(rid, "t"), ks.staged(rid), ks.kids(rid, "c"),
+                ks.deliveries(rid, "t", 0), ks.uniq_prefix(rid) + "s", ks.run_outbox(rid)]  # fmt: skip
         found = {client.keyslot(k) for k in keys}
         assert len(found) == 1
         slots |= found
@@ -127,7 +127,7 @@ def test_a_runs_keys_share_one_slot_and_runs_spread_over_the_masters(redis_clust
     assert len(owners) == 3 and len(slots) > 20
     assert (
         client.keyslot(ks.done("", "a"))
-        == client.keyslot(ks.kids("b"))
+        == client.keyslot(ks.kids("", "b"))
         == client.keyslot(ks.run_outbox(""))
     )  # tasks without a run commit together
 
@@ -171,15 +171,15 @@ def test_a_finished_run_is_compacted_on_the_cluster(redis_cluster, key_prefix) -
     kid = Kid("k", "t", {}, {"run": rid, "step": "k"}, uuid.uuid4().hex, uniq="u1")
     assert state.begin(rid, "a", 0).deliveries == 1
     res = state.commit(rid=rid, tid="a", step="s", outcome="succeeded", n_items=0, entries=(),
-                       kids=[kid], forget=[state.deliveries_key("a", 0, rid)])  # fmt: skip
+                       kids=[kid], forget=[state.deliveries_key(rid, "a", 0)])  # fmt: skip
     assert res is not None and res.outstanding == 1
-    state.clear_kids("a", rid)
+    state.clear_kids(rid, "a")
     res = state.commit(rid=rid, tid=kid.task_id, step="k", outcome="succeeded", n_items=0,
                        entries=(), kids=())  # fmt: skip
     assert res is not None and res.outstanding == 0
     assert state.status(rid) == "done" and rid not in state.storing_runs()
     bookkeeping = [state.done_key(rid, ""), state.uniq_key(rid, "k"),
-                   state.deliveries_key("a", 0, rid)]  # fmt: skip
+                   state.deliveries_key(rid, "a", 0)]  # fmt: skip
     assert [state.r.exists(k) for k in bookkeeping] == [1, 1, 0]  # the counter went with it
     assert state.compact_settled([rid]) == [rid]
     assert [state.r.exists(k) for k in bookkeeping] == [0, 0, 0]
@@ -307,7 +307,7 @@ def test_pause_cancel_and_runless_commits_on_the_cluster(redis_cluster, key_pref
     body = orjson.dumps(msg)
     assert state.park(crawl.rid, msg["id"], body, 0, counted=False) == 1
     assert state.waiting(crawl.rid) == 1
-    staging = state.kids_key("client-resume", crawl.rid)
+    staging = state.kids_key(crawl.rid, "client-resume")
     assert state.resume(crawl.rid, staging).released == 1
     crawl.queue.extend(orjson.loads(m) for m in state.r.lrange(staging, 0, -1))
     state.r.delete(staging)
@@ -365,7 +365,7 @@ def test_a_commit_no_replica_confirms_is_refused(redis_server, key_prefix) -> No
         state.commit(rid="r1", tid="a", step="s", outcome="succeeded", n_items=0, entries=(),
                      kids=[kid])  # fmt: skip
     assert state.begin("r1", "a", 0).committed
-    assert [k["id"] for k in state.staged_kids("a", "r1")] == ["k1"]
+    assert [k["id"] for k in state.staged_kids("r1", "a")] == ["k1"]
 
 
 def test_dedup_buckets_spread_over_the_masters_with_exact_answers(

@@ -168,7 +168,7 @@ def test_a_cancelled_runs_items_are_all_stored(redis_cluster, key_prefix, tmp_pa
     state.create_run(rid, "c", b"{}", 5)
     msgs = [orjson.dumps({"id": f"t{i}", "task": "demo.t", "params": {},
                           "meta": {"run": rid, "step": "s"}}) for i in range(2)]  # fmt: skip
-    staging = state.kids_key("client", rid)
+    staging = state.kids_key(rid, "client")
     state.enqueue_and_release(rid, "s", msgs, staging)
     client.delete(staging)
     assert state.pause(rid).was == "running"

@@ -298,3 +298,27 @@ def test_a_busy_synloop_consumer_still_restores_messages_past_the_visibility_tim
         for c in (hung, busy):
             with contextlib.suppress(Exception):
                 c.release()
+
+
+def test_acks_share_one_redis_client_per_channel(broker: Connection) -> None:
+    """kombu builds a `redis.Redis` for each ack outside a poll; the guard keeps one per channel
+    (and pool), so a hundred acks build at most one client, and they all reach Redis."""
+    got: list[Any] = []
+    ch = consumer(broker, got)
+    for n in range(100):
+        Producer(ch).publish({"n": n}, routing_key="g", serializer="json")
+    built: list[Any] = []
+    original = kombu_guard.inspect.unwrap(kredis.Channel._create_client)
+
+    def counting(self: Any, asynchronous: bool = False) -> Any:
+        built.append(asynchronous)
+        return original(self, asynchronous=asynchronous)
+
+    counting.__wrapped__ = original  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kredis.Channel, "_create_client", counting)
+        kombu_guard._patch_client_reuse()  # the guard around the counting constructor
+        drain_until(broker, lambda: len(got) == 100, rounds=200)
+    assert sorted(x["n"] for x in got) == list(range(100))
+    assert built.count(False) <= 1, f"{built.count(False)} clients built for 100 acks"
+    assert not ch.client.hlen(ch.unacked_key)  # every ack reached Redis

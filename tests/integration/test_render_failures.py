@@ -29,6 +29,7 @@ from external_interface.storage.sinks.jsonl import iter_records
 from monitor.deadletter import DeadLetterStore
 from monitor.metrics import read, task_key
 from tests.external_interface.browser_fixtures import needs_browser
+from tests.external_interface.jssite import JsSite
 from tests.external_interface.proxy_servers import ProxyFarm, dead_address
 from utils.redis import get_redis
 
@@ -144,3 +145,30 @@ def test_a_login_wall_in_a_rendered_page_retires_the_session(
     assert dl.error_type == "LoginRequired" and dl.capture is None
     stats = pool_stats(get_redis(), get_settings().key_prefix, "cookie")["cookie:rendersite"]
     assert stats["bans"] == 2 and stats["retired_by"].get("banned") == 2  # one per attempt
+
+
+def test_selectors_that_cannot_succeed_fail_without_retries_and_loading_pages_retry(
+    render_env: None, start_worker: Any
+) -> None:
+    start_worker(queues=QUEUES, CHAINCRAWL_PROVIDERS="rendersite.cookie=noop", **WORKER)
+    with JsSite() as site:
+        static, loading = site.url("/static"), site.url("/xhr?api=/api/hang")
+        seeds = [
+            {"url": static, "wait_for": "div[", "timeout": 5},  # refused in the worker
+            {"url": static, "wait_for": "##bad", "timeout": 5},  # refused by the browser
+            {"url": static, "wait_for": ".never", "timeout": 3},  # quiet page: final
+            {"url": loading, "wait_for": ".late", "timeout": 3},  # still loading: retried
+        ]
+        p = run("render_selectors", "rendersite.local.page", seeds)
+        assert site.hits["/static"] == 1  # only the quiet page's one attempt loaded it
+        assert site.hits["/xhr"] == 2  # tried, then retried once (max_retries=1)
+    assert p.ended and p.totals["failed"] == 4 and p.totals["retried"] == 1
+    by_sel = {dl.params["wait_for"]: dl for dl in letters(p.run_id)}
+    assert {k: (v.error_type, v.retries) for k, v in by_sel.items()} == {
+        "div[": ("InvalidSelector", 0),
+        "##bad": ("InvalidSelector", 0),
+        ".never": ("SelectorTimeout", 0),
+        ".late": ("RenderTimeout", 1),
+    }
+    assert "wait_for '.never'" in by_sel[".never"].error and "quiet" in by_sel[".never"].error
+    assert "still loading" in by_sel[".late"].error

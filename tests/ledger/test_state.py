@@ -261,9 +261,9 @@ def test_cancelling_an_idle_run_ends_it_at_once_and_a_finished_one_is_left_alone
     state.create_run("r1", "c", b"{}", 5, cap=1)
     state.enqueue_and_release("r1", "s", [orjson.dumps({"id": f"t{i}", "task": "t.x",
                               "params": {}, "meta": {"run": "r1", "step": "s"}}) for i in range(3)],
-                              state.kids_key("client", "r1"))  # fmt: skip
+                              state.kids_key("r1", "client"))  # fmt: skip
     assert state.waiting("r1") == 2
-    state.r.delete(state.kids_key("client", "r1"))
+    state.r.delete(state.kids_key("r1", "client"))
     out = state.cancel("r1")
     assert (out.dropped, out.outstanding) == (2, 1)
     state.create_run("r2", "c", b"{}", 5)
@@ -310,12 +310,12 @@ def test_a_paused_run_parks_its_tasks_and_children_and_resume_sends_them_in_orde
     assert (b.paused, b.cancelled, b.deliveries) == (True, False, 1)
     parked = msg("a", rbase=0)
     assert state.park("r1", "a", parked, 0, counted=True) == 1
-    assert rds.get(state.deliveries_key("a", 0, "r1")) == b"0"  # parking was no delivery
+    assert rds.get(state.deliveries_key("r1", "a", 0)) == b"0"  # parking was no delivery
     assert state.waiting("r1") == 1 and state.ledger("r1")["a"] == parked
     # its worker died before the ack: the message comes back, and is not parked twice
     assert state.begin("r1", "a", 0).deliveries == 1
     assert state.park("r1", "a", parked, 0, counted=True) == 1
-    assert state.waiting("r1") == 1 and rds.get(state.deliveries_key("a", 0, "r1")) == b"0"
+    assert state.waiting("r1") == 1 and rds.get(state.deliveries_key("r1", "a", 0)) == b"0"
 
     calls: list[CommitCall] = []
     kids = [kid("k") for _ in range(2)]
@@ -324,7 +324,7 @@ def test_a_paused_run_parks_its_tasks_and_children_and_resume_sends_them_in_orde
     assert rb is not None and rb.staged == [] and rb.outstanding == 4  # a, c and b's two
     assert state.waiting("r1") == 3 and rds.xlen(state.outbox_key) == 1
 
-    staging = state.kids_key("client-resume", "r1")
+    staging = state.kids_key("r1", "client-resume")
     res = state.resume("r1", staging)
     assert (res.was, res.released) == ("paused", 3)
     assert [orjson.loads(m)["id"] for m in rds.lrange(staging, 0, -1)] == [
@@ -342,7 +342,7 @@ def test_a_paused_capped_run_frees_its_slots_and_resume_refills_only_up_to_the_c
     state: RunState, rds: redis.Redis
 ) -> None:
     state.create_run("r1", "c", b"{}", 5, cap=2)
-    staging = state.kids_key("client", "r1")
+    staging = state.kids_key("r1", "client")
     state.enqueue_and_release("r1", "s", [msg(f"t{i}") for i in range(4)], staging)
     assert rds.llen(staging) == 2 and state.waiting("r1") == 2
     rds.delete(staging)  # "sent": t0, t1 in the broker
@@ -440,7 +440,7 @@ def test_a_complete_stored_run_is_compacted_to_its_counters(
     (res,) = state.run_commits(calls)
     assert res is not None and res.outstanding == 1
     kid_id = orjson.loads(res.staged[0])["id"]
-    state.clear_kids("a", "r1")  # sent: the publisher drops what it staged after sending
+    state.clear_kids("r1", "a")  # sent: the publisher drops what it staged after sending
     assert not state.compact("r1")  # running
     calls = []
     commit(state, calls, kid_id, [], step="k")
@@ -477,11 +477,11 @@ def test_a_commit_forgets_its_delivery_counter(state: RunState, rds: redis.Redis
     state.create_run("r1", "c", b"{}", 5)
     state.add_dispatched("r1", "s", 1)
     assert state.begin("r1", "a", 0).deliveries == 1
-    assert rds.exists(state.deliveries_key("a", 0, "r1"))
+    assert rds.exists(state.deliveries_key("r1", "a", 0))
     calls: list[CommitCall] = []
-    commit(state, calls, "a", [], forget=[state.deliveries_key("a", 0, "r1")])
+    commit(state, calls, "a", [], forget=[state.deliveries_key("r1", "a", 0)])
     state.run_commits(calls)
-    assert not rds.exists(state.deliveries_key("a", 0, "r1"))
+    assert not rds.exists(state.deliveries_key("r1", "a", 0))
 
 
 def test_the_retention_is_a_setting(rds: redis.Redis, redis_url: str, key_prefix: str) -> None:

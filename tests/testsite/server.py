@@ -26,6 +26,7 @@ class TestSite(ThreadedSite):
         self.pages, self.per_page = pages, per_page
         self.hits: Counter[str] = Counter()
         self.in_flight = self.max_in_flight = 0  # /flaky requests being answered at once
+        self.released: set[str] = set()  # /hold/{key} pages let go (`release`)
         super().__init__()
 
     def app(self) -> web.Application:
@@ -36,11 +37,13 @@ class TestSite(ThreadedSite):
         app.router.add_get("/flaky/{key}", self.flaky)
         app.router.add_get("/status/{code}", self.status)
         app.router.add_get("/slow", self.slow)
+        app.router.add_get("/hold/{key}", self.hold)
         app.router.add_get("/drip", self.drip)
         app.router.add_get("/big", self.big)
         app.router.add_get("/redirect-loop", self.redirect_loop)
         app.router.add_get("/gbk", self.gbk)
         app.router.add_get("/mislabelled", self.mislabelled)
+        app.router.add_get("/malformed", self.malformed)
         return app
 
     async def listing(self, req: web.Request) -> web.Response:
@@ -93,6 +96,19 @@ class TestSite(ThreadedSite):
         await asyncio.sleep(float(req.query.get("s", "1")))
         return web.json_response({"slow": True})
 
+    def release(self, key: str) -> None:
+        """Let /hold/{key} answer: a page that lasts exactly as long as the test needs."""
+        self.released.add(key)
+
+    async def hold(self, req: web.Request) -> web.Response:
+        """Answers once the test releases the key (or after `s` seconds, 120 by default)."""
+        key = req.match_info["key"]
+        loop = asyncio.get_running_loop()
+        until = loop.time() + float(req.query.get("s", "120"))
+        while key not in self.released and loop.time() < until:
+            await asyncio.sleep(0.05)
+        return web.json_response({"held": key})
+
     async def drip(self, req: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await resp.prepare(req)
@@ -112,6 +128,11 @@ class TestSite(ThreadedSite):
             '<html><head><meta charset="gbk"></head><body><p class="t">中文标题</p></body></html>'
         )
         return web.Response(body=html.encode("gbk"), content_type="text/html")
+
+    async def malformed(self, req: web.Request) -> web.Response:
+        """A 200 whose JSON is broken (the whole body sent: not a truncation)."""
+        self.hits["malformed"] += 1
+        return web.Response(body=b'{"id": 1, "title": ', content_type="application/json")
 
     async def mislabelled(self, req: web.Request) -> web.Response:
         """Latin-1 text labelled UTF-8: two bytes (é, è) no UTF-8 decoder accepts."""

@@ -226,13 +226,13 @@ CASES: dict[str, tuple[str, str, Any]] = {
     "html-binary": ("/html/binary", "html", ("ParseError", PAGE_RETRIES + 1)),
     "html-empty": ("/html/empty", "html", ("ParseError", PAGE_RETRIES + 1)),
     "json-ok": ("/json/ok", "json", "fine"),
-    "json-truncated": ("/json/truncated", "json", ("ParseError", PAGE_RETRIES + 1)),
-    "json-notjson": ("/json/notjson", "json", ("ParseError", PAGE_RETRIES + 1)),
-    "json-badutf8": ("/json/badutf8", "json", ("ParseError", PAGE_RETRIES + 1)),
-    "json-deep": ("/json/deep", "json", ("ParseError", PAGE_RETRIES + 1)),
+    "json-truncated": ("/json/truncated", "json", ("MalformedBody", 1)),
+    "json-notjson": ("/json/notjson", "json", ("MalformedBody", 1)),
+    "json-badutf8": ("/json/badutf8", "json", ("MalformedBody", 1)),
+    "json-deep": ("/json/deep", "json", ("MalformedBody", 1)),
     "json-array": ("/json/array", "json", ("ParseError", PAGE_RETRIES + 1)),
-    "json-nan": ("/json/nan", "json", ("ParseError", PAGE_RETRIES + 1)),
-    "json-empty": ("/json/empty", "json", ("ParseError", PAGE_RETRIES + 1)),
+    "json-nan": ("/json/nan", "json", ("MalformedBody", 1)),
+    "json-empty": ("/json/empty", "json", ("MalformedBody", 1)),
     "enc-bad-utf8": ("/enc/bad-utf8", "html", lambda t: t.startswith("caf\ufffd") and "ok" in t),
     "enc-bogus-charset": ("/enc/bogus-charset", "html", "plain ascii"),
     "enc-gbk-as-utf8": ("/enc/gbk-as-utf8", "html", lambda t: "\ufffd" in t and t != GBK_TITLE),
@@ -250,6 +250,7 @@ CASES: dict[str, tuple[str, str, Any]] = {
 # besides the path of the page, the dead letter's error names what was wrong
 ERROR_WORDS = {
     "ParseError": (),
+    "MalformedBody": ("invalid JSON", "HTTP 200"),  # a 200's broken JSON: no refetch
     "ResponseTooLarge": ("limit", str(LIMIT)),
     "TooManyRedirects": ("redirects",),
     "ItemValidationError": ("torture.local.page: item invalid", "field 'text'"),

@@ -27,6 +27,7 @@ def patient() -> Iterator[list[Exception | None]]:
         uredis._patience = None
         uredis._outage.notify = None
         uredis._outage.since = None
+        uredis._reached = False
         uredis.reset_clients()
 
 
@@ -48,12 +49,34 @@ def test_a_call_waits_out_a_restart_and_says_so_once(
         redis.Redis(port=server.port).shutdown(nosave=True)
 
 
-def test_the_wait_ends_with_the_error(patient: list[Exception | None]) -> None:
+def test_the_wait_ends_with_the_error(tmp_path: Path, patient: list[Exception | None]) -> None:
     uredis.be_patient(1.0, patient.append)
-    r = uredis.get_redis("redis://127.0.0.1:1/0")
+    server = RedisServer(tmp_path / "r").start()
+    r = uredis.get_redis(server.url)
+    r.ping()
+    server.stop()  # gone for good after it answered: waited for, then the error
     with pytest.raises(redis.ConnectionError):
         r.ping()
     assert len(patient) == 1
+
+
+def test_a_refused_first_connection_is_raised_at_once(patient: list[Exception | None]) -> None:
+    """Nothing ever answered there in this process: not a restart, nothing to wait for."""
+    r = uredis.get_redis("redis://127.0.0.1:1/0")
+    with pytest.raises(redis.ConnectionError, match="refused"):
+        r.ping()
+    assert patient == []  # no "waiting…" line: the 30 s patience was not spent
+
+
+def test_a_wrong_password_is_raised_at_once(
+    tmp_path: Path, patient: list[Exception | None]
+) -> None:
+    with RedisServer(tmp_path / "r", password="right") as server:
+        uredis.get_redis(server.url).ping()  # reached once: a refusal now would be waited on
+        r = uredis.get_redis(f"redis://:wrong@127.0.0.1:{server.port}/0")
+        with pytest.raises(redis.AuthenticationError):
+            r.ping()
+        assert patient == []
 
 
 def test_a_plain_url_is_one_node(redis_url) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from external_interface.resources.proxy.models import Event
@@ -118,13 +118,14 @@ class Rotation:
         self._benched: dict[str, float] = {}
         self._lock = threading.Lock()
         self._last_refresh = float("-inf")
+        self.clock: Callable[[], float] = time.monotonic  # tests put a clock of their own
 
     def refresh(self) -> None:
         """Top the queue up from the global pool when it holds fewer than `length` proxies
         (at most once per `refresh_interval` while it still holds some)."""
         if len(self._queue) >= self.length:
             return
-        now = time.monotonic()
+        now = self.clock()
         if self._queue and now - self._last_refresh < self.refresh_interval:
             return
         self._last_refresh = now
@@ -161,7 +162,7 @@ class Rotation:
         with self._lock:
             if event is Event.BANNED:
                 ttl = self.ban_ttl if hold is None else min(hold, self.ban_ttl)
-                self._benched[proxy_id] = time.monotonic() + ttl
+                self._benched[proxy_id] = self.clock() + ttl
             if proxy_id not in self._queue:
                 return
             if event in (Event.DEAD, Event.TIMEOUT, Event.BANNED):
@@ -181,6 +182,6 @@ class Rotation:
 
     def benched(self) -> dict[str, float]:
         """Proxies this site banned -> seconds until they may come back."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             return {p: round(until - now, 3) for p, until in self._benched.items() if until > now}

@@ -24,6 +24,7 @@ from config import get_settings
 from external_interface.storage.sinks.base import Origin
 from utils.keyspace import Keyspace
 from utils.redis import as_str
+from utils.wire import OutboxFields
 
 GROUP = "sinks"
 
@@ -38,15 +39,15 @@ DEAD_MAXLEN = 100_000
 
 
 def stream_key(prefix: str) -> str:
-    return f"{prefix}:outbox"
+    return Keyspace(prefix).outbox
 
 
 def dead_key(prefix: str) -> str:
-    return f"{prefix}:outbox:dead"
+    return Keyspace(prefix).outbox_dead
 
 
 def errors_key(prefix: str) -> str:
-    return f"{prefix}:outbox:errors"
+    return Keyspace(prefix).outbox_errors
 
 
 def counters_key(prefix: str, run: str) -> str:
@@ -70,18 +71,9 @@ def outbox_entry_fields(
     items: Sequence[Mapping[str, Any]],
     dedup: Any = None,
 ) -> dict[str, str | bytes]:
-    """The fields of one outbox entry exactly as the drainer expects them."""
-    fields: dict[str, str | bytes] = {
-        "run": run or "",
-        "step": step or "",
-        "task": task,
-        "type": type,
-        "key": dumps(list(key_fields)),
-        "items": dumps(list(items)),
-    }
-    if dedup is not None:
-        fields["dedup"] = dumps(dedup)
-    return fields
+    """The fields of one outbox entry exactly as the drainer expects them (utils/wire.py:
+    the commit's entries are the same codec's)."""
+    return OutboxFields.of(run, step, task, type, key_fields, items, dedup).encode()
 
 
 def xadd_entry(

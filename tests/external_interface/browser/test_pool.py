@@ -223,9 +223,11 @@ def test_celery_workers_render_on_gevent_and_threads(
         worker.wait_ready(60)
         more = js_demo.url_for("/js/more")
         results = [tasks.load_all.delay(more) for _ in range(6)]
-        stuck = tasks.hang.delay(js_demo.url_for("/js/hang"), 3.0)
         for r in results:
             assert len(r.get(timeout=180)["pids"]) == 20
+        # after the loads: a render's deadline includes waiting for a context, so sent among
+        # them, the hung page could spend its 3 s queued and time out with no page to capture
+        stuck = tasks.hang.delay(js_demo.url_for("/js/hang"), 3.0)
         hung = stuck.get(timeout=60)
         assert hung["error"] == "RenderTimeout" and hung["screenshot"] and hung["seconds"] < 3 + 8
         info = tasks.driver.delay().get(timeout=30)

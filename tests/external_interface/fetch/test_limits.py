@@ -80,24 +80,28 @@ def test_the_server_never_sees_more_than_the_fetch_slots(counting: str) -> None:
     assert Counting.peak == 4
 
 
+def hold_the_slot(f: LimitedFetcher, url: str) -> threading.Thread:
+    """A request holding `f`'s one slot, started and seen by the server before this returns."""
+    holder = threading.Thread(target=f.fetch, args=(FetchRequest("GET", url),))
+    holder.start()
+    deadline = time.monotonic() + 30
+    while Counting.now < 1:
+        assert time.monotonic() < deadline, "the holder's request never reached the server"
+        time.sleep(0.01)
+    return holder
+
+
 def test_waiting_for_a_slot_counts_against_the_request_deadline(counting: str) -> None:
     f = LimitedFetcher(Urllib3Fetcher(), 1)
-    holder = threading.Thread(target=f.fetch, args=(FetchRequest("GET", f"{counting}/?s=1.5"),))
-    holder.start()
-    time.sleep(0.2)  # the one slot is taken
-    t0 = time.monotonic()
+    holder = hold_the_slot(f, f"{counting}/?s=3")  # held far longer than the 0.3 s deadline
     with pytest.raises(FetchTimeout, match=r"no fetch slot free within 0\.3 s"):
         f.fetch(FetchRequest("GET", f"{counting}/?s=0", timeout=0.3))
-    assert time.monotonic() - t0 < 1.0
     holder.join()
-    # a request that waited gets only what is left of its deadline for the request itself
-    holder = threading.Thread(target=f.fetch, args=(FetchRequest("GET", f"{counting}/?s=0.5"),))
-    holder.start()
-    time.sleep(0.1)
-    t0 = time.monotonic()
-    with pytest.raises(FetchTimeout):  # ~0.4 s waiting + 1 s request > 1.0 s deadline
-        f.fetch(FetchRequest("GET", f"{counting}/?s=1", timeout=1.0))
-    assert time.monotonic() - t0 < 1.5
+    # a request that waited gets only what is left of its deadline for the request itself:
+    # ~4 s waiting + a 2 s answer > its 3 s deadline (with the whole 3 s it would succeed)
+    holder = hold_the_slot(f, f"{counting}/?s=4")
+    with pytest.raises(FetchTimeout):
+        f.fetch(FetchRequest("GET", f"{counting}/?s=2", timeout=3.0))
     holder.join()
 
 
@@ -136,16 +140,14 @@ assert [j.value.status for j in jobs] == [200] * 24
 from utils.ranked_slots import RankedSlots
 assert isinstance(f._semaphore(), RankedSlots), type(f._semaphore())
 one = LimitedFetcher(Urllib3Fetcher(), 1)
-holder = gevent.spawn(one.fetch, FetchRequest("GET", url + "/?s=1"))
+holder = gevent.spawn(one.fetch, FetchRequest("GET", url + "/?s=3"))  # far past 0.3 s
 gevent.sleep(0.2)
-t0 = time.monotonic()
 try:
     one.fetch(FetchRequest("GET", url + "/?s=0", timeout=0.3))
 except FetchTimeout as exc:
     assert "no fetch slot free within 0.3 s" in str(exc), exc
 else:
     raise AssertionError("no FetchTimeout")
-assert time.monotonic() - t0 < 0.9
 holder.get()
 # a freed slot goes to the most urgent waiting request (the run's priority), then in order
 one = LimitedFetcher(Urllib3Fetcher(), 1)

@@ -159,7 +159,7 @@ def test_entities_are_never_expanded() -> None:
     assert [e.url for e in entries] == [f"{B}/before"]
     _, entries = parse_sitemap(xxe, "xxe")
     assert [e.url for e in entries] == [f"{B}/after"]  # the entity's <loc> is dropped
-    assert time.monotonic() - t0 < 1
+    assert time.monotonic() - t0 < 10  # expanded, the laughs would take minutes and gigabytes
 
 
 @pytest.mark.integration

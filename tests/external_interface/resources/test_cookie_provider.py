@@ -5,7 +5,6 @@ on one Redis and on a Redis Cluster (`[cluster]`)."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,11 @@ from external_interface.resources.device_id import DeviceProvider
 from external_interface.resources.pool import PoolConfig
 from external_interface.resources.user_agent import UserAgentProvider
 from sites.demo import production  # noqa: F401 - registers the demo's ban rules and producers
-from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
+from tests.external_interface.stores import (
+    let_time_pass,
+    let_ttl_pass,
+    rds_on_both_stores,  # noqa: F401 - fixture `rds`
+)
 
 SITE = "demo"  # the demo's ban rules are registered for this site name
 
@@ -250,29 +253,33 @@ def test_secrets_never_reach_the_logs(
 def test_lease_ttl_returns_a_lease_whose_feedback_never_came(
     rds: redis.Redis, key_prefix: str
 ) -> None:
-    p = cookies(rds, key_prefix, lease_ttl=0.1)
+    p = cookies(rds, key_prefix, lease_ttl=60)
     p.pool.add({"cookies": {"session": "a"}})
     lend(p)  # the worker died before feedback
-    time.sleep(0.15)
+    let_time_pass(rds, p.pool, 61)
     assert lend(p).cookies == {"session": "a"}
 
 
 def test_production_runs_that_add_nothing_back_off(rds: redis.Redis, key_prefix: str) -> None:
     runs = Runs(done=True)  # every run finishes at once, adding nothing (e.g. accounts refused)
-    pool = cookies(rds, key_prefix, runs, low_water=2, target=2, produce_gap=0.2).pool
+    pool = cookies(rds, key_prefix, runs, low_water=2, target=2, produce_gap=10).pool
+
+    def later(seconds: float) -> None:  # the gap between runs is a key with a TTL
+        let_ttl_pass(rds, pool.k_gap, seconds)
+
     assert pool.try_start_production(2, runs.start, runs.finished)  # first run
-    time.sleep(0.25)
-    assert pool.try_start_production(2, runs.start, runs.finished)  # dry 1: next after 0.4 s
-    time.sleep(0.25)
+    assert pool.try_start_production(2, runs.start, runs.finished) is None  # within the gap
+    later(11)
+    assert pool.try_start_production(2, runs.start, runs.finished)  # dry 1: next after 20 s
+    later(11)
     assert pool.try_start_production(2, runs.start, runs.finished) is None
-    time.sleep(0.2)
-    assert pool.try_start_production(2, runs.start, runs.finished)  # dry 2: next after 0.8 s
-    time.sleep(0.45)
+    later(10)
+    assert pool.try_start_production(2, runs.start, runs.finished)  # dry 2: next after 40 s
+    later(21)
     assert pool.try_start_production(2, runs.start, runs.finished) is None
     pool.add({"cookies": {"session": "x"}})  # a run that adds something ends the streak
-    time.sleep(0.4)
+    later(20)
     assert pool.try_start_production(2, runs.start, runs.finished)
-    time.sleep(0.25)
     s = pool.stats()
     assert (s["production_runs"], s["production_dry_runs"]) == (4, 2)
     assert not rds.exists(f"{pool.base}:dry_streak")

@@ -4,7 +4,6 @@ that cookies, devices and proxies share; on one Redis and on a Redis Cluster (`[
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +20,10 @@ from external_interface.resources.lease import (
     avoided,
     cancel_leases,
 )
-from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
+from tests.external_interface.stores import (
+    let_time_pass,
+    rds_on_both_stores,  # noqa: F401 - fixture `rds`
+)
 from utils.keyspace import Keyspace
 from utils.seal import Sealer
 from utils.secretfile import new_key
@@ -81,9 +83,9 @@ def test_lost_uses_count_a_reclaimed_lease_and_its_late_return(
     rds: redis.Redis, key_prefix: str, lost: bool, uses: int
 ) -> None:
     pool = make(rds, key_prefix, 1, Profile(order="uses", lost_uses=lost))
-    orphan = pool.take((), 0.05).lease
+    orphan = pool.take((), 60).lease
     assert orphan is not None
-    time.sleep(0.1)
+    let_time_pass(rds, pool, 61)
     assert pool.reclaim() == 1
     assert pool.give_back(orphan)[0] == "stale"  # the token no longer matches
     assert pool.uses("m0") == uses
@@ -95,8 +97,8 @@ def test_lost_uses_count_a_reclaimed_lease_and_its_late_return(
 def test_reclaim_takes_back_more_than_one_batch(rds: redis.Redis, key_prefix: str) -> None:
     pool = make(rds, key_prefix, 80)
     for _ in range(80):
-        assert pool.take((), 0.05).lease is not None
-    time.sleep(0.1)
+        assert pool.take((), 60).lease is not None
+    let_time_pass(rds, pool, 61)
     assert pool.reclaim() == 80
     assert pool.lent() == [] and pool.sizes() == (80, 80, 0)
 
@@ -105,10 +107,12 @@ def test_a_ban_benches_the_id_until_its_hold_ends(rds: redis.Redis, key_prefix: 
     pool = make(rds, key_prefix, 1)
     lease = pool.take((), 10).lease
     assert lease is not None
-    assert pool.give_back(lease, "ban", reason="banned", hold=0.3) == ("retired", 0)
+    assert pool.give_back(lease, "ban", reason="banned", hold=60) == ("retired", 0)
     assert pool.banned() == ["m0"] and pool.retired() == ["m0"] and "m0" not in pool
     assert pool.add_members([("m0", "again")]) == 0  # benched
-    time.sleep(0.35)
+    let_time_pass(rds, pool, 59)
+    assert pool.banned() == ["m0"]
+    let_time_pass(rds, pool, 2)
     assert pool.banned() == []
     assert pool.add_members([("m0", "again")]) == 1
     c = pool.counters()
@@ -119,8 +123,8 @@ def test_a_ban_on_an_expired_lease_still_retires_whoever_holds_it_now(
     rds: redis.Redis, key_prefix: str
 ) -> None:
     pool = make(rds, key_prefix, 1, CHANNEL)
-    late = pool.take((), 0.05).lease
-    time.sleep(0.1)
+    late = pool.take((), 60).lease
+    let_time_pass(rds, pool, 61)
     now = pool.take((), 10).lease  # reclaimed and lent again
     assert late is not None and now is not None and now.id == late.id
     assert pool.give_back(late, "ban", reason="banned", hold=60)[0] == "retired"
@@ -150,11 +154,11 @@ def test_retire_only_idle_leaves_lent_members(rds: redis.Redis, key_prefix: str)
 
 def test_renew_extends_only_the_current_lease(rds: redis.Redis, key_prefix: str) -> None:
     pool = make(rds, key_prefix, 1)
-    lease = pool.take((), 0.2).lease
+    lease = pool.take((), 60).lease
     assert lease is not None
-    time.sleep(0.1)
-    assert pool.renew_lease(lease, 1.0)
-    time.sleep(0.2)
+    let_time_pass(rds, pool, 30)
+    assert pool.renew_lease(lease, 60)
+    let_time_pass(rds, pool, 40)  # 70 s after the checkout, 40 s after the renewal
     assert pool.take((), 1).lease is None  # still lent
     assert pool.give_back(lease)[0] == "returned"
     assert not pool.renew_lease(lease, 1.0)  # that lease is over

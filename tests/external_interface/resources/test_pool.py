@@ -25,7 +25,10 @@ from external_interface.resources.pool import (
     reset_pool_config,
 )
 from external_interface.resources.rules import Verdict
-from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
+from tests.external_interface.stores import (
+    let_time_pass,
+    rds_on_both_stores,  # noqa: F401 - fixture `rds`
+)
 
 
 def make(rds: redis.Redis, prefix: str, n: int = 0, **cfg: object) -> Pool:
@@ -63,15 +66,17 @@ def test_rotation_gives_the_least_recently_used(rds: redis.Redis, key_prefix: st
 
 
 def test_cooldown_rests_a_member_and_tells_how_long(rds: redis.Redis, key_prefix: str) -> None:
-    pool = make(rds, key_prefix, 1, cooldown=0.4)
+    pool = make(rds, key_prefix, 1, cooldown=60)
     co = pool.checkout()
     pool.release(co.lease, Verdict.OK)  # type: ignore[arg-type]
     again = pool.checkout()
     assert again.lease is None and again.size == 1
-    assert again.wait is not None and 0.2 < again.wait <= 0.4
+    assert again.wait is not None and 30 < again.wait <= 60
     s = pool.stats()
     assert s["cooling"] == 1 and s["available"] == 0
-    time.sleep(again.wait + 0.05)
+    let_time_pass(rds, pool, again.wait - 1)
+    assert pool.checkout().lease is None  # still resting
+    let_time_pass(rds, pool, 2)
     assert pool.checkout().lease is not None
 
 
@@ -115,10 +120,10 @@ def test_ban_retires_and_deletes_the_secret(rds: redis.Redis, key_prefix: str) -
 def test_expired_lease_is_reclaimed_and_its_late_return_is_stale(
     rds: redis.Redis, key_prefix: str
 ) -> None:
-    pool = make(rds, key_prefix, 1, lease_ttl=0.15)
+    pool = make(rds, key_prefix, 1, lease_ttl=60)
     first = pool.checkout().lease
     assert pool.checkout().lease is None
-    time.sleep(0.2)
+    let_time_pass(rds, pool, 61)
     second = pool.checkout().lease  # the holder vanished: lent again
     assert second is not None and second.id == first.id  # type: ignore[union-attr]
     assert pool.release(first, Verdict.OK)[0] == "stale"  # type: ignore[arg-type]
@@ -130,9 +135,9 @@ def test_expired_lease_is_reclaimed_and_its_late_return_is_stale(
 def test_a_ban_retires_even_after_the_lease_was_reclaimed(
     rds: redis.Redis, key_prefix: str
 ) -> None:
-    pool = make(rds, key_prefix, 1, lease_ttl=0.1)
+    pool = make(rds, key_prefix, 1, lease_ttl=60)
     first = pool.checkout().lease
-    time.sleep(0.15)
+    let_time_pass(rds, pool, 61)
     pool.checkout()
     assert pool.release(first, Verdict.BANNED)[0] == "retired"  # type: ignore[arg-type]
     assert len(pool.ids()) == 0

@@ -1,4 +1,5 @@
-"""Fetches a path template (`/flaky/{entry_id}?fails=2`): flaky, failing, slow pages."""
+"""Fetches a path template (`/flaky/{entry_id}?fails=2`): flaky, failing, slow pages;
+`as_json` parses the body as JSON (`/malformed`: a 200 whose JSON is broken)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.testsite import base_url
 class ProbeParams(Params):
     path: str
     entry_id: str = ""
+    as_json: bool = False
 
 
 class ProbeResult(Item):
@@ -24,4 +26,6 @@ class ProbeResult(Item):
 def probe(ctx: Context, p: ProbeParams) -> Outputs:
     path = p.path.format(entry_id=p.entry_id)
     resp = ctx.get(f"{base_url()}{path}")
+    if p.as_json:
+        resp.json()
     yield ProbeResult(path=path, size=len(resp.content))

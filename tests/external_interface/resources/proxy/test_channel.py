@@ -20,7 +20,11 @@ from external_interface.resources.proxy.pool import GlobalPool
 from external_interface.resources.proxy.validate import purge_channels
 from monitor.health import proxy_health
 from settings.proxy import ProxySettings
-from tests.external_interface.stores import connect, rds_on_both_stores  # noqa: F401 - fixture `rds`
+from tests.external_interface.stores import (
+    connect,
+    let_time_pass,
+    rds_on_both_stores,  # noqa: F401 - fixture `rds`
+)
 
 
 def fill(pool: GlobalPool, n: int, score: float = 8.0) -> list[str]:
@@ -142,10 +146,10 @@ def test_no_proxy_is_lent_twice_at_once(pool: GlobalPool, store_url: str) -> Non
 def test_lease_of_a_dead_client_comes_back(pool: GlobalPool) -> None:
     [x] = fill(pool, 1)
     ch = ChannelPool("a", pool)
-    orphan = ch.checkout(lease_ttl=0.3)  # its worker dies: never released
+    orphan = ch.checkout(lease_ttl=60)  # its worker dies: never released
     assert orphan is not None
     assert ch.checkout() is None
-    time.sleep(0.4)
+    let_time_pass(ch.rds, ch, 61)
     back = ch.checkout()
     assert back is not None and back.id == x
     assert back.uses == 1  # the orphaned checkout counts as a use
@@ -161,8 +165,8 @@ def test_reclaim_without_checkout(pool: GlobalPool) -> None:
     fill(pool, 3)
     ch = ChannelPool("a", pool)
     for _ in range(3):
-        assert ch.checkout(lease_ttl=0.1)
-    time.sleep(0.2)
+        assert ch.checkout(lease_ttl=60)
+    let_time_pass(ch.rds, ch, 61)
     assert ch.reclaim() == 3
     assert len(ch.idle()) == 3 and ch.lent() == []
 
@@ -170,15 +174,15 @@ def test_reclaim_without_checkout(pool: GlobalPool) -> None:
 def test_renew_extends_a_lease(pool: GlobalPool) -> None:
     fill(pool, 1)
     ch = ChannelPool("a", pool)
-    lease = ch.checkout(lease_ttl=0.3)
+    lease = ch.checkout(lease_ttl=60)
     assert lease is not None
-    time.sleep(0.2)
-    assert ch.renew(lease, lease_ttl=1.0)
-    time.sleep(0.2)
+    let_time_pass(ch.rds, ch, 30)
+    assert ch.renew(lease, lease_ttl=60)
+    let_time_pass(ch.rds, ch, 40)  # 70 s after the checkout, 40 s after the renewal
     assert ch.checkout() is None  # still lent
     assert ch.release(lease) == "returned"
-    late = ch.checkout(lease_ttl=0.05)
-    time.sleep(0.1)
+    late = ch.checkout(lease_ttl=60)
+    let_time_pass(ch.rds, ch, 61)
     assert late is not None and not ch.renew(late)
 
 
@@ -237,7 +241,7 @@ def test_a_dead_proxy_leaves_global_and_that_channel_only(pool: GlobalPool) -> N
 
 
 def test_ban_expires(pool: GlobalPool, rds: redis.Redis, key_prefix: str) -> None:
-    settings = pool.settings.model_copy(update={"ban_ttl": 0.2})
+    settings = pool.settings.model_copy(update={"ban_ttl": 60})
     short = GlobalPool(rds, key_prefix, settings)
     [x] = fill(short, 1)
     ch = ChannelPool("a", short)
@@ -245,7 +249,9 @@ def test_ban_expires(pool: GlobalPool, rds: redis.Redis, key_prefix: str) -> Non
     assert lease is not None
     ch.release(lease, Event.BANNED)
     assert ch.checkout() is None
-    time.sleep(0.3)
+    let_time_pass(rds, ch, 59)
+    assert ch.checkout() is None  # still benched
+    let_time_pass(rds, ch, 2)
     again = ch.checkout()
     assert again is not None and again.id == x and again.uses == 0
 
@@ -318,9 +324,9 @@ def test_channel_stats_count_benches_and_drops_and_a_late_ban_still_benches(
     assert lease is not None and lease.id == x
     settle(pool, ch, lease, x, Event.DEAD, 0.01)
     assert channel_stats(ch) == {"dropped": 1}
-    late = ch.checkout(lease_ttl=0.05)
+    late = ch.checkout(lease_ttl=60)
     assert late is not None and late.id == y
-    time.sleep(0.1)
+    let_time_pass(ch.rds, ch, 61)
     again = ch.checkout()  # the expired lease was reclaimed: lent anew
     assert again is not None and again.id == y and again.uses == 1
     assert ch.release(late, Event.BANNED, ban_ttl=30) == "dropped"  # the site has spoken

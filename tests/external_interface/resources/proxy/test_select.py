@@ -138,14 +138,19 @@ def test_a_banned_proxy_stays_out_of_refills_until_its_hold_ends(
     a, b, c = three
     rot = Rotation(Selector(pool), strategy, length=3)
     rot.refresh_interval = 0.0  # refill on every short queue
+    now = [1000.0]
+    rot.clock = lambda: now[0]  # the bench's time is the test's, not the machine's
     assert rot.get() == a
-    rot.feedback(a, Event.BANNED, hold=0.3)
+    rot.feedback(a, Event.BANNED, hold=30)
     rot.feedback(b, Event.BANNED)  # no Retry-After: ban_ttl
     rot.feedback(c, Event.DEAD)
     assert rot.get() == c  # refilled: the dead one is back, the banned ones are not
     assert rot.snapshot() == [c]
     assert set(rot.benched()) == {a, b} and rot.benched()[b] > 3000
-    time.sleep(0.35)
+    now[0] += 29
+    rot.refresh()
+    assert sorted(rot.snapshot()) == [c] and set(rot.benched()) == {a, b}
+    now[0] += 2
     rot.refresh()
     assert sorted(rot.snapshot()) == [a, c] and set(rot.benched()) == {b}
 

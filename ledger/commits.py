@@ -1,0 +1,218 @@
+"""A task's begin and commit: what a page reads before it runs, and its whole result
+committed in one script call (a batch's pages in one round trip)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis
+
+from ledger.records import DELIV_TTL, Begun, CommitCall, Committed, Kid
+from ledger.runs import Runs
+from utils.redis import wait_replicas
+from utils.wire import CommitArgs, KidArgs, commit_argv
+
+
+def _committed(reply: list[Any], calls: Sequence[CommitCall]) -> list[Committed | None]:
+    """A commit script's flat reply for `calls`: outstanding, then per commit -1 (had already
+    committed) or m and its m staged children: a kid staged as its number (the script does
+    not copy back a message the caller holds), a waiting child released as its message."""
+    left, pos = int(reply[0]), 1
+    out: list[Committed | None] = []
+    for c in calls:
+        m = int(reply[pos])
+        pos += 1
+        if m < 0:
+            out.append(None)
+            continue
+        got = reply[pos : pos + m]
+        pos += m
+        out.append(Committed(left, [c.kids[x - 1] if isinstance(x, int) else x for x in got]))
+    return out
+
+
+class Commits(Runs):
+    """A task's begin and commit, exactly once per task id."""
+
+    # task lifecycle
+    def begin(self, rid: str, tid: str, retries: int) -> Begun:
+        """(already committed?, deliveries of this attempt, run cancelled?) in one round trip."""
+        return self.begin_many([(rid, tid, retries)])[0][0]
+
+    def begin_many(
+        self, calls: Sequence[tuple[str, str, int]], batch_id: str = ""
+    ) -> tuple[list[Begun], int]:
+        """`begin` for several (rid, tid, retries) in one round trip (a batch's entries).
+
+        With `batch_id`, the entries' deliveries are not counted: the batch message's are
+        (the second element), and a redelivered batch runs its entries one by one, each
+        counted as it starts, so a worker death is charged to the entry that was running."""
+        pipe = self.r.pipeline(transaction=False)
+        rids = sorted({rid for rid, _, _ in calls if rid})
+        for rid in rids:
+            pipe.hmget(self.run_key(rid), "cancelled", "paused", "compacted")
+        # committed already? one SMISMEMBER a run (a batch's entries share a few runs)
+        of_run: dict[str, list[str]] = {rid: [] for rid in rids}
+        for rid, tid, _ in calls:
+            if rid:
+                of_run[rid].append(tid)
+        for rid in rids:
+            pipe.smismember(self.done_key(rid, ""), of_run[rid])
+        runless = [tid for rid, tid, _ in calls if not rid]
+        for tid in runless:
+            pipe.exists(self.done_key("", tid))
+        if batch_id:
+            deliv_key = self.deliveries_key("", batch_id, 0)
+            pipe.incr(deliv_key)
+            pipe.expire(deliv_key, DELIV_TTL)
+        else:
+            for rid, tid, retries in calls:
+                deliv_key = self.deliveries_key(rid, tid, retries)
+                pipe.incr(deliv_key)
+                pipe.expire(deliv_key, DELIV_TTL)
+        res = pipe.execute()
+        off = len(rids)
+        cancelled = {rid for rid, (c, _, _) in zip(rids, res[:off], strict=True) if c}
+        paused = {rid for rid, (_, p, _) in zip(rids, res[:off], strict=True) if p}
+        compacted = {rid for rid, (_, _, x) in zip(rids, res[:off], strict=True) if x}
+        done: dict[tuple[str, str], bool] = {}
+        for rid, flags in zip(rids, res[off : off + len(rids)], strict=True):
+            done.update(((rid, t), bool(f)) for t, f in zip(of_run[rid], flags, strict=True))
+        off += len(rids)
+        flags = res[off : off + len(runless)]
+        done.update((("", t), bool(f)) for t, f in zip(runless, flags, strict=True))
+        off += len(runless)
+        counts = res[off::2]  # INCR replies (EXPIRE's between them)
+        begun = [
+            Begun(done[(rid, tid)] or rid in compacted, 0 if batch_id else int(counts[n]),
+                  rid in cancelled, rid in paused)
+            for n, (rid, tid, _) in enumerate(calls)
+        ]  # fmt: skip
+        return begun, int(counts[0]) if batch_id else 0
+
+    def commit(
+        self,
+        *,
+        rid: str,
+        tid: str,
+        step: str,
+        outcome: str,
+        n_items: int,
+        entries: Sequence[Mapping[str, Any]],
+        kids: Sequence[Kid],
+        pipe_extra: Any = None,
+        defer: list[CommitCall] | None = None,
+        forget: Sequence[str] = (),
+        counts: Mapping[tuple[str, str], int] | None = None,
+    ) -> Committed | None:
+        """Atomically record a finished task: the run's outstanding count and the staged
+        children to send, or None if it had already committed. With `defer` the call is only
+        appended there (None returned) for `run_commits`. `forget`: keys unlinked in the same
+        round trip (the attempt's delivery counter, `deliv_key`). `counts`: (step, counter) ->
+        n added with the commit, to the step's and the run's counter (`skipped_seen`)."""
+        msgs = tuple(k.encode() for k in kids)
+        args = CommitArgs(
+            tid, step, outcome, n_items,
+            tuple(KidArgs(k.step, k.uniq, m) for k, m in zip(kids, msgs, strict=True)),
+            tuple((s, c, n) for (s, c), n in (counts or {}).items() if n),
+        )  # fmt: skip
+        call = CommitCall(rid, self.done_key(rid, tid), self.staged_at(rid, tid).key, args,
+                          tuple(forget), msgs, tuple(entries))  # fmt: skip
+        if defer is not None:  # the caller sends it with others: run_commits(defer)
+            defer.append(call)
+            return None
+        return self.run_commits([call], pipe_extra=pipe_extra)[0]
+
+    def _commit_script_call(self, rid: str, calls: Sequence[CommitCall]) -> list[Any]:
+        """KEYS and ARGV of one commit script call for `calls`, all of run `rid`."""
+        # without a run the run's keys are not touched: any key of the calls' slot stands in
+        norun = calls[0].done_key
+        keys: list[Any] = [
+            self.counters_key(rid) if rid else norun,
+            self.run_key(rid) if rid else norun,
+            self.ks.run_outbox(rid) if self.cluster else self.outbox_key,
+            self._active(rid) if rid else norun,
+            self.pending_key(rid) if rid else norun,
+            self.ledger_key(rid) if rid else norun,
+            self._storing(rid) if rid else norun,
+        ]
+        if rid:  # the run's done set and staged hash, shared by every commit
+            keys += (calls[0].done_key, calls[0].staging)
+        else:
+            for c in calls:
+                keys += (c.done_key, c.staging)
+        argv = commit_argv(rid, f"{time.time():.3f}", self.ttl, self.ks.uniq_prefix(rid),
+                           [(c.args, c.entries) for c in calls])  # fmt: skip
+        return [len(keys), *keys, *argv]
+
+    def run_commits(
+        self,
+        calls: Sequence[CommitCall],
+        pipe_pre: Any = None,
+        pipe_extra: Any = None,
+    ) -> list[Committed | None]:
+        """Send commit calls (from `commit(defer=...)`) in one round trip: one script call per
+        run, so a batch's counters, EXPIREs and `last` are written once, summed over its
+        pages, and each task id still commits at most once. `pipe_pre` adds commands before
+        them, `pipe_extra` after. EVALSHA straight into the pipeline: a registered `Script`
+        would make redis-py send SCRIPT EXISTS in a round trip of its own first."""
+        groups: dict[str, list[int]] = {}
+        for n, c in enumerate(calls):
+            groups.setdefault(c.rid, []).append(n)
+        pipe = self.r.pipeline(transaction=False)
+        if pipe_pre is not None:
+            pipe_pre(pipe)
+        first = len(pipe)  # commands queued so far (a cluster pipeline keeps no command_stack)
+        sha = self._commit.sha
+        script_calls = [
+            self._commit_script_call(rid, [calls[n] for n in idx]) for rid, idx in groups.items()
+        ]
+        for sc in script_calls:
+            pipe.execute_command("EVALSHA", sha, *sc)  # `evalsha` is refused in cluster pipelines
+        forget = [k for c in calls for k in c.forget]
+        if forget and self.cluster:  # one UNLINK per key: a cluster pipeline keeps to one slot
+            for k in forget:
+                pipe.unlink(k)
+        elif forget:
+            pipe.unlink(*forget)
+        if pipe_extra is not None:
+            pipe_extra(pipe)
+        res = pipe.execute(raise_on_error=False)
+        out: list[Committed | None] = [None] * len(calls)
+        ended: list[str] = []  # on a cluster: runs the scripts completed, to drop from active
+        error: Exception | None = None
+        for g, (idx, sc) in enumerate(zip(groups.values(), script_calls, strict=True)):
+            r = res[first + g]
+            if isinstance(r, redis.exceptions.NoScriptError):  # a restarted or flushed server
+                self.r.script_load(self._commit.script)
+                r = self.r.evalsha(sha, *sc)
+            elif isinstance(r, Exception):
+                error = error or r
+                continue
+            for n, got in zip(idx, _committed(r, [calls[n] for n in idx]), strict=True):
+                out[n] = got
+                if self.cluster and calls[n].rid and got is not None and got.outstanding <= 0:
+                    ended.append(calls[n].rid)
+        error = error or next(
+            (
+                r
+                for r in res
+                if isinstance(r, Exception) and not isinstance(r, redis.exceptions.NoScriptError)
+            ),
+            None,
+        )
+        if error is not None:
+            raise error
+        if self.s.redis_wait_replicas > 0:  # on a replica before anything is sent or acked
+            wait_replicas(self.r, [sc[1] for sc in script_calls], self.s.redis_wait_replicas,
+                          self.s.redis_wait_timeout)  # fmt: skip
+        if ended:  # idempotent; lost with the process, `active_runs` moves the run later
+            self._ended_on_cluster(ended)
+        return out
+
+    def count_retry(self, rid: str, step: str, pipe: Any) -> None:
+        if rid:
+            pipe.hincrby(self.counters_key(rid), f"{step}:retried", 1)
+            pipe.hincrby(self.counters_key(rid), "retried", 1)
