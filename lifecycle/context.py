@@ -28,6 +28,7 @@ from exceptions import (
 from external_interface.browser import Action, BrowserPool, RenderedPage, RenderRequest, get_pool
 from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
+from external_interface.fetch.identity import default_user_agent, has_user_agent
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from ledger.meta import TaskMeta
 from lifecycle import hooks
@@ -180,6 +181,8 @@ class Context:
         if gate is not None:
             gate.before_request(self._spec.site, self._spec.name)
         active = self._lend(out, resources)
+        if not has_user_agent(out.headers):  # nothing lent or set: who we are, honestly
+            out.headers["User-Agent"] = default_user_agent(self._spec.site)
         s = self._settings
         req = FetchRequest(
             method=out.method,
