@@ -196,7 +196,7 @@ def endpoint(
         run.__name__ = fn.__name__
         run.__doc__ = fn.__doc__
         run.__module__ = fn.__module__
-        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,
+        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,  # type: ignore[call-overload]
                            soft_time_limit=dl + 5, time_limit=dl + 15)(run)  # fmt: skip
         spec.task = task
         ENDPOINTS.add(tname, spec)
@@ -211,7 +211,7 @@ def _name_from_module(module: str) -> str:
     return module[len("sites.") :]
 
 
-class SiteTask(Task):
+class SiteTask(Task[Any, Any]):
     """Celery task base for endpoints: see the module docstring for what it adds."""
 
     spec: EndpointSpec
@@ -494,7 +494,7 @@ class SiteTask(Task):
             dls.add(dl, pipe)
             metrics.flush(pipe, spec.name, spec.site, settings)
 
-        calls: list[CommitCall] = []
+        calls = []
         state.commit(
             rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
             defer=calls, forget=forget,
@@ -514,15 +514,9 @@ class SiteTask(Task):
         opts: dict[str, Any] = {"queue": meta.queue or queue_for(self.name)}
         if meta.priority is not None:
             opts["priority"] = broker_priority(meta.priority)
+        opts.update(argsrepr=task_argsrepr(params, wire), kwargsrepr="{}")  # apply_async's
         return self.retry(
-            args=(params, wire),
-            kwargs={},
-            countdown=countdown,
-            max_retries=None,
-            exc=exc,
-            argsrepr=task_argsrepr(params, wire),
-            kwargsrepr="{}",
-            **opts,
+            args=(params, wire), kwargs={}, countdown=countdown, max_retries=None, exc=exc, **opts
         )
 
 
@@ -534,7 +528,7 @@ def countdown_cap(s: Settings) -> float:
 def backoff(attempt: int, s: Settings | None = None) -> float:
     """Exponential backoff with equal jitter: half the step fixed, half random."""
     s = s or get_settings()
-    step = min(countdown_cap(s), s.retry_backoff * (2**attempt))
+    step = min(countdown_cap(s), s.retry_backoff * (2.0**attempt))
     return step / 2 + random.uniform(0, step / 2)
 
 
@@ -547,7 +541,8 @@ def run_endpoint(
     p = spec.validate_params(params)
     ctx = Context(spec, p, TaskMeta.from_wire(meta), runtime.current(), TaskMetrics(), fetcher,
                   online=False)  # fmt: skip
-    return spec.task._collect(ctx, p)
+    out: tuple[list[Item], list[Follow]] = spec.task._collect(ctx, p)
+    return out
 
 
 __all__ = [
@@ -583,11 +578,13 @@ __all__ = [
     "endpoint",
     "error_for_status",
     "fail",
+    "get_endpoint",
     "load_case",
     "need",
     "need_int",
     "on_error",
     "outputs_of",
+    "queue_for",
     "retry",
     "rule",
     "run_endpoint",

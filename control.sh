@@ -103,7 +103,7 @@ case "$cmd" in
   lint)
     shift; setup
     "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check . \
-      && exec "$VENV/bin/python" -m tests.architecture lint --no-cache ;;
+      && "$VENV/bin/mypy" && exec "$VENV/bin/python" -m tests.architecture lint --no-cache ;;
   restart)
     shift; setup
     "$VENV/bin/python" -m cli stop --keep-redis

@@ -105,8 +105,10 @@ class Worker:
     def __init__(self, env: dict[str, str], log: Path, pool: str, concurrency: int, name: str,
                  app: str = "worker", extra: list[str] | None = None,
                  prefix: list[str] | None = None, queue: str = QUEUE,
-                 events: bool | None = None, in_process: bool = False) -> None:  # fmt: skip
-        """`prefix` wraps the command (e.g. `py-spy record ... --`): `pid` is then its child,
+                 events: bool | None = None, in_process: bool = False,
+                 root: Path = ROOT) -> None:  # fmt: skip
+        """`root`: the checkout whose code the worker runs (another revision's, bench.revisions).
+        `prefix` wraps the command (e.g. `py-spy record ... --`): `pid` is then its child,
         unless the wrapper runs the worker in its own process (`in_process`: valgrind)."""
         self.log = log
         self.wrapped = bool(prefix) and not in_process
@@ -121,7 +123,7 @@ class Worker:
             cmd.insert(cmd.index("-l"), "-E")
         self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
+            cmd, cwd=root, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
 
@@ -289,8 +291,8 @@ class ChaincrawlBench:
     # -- workers
     def start_workers(self, n: int, pool: str, concurrency: int, app: str = "worker",
                       env: dict[str, str] | None = None, extra: list[str] | None = None,
-                      prefix: list[str] | None = None, in_process: bool = False
-                      ) -> list[Worker]:  # fmt: skip
+                      prefix: list[str] | None = None, in_process: bool = False,
+                      root: Path = ROOT) -> list[Worker]:  # fmt: skip
         self.stop_workers()
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -308,6 +310,7 @@ class ChaincrawlBench:
                     extra,
                     prefix,
                     in_process=in_process,
+                    root=root,
                 )
             )
         for w in self.workers:

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
                     RunState(client, s), [client], a.runs, a.pages
                 )
         with RedisClusterServer(Path(tmp) / "cluster", appendonly=False) as cluster:
-            client = cluster_client(cluster.url)
+            client = cast(redis.Redis, cluster_client(cluster.url))  # the common commands
             s = Settings(redis_url=cluster.url, broker_url="redis://127.0.0.1:1/0",
                          key_prefix="cb")  # fmt: skip
             masters = [n.client() for n in cluster.masters()]

@@ -150,8 +150,8 @@ def bench_ours(r: redis.Redis, n: int, a: argparse.Namespace) -> Row:
     m0 = used_memory(r)
     t = time.perf_counter()
     for lo in range(0, n, LOAD_BATCH):
-        nums = range(lo, min(n, lo + LOAD_BATCH))
-        dd.mark_many([item_id(i) for i in nums], [item_value(i) for i in nums])
+        batch = range(lo, min(n, lo + LOAD_BATCH))
+        dd.mark_many([item_id(i) for i in batch], [item_value(i) for i in batch])
     load = time.perf_counter() - t
     row = Row("chaincrawl dedup", n, (used_memory(r) - m0) / n, n / load, a.ops)
     print(

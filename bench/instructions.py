@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
     print(f"-- {want} pages, {CONCURRENCY} in flight, no latency; callgrind output in {out_dir}")
     try:
-        site = {"users": users, "posts_per_user": posts, "comments_per_post": comments}
+        site: dict[str, Any] = {
+            "users": users,
+            "posts_per_user": posts,
+            "comments_per_post": comments,
+        }
         with ChaincrawlBench() as b, ReplayServer.record(**site) as demo:
             for i in range(a.repeat):
                 for label in ["scrapy", *(f"chaincrawl [{p}]" for p in pools)]:

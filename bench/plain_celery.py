@@ -122,7 +122,7 @@ def crawl(bench: Any, demo: Any, batch: int, concurrency: int = 16,
     bench.stop_workers()
     bench.flush()
     url = bench.redis.url
-    app.conf.broker_url = url
+    app.conf.update(broker_url=url)
     global _r
     _r = None
     logs = bench.workdir / "logs"

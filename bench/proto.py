@@ -103,7 +103,7 @@ def _p_waits(app: Any, wanted: set[str]) -> None:
 
     def where(g: Any) -> str:
         """The waiting greenlet's innermost frames outside gevent."""
-        f, keep = g.gr_frame, []
+        f, keep = g.gr_frame, list[str]()
         while f is not None and len(keep) < 4:
             name = f.f_code.co_filename
             if "/gevent/" not in name:

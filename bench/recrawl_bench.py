@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -130,7 +131,9 @@ def run_once(args: argparse.Namespace, seed: int, redis_url: str) -> Result:
             clock.set(t)
 
         move(start)
-        first = [{"post_id": pid, "likes": fetch(s, demo.url, pid)} for pid in pids]
+        first: list[dict[str, Any]] = [
+            {"post_id": pid, "likes": fetch(s, demo.url, pid)} for pid in pids
+        ]
         for it in first:  # one full crawl: both know every post
             fixed.saw(it["post_id"], start, it["likes"], False)
             adaptive.saw(it["post_id"], start, it["likes"], False)
@@ -144,7 +147,9 @@ def run_once(args: argparse.Namespace, seed: int, redis_url: str) -> Result:
                     fixed.saw(pid, t, fetch(s, demo.url, pid), counted)
                     next_fixed[pid] += period
             sent, _ = history.dispatch(t)
-            items = [{"post_id": pid, "likes": fetch(s, demo.url, pid)} for pid in sent]
+            items: list[dict[str, Any]] = [
+                {"post_id": pid, "likes": fetch(s, demo.url, pid)} for pid in sent
+            ]
             for it in items:
                 adaptive.saw(it["post_id"], t, it["likes"], counted)
             stores.observe(items, clock.now())

@@ -46,7 +46,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -174,7 +174,8 @@ def backlog(bench: ChaincrawlBench, demo: DemoServer, a: argparse.Namespace,
     waiting = t["items"] - t["stored"]
     used = int(state.memory_usage(key, samples=0) or 0)
     entries = int(state.xlen(key))
-    payload = sum(len(f.get(b"items", b"")) for _, f in state.xrange(key))
+    entries_ = cast("list[tuple[bytes, dict[bytes, bytes]]]", state.xrange(key))
+    payload = sum(len(f.get(b"items", b"")) for _, f in entries_)
     run.cancel()
     bench.stop_workers()
     return {"items_waiting": waiting, "stream_entries": entries, "stream_bytes": used,

@@ -142,7 +142,10 @@ def run(config: str) -> None:
     reactor_path = settings(config, 1, "-")["TWISTED_REACTOR"]
     install_reactor(reactor_path)
     from scrapy.crawler import Crawler, CrawlerRunner
-    from twisted.internet import reactor, threads
+    from twisted.internet import reactor as installed
+    from twisted.internet import threads
+
+    reactor: Any = installed  # the configured reactor; the hints describe a generic one
 
     configure_logging({"LOG_LEVEL": CONFIGS[config].get("LOG_LEVEL", "DEBUG")})
     logging.getLogger("asyncio").setLevel(logging.WARNING)
@@ -162,7 +165,8 @@ def run(config: str) -> None:
             callgrind("-i", "off")
             with open(feed, "rb") as fh:
                 items = sum(1 for _ in fh)
-            return clock.result(items=items, handled=crawler.spider.handled, config=config)
+            spider: Any = crawler.spider  # a BenchSpider
+            return clock.result(items=items, handled=spider.handled, config=config)
 
         return d.addCallback(done)
 

@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import cast
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -59,7 +60,8 @@ def samples(r: redis.Redis, url: str) -> tuple[bytes, bytes]:
     send_kid(app, _kid(rid, 0), lambda task: "testsite")
     batch = [_kid(rid, i) for i in range(20)]
     app.send_task(BATCH_TASK, args=(batch,), task_id=uuid.uuid4().hex, priority=4)
-    raws = [m for k in r.scan_iter(match=f"{PREFIX}*", _type="list") for m in r.lrange(k, 0, -1)]
+    lists = r.scan_iter(match=f"{PREFIX}*", _type="list")
+    raws = [m for k in lists for m in cast("list[bytes]", r.lrange(k, 0, -1))]
     r.delete(*r.scan_iter(match=f"{PREFIX}*", _type="list"))
     app.close()
     single = next(m for m in raws if BATCH_TASK.encode() not in m)

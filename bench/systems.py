@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench import crawlee_env, scrapy_spider
+from bench import crawlee_env, revisions, scrapy_spider
 from bench.chaincrawl_bench import ROOT, ChaincrawlBench
 from bench.pagesets import PageSet
 from bench.peer_protocol import READY, RESULT
@@ -64,8 +64,9 @@ class System(Protocol):
 
 class ChaincrawlSystem:
     def __init__(self, key: str, label: str, workers: int, pool: str, concurrency: int,
-                 env: dict[str, str] | None = None, app: str = "worker", pin: int = 0) -> None:  # fmt: skip
-        self.key, self.label, self.pin = key, label, pin
+                 env: dict[str, str] | None = None, app: str = "worker", pin: int = 0,
+                 root: Path | None = None) -> None:  # fmt: skip
+        self.key, self.label, self.pin, self.root = key, label, pin, root
         self.workers, self.pool, self.concurrency = workers, pool, concurrency
         self.env, self.app = env or {}, app
         self.bench: ChaincrawlBench | None = None
@@ -74,7 +75,9 @@ class ChaincrawlSystem:
         if self.bench is None:
             self.bench = ChaincrawlBench()
         self.bench.flush()
-        self.bench.start_workers(self.workers, self.pool, self.concurrency, self.app, self.env)
+        self.bench.start_workers(
+            self.workers, self.pool, self.concurrency, self.app, self.env, root=self.root or ROOT
+        )
         self.bench.warm_up(site.url_for(ps.warmup.target), ps.warmup.kind)
 
     def crawl(self, url: str, kind: str, timeout: float, poll: float | None) -> RunResult:
@@ -228,6 +231,11 @@ def build(key: str, concurrency: int, logdir: Path, task_slots: int = 0,
     if key == "chaincrawl-start":
         return ChaincrawlSystem(key, f"chaincrawl start ({START_WORKERS}x{DEFAULT_POOL}({START_CONCURRENCY}))",
                                 START_WORKERS, DEFAULT_POOL, START_CONCURRENCY)  # fmt: skip
+    if key.startswith("chaincrawl@"):  # another revision's workers: before/after in one run
+        rev = key.removeprefix("chaincrawl@")
+        root = revisions.checkout(rev)
+        return ChaincrawlSystem(key, f"chaincrawl@{rev} 1x{DEFAULT_POOL}({c})", 1, DEFAULT_POOL,
+                                slots, one_env, root=root)  # fmt: skip
     if key.startswith("chaincrawl-x"):  # scale: chaincrawl-x2, chaincrawl-x2@2 (pinned to 2 cores)
         n, _, pin = key.removeprefix("chaincrawl-x").partition("@")
         where = f" on {pin} core{'s' if pin != '1' else ''}" if pin else ""
@@ -255,5 +263,5 @@ def build(key: str, concurrency: int, logdir: Path, task_slots: int = 0,
     raise ValueError(f"unknown system {key!r}; known: {', '.join(KEYS)}")
 
 
-KEYS = ("chaincrawl", "chaincrawl-impersonate", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
+KEYS = ("chaincrawl", "chaincrawl@REV", "chaincrawl-impersonate", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
         "chaincrawl+PROTO", "scrapy-best", "scrapy:CONFIG", "crawlee", "floor", "floor-threadsN")  # fmt: skip

@@ -91,11 +91,12 @@ def transport_options(s: Settings) -> dict[str, Any]:
 def forget_connections(app: Celery) -> None:
     """Drop connections and cached routing built from a previous configuration, as a fresh
     process would (kombu keeps closed pools registered; Celery caches its queue table)."""
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
+    internals: Any = app  # private caches, not in Celery's type hints
+    if internals._pool is not None:
+        internals._pool.force_close_all()
+        internals._pool = None
     pools.reset()
-    amqp = app.amqp
+    amqp: Any = app.amqp
     amqp._producer_pool = None
     for attr in ("queues", "default_queue", "router"):
         amqp.__dict__.pop(attr, None)
@@ -148,4 +149,4 @@ def use_orjson() -> None:
         return orjson.loads(data)
 
     register("json", dumps, loads, content_type="application/json", content_encoding="utf-8")
-    kombu_redis.dumps, kombu_redis.loads = dumps, loads
+    kombu_redis.dumps, kombu_redis.loads = dumps, loads  # type: ignore[attr-defined]

@@ -73,9 +73,9 @@ def apply() -> None:
         return
     original = Consumer.on_connection_error_after_connected
 
-    def on_connection_error_after_connected(self: Any, exc: BaseException) -> Any:
+    def on_connection_error_after_connected(self: Any, exc: Exception) -> Any:
         note(f"{socket.gethostname()}: the broker connection dropped ({type(exc).__name__})")
         return original(self, exc)
 
-    Consumer.on_connection_error_after_connected = on_connection_error_after_connected
+    Consumer.on_connection_error_after_connected = on_connection_error_after_connected  # type: ignore[method-assign]
     _applied = True

@@ -62,11 +62,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import kombu
+import kombu as kombu_
 import redis
-from kombu.transport import redis as kredis
-from kombu.transport import virtual
-from kombu.transport.virtual import base as vbase
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
+from kombu.transport.virtual import base as kombu_vbase
+
+# the internals checked and patched here, which kombu's type hints do not describe
+kombu: Any = kombu_
+kredis: Any = kombu_redis
+virtual: Any = kombu_virtual
+vbase: Any = kombu_vbase
 
 log = logging.getLogger("chaincrawl.kombu_guard")
 
@@ -219,7 +225,7 @@ def _patch_consumer() -> None:
             _stage.name = "delivered"  # from here on errors are not the payload's
 
     for fn, orig in ((_brpop_read, brpop_read), (_deliver, deliver), (__init__, message_init)):
-        fn.__wrapped__ = orig  # type: ignore[attr-defined]
+        fn.__wrapped__ = orig  # type: ignore[union-attr]
         fn.__qualname__ = orig.__qualname__
         fn.__doc__ = orig.__doc__
     kredis.Channel._brpop_read = _brpop_read

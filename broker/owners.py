@@ -41,11 +41,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
-from kombu.transport import redis as kredis
+from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
 from broker.kombu_guard import once, require_source
+from utils.redis import as_str
+
+kredis: Any = kombu_redis  # its QoS internals, patched here, are not in kombu's type hints
 
 log = logging.getLogger("chaincrawl.owners")
 
@@ -203,7 +206,7 @@ def held(client: redis.Redis, prefix: str) -> dict[str, list[str]]:
     """owner -> the delivery tags it holds unacknowledged."""
     out: dict[str, list[str]] = {}
     for tag, who in client.hgetall(f"{prefix}{OWNER_HASH}").items():
-        out.setdefault(who.decode(), []).append(tag.decode())
+        out.setdefault(as_str(who), []).append(as_str(tag))
     return out
 
 
@@ -220,7 +223,7 @@ def dead_owners(client: redis.Redis, prefix: str, owners: Iterable[str]) -> list
 
 def registered(client: redis.Redis, prefix: str) -> set[str]:
     """Owners that have not shut down cleanly (alive, or dead and not yet forgotten)."""
-    return {who.decode() for who in client.smembers(f"{prefix}{OWNERS}")}
+    return {as_str(who) for who in client.smembers(f"{prefix}{OWNERS}")}
 
 
 def forget(client: redis.Redis, prefix: str, owners: Iterable[str]) -> None:

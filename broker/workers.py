@@ -39,6 +39,7 @@ import redis
 
 from config import Settings, get_settings
 from exceptions import QueuesUnserved, WorkersOutdated
+from utils.redis import as_str
 
 log = logging.getLogger("chaincrawl.workers")
 
@@ -177,14 +178,14 @@ class TaskSets:
         names = sorted(entries)
         pipe = self.r.pipeline(transaction=False)
         for name in names:
-            pipe.exists(self.alive_key(name.decode()))
+            pipe.exists(self.alive_key(as_str(name)))
         alive = pipe.execute()
         out: dict[str, WorkerTasks] = {}
         gone = []
         for name, ok in zip(names, alive, strict=True):
             try:
                 d = orjson.loads(entries[name])
-                w = WorkerTasks(name.decode(), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
+                w = WorkerTasks(as_str(name), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
                                 float(d["at"]), tuple(d.get("broken") or ()))  # fmt: skip
             except (ValueError, KeyError, TypeError):
                 gone.append(name)

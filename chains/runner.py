@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from celery import Celery
@@ -231,7 +231,7 @@ def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     out = state.resume(run_id, staging)
     _known(out.was, run_id)
     if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
-        staged = state.r.lrange(staging, 0, -1)
+        staged = cast("list[bytes]", state.r.lrange(staging, 0, -1))
         outstanding = state.counters(run_id).get("outstanding", 0)
         runtime.current().publisher(app).publish(state, [(staged, StagedAt(staging))],
                                                  outstanding)  # fmt: skip

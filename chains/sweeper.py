@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -49,7 +49,7 @@ from ledger.batching import BATCH_TASK
 from ledger.publish import send_kid
 from ledger.state import RunState
 from utils.lua import script
-from utils.redis import get_redis
+from utils.redis import as_str, get_redis
 
 log = logging.getLogger("chaincrawl.sweeper")
 
@@ -115,7 +115,9 @@ def broker_task_ids(
     stale: set[bytes] = set()
     if stale_after is not None:
         cutoff = time.time() - stale_after
-        stale = set(client.zrangebyscore(f"{keyprefix}unacked_index", "-inf", cutoff))
+        stale = set(
+            cast("list[bytes]", client.zrangebyscore(f"{keyprefix}unacked_index", "-inf", cutoff))
+        )
     for key in client.scan_iter(match=f"{keyprefix}*", count=1000, _type="list"):
         start = 0
         while True:
@@ -277,8 +279,8 @@ class Sweeper:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))
             for tid, kid_ids in self.r.hgetall(self.state.staged_key(rid)).items():
-                if tid.decode() in ids:
-                    ids.update(k.decode() for k in kid_ids.split())
+                if as_str(tid) in ids:
+                    ids.update(as_str(k) for k in kid_ids.split())
         return ids
 
     def runs_to_check(self, now: float | None = None) -> list[str]:
@@ -352,7 +354,7 @@ class Sweeper:
         # kept in Redis, for whichever worker process holds the sweep lock next
         seen = self.r.set(self.broker_id_key, bid, ex=30 * 24 * 3600, get=True)
         self._broker_id = bid
-        restarted = seen is not None and seen.decode() != bid
+        restarted = seen is not None and as_str(seen) != bid
         if restarted:
             log.warning("the broker's Redis restarted: checking every active run's ledger")
             self.check_all = self.check_all or "the broker restarted"
@@ -397,8 +399,8 @@ class Sweeper:
         """A drop noted by any process (`note_connection_drops`): check every run now."""
         why = self.r.getdel(self.check_key)
         if why is not None:
-            log.warning("%s: checking every active run's ledger", why.decode())
-            self.check_all = self.check_all or why.decode()
+            log.warning("%s: checking every active run's ledger", as_str(why))
+            self.check_all = self.check_all or as_str(why)
 
     def compact_finished(self) -> list[str]:
         """Compact the newest runs that are complete and stored but not compacted yet: the
@@ -528,7 +530,7 @@ class Sweeper:
             self._thread = None
 
 
-def _kid_id(raw: bytes) -> list[str]:
+def _kid_id(raw: bytes | str) -> list[str]:
     try:
         return [str(orjson.loads(raw)["id"])]
     except (ValueError, TypeError, KeyError):

@@ -291,9 +291,9 @@ def handler(name: str | Callable[[argparse.Namespace], Any]) -> Callable[[argpar
     if callable(name):
         return name
     if ":" not in name:
-        return globals()[name]  # type: ignore[no-any-return]
+        return globals()[name]
     module, func = name.split(":")
-    return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), func)
 
 
 REDIS_UNREACHABLE = 5  # exit status: Redis (or the broker) did not answer within REDIS_WAIT

@@ -140,6 +140,7 @@ def check_browser(chain: str) -> None:
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
+    from chains.runner import Progress
     from cli import runs
 
     console = Console()
@@ -175,6 +176,7 @@ def cmd_demo(a: argparse.Namespace) -> None:
         flower = procs.start_flower(s)
         console.print(f"[bold]flower[/bold]: {flower[0]}")
     progress = runs.trigger(a.chain, None, a.priority, True, a.timeout)
+    assert isinstance(progress, Progress)  # waited for
     console.print()
     console.print(summary(s, progress, url, flower))
     if not progress.complete:

@@ -74,12 +74,12 @@ def cmd_beat(a: argparse.Namespace) -> None:
 def _beat_status(schedule: Any) -> None:
     from ledger.state import RunState
     from scheduling.tasks import entry_key
-    from utils.redis import get_redis
+    from utils.redis import as_str, get_redis
 
     r = get_redis()
     state = RunState(r)
     for e in schedule.entries:
-        h = {k.decode(): v.decode() for k, v in r.hgetall(entry_key(e.name)).items()}
+        h = {as_str(k): as_str(v) for k, v in r.hgetall(entry_key(e.name)).items()}
         run = h.get("run", "")
         status = state.info(run).get("status", "expired") if run else "-"
         print(

@@ -119,12 +119,12 @@ def run(
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    cached = sum(1 for _, resp in result.exchanges if resp.from_cache)
+    from_cache = sum(1 for _, resp in result.exchanges if resp.from_cache)
     types = sorted({it.item_type for it in result.items})
     print(f"{task}: {len(result.items)} item(s)" + (f" ({', '.join(types)})" if types else "")
           + f", {len(result.follows)} follow-up(s)"
           + (f", {len(result.children)} child task(s) of step {step_id}" if chain_obj else "")
-          + f"; {len(result.exchanges)} request(s), {cached} from the HTTP cache, {took:.2f}s;"
+          + f"; {len(result.exchanges)} request(s), {from_cache} from the HTTP cache, {took:.2f}s;"
           " nothing stored", file=sys.stderr)  # fmt: skip
     if save_fixture:
         _save(result, fixtures)

@@ -153,7 +153,7 @@ def _shell_commands(sub: Any) -> None:
     sub.add_parser("lock", help="regenerate the lock files (requirements/*.txt) from pyproject")
     te = sub.add_parser("test", help="run the test suite (arguments go to pytest)")
     te.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS")
-    sub.add_parser("lint", help="ruff check, ruff format --check and the import contracts")
+    sub.add_parser("lint", help="ruff check, ruff format --check, mypy and the import contracts")
     rs = sub.add_parser("restart", help="stop workers (Redis stays), then start with these options")
     _start_options(rs)
 

@@ -135,12 +135,14 @@ def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None)
         t.add_row(task, *row)
         rows.append((task, [labelled(c, v) for c, v in zip(cols, row, strict=True) if str(v)]))
     empty = [f"{task} {m['empty']}" for task, m in sorted(snap["tasks"].items()) if m.get("empty")]
-    if empty:  # a selector that matches nothing ends its pages "ok" with nothing in them
-        t.caption = (
-            f"warning: pages that yielded nothing (no item, no follow-up): {', '.join(empty)}"
-        )
-        t.caption_style = "yellow"
-    return Fit(t, title, rows, t.caption or "")
+    caption = (
+        f"warning: pages that yielded nothing (no item, no follow-up): {', '.join(empty)}"
+        if empty  # a selector that matches nothing ends its pages "ok" with nothing in them
+        else ""
+    )
+    if caption:
+        t.caption, t.caption_style = caption, "yellow"
+    return Fit(t, title, rows, caption)
 
 
 def _top(counts: dict[str, int]) -> str:

@@ -134,7 +134,7 @@ def run_table(r: dict[str, Any]) -> Fit:
         sent = c.get("dispatched", 0)
         skipped = Text(str(sum(c.get(k, 0) for k, _ in SKIP_REASONS)),
                        style="yellow" if skips(c) else "")  # fmt: skip
-        nums = [str(c.get("succeeded", 0)), _red(c.get("failed", 0)), str(c.get("retried", 0)),
+        nums: list[Part] = [str(c.get("succeeded", 0)), _red(c.get("failed", 0)), str(c.get("retried", 0)),
                 skipped, str(c.get("items", 0)), str(c.get("stored", 0))]  # fmt: skip
         t.add_row(sid, c.get("task", ""), ProgressBar(total=max(sent, 1), completed=done, width=24),
                   f"{done}/{sent}", *nums)  # fmt: skip

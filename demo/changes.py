@@ -103,7 +103,7 @@ class ChangeModel:
             return []
         rng = random.Random(f"{self.seed}/changes/{n}/{day}")
         top = rate * self._peak
-        t, end, out = day * DAY, (day + 1) * DAY, []
+        t, end, out = day * DAY, (day + 1) * DAY, list[float]()
         while True:
             t += rng.expovariate(top)
             if t >= end:

@@ -1,9 +1,9 @@
-"""Where a run's records are: the keys of the ledger (ledger/state.py describes each) and
+"""Where a run's records are: the keys of the ledger (docs/architecture.md describes each) and
 the reads of what a committed task staged."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -64,11 +64,11 @@ class RunKeys:
         """The messages of the children a committed task staged and has not sent (read back
         by its redelivery): those of a run still in its ledger, i.e. not committed since."""
         if not rid:
-            return self.r.lrange(self.kids_key("", tid), 0, -1)
+            return cast("list[bytes]", self.r.lrange(self.kids_key("", tid), 0, -1))
         ids = self.r.hget(self.staged_key(rid), tid)
         if not ids:
             return []
-        msgs = self.r.hmget(self.ledger_key(rid), ids.split())
+        msgs = cast("list[bytes | None]", self.r.hmget(self.ledger_key(rid), ids.split()))
         return [m for m in msgs if m is not None]
 
     def staged_kids(self, rid: str, tid: str) -> list[dict[str, Any]]:

@@ -199,7 +199,7 @@ class Chain:
             pspec = get_endpoint(parent.task)
             types = pspec.item_types
             if s.options.on:
-                types = [t for t in types if t.item_type == s.options.on]
+                types = tuple(t for t in types if getattr(t, "item_type", "") == s.options.on)
                 if not types:
                     raise ChainDefinitionError(
                         f"{where}: on={s.options.on!r} is not an item type of {parent.task}"

@@ -7,13 +7,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
+from redis.cluster import RedisCluster
 
 from ledger.keys import RunKeys
 from ledger.records import RECENT_KEEP, items_settled, run_status
-from utils.redis import pipeline
+from utils.redis import as_str, pipeline
 
 
 class Runs(RunKeys):
@@ -30,7 +31,7 @@ class Runs(RunKeys):
         rid = uuid.uuid4().hex[:16]
         if not self.cluster:
             return rid
-        masters = [n.name for n in self.r.get_primaries()]
+        masters = [n.name for n in cast(RedisCluster, self.r).get_primaries()]
         load = Counter(self._master(r) for r in self.active_runs())
         least = min(load[m] for m in masters)
         wanted = {m for m in masters if load[m] == least}
@@ -42,7 +43,7 @@ class Runs(RunKeys):
 
     def _master(self, rid: str) -> str:
         """The name (host:port) of the master that holds run `rid`'s slot."""
-        return str(self.r.get_node_from_key(self.run_key(rid)).name)
+        return str(cast(RedisCluster, self.r).get_node_from_key(self.run_key(rid)).name)
 
     def create_run(
         self, rid: str, chain_name: str, chain_json: bytes, priority: int, cap: int = 0
@@ -74,8 +75,7 @@ class Runs(RunKeys):
         """Run ids, newest first from `offset`, finished or not (whose records have not
         expired: those are dropped from the index as they are met)."""
         rids = [
-            m.decode()
-            for m in self.r.zrevrange(self.recent_key, offset, offset + max(0, limit - 1))
+            as_str(m) for m in self.r.zrevrange(self.recent_key, offset, offset + max(0, limit - 1))
         ]
         if not rids:
             return []
@@ -130,7 +130,8 @@ class Runs(RunKeys):
 
     def ledger(self, rid: str) -> dict[str, bytes]:
         """tid -> message of the run's tasks sent and not yet committed."""
-        return {k.decode(): v for k, v in self.r.hgetall(self.ledger_key(rid)).items()}
+        ledger = cast("dict[bytes, bytes]", self.r.hgetall(self.ledger_key(rid)))
+        return {as_str(k): v for k, v in ledger.items()}
 
     def waiting(self, rid: str) -> int:
         return int(self.r.llen(self.pending_key(rid)))
@@ -141,17 +142,17 @@ class Runs(RunKeys):
         return "cancelled" if cancelled else "paused" if paused else ""
 
     def chain_def(self, rid: str) -> bytes | None:
-        return self.r.hget(self.run_key(rid), "def")
+        return cast("bytes | None", self.r.hget(self.run_key(rid), "def"))
 
     def info(self, rid: str) -> dict[str, str]:
         return {
-            k.decode(): v.decode()
+            as_str(k): as_str(v)
             for k, v in self.r.hgetall(self.run_key(rid)).items()
             if k != b"def"
         }
 
     def counters(self, rid: str) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}
+        return {as_str(k): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}
 
     def note_resends(self, rid: str, n: int, pipe: Any) -> None:
         """The sweeper re-sent `n` of the run's tasks: counted in the run hash against the
@@ -192,7 +193,7 @@ class Runs(RunKeys):
         stored meanwhile (or expired) are dropped from the set as they are met. On a cluster
         a cancelled run stays in the set (not listed) while items wait in its stream: the
         drainers read the streams of the runs in the set."""
-        rids = sorted(m.decode() for m in self.r.smembers(self.storing_key))
+        rids = sorted(as_str(m) for m in self.r.smembers(self.storing_key))
         if not rids:
             return []
         shown = self.statuses(rids)
@@ -218,7 +219,7 @@ class Runs(RunKeys):
 
     def active_runs(self, chain: str | None = None) -> list[str]:
         """Run ids not yet done (of one chain if given)."""
-        rids = sorted(m.decode() for m in self.r.smembers(self.active_key))
+        rids = sorted(as_str(m) for m in self.r.smembers(self.active_key))
         if self.cluster and rids:  # a run whose end was not yet taken out of the set
             pipe = self.r.pipeline(transaction=False)
             for rid in rids:

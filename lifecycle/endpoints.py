@@ -72,8 +72,8 @@ class Item(BaseModel):
         if cls.history_fields or cls.search_fields:
             configure_type(
                 cls.item_type,
-                **({"track": cls.history_fields} if cls.history_fields else {}),
-                **({"search": cls.search_fields} if cls.search_fields else {}),
+                track=cls.history_fields or None,
+                search=cls.search_fields or None,
             )
 
 

@@ -1,44 +1,8 @@
-"""Lifecycle hooks: code a site author runs at five points of every page, each answering with a
-signal that tells the machinery what to do next.
-
-    from base_task import before_request, before_store, after_store, skip
-
-    @before_request("shop.pc.product")          # one endpoint
-    def full_url(ctx, req):
-        req.url = f"{base_url()}/product/{req.url}"   # the task carried only the id
-
-    @before_store(site="shop")                  # every endpoint of a site
-    def no_free_products(ctx, item):
-        if getattr(item, "price", 1) <= 0:
-            return skip("price")                # the item is dropped, counted as dropped:price
-
-    @after_store                                # every endpoint
-    def per_unit(ctx, item): ctx.count(f"unit:{item.get('unit', '?')}")
-
-| point | called with | where | skip | retry | fail |
-|---|---|---|---|---|---|
-| before_request | (ctx, req: OutgoingRequest, changes are sent) | before robots.txt, the gate and the providers | page skipped | page retried | page dead-lettered |
-| after_response | (ctx, resp: Response) | after an answer the status and providers accepted | page skipped | page retried | page dead-lettered |
-| before_store | (ctx, item: Item) | each item the page yielded, before its commit | item dropped | page retried | page dead-lettered |
-| after_store | (StoredContext, item: dict) | the outbox drainer, once every sink confirmed the item | item not passed on | batch stored again later | entry dead-lettered |
-| on_error | (ctx or None, exc) | every error of a page but waits and hook signals | page skipped | page retried | page dead-lettered |
-
-A hook returns `None` (or `CONTINUE`) to go on, or `skip(reason)`, `retry(reason)`,
-`fail(reason)`; the first hook that does not continue decides, the rest are not called. In a
-page the signals become errors of the tree (`HookSkip`, `HookRetry`, `HookFailed`:
-exceptions.py) so the page's policy applies: skipped with the reason counted, retried with
-backoff up to the endpoint's retries, or dead-lettered with the reason. An exception a hook
-raises is the page's error like any other (unknown ones retry). Hooks of a page run inside
-its deadline (one that outlasts it ends the page with `DeadlineExceeded`).
-
-A hook is registered for one endpoint (`@before_store("shop.pc.listing")`), a site
-(`site="shop"`) or every endpoint (no argument); it runs every-endpoint hooks first, then the
-site's, then the endpoint's own, each in the order registered. Hooks live in the site's modules
-or a hooks module under `sites/` (every module there is imported by the worker).
-
-Per hook, the endpoint's metrics count `hook:<point>:<name>:calls`, `...:us` (microseconds
-spent), and one of `...:continue|skip|retry|fail|error`; an item a before_store hook drops
-counts `dropped:<reason>`, one an after_store hook skips `after_store_skipped:<reason>`.
+"""Lifecycle hooks: code a site author runs at five points of every page (before_request,
+after_response, before_store, after_store, on_error), each answering with a signal that tells
+the machinery what to do next. Signals become errors of the tree (`HookSkip`, `HookRetry`,
+`HookFailed`) so a page's usual policy applies, and each hook's calls, time and answers are
+counted in the endpoint's metrics. The points, signals, order and metrics: docs/hooks.md.
 """
 
 from __future__ import annotations
@@ -286,7 +250,7 @@ def filter_items(ctx: Any, task: str, items: list[Any]) -> list[Any]:
     return kept
 
 
-def page_error(ctx: Any, task: str, exc: BaseException, count: Count) -> BaseException:
+def page_error(ctx: Any, task: str, exc: Exception, count: Count) -> Exception:
     """The error a page's on_error hooks make of `exc`: itself (continue), or the skip, retry
     or fail they say. Waits (a full pool, a shared limit) and hooks' own signals are no errors
     and are not shown to them; an exception an on_error hook raises becomes the page's error."""

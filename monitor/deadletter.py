@@ -24,7 +24,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -127,7 +127,9 @@ class DeadLetterStore:
         self, limit: int = 100, task: str | None = None, run: str | None = None
     ) -> list[DeadLetter]:
         """The newest dead letters, of one task and/or one run if given."""
-        ids = self.r.zrevrange(self.index_key, 0, -1 if task or run else limit - 1)
+        ids = cast(
+            "list[bytes]", self.r.zrevrange(self.index_key, 0, -1 if task or run else limit - 1)
+        )
         out: list[DeadLetter] = []
         if not ids:
             return out

@@ -17,7 +17,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -74,7 +74,14 @@ class ChaincrawlCollector(Collector):
         t0 = time.perf_counter()
         families: list[Metric] = []
         up = 1
-        parts = (self._tasks, self._queues, self._storage, self._pools, self._runs, self._alerts)
+        parts: tuple[Callable[[], list[Metric]], ...] = (
+            self._tasks,
+            self._queues,
+            self._storage,
+            self._pools,
+            self._runs,
+            self._alerts,
+        )
         try:
             self.r.ping()
         except Exception as exc:  # Redis down: say so at once instead of failing every part

@@ -238,7 +238,7 @@ def run_records(
         pipe.hgetall(Keyspace(s.key_prefix).counters(rid))
     res = pipe.execute()
     now = time.time()
-    out = []
+    out: list[dict[str, Any]] = []
     for i, rid in enumerate(rids):
         f = dict(zip(_RUN_FIELDS, (v.decode() if v else "" for v in res[2 * i]), strict=True))
         if not f["status"]:  # expired under us

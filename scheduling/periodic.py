@@ -161,7 +161,7 @@ class ScheduleEntry(BaseModel):
     cron: str | None = None
     every: str | float | None = None
     priority: int | None = Field(None, ge=0, le=9)
-    seeds: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
+    seeds: list[dict[str, Any]] = Field(default_factory=lambda: [dict[str, Any]()], min_length=1)
     enabled: bool = True
     only_if_reachable: str | None = None
     stale_after: str | float | None = None

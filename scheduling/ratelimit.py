@@ -449,7 +449,7 @@ class RedisGate:
         if plan.empty:
             return 0.0
         keys = [*plan.lease_keys, *plan.rate_keys]
-        args = [task_id, len(plan.lease_keys), len(plan.rate_keys), _us(self.max_sleep),
+        args: list[Any] = [task_id, len(plan.lease_keys), len(plan.rate_keys), _us(self.max_sleep),
                 *plan.lease_args, *plan.rate_args]  # fmt: skip
         for _ in range(3):
             status, backlog_us = self._admit(keys=keys, args=args)
@@ -522,7 +522,7 @@ class RedisGate:
         leases = [self.key(lim.scope, "leases")] if lim.max is not None else []
         rates = [self.key(lim.scope, "tat")] if lim.rate is not None else []
         ttl_us = _us(lim.lease or ttl)
-        lease_args = [lim.max, ttl_us] if leases else []
+        lease_args = [lim.max, ttl_us] if lim.max is not None else []  # as `leases`
         interval = 1.0 / lim.rate if lim.rate is not None else 0.0
         rate_args = [_us(interval), _us(interval * (lim.burst - 1))] if rates else []
         give_up = time.monotonic() + self.max_sleep
@@ -562,7 +562,7 @@ class RedisGate:
     def leave(self, site: str, work: str, holder: str | None) -> None:
         """Give back the place `enter` took (nothing for None)."""
         lim = self.work_scope(site, work) if holder is not None else None
-        if lim is not None and lim.max is not None:
+        if holder is not None and lim is not None and lim.max is not None:
             self.r.zrem(self.key(lim.scope, "leases"), holder)
 
     def release(self, site: str, endpoint: str, task_id: str) -> None:

@@ -34,7 +34,7 @@ from scheduling.periodic import TRIGGER_TASK, ScheduleEntry
 from scheduling.ratelimit import effective_limits
 from scheduling.recrawl import History, Watch, recrawl_clock
 from utils.lua import load_lua
-from utils.redis import get_redis
+from utils.redis import as_str, get_redis
 
 log = logging.getLogger("chaincrawl.schedule")
 
@@ -79,7 +79,7 @@ def trigger(entry: ScheduleEntry) -> Outcome:
     try:
         if entry.by_change is not None:
             return _note(r, entry.name, _trigger_by_change(r, entry))
-        current = (r.hget(key, "run") or b"").decode()
+        current = as_str(r.hget(key, "run"))
         if current and r.sismember(state.active_key, current):
             info = state.info(current)
             age = time.time() - float(info.get("created") or 0)

@@ -27,7 +27,8 @@ tag) when there is one, and runs a script only when all its keys share a slot. S
   of throttled sites) is global, untagged.
 
 The tags are written on a single Redis too: the braces are just characters there, so one
-naming serves both, and nothing depends on which one is running.
+naming serves both, and nothing depends on which one is running. What each key holds:
+docs/architecture.md (the run ledger) and docs/monitoring.md (metrics, health, alerts).
 """
 
 from __future__ import annotations

@@ -57,9 +57,10 @@ def broken_module(
     tree = [f for f in frames if any(str(Path(f.filename).resolve()).startswith(d) for d in within)]
     mine = [f for f in frames if root is not None and _relative(f.filename, root) != f.filename]
     project = [f for f in mine if "site-packages" not in f.filename]
-    pick = (tree or project or frames or [None])[-1]
-    if pick is None:
+    found = tree or project or frames
+    if not found:
         return BrokenModule(name, name, 0, error)
+    pick = found[-1]
     return BrokenModule(name, _relative(pick.filename, root), pick.lineno or 0, error)
 
 

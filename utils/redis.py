@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -158,7 +158,7 @@ def get_redis(url: str | None = None) -> redis.Redis:
             client = _clients.get(key)
             if client is None:
                 if is_cluster_url(url):
-                    client = cluster_client(url)  # type: ignore[assignment]
+                    client = cast(redis.Redis, cluster_client(url))
                 else:
                     extra: dict[str, Any] = {}
                     if _patience is not None:
@@ -193,7 +193,7 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
     if "read_from_replicas" in query:
         opts["read_from_replicas"] = query["read_from_replicas"][0] in ("1", "true", "yes")
     client = RedisCluster(startup_nodes=nodes, **{**opts, **kw})
-    client.commands_parser = StreamKeys(client.commands_parser)  # its pipelines share it
+    client.commands_parser = StreamKeys(client.commands_parser)  # type: ignore[assignment]  # its pipelines share it
     return client
 
 
@@ -295,8 +295,9 @@ def eval_scripts(client: redis.Redis, calls: Sequence[tuple[Any, Sequence[Any], 
     return results
 
 
-def as_str(value: bytes | str | None) -> str:
-    """A Redis reply as text (our clients do not decode responses; None reads as "")."""
+def as_str(value: object) -> str:
+    """A Redis reply as text (our clients do not decode responses; None reads as ""). Any
+    reply: redis-py's hints cover every reply shape of a command, and decoding clients too."""
     if value is None:
         return ""
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -20,7 +20,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import h2.config
@@ -228,7 +228,8 @@ class _H2:
             self.settings = {int(k): v.new_value for k, v in event.changed_settings.items()}
             self.settings.setdefault(4, 65535)
         elif isinstance(event, h2.events.RequestReceived):
-            self.streams[event.stream_id] = _Stream(list(event.headers))
+            headers = cast("list[tuple[str, str]]", event.headers)  # header_encoding: text
+            self.streams[event.stream_id] = _Stream(list(headers))
         elif isinstance(event, h2.events.DataReceived):
             s = self.streams.get(event.stream_id)
             if s is not None and len(s.body) < MAX_BODY:

@@ -12,12 +12,6 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is a dependency; this is only a fallback
-    _pack_command = None
-
-
 Id = str | bytes | int
 
 

@@ -5,11 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is a dependency; this is only a fallback
-    _pack_command = None
-
 from external_interface.dedup.base import Dedup, Id, Value
 from external_interface.dedup.memory import MemoryDedup
 from external_interface.dedup.redis_store import RedisDedup

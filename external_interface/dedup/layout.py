@@ -42,11 +42,6 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is a dependency; this is only a fallback
-    _pack_command = None
-
 from exceptions import ConfigError
 
 REC_BYTES = 9  # main record: fp 40 | hour 16 | content 16

@@ -6,11 +6,6 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is a dependency; this is only a fallback
-    _pack_command = None
-
 from external_interface.dedup.base import (
     DedupBase,
     Id,

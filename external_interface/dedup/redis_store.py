@@ -10,15 +10,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import redis
+from hiredis import pack_command
+from redis.cluster import RedisCluster
 from redis.crc import key_slot
-
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is a dependency; this is only a fallback
-    _pack_command = None
 
 from exceptions import ConfigError
 from external_interface.dedup.base import (
@@ -42,12 +39,6 @@ from external_interface.dedup.layout import (
 from monitor.metrics import aggregator
 from utils.lua import load_lua
 from utils.redis import is_cluster
-
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is a dependency; this is only a fallback
-    _pack_command = None
-
 
 log = logging.getLogger(__name__)
 
@@ -266,10 +257,11 @@ class RedisDedup(DedupBase):
         def connection(keys: list[str]) -> Any:
             name, pool = "", None
             if self.cluster:
-                node = self.client.get_node_from_key(keys[0])
+                cluster = cast(RedisCluster, self.client)
+                node = cluster.get_node_from_key(keys[0])
                 name = node.name
                 if name not in conns:
-                    pool = self.client.get_redis_connection(node).connection_pool
+                    pool = cluster.get_redis_connection(node).connection_pool
             elif "" not in conns:
                 pool = self.client.connection_pool
             if pool is not None:
@@ -284,10 +276,8 @@ class RedisDedup(DedupBase):
                 keys, args, _ = call
                 conn = connection(keys)
                 cmd = ("EVALSHA", self._sha, len(keys), *keys, *head, *args)
-                if _pack_command is None:
-                    conn.send_command(*cmd)
-                else:  # skips redis-py's per-argument Python pass
-                    conn.send_packed_command([_pack_command(cmd)])
+                # hiredis skips redis-py's per-argument Python pass (its hint: a 1-tuple)
+                conn.send_packed_command([pack_command(cmd)])  # type: ignore[arg-type]
                 sent.append((call, conn))
             for call, conn in sent:
                 try:

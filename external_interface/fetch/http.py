@@ -79,7 +79,7 @@ class RequestsFetcher:
                 req.url,
                 params=req.params,
                 headers=req.headers,
-                cookies=req.cookies,
+                cookies=dict(req.cookies) if req.cookies is not None else None,
                 data=req.data,
                 json=req.json,
                 proxies={"http": req.proxy, "https": req.proxy} if req.proxy else None,
@@ -153,13 +153,13 @@ class Urllib3Fetcher:
         url = full_url(req.url, req.params)
         headers = {**self.base_headers, **(req.headers or {})}
         if req.cookies:
-            jar = "; ".join(f"{k}={v}" for k, v in req.cookies.items())
-            headers["Cookie"] = f"{headers['Cookie']}; {jar}" if headers.get("Cookie") else jar
+            given = "; ".join(f"{k}={v}" for k, v in req.cookies.items())
+            headers["Cookie"] = f"{headers['Cookie']}; {given}" if headers.get("Cookie") else given
         body, content_type = encode_body(req.data, req.json)  # serialized as requests does
         if content_type:
             headers.setdefault("Content-Type", content_type)
         manager = self._manager(req.proxy)
-        method, cur, history = req.method, url, []
+        method, cur, history = req.method, url, list[str]()
         chain_cookies: dict[str, dict[str, str]] = {}  # host -> cookies set inside this chain
         while True:
             hop_headers = headers

@@ -269,8 +269,8 @@ def browser_headers(
     `Cookie` header with those a redirect sets)."""
     given = {k.lower(): (k, v) for k, v in (headers or {}).items() if k.lower() != "cookie"}
     if not ident.browser:
-        own = [("user-agent", ident.user_agent), ("accept-encoding", ACCEPT_ENCODING["app"])]
-        out = [given.pop(k, (k, v)) for k, v in own]
+        app = [("user-agent", ident.user_agent), ("accept-encoding", ACCEPT_ENCODING["app"])]
+        out = [given.pop(k, (k, v)) for k, v in app]
         return list(given.values()) + out
     engine = ident.engine
     accept = given.get("accept", ("", ""))[1]
@@ -294,7 +294,7 @@ def browser_headers(
                 "sec-fetch-dest": "empty", "priority": "u=1, i" if engine != "firefox" else "u=4"}  # fmt: skip
     if engine == "firefox":
         own["te"] = "trailers"
-    out: list[tuple[str, str]] = []
+    out = []
     for name in ORDER[engine]:
         if name in given:
             out.append(given.pop(name))

@@ -260,7 +260,7 @@ class RobotsPolicy:
         log.info("robots.txt of %s: %s (%s)", origin, state, detail)
         return _rules(origin, doc)
 
-    def _load(self, origin: str, raw: bytes | None) -> RobotsRules | None:
+    def _load(self, origin: str, raw: bytes | str | None) -> RobotsRules | None:
         if raw is None:
             return None
         doc = orjson.loads(raw)

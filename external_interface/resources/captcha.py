@@ -23,7 +23,7 @@ import requests
 
 from config import get_settings, site_env
 from exceptions import ConfigError, CrawlError, Policy
-from utils.redis import get_redis
+from utils.redis import as_str, get_redis
 from utils.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class CaptchaStats:
         pipe.execute()
 
     def read(self) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in self.rds.hgetall(self.key).items()}
+        return {as_str(k): int(v) for k, v in self.rds.hgetall(self.key).items()}
 
 
 def captcha_stats(client: redis.Redis, prefix: str, site: str) -> dict[str, int]:

@@ -18,6 +18,7 @@ import json
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 
@@ -63,9 +64,9 @@ def _values(r: redis.Redis, key: bytes) -> Iterator[tuple[str, bytes]]:
     kind = r.type(key)
     if kind == b"hash":
         for f, v in r.hscan_iter(key):
-            yield as_str(f), v
+            yield as_str(f), cast(bytes, v)
     elif kind == b"string":
-        v = r.get(key)
+        v = cast("bytes | None", r.get(key))
         if v is not None:
             yield "", v
 

@@ -8,12 +8,13 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
-from bench import crawlee_env
+from bench import crawlee_env, revisions
 from bench.compare import SCENARIOS, timed_run
 from bench.pagesets import PAGESETS, PageSet
-from bench.systems import build
+from bench.systems import ChaincrawlSystem, build
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +71,25 @@ def test_chaincrawl_counts_workers_and_redis(small: PageSet, site: object, tmp_p
     parts = runs[0]["cpu_parts_ms_per_page"]
     assert set(parts) == {"workers", "redis"} and all(v > 0 for v in parts.values())
     assert runs[0]["cpu_ms_per_page"] == pytest.approx(sum(parts.values()))
+
+
+def test_another_revisions_workers_crawl_from_its_own_tree(
+    small: PageSet, site: object, tmp_path: Path
+) -> None:
+    """`chaincrawl@REV`: the workers run the exported tree of REV (here HEAD), exact counts."""
+    system = build("chaincrawl@HEAD", 8, tmp_path)
+    assert isinstance(system, ChaincrawlSystem) and system.root is not None
+    assert (system.root / "base_task.py").exists() and (system.root / ".exported").exists()
+    try:
+        system.start(site, small)
+        assert system.bench is not None
+        assert {psutil.Process(w.pid).cwd() for w in system.bench.workers} == {str(system.root)}
+        r = timed_run(system, site, small, SMALL, start=False)
+    finally:
+        system.close()
+    assert r["pages"] == r["items"] == small.expected_pages
+
+
+def test_an_unknown_revision_is_named() -> None:
+    with pytest.raises(ValueError, match="chaincrawl@no-such-rev: no such commit"):
+        revisions.resolve("no-such-rev")

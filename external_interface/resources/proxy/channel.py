@@ -183,9 +183,10 @@ class ChannelPool(LeasePool):
     # --- reads -------------------------------------------------------------------------------
     def idle(self) -> list[tuple[str, int]]:
         """Idle members with their use counts, least used first."""
-        return [
-            (as_str(i), int(s)) for i, s in self.rds.zrange(self.k_idle, 0, -1, withscores=True)
-        ]
+        idle = cast(
+            "list[tuple[bytes, float]]", self.rds.zrange(self.k_idle, 0, -1, withscores=True)
+        )
+        return [(as_str(i), int(s)) for i, s in idle]
 
     def clear(self) -> None:
         super().clear()

@@ -95,7 +95,7 @@ class GlobalPool:
         self.keys = ProxyKeys(self.prefix)
         self._script = self.rds.register_script(SCRIPT)
 
-    def open_url(self, proxy_id: str, raw: bytes) -> str:
+    def open_url(self, proxy_id: str, raw: bytes | str) -> str:
         """A stored URL, opened (SecretUnreadable names the proxy if no key opens it)."""
         return self.sealer.open(raw, f"the URL of proxy {proxy_id}")
 

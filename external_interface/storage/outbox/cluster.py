@@ -33,6 +33,7 @@ stream or group found missing is skipped, never created again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -229,9 +230,7 @@ class ClusterDrainer(Drainer):
                 self._grouped.discard(stream)
                 continue
             ids = [as_str(i) for i in resp[1]]
-            out += self._claimed_entries(
-                stream, ids, lambda sid, fields, s=stream, r=rid: self._entry(s, r, sid, fields)
-            )
+            out += self._claimed_entries(stream, ids, functools.partial(self._entry, stream, rid))
         return self._claimed(out)
 
     def heartbeat(self, entries: Sequence[OutboxEntry]) -> None:
@@ -267,7 +266,7 @@ class ClusterDrainer(Drainer):
         horizon = max(0, min(versions) - CLOCK_MARGIN_MS * 1_000_000)
         for sink in targets:
             try:
-                sink.horizon(f"{horizon // 1_000_000}-{horizon % 1_000_000}")  # type: ignore[attr-defined]
+                sink.horizon(f"{horizon // 1_000_000}-{horizon % 1_000_000}")
             except Exception:
                 log.exception("sink %s: horizon update failed", sink.name)
 

@@ -384,7 +384,7 @@ class Drainer:
                 horizon = oldest
         for sink in targets:
             try:
-                sink.horizon(horizon)  # type: ignore[attr-defined]
+                sink.horizon(horizon)
             except Exception:
                 log.exception("sink %s: horizon update failed", sink.name)
 

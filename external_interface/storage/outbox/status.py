@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import redis
@@ -162,7 +162,7 @@ def cluster_backlog(
         if isinstance(r, Exception) and not isinstance(r, redis.ResponseError):
             raise r
     errors = res[-1] if isinstance(res[-1], dict) else {}
-    settled = []  # noted with dead letters, none left: forgotten
+    settled: list[str] = []  # noted with dead letters, none left: forgotten
     t = client.time()
     now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
     rows: dict[str, dict[str, Any]] = {}
@@ -181,7 +181,7 @@ def cluster_backlog(
             consumers[name] = consumers.get(name, 0) + int(c["pending"])
         if n_pending:
             pend_of[s] = n_pending
-        if s.noted and not dead:
+        if s.noted and not dead and s.rid is not None:
             settled.append(s.rid)
         if not (length or dead or n_pending):
             continue
@@ -253,7 +253,9 @@ def _requeue(
     cluster (`rid` not None) only the counters of the stream's own run are in its slot: an
     entry naming another run is requeued uncounted."""
     script = client.register_script(REQUEUE)
-    rows = client.xrange(dead, "-", "+", count=count)
+    rows = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]", client.xrange(dead, "-", "+", count=count)
+    )
     moved = 0
     for dead_id, fields in rows:
         original: list[Any] = []
