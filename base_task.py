@@ -44,6 +44,7 @@ from exceptions import (
     ChainCrawlError,
     CrawlError,
     DeadlineExceeded,
+    EmptyPage,
     ItemValidationError,
     LoginRequired,
     NotFound,
@@ -77,6 +78,7 @@ from lifecycle.endpoints import (
     get_endpoint,
     queue_for,
 )
+from lifecycle.guards import need, need_int, yielded_nothing
 from lifecycle.hooks import (
     CONTINUE,
     Signal,
@@ -113,6 +115,7 @@ def endpoint(
     decode_errors: Literal["replace", "strict"] = "replace",
     fetcher: str = "",
     render: Literal["", "auto"] = "",
+    must_yield: bool = False,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Turn `fn(ctx, params) -> outputs` into a Celery task on SiteTask.
 
@@ -135,6 +138,9 @@ def endpoint(
     - `render`: "auto" fetches each `ctx.get` over HTTP where that yields the items a browser
       would, and renders it where it does not, learnt per URL pattern from pages fetched both
       ways (needs the browser: implies `resources=["browser"]`; docs/browser.md).
+    - `must_yield`: a page that yields nothing (no item, no follow-up) fails with `EmptyPage`
+      (retried: a page that came back wrong may come back whole; then dead-lettered). Without
+      it such a page is counted `empty` (the endpoint's metrics, the run's step) and warned.
 
     Nothing else: acknowledgement, redelivery and time-limit behaviour are the mechanism's,
     the same for every endpoint (a site cannot turn `acks_late` off by accident).
@@ -172,6 +178,7 @@ def endpoint(
             decode_errors=decode_errors,
             fetcher=fetcher,
             render=render,
+            must_yield=must_yield,
         )
 
         def run(self: SiteTask, params: dict[str, Any], meta: dict[str, Any] | None = None) -> Any:
@@ -248,6 +255,8 @@ class SiteTask(Task[Any, Any]):
                         f"{self.spec.name} yielded {type(out).__name__}; yield Item or ctx.follow()"
                     )
                 ctx._check_deadline()
+            if not (items or follows):  # a selector that matched nothing? counted or failed
+                yielded_nothing(ctx, self.spec)
             items = hooks.filter_items(ctx, self.spec.name, items)  # before_store hooks
         except ValidationError as exc:
             raise ItemValidationError(f"{self.spec.name}: item invalid: {describe(exc)}") from None
@@ -289,6 +298,7 @@ __all__ = [
     "ChainCrawlError",
     "Context",
     "CrawlError",
+    "EmptyPage",
     "FixtureFetcher",
     "Follow",
     "Item",
@@ -316,6 +326,8 @@ __all__ = [
     "fail",
     "get_endpoint",
     "load_case",
+    "need",
+    "need_int",
     "on_error",
     "outputs_of",
     "queue_for",

@@ -340,7 +340,8 @@ class Settings(ChaincrawlSettings):
     )
     robots_user_agent: str = Field(
         "chaincrawl",
-        description="The product token matched against robots.txt `User-agent` groups.",
+        description="The product token matched against robots.txt `User-agent` groups: the "
+        "default User-Agent's, `chaincrawl/VERSION (+URL)` (CHAINCRAWL_CONTACT_URL).",
     )
     robots_ttl: float = Field(
         86400.0,

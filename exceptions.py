@@ -46,6 +46,9 @@
         │   └── RobotsUnavailable .............. wait   (robots.txt unreachable or 5xx: not yet)
         ├── DeadlineExceeded ................... retry  (the per-task deadline ran out)
         ├── ParseError ......................... retry  (then dead-letter: layout changed?)
+        │   ├── EmptyPage ...................... retry  (a `must_yield` endpoint's page yielded
+        │   │                                             nothing: a soft block or a page cut
+        │   │                                             short may come back whole)
         │   └── MalformedBody .................. fail   (a 2xx body that is not valid JSON: the
         │                                                 same bytes come back on a refetch)
         ├── UndecodableText .................... fail   (bytes not in the page's charset, with
@@ -379,6 +382,15 @@ class ParseError(CrawlError):
     """The page did not look as the parser expects."""
 
     policy = Policy.RETRY
+
+
+class EmptyPage(ParseError):
+    """A page of an endpoint declared `must_yield=True` yielded nothing: no item, no follow-up.
+
+    Retried like any ParseError: a page that came back wrong (a soft block, a placeholder or
+    a body cut short answered with 200) often comes back whole; a selector the site's layout
+    no longer matches fails the same way every time and is dead-lettered after the retries,
+    its URLs in the message. Endpoints without `must_yield` count such a page as `empty`."""
 
 
 class MalformedBody(ParseError):

@@ -134,6 +134,7 @@ def cmd_trigger(a: argparse.Namespace) -> int:
     """Exit status (documented in `trigger --help` and docs/cli.md): 0 every task succeeded,
     1 ended with failed tasks or refused items, 2 usage error, 3 cancelled, 4 still running."""
     from cli import procs, runs
+    from cli.tables import empty_warning
 
     if a.seeds is not None and a.seeds_file is not None:
         raise UserError("give the seeds as an argument or with --seeds-file, not both")
@@ -159,6 +160,8 @@ def cmd_trigger(a: argparse.Namespace) -> int:
               f"./control.sh deadletter list --run {p.run_id}", file=sys.stderr)  # fmt: skip
         return 1
     print(f"run {p.run_id} complete: every task succeeded")
+    if warn := empty_warning(p.as_dict()):
+        print(warn, file=sys.stderr)
     return 0
 
 

@@ -109,6 +109,10 @@ def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] |
         )
     else:
         t.add_row("errors", "none")
+    if tt.get("empty"):
+        by = ", ".join(f"{sid} {c['empty']}" for sid, c in progress.steps.items() if c.get("empty"))
+        t.add_row("warning", f"{tt['empty']} page(s) yielded nothing (no item, no follow-up): "
+                  f"{by}; a selector that matches nothing?")  # fmt: skip
     t.add_row("elapsed", f"{elapsed:.1f}s")
     t.add_row("throughput", f"{pages / elapsed:.1f} pages/s")
     files = {typ: type_files(typ, root) for typ in types}

@@ -31,7 +31,7 @@ import orjson
 import chains
 import sites
 from cli import UserError, procs
-from config import ROOT, get_settings
+from config import ROOT, SITE_VARS, get_settings
 from exceptions import ChainCrawlError
 from external_interface.fetch.mock import fixture_dir, outputs_of, save_case
 from ledger.model import Chain
@@ -183,8 +183,10 @@ def _failed(result: LiveResult, save_fixture: bool) -> int:
 
 def _save(result: LiveResult, fixtures: str | None) -> None:
     folder = Path(fixtures) if fixtures else fixture_dir(result.spec.name, ROOT / "tests")
+    base = SITE_VARS["base_url"].name(result.spec.site)  # replayed as recorded
     files = save_case(folder, result.spec.name, result.params, result.exchanges,
-                      outputs_of(result.items, result.follows))  # fmt: skip
+                      outputs_of(result.items, result.follows),
+                      env={base: os.environ.get(base) or None})  # fmt: skip
     shown = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
     print(f"recorded {len(result.exchanges)} answer(s) in {shown}/ "
           f"({', '.join(f.name for f in files)})", file=sys.stderr)  # fmt: skip

@@ -134,7 +134,15 @@ def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None)
             row.insert(3, Text(_pct(rr), style=_rate_style(rr)))
         t.add_row(task, *row)
         rows.append((task, [labelled(c, v) for c, v in zip(cols, row, strict=True) if str(v)]))
-    return Fit(t, title, rows)
+    empty = [f"{task} {m['empty']}" for task, m in sorted(snap["tasks"].items()) if m.get("empty")]
+    caption = (
+        f"warning: pages that yielded nothing (no item, no follow-up): {', '.join(empty)}"
+        if empty  # a selector that matches nothing ends its pages "ok" with nothing in them
+        else ""
+    )
+    if caption:
+        t.caption, t.caption_style = caption, "yellow"
+    return Fit(t, title, rows, caption)
 
 
 def _top(counts: dict[str, int]) -> str:

@@ -100,6 +100,17 @@ def _ending(r: dict[str, Any]) -> str:
     return str(r["status"])
 
 
+def empty_warning(r: dict[str, Any], lead: str = "") -> str:
+    """Pages that yielded nothing (no item, no follow-up), by step: a selector matching nothing
+    ends a run "complete" with no items; this says so (`Progress.as_dict()` form)."""
+    n = r["totals"].get("empty", 0)
+    if not n:
+        return ""
+    by = ", ".join(f"{s} {c['empty']}" for s, c in r["steps"].items() if c.get("empty"))
+    return (f"{lead}warning: {n} page(s) yielded nothing (no item, no follow-up): {by}; "
+            "a selector that matches nothing? (@endpoint(..., must_yield=True) fails them)")  # fmt: skip
+
+
 def run_table(r: dict[str, Any]) -> Fit:
     """One row per step of a run (`Progress.as_dict()` form): a bar of finished/dispatched and
     the counters. Shared by `trigger`'s live view, `runs RUN_ID` and `status`."""
@@ -111,6 +122,7 @@ def run_table(r: dict[str, Any]) -> Fit:
         + (f" · cancelled {tt['cancelled']}" if tt.get("cancelled") else "")
         + (f" · skipped: {skips(tt)}" if skips(tt) else "")
         + _resending(r)
+        + empty_warning(r, "\n")
         + (f"\nwarning: text with undecodable bytes (stored with U+FFFD) on {tt['undecodable']} "
            "pages of " + ", ".join(s for s, c in r["steps"].items() if c.get("undecodable"))
            if tt.get("undecodable") else "")

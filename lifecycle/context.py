@@ -28,6 +28,7 @@ from exceptions import (
 from external_interface.browser import Action, BrowserPool, RenderedPage, RenderRequest, get_pool
 from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
+from external_interface.fetch.identity import default_user_agent, has_user_agent
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from ledger.meta import TaskMeta
 from lifecycle import hooks
@@ -57,6 +58,9 @@ class PageReport:
 
     failed_leases: set[str] = field(default_factory=set)
     undecodable: int = 0
+    answered_urls: list[str] = field(
+        default_factory=list
+    )  # the first few (an empty page's message)
 
 
 class Context:
@@ -190,6 +194,8 @@ class Context:
         if gate is not None:
             gate.before_request(self._spec.site, self._spec.name)
         active = self._lend(out, resources)
+        if not has_user_agent(out.headers):  # nothing lent or set: who we are, honestly
+            out.headers["User-Agent"] = default_user_agent(self._spec.site)
         s = self._settings
         req = FetchRequest(
             method=out.method,
@@ -297,6 +303,8 @@ class Context:
 
     def _answered(self, resp: Response, method: str, url: str) -> None:
         """An answer the status and the providers accepted: the after_response hooks."""
+        if len(self.report.answered_urls) < 3:
+            self.report.answered_urls.append(resp.url or url)
         if self._online:
             hooks.in_page(self, "after_response", self._spec.name, f"{method} {url}", resp)
 

@@ -133,6 +133,7 @@ def run_page(
         if admitted:
             gate.release(spec.site, spec.name, tid)
     dumped = [it.model_dump(mode="json") for it in items]  # once: outbox rows and fan-out
+    empty = metrics.counts.get("empty", 0)  # read before aggregate() takes the counts
     stored = [(it, row) for it, row in zip(items, dumped, strict=True) if it.store]
     entries = outbox_entries(rid, step, spec.name, stored)
     chain = rt.chain(state, rid) if rid else None
@@ -150,7 +151,8 @@ def run_page(
         rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(stored),
         entries=entries, kids=kids, forget=forget,
         counts={**{(sid, "skipped_seen"): n for sid, (_, n) in seen.items()},
-                (step, "undecodable"): int(ctx is not None and ctx.report.undecodable > 0)},
+                (step, "undecodable"): int(ctx is not None and ctx.report.undecodable > 0),
+                (step, "empty"): empty},
     )  # fmt: skip
     batch = current_batch(rt)
     if batch is not None:  # committed, published and marked with the batch's pages

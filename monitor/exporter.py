@@ -45,7 +45,7 @@ log = logging.getLogger("chaincrawl.exporter")
 TASK_LABELS = ["site", "task"]
 RUN_COUNTERS = (
     "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed", "resent",
-    "cancelled", "skipped", "skipped_seen", "skipped_unique", "undecodable",
+    "cancelled", "skipped", "skipped_seen", "skipped_unique", "undecodable", "empty",
 )  # fmt: skip
 
 
@@ -148,6 +148,11 @@ class ChaincrawlCollector(Collector):
             "Responses whose text had bytes their charset cannot decode (U+FFFD stored)",
             labels=TASK_LABELS,
         )
+        empty = CounterMetricFamily(
+            "chaincrawl_empty_pages",
+            "Pages that yielded nothing (no item, no follow-up): a selector matching nothing?",
+            labels=TASK_LABELS,
+        )
         redelivered = CounterMetricFamily(
             "chaincrawl_task_redelivered",
             "Attempts delivered again after their worker died or lost its broker connection",
@@ -191,6 +196,8 @@ class ChaincrawlCollector(Collector):
             for reason, n in summ["skips"].items():
                 if n:
                     skips.add_metric([*lab, reason], n)
+            if summ["empty"]:
+                empty.add_metric(lab, summ["empty"])
             if m.get("redelivered"):
                 redelivered.add_metric(lab, m["redelivered"])
             if summ["undecodable"]:
@@ -205,7 +212,7 @@ class ChaincrawlCollector(Collector):
                 for signal, n in counts.items():
                     hook_signals.add_metric([*hl, signal], n)
         return [tasks, retries, failures, waits, requests, responses, nbytes, items, stored,
-                store_failed, skips, undecodable, undecodable_bytes, redelivered, latency,
+                store_failed, skips, undecodable, undecodable_bytes, empty, redelivered, latency,
                 hook_calls, hook_time, hook_signals]  # fmt: skip
 
     # -- broker -------------------------------------------------------------------------------------

@@ -409,6 +409,7 @@ def summary(m: Mapping[str, int]) -> dict[str, Any]:
         # responses decoded with U+FFFD for bytes their charset cannot decode, and those bytes
         "undecodable": m.get("undecodable", 0),
         "undecodable_bytes": m.get("undecodable_bytes", 0),
+        "empty": m.get("empty", 0),  # pages that yielded nothing (no item, no follow-up)
         "latency_avg": round(m.get("latency_ms_sum", 0) / n_lat / 1000, 4) if n_lat else None,
         "latency_p95": round(p95, 4) if p95 is not None else None,
         "http": breakdown(m, "http"),

@@ -31,6 +31,7 @@ from exceptions import (
 )
 from external_interface.fetch.base import FetchRequest
 from external_interface.fetch.body import encode_body, full_url, short_error
+from external_interface.fetch.identity import default_user_agent
 from external_interface.fetch.response import Response, header_charset
 
 _CHUNK = 64 * 1024
@@ -54,6 +55,7 @@ class RequestsFetcher:
             s = requests.Session()
             s.max_redirects = self.max_redirects
             s.trust_env = False  # never route through a proxy from the environment by accident
+            s.headers["User-Agent"] = default_user_agent()  # not python-requests/x
             if self.ca_bundle:
                 s.verify = self.ca_bundle
             # cookies are lent per request by the cookie provider: a session shared by every
@@ -129,7 +131,7 @@ class Urllib3Fetcher:
         self._proxies: dict[str, urllib3.ProxyManager] = {}
         self._lock = threading.Lock()
         self.base_headers = {
-            "User-Agent": f"python-urllib3/{urllib3.__version__}",
+            "User-Agent": default_user_agent(),  # a request's own (the site's, a lent one) wins
             "Accept-Encoding": "gzip, deflate",
             "Accept": "*/*",
         }

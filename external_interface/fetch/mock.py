@@ -116,6 +116,9 @@ class Case:
     params: dict[str, Any]
     answers: list[Answer]
     outputs: dict[str, Any] = field(default_factory=dict)
+    # the settings the page was recorded under (the site's base URL variable; None: unset),
+    # so a replay builds the same URLs from `base_url()` as the recording did
+    env: dict[str, str | None] = field(default_factory=dict)
 
     def fetcher(self) -> ReplayFetcher:
         return ReplayFetcher(self)
@@ -132,8 +135,10 @@ def outputs_of(items: Iterable[Any], follows: Iterable[Any]) -> dict[str, Any]:
 
 def save_case(folder: Path | str, task: str, params: Mapping[str, Any],
               exchanges: Sequence[tuple[FetchRequest, Response]],
-              outputs: Mapping[str, Any]) -> list[Path]:  # fmt: skip
-    """Write a case (replacing the one recorded before); -> the files written."""
+              outputs: Mapping[str, Any],
+              env: Mapping[str, str | None] | None = None) -> list[Path]:  # fmt: skip
+    """Write a case (replacing the one recorded before); -> the files written. `env`: the
+    variables the replay sets as they were (the site's base URL), None for unset."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -148,7 +153,7 @@ def save_case(folder: Path | str, task: str, params: Mapping[str, Any],
         answers.append(Answer(req.method.upper(), _no_credentials(full_url(req.url, req.params)),
                               resp.status, ctype, _no_credentials(resp.url), body))  # fmt: skip
     case = {"task": task, "params": dict(params), "answers": [asdict(a) for a in answers],
-            "outputs": dict(outputs)}  # fmt: skip
+            "outputs": dict(outputs), **({"env": dict(env)} if env else {})}  # fmt: skip
     path = folder / CASE_FILE
     path.write_bytes(orjson.dumps(case, option=orjson.OPT_INDENT_2) + b"\n")
     return [path, *written]
@@ -159,7 +164,7 @@ def load_case(folder: Path | str) -> Case:
     folder = Path(folder)
     data = orjson.loads((folder / CASE_FILE).read_bytes())
     return Case(folder, data["task"], data["params"], [Answer(**a) for a in data["answers"]],
-                data.get("outputs") or {})  # fmt: skip
+                data.get("outputs") or {}, data.get("env") or {})  # fmt: skip
 
 
 class ReplayFetcher(MockFetcher):

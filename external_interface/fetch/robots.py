@@ -51,6 +51,7 @@ from exceptions import (
     RobotsUnavailable,
 )
 from external_interface.fetch import Fetcher, FetchRequest
+from external_interface.fetch.identity import default_user_agent, has_user_agent
 from utils.redis import get_redis
 
 log = logging.getLogger(__name__)
@@ -105,12 +106,16 @@ def fetch_with(fetcher: Fetcher, settings: Settings | None = None,
     """A `FetchFn` that GETs robots.txt through `fetcher` (redirects followed, size capped)."""
     s = settings or get_settings()
 
+    sent = dict(headers or {})
+    if not has_user_agent(sent):  # as the pages are asked for, under the token it matches
+        sent["User-Agent"] = default_user_agent()
+
     def fetch(url: str) -> Any:
         return fetcher.fetch(
             FetchRequest(
                 method="GET",
                 url=url,
-                headers=headers,
+                headers=sent,
                 timeout=s.request_timeout,
                 connect_timeout=s.connect_timeout,
                 max_bytes=FETCH_MAX_BYTES,

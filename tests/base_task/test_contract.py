@@ -29,7 +29,8 @@ def test_everything_in_all_is_importable_and_the_errors_endpoints_raise_are_ther
 def test_endpoint_takes_its_documented_options_only() -> None:
     options = set(inspect.signature(endpoint).parameters)
     assert options == {"params", "items", "name", "resources", "max_retries", "deadline",
-                       "request_timeout", "queue", "decode_errors", "fetcher", "render"}  # fmt: skip
+                       "request_timeout", "queue", "decode_errors", "fetcher", "render",
+                       "must_yield"}  # fmt: skip
     with pytest.raises(TypeError, match="acks_late"):
         endpoint(Params, acks_late=False)  # type: ignore[call-arg]
 

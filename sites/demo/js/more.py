@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from base_task import Context, Outputs, Params, ParseError, endpoint
+from base_task import Context, Outputs, Params, ParseError, endpoint, need
 from external_interface.browser import LoadMore
-from sites.demo import need
 from sites.demo.items import FeedEntry
 from sites.demo.js import FEED_SETTLED, render
 
