@@ -187,8 +187,14 @@ def endpoint(
         run.__name__ = fn.__name__
         run.__doc__ = fn.__doc__
         run.__module__ = fn.__module__
-        task = shared_task(base=SiteTask, bind=True, name=tname, spec=spec,  # type: ignore[call-overload]
-                           soft_time_limit=dl + 5, time_limit=dl + 15)(run)  # fmt: skip
+        task = shared_task(
+            base=SiteTask,
+            bind=True,
+            name=tname,
+            spec=spec,  # type: ignore[call-overload]
+            soft_time_limit=dl + 5,
+            time_limit=dl + 15,
+        )(run)
         spec.task = task
         ENDPOINTS.add(tname, spec)
         return task
@@ -285,8 +291,9 @@ def run_endpoint(
     providers. For parser tests against saved pages (external_interface/fetch/mock.py)."""
     spec = get_endpoint(name)
     p = spec.validate_params(params)
-    ctx = Context(spec, p, TaskMeta.from_wire(meta), runtime.current(), TaskMetrics(), fetcher,
-                  online=False)  # fmt: skip
+    ctx = Context(
+        spec, p, TaskMeta.from_wire(meta), runtime.current(), TaskMetrics(), fetcher, online=False
+    )
     out: tuple[list[Item], list[Follow]] = spec.task._collect(ctx, p)
     return out
 

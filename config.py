@@ -483,6 +483,13 @@ def reset_settings() -> None:
 def settings_classes() -> tuple[type[ChaincrawlSettings], ...]:
     """Every settings class, in the order the configuration reference lists them."""
     return (
-        Settings, StorageSettings, ProxySettings, BrowserSettings, MonitorSettings, AlertSettings,
-        RecrawlSettings, FleetSettings, SuiteSettings,
-    )  # fmt: skip
+        Settings,
+        StorageSettings,
+        ProxySettings,
+        BrowserSettings,
+        MonitorSettings,
+        AlertSettings,
+        RecrawlSettings,
+        FleetSettings,
+        SuiteSettings,
+    )

@@ -120,8 +120,9 @@ class WorkersOutdated(ChainCrawlError):
     after they started): sending would have them drop the messages. Raised before anything
     is sent; names the tasks (`tasks`) and the workers (`workers`)."""
 
-    def __init__(self, msg: str, tasks: list[str] | None = None,
-                 workers: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, msg: str, tasks: list[str] | None = None, workers: list[str] | None = None
+    ) -> None:
         super().__init__(msg)
         self.tasks = list(tasks or ())
         self.workers = list(workers or ())
@@ -185,8 +186,9 @@ class PageCapture:
     dom: str | None = None
     page_url: str = ""
 
-    def attach(self, page_url: str = "", screenshot: bytes | None = None,
-               dom: str | None = None) -> None:  # fmt: skip
+    def attach(
+        self, page_url: str = "", screenshot: bytes | None = None, dom: str | None = None
+    ) -> None:
         self.page_url, self.screenshot, self.dom = page_url, screenshot, dom
 
 
@@ -257,9 +259,10 @@ def safe_url(url: str) -> str:
         netloc = parts.netloc.rsplit("@", 1)[-1]
         query = "&".join(
             f"{k}=***" if _SECRET_PARAM.search(k) else (f"{k}={v}" if v or "=" in pair else k)
-            for pair in parts.query.split("&") if pair
+            for pair in parts.query.split("&")
+            if pair
             for k, _, v in [pair.partition("=")]
-        )  # fmt: skip
+        )
         return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
     except ValueError:
         return "<url>"

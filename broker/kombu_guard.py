@@ -166,8 +166,11 @@ def _patch_consumer() -> None:
     message_init = vbase.Message.__init__
 
     def _brpop_read(self: Any, **options: Any) -> Any:
-        outer = (getattr(_stage, "name", None), getattr(_stage, "queue", None),
-                 getattr(_stage, "payload", None))  # fmt: skip
+        outer = (
+            getattr(_stage, "name", None),
+            getattr(_stage, "queue", None),
+            getattr(_stage, "payload", None),
+        )
         _stage.name, _stage.queue, _stage.payload = "read", None, None
         try:
             return brpop_read(self, **options)
@@ -252,8 +255,11 @@ def quarantine(queue: str, error: str, raw: str | bytes | None) -> None:
         kept = f"not kept ({type(e).__name__}: {e})"
     log.error(
         "broker: skipped a malformed message from queue %s: %s; payload %s; %s",
-        queue, error, shown, kept,
-    )  # fmt: skip
+        queue,
+        error,
+        shown,
+        kept,
+    )
 
 
 # --- a channel closed after its connection -----------------------------------------------------
@@ -353,8 +359,9 @@ def _patch_saturated_poll() -> None:
                 counts["ack_reconnect"] += 1
                 log.warning(
                     "kombu: an ack failed (%s); reconnecting so the messages it left in the "
-                    "prefetch are restored and their slots freed", failed,
-                )  # fmt: skip
+                    "prefetch are restored and their slots freed",
+                    failed,
+                )
                 raise redis.ConnectionError(
                     f"kombu: an ack failed ({failed}); reconnecting to free the prefetch"
                 )

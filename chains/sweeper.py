@@ -263,8 +263,11 @@ class Sweeper:
                 m_stamp, _, m_wait = mark.split(b"|")
                 if m_stamp == stamp:
                     wait = min(CLEAN_MAX, 2 * float(m_wait))
-            pipe.set(self.clean_key(rid), b"|".join([stamp, b"%.3f" % (now + wait),
-                                                       b"%g" % wait]), ex=24 * 3600)  # fmt: skip
+            pipe.set(
+                self.clean_key(rid),
+                b"|".join([stamp, b"%.3f" % (now + wait), b"%g" % wait]),
+                ex=24 * 3600,
+            )
         pipe.execute()
 
     def _present(self, rids: Iterable[str]) -> set[str]:
@@ -273,9 +276,12 @@ class Sweeper:
         redelivery sends them). Children staged by a task whose message is gone are not."""
         self.stale = set()
         ids = broker_task_ids(
-            self.broker, self.broker_prefix, 2 * self.s.visibility_timeout, self.stale,
+            self.broker,
+            self.broker_prefix,
+            2 * self.s.visibility_timeout,
+            self.stale,
             tick=self.keep_lock,
-        )  # fmt: skip
+        )
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))
@@ -332,12 +338,19 @@ class Sweeper:
         if self.restore is None or self.dead_after <= 0:
             return 0
         n = 0
-        found = owners.orphans(self.broker, self.broker_prefix, self.dead_after,
-                                       self.confirm, self.sleep)  # fmt: skip
+        found = owners.orphans(
+            self.broker, self.broker_prefix, self.dead_after, self.confirm, self.sleep
+        )
         for who, tags in found.items():
             k = self.restore(tags) if tags else 0
-            log.warning("worker %s is gone (no heartbeat for %gs): %d of its %d "
-                        "unacknowledged messages restored", who, self.dead_after, k, len(tags))  # fmt: skip
+            log.warning(
+                "worker %s is gone (no heartbeat for %gs): %d of its %d "
+                "unacknowledged messages restored",
+                who,
+                self.dead_after,
+                k,
+                len(tags),
+            )
             n += k
         if found:  # it may have popped a message it never recorded: check every run now
             self.check_all = self.check_all or "a worker died"
@@ -384,15 +397,21 @@ class Sweeper:
         if at is None:
             return 0
         try:
-            tags = [t for t, taken in owners.held_since(self.broker, self.broker_prefix,
-                                                                who).items() if taken < at]  # fmt: skip
+            tags = [
+                t
+                for t, taken in owners.held_since(self.broker, self.broker_prefix, who).items()
+                if taken < at
+            ]
             n = self.restore(tags) if tags else 0
         except redis.RedisError:
             drops.put_back_drop(at)
             raise
         if n:
-            log.warning("%d message(s) taken before the broker connection dropped given back "
-                        "(their ack or reject could not reach the broker)", n)  # fmt: skip
+            log.warning(
+                "%d message(s) taken before the broker connection dropped given back "
+                "(their ack or reject could not reach the broker)",
+                n,
+            )
         self.restored += n
         return n
 
@@ -431,10 +450,16 @@ class Sweeper:
                 kid = orjson.loads(raw)
                 self.send(kid)
                 steps[kid.get("meta", {}).get("step", "")] += 1
-                log.warning("run %s: task %s (%s) lost by the broker; re-sent (%s%s)", rid,
-                            tid, kid.get("task"), why or "the run stalled",
-                            "; it sat in unacked past twice the visibility timeout"
-                            if tid in self.stale else "")  # fmt: skip
+                log.warning(
+                    "run %s: task %s (%s) lost by the broker; re-sent (%s%s)",
+                    rid,
+                    tid,
+                    kid.get("task"),
+                    why or "the run stalled",
+                    "; it sat in unacked past twice the visibility timeout"
+                    if tid in self.stale
+                    else "",
+                )
             pipe = self.r.pipeline(transaction=False)
             ck = self.state.counters_key(rid)
             pipe.hincrby(ck, "resent", len(lost))

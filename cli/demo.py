@@ -42,10 +42,22 @@ def start_demo_site(s: Settings, a: argparse.Namespace) -> str:
         print(f"demo site: stopping the one at {was} (pid {pid}) for {url}")
         procs.stop_named("demo-site", s, 30)
     cmd = [
-        sys.executable, "-m", "demo", "--host", "127.0.0.1", "--port", str(a.port),
-        "--size", a.size, "--features", a.features, "--latency-ms", str(a.latency_ms),
-        "--soft-fail-rate", str(a.soft_fail_rate),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "demo",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(a.port),
+        "--size",
+        a.size,
+        "--features",
+        a.features,
+        "--latency-ms",
+        str(a.latency_ms),
+        "--soft-fail-rate",
+        str(a.soft_fail_rate),
+    ]
     procs.start_bg("demo-site", cmd, s)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -111,18 +123,28 @@ def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] |
         t.add_row("errors", "none")
     if tt.get("empty"):
         by = ", ".join(f"{sid} {c['empty']}" for sid, c in progress.steps.items() if c.get("empty"))
-        t.add_row("warning", f"{tt['empty']} page(s) yielded nothing (no item, no follow-up): "
-                  f"{by}; a selector that matches nothing?")  # fmt: skip
+        t.add_row(
+            "warning",
+            f"{tt['empty']} page(s) yielded nothing (no item, no follow-up): "
+            f"{by}; a selector that matches nothing?",
+        )
     t.add_row("elapsed", f"{elapsed:.1f}s")
     t.add_row("throughput", f"{pages / elapsed:.1f} pages/s")
     files = {typ: type_files(typ, root) for typ in types}
     shown = [str(path) for typ in types for path in files[typ]]
-    t.add_row("items are in", "\n".join(shown) + f"\n(JSON Lines, one item a line; sinks: {s.sinks})"
-              if shown else f"the sinks {s.sinks} (the JSONL store at {root} holds none)")  # fmt: skip
+    t.add_row(
+        "items are in",
+        "\n".join(shown) + f"\n(JSON Lines, one item a line; sinks: {s.sinks})"
+        if shown
+        else f"the sinks {s.sinks} (the JSONL store at {root} holds none)",
+    )
     look = next((typ for typ in ("demo.post", *types) if files.get(typ)), None)
     if look is not None:
-        t.add_row("look at them", f"head -n 3 {files[look][0]}\n./control.sh items {look}"
-                  f"   (--format csv --out {look}.csv for a spreadsheet)")  # fmt: skip
+        t.add_row(
+            "look at them",
+            f"head -n 3 {files[look][0]}\n./control.sh items {look}"
+            f"   (--format csv --out {look}.csv for a spreadsheet)",
+        )
     if flower:
         t.add_row("flower", f"{flower[0]}  (user {s.flower_user!r}, password in {flower[1]})")
     t.add_row("stop everything", "./control.sh stop")
@@ -190,23 +212,29 @@ def cmd_demo(a: argparse.Namespace) -> None:
         os.environ["CHAINCRAWL_THROTTLE"] = "off"
     console.print(f"[bold]demo site[/bold]: {url} (size {a.size}, features {a.features or 'none'})")
     if stale := _workers_elsewhere(s, url):
-        console.print(f"[bold]workers[/bold]: restarting {', '.join(stale)}: they crawl "
-                      f"{', '.join(sorted(set(stale.values())))}, this demo site is {url}")  # fmt: skip
+        console.print(
+            f"[bold]workers[/bold]: restarting {', '.join(stale)}: they crawl "
+            f"{', '.join(sorted(set(stale.values())))}, this demo site is {url}"
+        )
         procs.stop_named("worker-", s, 120)
     if names := list(procs.running("worker-", s)):
         # a second demo: loading the sites and pinging the workers takes seconds; say so
         with console.status(f"asking the {len(names)} worker(s) already started here…"):
             up = procs.answering_workers(names)
-        console.print(f"[bold]workers[/bold]: {len(up)} of {len(names)} already started here "
-                      "answer (./control.sh stop to restart them)")  # fmt: skip
+        console.print(
+            f"[bold]workers[/bold]: {len(up)} of {len(names)} already started here "
+            "answer (./control.sh stop to restart them)"
+        )
     else:
         import worker
 
         names = procs.start_workers(s, ",".join(worker.queues()), a.pool, a.concurrency, a.workers)
         procs.wait_workers_ready(names, s)
         up = procs.answering_workers(names)
-        console.print(f"[bold]workers[/bold]: {len(up)} x {a.pool}({a.concurrency}) running"
-                      + (f" ({len(names)} started)" if len(up) < len(names) else ""))  # fmt: skip
+        console.print(
+            f"[bold]workers[/bold]: {len(up)} x {a.pool}({a.concurrency}) running"
+            + (f" ({len(names)} started)" if len(up) < len(names) else "")
+        )
     if len(up) < len(names):
         quiet = ", ".join(n for n in names if n not in up)
         console.print(f"[yellow]not answering: {quiet} (see {procs.log_dir(s)})[/yellow]")

@@ -212,12 +212,22 @@ def camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
 
 
-def generate(site: str, platform: str, endpoint: str, root: Path = ROOT, *, kind: str = "list",
-             item: str | None = None, base_url: str = "") -> Plan:  # fmt: skip
+def generate(
+    site: str,
+    platform: str,
+    endpoint: str,
+    root: Path = ROOT,
+    *,
+    kind: str = "list",
+    item: str | None = None,
+    base_url: str = "",
+) -> Plan:
     """Write the files (module docstring); -> what was created, kept and appended to."""
     site, platform, endpoint = (
-        _check("site", site), _check("platform", platform), _check("endpoint", endpoint)
-    )  # fmt: skip
+        _check("site", site),
+        _check("platform", platform),
+        _check("endpoint", endpoint),
+    )
     item = _check("item", item or endpoint)
     if kind not in KINDS:
         raise UserError(f"--kind {kind!r}: expected one of {', '.join(KINDS)}")
@@ -226,9 +236,19 @@ def generate(site: str, platform: str, endpoint: str, root: Path = ROOT, *, kind
     task = f"{site}.{platform}.{endpoint}"
     env = SITE_VARS["base_url"].name(site)
     record = f"./control.sh parse {task} '{SAMPLE_PARAMS[kind]}' --save-fixture"
-    fmt = {"site": site, "platform": platform, "endpoint": endpoint, "camel": camel(endpoint),
-           "cls": camel(item), "item": item, "env": env, "base_url": base_url.rstrip("/"),
-           "task": task, "kind": kind, "record": record}  # fmt: skip
+    fmt = {
+        "site": site,
+        "platform": platform,
+        "endpoint": endpoint,
+        "camel": camel(endpoint),
+        "cls": camel(item),
+        "item": item,
+        "env": env,
+        "base_url": base_url.rstrip("/"),
+        "task": task,
+        "kind": kind,
+        "record": record,
+    }
     fmt["checks"] = CHECKS[kind]
     fmt["record_repr"] = repr(record)
     fmt["stdlib"] = "\nfrom urllib.parse import urljoin\n" if kind == "list" else ""
@@ -237,12 +257,16 @@ def generate(site: str, platform: str, endpoint: str, root: Path = ROOT, *, kind
     test = fixture_dir(task, root / "tests").parent.parent / f"test_{endpoint}.py"
     clash = [p.relative_to(root) for p in (module, test) if p.exists()]
     if clash:
-        raise UserError(f"{', '.join(map(str, clash))} exist(s) already; not overwriting "
-                        "(remove it, or choose another endpoint name)")  # fmt: skip
+        raise UserError(
+            f"{', '.join(map(str, clash))} exist(s) already; not overwriting "
+            "(remove it, or choose another endpoint name)"
+        )
     init = pkg / "__init__.py"
     if init.exists() and not re.search(r"^def base_url\(", init.read_text(), re.M):
-        raise UserError(f"{init.relative_to(root)} exists without a base_url() function, which "
-                        f"the endpoint imports: add one (e.g. reading {env}) and run again")  # fmt: skip
+        raise UserError(
+            f"{init.relative_to(root)} exists without a base_url() function, which "
+            f"the endpoint imports: add one (e.g. reading {env}) and run again"
+        )
     items = pkg / "items.py"
     append = _item_class(items, fmt)
     plan = Plan(record=record, test=test)
@@ -283,8 +307,10 @@ def _item_class(items: Path, fmt: dict[str, str]) -> bool:
         imp for imp in ("ClassVar", "Item") if not re.search(rf"\bimport\b.*\b{imp}\b", text)
     ]
     if missing:
-        raise UserError(f"{items} does not import {' and '.join(missing)}, which the class "
-                        f"{fmt['cls']} needs: add the imports and run again")  # fmt: skip
+        raise UserError(
+            f"{items} does not import {' and '.join(missing)}, which the class "
+            f"{fmt['cls']} needs: add the imports and run again"
+        )
     return True
 
 
@@ -295,8 +321,14 @@ def _formatted(text: str, snippet: bool = False) -> str:
     exe = str(ruff) if ruff.exists() else shutil.which("ruff")
     if not exe or not text.strip():
         return text
-    out = subprocess.run([exe, "format", "--stdin-filename", "generated.py", "-"], input=text,
-                         capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
+    out = subprocess.run(
+        [exe, "format", "--stdin-filename", "generated.py", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     if out.returncode != 0:
         return text
     return "\n\n" + out.stdout if snippet else out.stdout
@@ -312,8 +344,15 @@ def _written_base_url(init: Path) -> str:
     return found.group(1) if found else ""
 
 
-def run(site: str, platform: str, endpoint: str, *, kind: str = "list", item: str | None = None,
-        base_url: str = "") -> int:  # fmt: skip
+def run(
+    site: str,
+    platform: str,
+    endpoint: str,
+    *,
+    kind: str = "list",
+    item: str | None = None,
+    base_url: str = "",
+) -> int:
     """The command: generate, then say what was written and what to do next; -> 0."""
     plan = generate(site, platform, endpoint, kind=kind, item=item, base_url=base_url)
     for path in plan.created:

@@ -47,8 +47,9 @@ def params_arg(text: str | None) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"PARAMS is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
-                        ) from None  # fmt: skip
+        raise UserError(
+            f"PARAMS is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"PARAMS must be a JSON object, e.g. '{{\"page\": 1}}', got {text!r}")
     return data
@@ -127,13 +128,17 @@ def run(
         os.close(devnull)
     from_cache = sum(1 for _, resp in result.exchanges if resp.from_cache)
     types = sorted({it.item_type for it in result.items})
-    print(f"{task}: {len(result.items)} item(s)" + (f" ({', '.join(types)})" if types else "")
-          + f", {len(result.follows)} follow-up(s)"
-          + (f", {len(result.children)} child task(s) of step {step_id}" if chain_obj else "")
-          + f"; {len(result.exchanges) + len(result.renders)} request(s)"
-          + (f" ({len(result.renders)} rendered)" if result.renders else "")
-          + f", {from_cache} from the HTTP cache, {took:.2f}s;"
-          " nothing stored", file=sys.stderr)  # fmt: skip
+    print(
+        f"{task}: {len(result.items)} item(s)"
+        + (f" ({', '.join(types)})" if types else "")
+        + f", {len(result.follows)} follow-up(s)"
+        + (f", {len(result.children)} child task(s) of step {step_id}" if chain_obj else "")
+        + f"; {len(result.exchanges) + len(result.renders)} request(s)"
+        + (f" ({len(result.renders)} rendered)" if result.renders else "")
+        + f", {from_cache} from the HTTP cache, {took:.2f}s;"
+        " nothing stored",
+        file=sys.stderr,
+    )
     if save_fixture:
         _save(result, fixtures)
     return 0
@@ -184,18 +189,34 @@ def _failed(result: LiveResult, save_fixture: bool) -> int:
 def _save(result: LiveResult, fixtures: str | None) -> None:
     folder = Path(fixtures) if fixtures else fixture_dir(result.spec.name, ROOT / "tests")
     base = SITE_VARS["base_url"].name(result.spec.site)  # replayed as recorded
-    files = save_case(folder, result.spec.name, result.params, result.exchanges,
-                      outputs_of(result.items, result.follows),
-                      env={base: os.environ.get(base) or None})  # fmt: skip
+    files = save_case(
+        folder,
+        result.spec.name,
+        result.params,
+        result.exchanges,
+        outputs_of(result.items, result.follows),
+        env={base: os.environ.get(base) or None},
+    )
     shown = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
-    print(f"recorded {len(result.exchanges)} answer(s) in {shown}/ "
-          f"({', '.join(f.name for f in files)})", file=sys.stderr)  # fmt: skip
+    print(
+        f"recorded {len(result.exchanges)} answer(s) in {shown}/ "
+        f"({', '.join(f.name for f in files)})",
+        file=sys.stderr,
+    )
     test = folder.parent.parent / f"test_{folder.name}.py"
     if test.exists():
-        print(f"its parser test replays them: ./control.sh test {test.relative_to(ROOT)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"its parser test replays them: ./control.sh test {test.relative_to(ROOT)}",
+            file=sys.stderr,
+        )
 
 
 def main(a: argparse.Namespace) -> int:
-    return run(a.task, params_arg(a.params), chain=a.chain, step=a.step,
-               save_fixture=a.save_fixture, fixtures=a.fixture_dir)  # fmt: skip
+    return run(
+        a.task,
+        params_arg(a.params),
+        chain=a.chain,
+        step=a.step,
+        save_fixture=a.save_fixture,
+        fixtures=a.fixture_dir,
+    )

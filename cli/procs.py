@@ -60,9 +60,14 @@ def start_bg(name: str, cmd: list[str], s: Settings, env: dict[str, str] | None 
         return pid
     logf = open(log_dir(s) / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})}, start_new_session=True,
-    )  # fmt: skip
+        cmd,
+        cwd=ROOT,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     pidfile.write_text(str(proc.pid))
     return proc.pid
 
@@ -245,16 +250,40 @@ def start_workers(
     for i in range(1, workers + 1):
         wname = f"worker-{name}{i}"
         cmd = [
-            sys.executable, "-m", "celery", "-A", "worker", "worker",
-            "-P", pool, "-c", str(concurrency), "-Q", queues,
-            "-n", f"{name}{i}@%h", "-l", "INFO", "--without-gossip",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker",
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-Q",
+            queues,
+            "-n",
+            f"{name}{i}@%h",
+            "-l",
+            "INFO",
+            "--without-gossip",
+        ]
         if s.task_events:  # Flower's task list; off by default (CHAINCRAWL_TASK_EVENTS)
             cmd.insert(cmd.index("-l"), "-E")
         if supervise:
-            cmd = [sys.executable, "-m", "cli.supervisor", "--name", wname,
-                   "--ready-marker", READY_MARKER,
-                   "--start-attempts", str(s.worker_start_attempts), "--", *cmd]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "cli.supervisor",
+                "--name",
+                wname,
+                "--ready-marker",
+                READY_MARKER,
+                "--start-attempts",
+                str(s.worker_start_attempts),
+                "--",
+                *cmd,
+            ]
         if alive(run_dir(s) / f"{wname}.pid") is None:  # this start's output begins here
             logf = log_dir(s) / f"{wname}.log"
             (run_dir(s) / f"{wname}.logpos").write_text(
@@ -342,11 +371,15 @@ def flower_password(s: Settings) -> str:
 def start_flower(s: Settings) -> tuple[str, str]:
     url = f"http://{s.flower_address}:{s.flower_port}/"
     cmd = [
-        sys.executable, "-m", "monitor.flower",  # celery -A worker flower, metrics guarded
-        f"--address={s.flower_address}", f"--port={s.flower_port}",
-        "--persistent=False", "--purge_offline_workers=60",
+        sys.executable,
+        "-m",
+        "monitor.flower",  # celery -A worker flower, metrics guarded
+        f"--address={s.flower_address}",
+        f"--port={s.flower_port}",
+        "--persistent=False",
+        "--purge_offline_workers=60",
         "--tasks_columns=name,uuid,state,args,received,started,runtime,retries,worker",
-    ]  # fmt: skip
+    ]
     # the credentials travel in the environment, not on the command line (ps shows argv)
     env = {"FLOWER_BASIC_AUTH": f"{s.flower_user}:{flower_password(s)}"}
     start_bg("flower", cmd, s, env)

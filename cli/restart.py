@@ -22,8 +22,11 @@ def cmd_restart(a: argparse.Namespace) -> None:
     from cli.__main__ import cmd_start, cmd_stop
 
     s = procs.settings()
-    again = {name: procs.process_cmd(pid) for name, pid in procs.running("", s).items()
-             if name in BROUGHT_BACK}  # fmt: skip
+    again = {
+        name: procs.process_cmd(pid)
+        for name, pid in procs.running("", s).items()
+        if name in BROUGHT_BACK
+    }
     old_workers = list(procs.running("worker-", s).values())
     demo_url = procs.process_env(old_workers[0]).get("DEMO_BASE_URL") if old_workers else None
     if "demo-site" in again:

@@ -40,8 +40,14 @@ class Fit:
     """`wide` (a table) when its natural width fits, else the same rows as lines: each row's
     ids (`head`) on a line of their own, its other fields packed on the lines below."""
 
-    def __init__(self, wide: Table, title: str, rows: list[tuple[Part, list[Part]]],
-                 caption: str = "", bars: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        wide: Table,
+        title: str,
+        rows: list[tuple[Part, list[Part]]],
+        caption: str = "",
+        bars: list[tuple[int, int]] | None = None,
+    ) -> None:
         self.wide, self.title, self.rows, self.caption = wide, title, rows, caption
         self.bars = bars  # per row, (completed, total): its progress bar, in lines too
 
@@ -56,8 +62,9 @@ class Fit:
             if self.bars is not None:
                 done, total = self.bars[n]
                 width = max(10, min(40, options.max_width - 2))
-                yield Padding(ProgressBar(total=max(total, 1), completed=done, width=width),
-                              (0, 0, 0, 2))  # fmt: skip
+                yield Padding(
+                    ProgressBar(total=max(total, 1), completed=done, width=width), (0, 0, 0, 2)
+                )
             yield pack(parts, options.max_width)
         if self.caption:
             yield Text(self.caption, style="dim", overflow="fold")
@@ -107,8 +114,10 @@ def empty_warning(r: dict[str, Any], lead: str = "") -> str:
     if not n:
         return ""
     by = ", ".join(f"{s} {c['empty']}" for s, c in r["steps"].items() if c.get("empty"))
-    return (f"{lead}warning: {n} page(s) yielded nothing (no item, no follow-up): {by}; "
-            "a selector that matches nothing? (@endpoint(..., must_yield=True) fails them)")  # fmt: skip
+    return (
+        f"{lead}warning: {n} page(s) yielded nothing (no item, no follow-up): {by}; "
+        "a selector that matches nothing? (@endpoint(..., must_yield=True) fails them)"
+    )
 
 
 def run_table(r: dict[str, Any]) -> Fit:
@@ -123,10 +132,13 @@ def run_table(r: dict[str, Any]) -> Fit:
         + (f" · skipped: {skips(tt)}" if skips(tt) else "")
         + _resending(r)
         + empty_warning(r, "\n")
-        + (f"\nwarning: text with undecodable bytes (stored with U+FFFD) on {tt['undecodable']} "
-           "pages of " + ", ".join(s for s, c in r["steps"].items() if c.get("undecodable"))
-           if tt.get("undecodable") else "")
-    )  # fmt: skip
+        + (
+            f"\nwarning: text with undecodable bytes (stored with U+FFFD) on {tt['undecodable']} "
+            "pages of " + ", ".join(s for s, c in r["steps"].items() if c.get("undecodable"))
+            if tt.get("undecodable")
+            else ""
+        )
+    )
     t = Table(title=title, title_justify="left", caption=caption)
     if r.get("resending"):
         t.caption_style = "bold red"
@@ -141,18 +153,39 @@ def run_table(r: dict[str, Any]) -> Fit:
         done = finished(c)
         sent = c.get("dispatched", 0)
         bars.append((done, sent))
-        skipped = Text(str(sum(c.get(k, 0) for k, _ in SKIP_REASONS)),
-                       style="yellow" if skips(c) else "")  # fmt: skip
-        nums: list[Part] = [str(c.get("succeeded", 0)), _red(c.get("failed", 0)), str(c.get("retried", 0)),
-                skipped, str(c.get("items", 0)), str(c.get("stored", 0))]  # fmt: skip
-        t.add_row(sid, c.get("task", ""), ProgressBar(total=max(sent, 1), completed=done, width=24),
-                  f"{done}/{sent}", *nums)  # fmt: skip
+        skipped = Text(
+            str(sum(c.get(k, 0) for k, _ in SKIP_REASONS)), style="yellow" if skips(c) else ""
+        )
+        nums: list[Part] = [
+            str(c.get("succeeded", 0)),
+            _red(c.get("failed", 0)),
+            str(c.get("retried", 0)),
+            skipped,
+            str(c.get("items", 0)),
+            str(c.get("stored", 0)),
+        ]
+        t.add_row(
+            sid,
+            c.get("task", ""),
+            ProgressBar(total=max(sent, 1), completed=done, width=24),
+            f"{done}/{sent}",
+            *nums,
+        )
         pct = f" ({done / sent:.0%})" if sent else ""
-        rows.append((f"{sid}  {c.get('task', '')}",
-                     [f"done/sent {done}/{sent}{pct}", labelled("ok", nums[0]),
-                      labelled("failed", nums[1]), labelled("retried", nums[2]),
-                      labelled("skipped", nums[3]), labelled("items", nums[4]),
-                      labelled("stored", nums[5])]))  # fmt: skip
+        rows.append(
+            (
+                f"{sid}  {c.get('task', '')}",
+                [
+                    f"done/sent {done}/{sent}{pct}",
+                    labelled("ok", nums[0]),
+                    labelled("failed", nums[1]),
+                    labelled("retried", nums[2]),
+                    labelled("skipped", nums[3]),
+                    labelled("items", nums[4]),
+                    labelled("stored", nums[5]),
+                ],
+            )
+        )
     return Fit(t, title, rows, caption, bars)
 
 
@@ -176,20 +209,42 @@ def recent_table(recs: list[dict[str, Any]]) -> Fit:
     ident_column(t, "run")
     ident_column(t, "chain")
     for col in ("status", "started", "took", "done/sent", "failed", "stored", "why"):
-        t.add_column(col, justify="right" if col in ("took", "done/sent", "failed", "stored")
-                     else "left")  # fmt: skip
-    style = {"done": "green", "running": "", "paused": "yellow", "cancelling": "yellow",
-             "storing": "cyan", "cancelled": "red"}  # fmt: skip
+        t.add_column(
+            col, justify="right" if col in ("took", "done/sent", "failed", "stored") else "left"
+        )
+    style = {
+        "done": "green",
+        "running": "",
+        "paused": "yellow",
+        "cancelling": "yellow",
+        "storing": "cyan",
+        "cancelled": "red",
+    }
     rows: list[tuple[Part, list[Part]]] = []
     for r in recs:
         tt = r["totals"]
         status = Text(r["status"], style=style.get(r["status"], ""))
-        cells = (_when(r["created"]), f"{r['elapsed'] or 0:.0f}s",
-                 f"{finished(tt)}/{tt.get('dispatched', 0)}", _red(tt.get("failed", 0)),
-                 f"{tt.get('stored', 0)}/{tt.get('items', 0)}", r.get("reason") or "")  # fmt: skip
+        cells = (
+            _when(r["created"]),
+            f"{r['elapsed'] or 0:.0f}s",
+            f"{finished(tt)}/{tt.get('dispatched', 0)}",
+            _red(tt.get("failed", 0)),
+            f"{tt.get('stored', 0)}/{tt.get('items', 0)}",
+            r.get("reason") or "",
+        )
         t.add_row(r["run_id"], r["chain"], status, *cells)
         head = Text(f"{r['run_id']}  {r['chain']}  ", style="bold", overflow="fold")
-        rows.append((head.append(status), [
-            f"started {cells[0]}", f"took {cells[1]}", f"done/sent {cells[2]}",
-            labelled("failed", cells[3]), f"stored {cells[4]}", cells[5]]))  # fmt: skip
+        rows.append(
+            (
+                head.append(status),
+                [
+                    f"started {cells[0]}",
+                    f"took {cells[1]}",
+                    f"done/sent {cells[2]}",
+                    labelled("failed", cells[3]),
+                    f"stored {cells[4]}",
+                    cells[5],
+                ],
+            )
+        )
     return Fit(t, title, rows)

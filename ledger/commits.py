@@ -86,10 +86,14 @@ class Commits(Runs):
         off += len(runless)
         counts = res[off::2]  # INCR replies (EXPIRE's between them)
         begun = [
-            Begun(done[(rid, tid)] or rid in compacted, 0 if batch_id else int(counts[n]),
-                  rid in cancelled, rid in paused)
+            Begun(
+                done[(rid, tid)] or rid in compacted,
+                0 if batch_id else int(counts[n]),
+                rid in cancelled,
+                rid in paused,
+            )
             for n, (rid, tid, _) in enumerate(calls)
-        ]  # fmt: skip
+        ]
         return begun, int(counts[0]) if batch_id else 0
 
     def commit_call(
@@ -111,12 +115,22 @@ class Commits(Runs):
         counter (`skipped_seen`)."""
         msgs = tuple(k.encode() for k in kids)
         args = CommitArgs(
-            tid, step, outcome, n_items,
+            tid,
+            step,
+            outcome,
+            n_items,
             tuple(KidArgs(k.step, k.uniq, m) for k, m in zip(kids, msgs, strict=True)),
             tuple((s, c, n) for (s, c), n in (counts or {}).items() if n),
-        )  # fmt: skip
-        return CommitCall(rid, self.done_key(rid, tid), self.staged_at(rid, tid).key, args,
-                          tuple(forget), msgs, tuple(entries))  # fmt: skip
+        )
+        return CommitCall(
+            rid,
+            self.done_key(rid, tid),
+            self.staged_at(rid, tid).key,
+            args,
+            tuple(forget),
+            msgs,
+            tuple(entries),
+        )
 
     def commit(self, *, pipe_extra: Any = None, **call: Any) -> Committed | None:
         """Atomically record one finished task (`commit_call`'s arguments): the run's
@@ -142,8 +156,13 @@ class Commits(Runs):
         else:
             for c in calls:
                 keys += (c.done_key, c.staging)
-        argv = commit_argv(rid, f"{time.time():.3f}", self.ttl, self.ks.uniq_prefix(rid),
-                           [(c.args, c.entries) for c in calls])  # fmt: skip
+        argv = commit_argv(
+            rid,
+            f"{time.time():.3f}",
+            self.ttl,
+            self.ks.uniq_prefix(rid),
+            [(c.args, c.entries) for c in calls],
+        )
         return [len(keys), *keys, *argv]
 
     def run_commits(
@@ -205,8 +224,12 @@ class Commits(Runs):
         if error is not None:
             raise error
         if self.s.redis_wait_replicas > 0:  # on a replica before anything is sent or acked
-            wait_replicas(self.r, [sc[1] for sc in script_calls], self.s.redis_wait_replicas,
-                          self.s.redis_wait_timeout)  # fmt: skip
+            wait_replicas(
+                self.r,
+                [sc[1] for sc in script_calls],
+                self.s.redis_wait_replicas,
+                self.s.redis_wait_timeout,
+            )
         if ended:  # idempotent; lost with the process, `active_runs` moves the run later
             self._ended_on_cluster(ended)
         return out

@@ -39,8 +39,15 @@ log = logging.getLogger("chaincrawl.task")
 Entry = tuple[tuple[EndpointSpec, dict[str, Any]], Begun]
 
 
-@shared_task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
-             ignore_result=True, typing=False, max_retries=None)  # fmt: skip
+@shared_task(
+    name=BATCH_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    typing=False,
+    max_retries=None,
+)
 def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
     """Several pages in one message (see the module docstring)."""
     try:
@@ -98,21 +105,35 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         task = spec.task  # the endpoint's SiteTask
         params, meta = e["params"], e["meta"]
         task.push_request(
-            id=e["id"], root_id=e["id"], parent_id=None, correlation_id=e["id"],
-            args=[params, meta], kwargs={}, retries=0, called_directly=False,
-            is_eager=False, hostname=req.hostname, delivery_info=req.delivery_info,
-            reply_to=None, ignore_result=True,
-        )  # fmt: skip
+            id=e["id"],
+            root_id=e["id"],
+            parent_id=None,
+            correlation_id=e["id"],
+            args=[params, meta],
+            kwargs={},
+            retries=0,
+            called_directly=False,
+            is_eager=False,
+            hostname=req.hostname,
+            delivery_info=req.delivery_info,
+            reply_to=None,
+            ignore_result=True,
+        )
         t0 = time.monotonic()
         try:
             if events:
-                _entry_event(task, "task-received", name=spec.name, retries=0,
-                             args=task_argsrepr(params, meta), kwargs="{}")  # fmt: skip
+                _entry_event(
+                    task,
+                    "task-received",
+                    name=spec.name,
+                    retries=0,
+                    args=task_argsrepr(params, meta),
+                    kwargs="{}",
+                )
                 _entry_event(task, "task-started")
             result = task.run_page(params, meta, begun=b)
             if events:
-                _entry_event(task, "task-succeeded", result=result,
-                             runtime=time.monotonic() - t0)  # fmt: skip
+                _entry_event(task, "task-succeeded", result=result, runtime=time.monotonic() - t0)
         except Retry as exc:  # already sent as its own message, same id
             if events:
                 _entry_event(task, "task-retried", exception=safe_text(exc))
@@ -142,8 +163,9 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
     finally:
         set_batch(rt, None)
     if rest:
-        log.info("%s %s: %d of %d pages handed to new messages",
-                 BATCH_TASK, why, len(rest), len(entries))  # fmt: skip
+        log.info(
+            "%s %s: %d of %d pages handed to new messages", BATCH_TASK, why, len(rest), len(entries)
+        )
     bkey = state.deliveries_key("", btask.request.id or "", 0)  # the batch's delivery counter
     run.finish(btask.app, pipe_extra=lambda p: p.unlink(bkey), front=rest)  # goes with its commits
     if rest:

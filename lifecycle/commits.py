@@ -92,8 +92,12 @@ class Committer:
         try:
             self.rt.publisher(app).publish(self.state, self.groups, self.outstanding, front)
         except Exception as exc:
-            log.warning("%s: children not sent (%s: %s); message requeued",
-                        self.who, type(exc).__name__, safe_text(exc))  # fmt: skip
+            log.warning(
+                "%s: children not sent (%s: %s); message requeued",
+                self.who,
+                type(exc).__name__,
+                safe_text(exc),
+            )
             raise Reject(exc, requeue=True) from None
         self.groups = []
 

@@ -157,22 +157,39 @@ class Context:
         if remaining <= 0:
             raise DeadlineExceeded(f"{self._spec.name}: task deadline passed before {method} {url}")
         if self._online:  # before_request hooks may change the request (lifecycle/hooks.py)
-            draft = OutgoingRequest(method=method, url=url, params=dict(params or {}),
-                                    headers=dict(headers or {}), cookies=dict(cookies or {}),
-                                    data=data, json=json)  # fmt: skip
+            draft = OutgoingRequest(
+                method=method,
+                url=url,
+                params=dict(params or {}),
+                headers=dict(headers or {}),
+                cookies=dict(cookies or {}),
+                data=data,
+                json=json,
+            )
             hooks.in_page(self, "before_request", self._spec.name, f"{method} {url}", draft)
             method, url, data, json = draft.method, draft.url, draft.data, draft.json
             params, headers, cookies = draft.params, draft.headers, draft.cookies
             remaining = self.remaining()
         auto = self._auto
         if auto is not None and method == "GET" and auto.renders(_with_query(url, params)):
-            return self.render(url, params=params, headers=headers, cookies=cookies,
-                               ok_statuses=ok_statuses, resources=resources,
-                               wait_until=auto.wait_until)  # fmt: skip
+            return self.render(
+                url,
+                params=params,
+                headers=headers,
+                cookies=cookies,
+                ok_statuses=ok_statuses,
+                resources=resources,
+                wait_until=auto.wait_until,
+            )
         if self._cache is not None:
-            hit = self._cache.lookup(FetchRequest(method=method, url=url,
-                                                  params=dict(params) if params else None,
-                                                  headers=dict(headers) if headers else None))  # fmt: skip
+            hit = self._cache.lookup(
+                FetchRequest(
+                    method=method,
+                    url=url,
+                    params=dict(params) if params else None,
+                    headers=dict(headers) if headers else None,
+                )
+            )
             if hit is not None:
                 self._metrics.request(hit.status, len(hit.content))
                 self._watch(hit)
@@ -283,11 +300,16 @@ class Context:
         oks = tuple(ok_statuses)
         # checked before anything is lent or waited for: a bad selector is the endpoint's bug
         draft = RenderRequest(
-            _with_query(url, params), wait_for=wait_for, actions=actions,
-            timeout=min(timeout or pool.config.timeout, remaining), headers=dict(headers or {}),
-            cookies=dict(cookies or {}), capture_json=capture_json, wait_until=wait_until,
+            _with_query(url, params),
+            wait_for=wait_for,
+            actions=actions,
+            timeout=min(timeout or pool.config.timeout, remaining),
+            headers=dict(headers or {}),
+            cookies=dict(cookies or {}),
+            capture_json=capture_json,
+            wait_until=wait_until,
             block=block,
-        )  # fmt: skip
+        )
         if self._robots is not None:
             self._robots.check(draft.url, site=spec.site)
         gate = get_gate() if self._online else None
@@ -323,8 +345,13 @@ class Context:
         site = self._spec.site
         if gate is not None:
             gate.before_request(site, self._spec.name)
-        out = OutgoingRequest(method="GET", url=url, params=dict(params or {}),
-                              headers=dict(draft.headers), cookies=dict(draft.cookies))  # fmt: skip
+        out = OutgoingRequest(
+            method="GET",
+            url=url,
+            params=dict(params or {}),
+            headers=dict(draft.headers),
+            cookies=dict(draft.cookies),
+        )
         active = self._lend(out, resources)
         remaining = self.remaining()  # the gate and the pools may have waited
         if remaining <= 0:
@@ -335,10 +362,14 @@ class Context:
         headers = {k: v for k, v in out.headers.items() if k.lower() != "user-agent"}
         agent = next((v for k, v in out.headers.items() if k.lower() == "user-agent"), None)
         req = dataclasses.replace(
-            draft, url=_with_query(out.url, out.params),
-            timeout=min(float(draft.timeout or remaining), remaining), proxy=out.proxy,
-            cookies=out.cookies, user_agent=agent, headers=headers,
-        )  # fmt: skip
+            draft,
+            url=_with_query(out.url, out.params),
+            timeout=min(float(draft.timeout or remaining), remaining),
+            proxy=out.proxy,
+            cookies=out.cookies,
+            user_agent=agent,
+            headers=headers,
+        )
         start = time.monotonic()
         try:
             page = pool.render(req).page()
@@ -399,8 +430,11 @@ class Context:
         self.log.warning(
             "%s: %d bytes are not valid %s (declared: %s), replaced with U+FFFD; "
             'decode_errors="strict" on the endpoint fails the page instead',
-            resp.url, n, resp.encoding, resp.declared_encoding or "none",
-        )  # fmt: skip
+            resp.url,
+            n,
+            resp.encoding,
+            resp.declared_encoding or "none",
+        )
 
     def _settle(
         self,
@@ -413,9 +447,12 @@ class Context:
         """An answer came: the providers judge it (bans, captchas, retirements), then its
         status raises its typed error unless allowed."""
         if active:
-            outcome = Outcome(elapsed=resp.elapsed, status=resp.status,
-                              text_sample=resp.text[:2048],
-                              retry_after=retry_after(resp.headers.get("retry-after")))  # fmt: skip
+            outcome = Outcome(
+                elapsed=resp.elapsed,
+                status=resp.status,
+                text_sample=resp.text[:2048],
+                retry_after=retry_after(resp.headers.get("retry-after")),
+            )
             try:
                 self._feedback(active, out, outcome)
             except BannedError:

@@ -88,17 +88,31 @@ class LiveResult:
     error: Exception | None = None  # what the endpoint raised (items and follows are then empty)
 
 
-def context(spec: EndpointSpec, params: Mapping[str, Any] | Params, fetcher: Fetcher | None = None,
-            meta: TaskMeta | None = None, *, online: bool = True,
-            renders: list[RenderedPage] | None = None) -> Context:  # fmt: skip
+def context(
+    spec: EndpointSpec,
+    params: Mapping[str, Any] | Params,
+    fetcher: Fetcher | None = None,
+    meta: TaskMeta | None = None,
+    *,
+    online: bool = True,
+    renders: list[RenderedPage] | None = None,
+) -> Context:
     """A `Context` as a worker builds it for a page of `spec` (providers, gate and robots.txt
     included; `online=False`: none of them), on `fetcher` (default: the process's fetch layer,
     behind the development HTTP cache when `CHAINCRAWL_HTTP_CACHE` is set); each page it
     renders is appended to `renders` when given."""
     rt = runtime.current()
     p = spec.validate_params(params)
-    return Context(spec, p, meta or TaskMeta(), rt, TaskMetrics(), fetcher or rt.fetcher(),
-                   online=online, renders=renders)  # fmt: skip
+    return Context(
+        spec,
+        p,
+        meta or TaskMeta(),
+        rt,
+        TaskMetrics(),
+        fetcher or rt.fetcher(),
+        online=online,
+        renders=renders,
+    )
 
 
 def site_spec(site: str, platform: str | None = None) -> EndpointSpec:
@@ -109,16 +123,26 @@ def site_spec(site: str, platform: str | None = None) -> EndpointSpec:
     mine = [s for s in everything if s.site == site and platform in (None, s.platform)]
     if not mine:
         known = sorted({f"{s.site}.{s.platform}" if platform else s.site for s in everything})
-        raise UnknownNameError("site" + (" and platform" if platform else ""),
-                               f"{site}.{platform}" if platform else site, known)  # fmt: skip
+        raise UnknownNameError(
+            "site" + (" and platform" if platform else ""),
+            f"{site}.{platform}" if platform else site,
+            known,
+        )
     platform = platform or Counter(s.platform for s in mine).most_common(1)[0][0]
     resources: dict[str, str] = {}
     for s in mine:
         for kind, name in s.resources.items():
             resources.setdefault(kind, name)
-    return EndpointSpec(name=f"{site}.{platform}.shell", site=site, platform=platform,
-                        fn=_nothing, params=Params, item_types=(), resources=resources,
-                        queue=mine[0].queue)  # fmt: skip
+    return EndpointSpec(
+        name=f"{site}.{platform}.shell",
+        site=site,
+        platform=platform,
+        fn=_nothing,
+        params=Params,
+        item_types=(),
+        resources=resources,
+        queue=mine[0].queue,
+    )
 
 
 def _nothing(ctx: Context, p: Params) -> None:
@@ -140,8 +164,9 @@ def run_live(
     meta = TaskMeta(step=step)
     rendered: list[RenderedPage] = []
     ctx = context(spec, params, recorder, meta, renders=rendered)
-    result = LiveResult(spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges,
-                        renders=rendered)  # fmt: skip
+    result = LiveResult(
+        spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges, renders=rendered
+    )
     try:
         result.items, result.follows = spec.task._collect(ctx, ctx.params)
     except Exception as exc:
@@ -149,6 +174,7 @@ def run_live(
         return result
     if chain is not None and step:
         dumped = [it.model_dump(mode="json") for it in result.items]
-        result.children = children(runtime.current(), chain, spec.name, meta, result.items,
-                                   result.follows, dumped)  # fmt: skip
+        result.children = children(
+            runtime.current(), chain, spec.name, meta, result.items, result.follows, dumped
+        )
     return result

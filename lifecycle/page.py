@@ -148,12 +148,20 @@ def run_page(
     metrics.latency(time.monotonic() - started)
     aggregate(rt, metrics, spec)
     call = state.commit_call(
-        rid=rid, tid=tid, step=step, outcome="succeeded", n_items=len(stored),
-        entries=entries, kids=kids, forget=forget,
-        counts={**{(sid, "skipped_seen"): n for sid, (_, n) in seen.items()},
-                (step, "undecodable"): int(ctx is not None and ctx.report.undecodable > 0),
-                (step, "empty"): empty},
-    )  # fmt: skip
+        rid=rid,
+        tid=tid,
+        step=step,
+        outcome="succeeded",
+        n_items=len(stored),
+        entries=entries,
+        kids=kids,
+        forget=forget,
+        counts={
+            **{(sid, "skipped_seen"): n for sid, (_, n) in seen.items()},
+            (step, "undecodable"): int(ctx is not None and ctx.report.undecodable > 0),
+            (step, "empty"): empty,
+        },
+    )
     batch = current_batch(rt)
     if batch is not None:  # committed, published and marked with the batch's pages
         batch.add(call, spec.name, meta.dedup_id)
@@ -233,9 +241,15 @@ def fail_page(
         flush(pipe)
         pipe.execute()
         if decision.action == "retry":
-            log.info("%s retry %d/%d in %.1fs after %s: %s", spec.name, used + 1,
-                     spec.max_retries if spec.max_retries is not None else settings.max_retries,
-                     decision.countdown, err, safe_text(exc))  # fmt: skip
+            log.info(
+                "%s retry %d/%d in %.1fs after %s: %s",
+                spec.name,
+                used + 1,
+                spec.max_retries if spec.max_retries is not None else settings.max_retries,
+                decision.countdown,
+                err,
+                safe_text(exc),
+            )
         raise task.retry_later(params, meta, decision.countdown, exc)
 
     if decision.action == "skip":  # not sent on purpose: no retry, no dead letter
@@ -267,6 +281,12 @@ def fail_page(
 
     call = state.commit_call(rid=rid, tid=tid, step=step, outcome="failed", forget=forget)
     _commit_alone(task, state, rid, call, extra)
-    log.warning("%s failed for good after %d retries (%s: %s); dead-lettered as %s",
-                spec.name, used, err, safe_text(exc), tid)  # fmt: skip
+    log.warning(
+        "%s failed for good after %d retries (%s: %s); dead-lettered as %s",
+        spec.name,
+        used,
+        err,
+        safe_text(exc),
+        tid,
+    )
     return f"failed: {err}"

@@ -80,8 +80,14 @@ def dead_letter_unknown(
         metrics.flush(pipe, task, task.split(".", 1)[0], s)
 
     res = state.commit(rid=rid, tid=tid, step=step, outcome="failed", pipe_extra=extra)
-    log.error("%s does not know task %r (task id %s, run %s): dead-lettered; %s",
-              who, task, tid, rid or "-", fix_hint(task))  # fmt: skip
+    log.error(
+        "%s does not know task %r (task id %s, run %s): dead-lettered; %s",
+        who,
+        task,
+        tid,
+        rid or "-",
+        fix_hint(task),
+    )
     if res is not None and res.staged and app is not None:  # the run's cap released these
         for kid in state.staged_kids(rid, tid):
             send_kid(app, kid, queue_for)

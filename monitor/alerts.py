@@ -118,8 +118,20 @@ class Rule:
 
     @classmethod
     def parse(cls, d: Mapping[str, Any]) -> Rule:
-        known = {"name", "kind", "above", "below", "window", "for", "by", "match", "min_events",
-                 "min_depth", "severity", "description"}  # fmt: skip
+        known = {
+            "name",
+            "kind",
+            "above",
+            "below",
+            "window",
+            "for",
+            "by",
+            "match",
+            "min_events",
+            "min_depth",
+            "severity",
+            "description",
+        }
         unknown = set(d) - known
         name = str(d.get("name") or "")
         if not name:
@@ -137,14 +149,19 @@ class Rule:
         if by not in ("task", "site"):
             raise ValueError(f"alert rule {name!r}: by must be task or site")
         return cls(
-            name=name, kind=kind,
+            name=name,
+            kind=kind,
             above=float(d["above"]) if d.get("above") is not None else None,
             below=float(d["below"]) if d.get("below") is not None else None,
-            window=duration(d.get("window", 300)), hold=duration(d.get("for", 0)),
-            by=by, match=str(d.get("match", "*")), min_events=int(d.get("min_events", 1)),
-            min_depth=int(d.get("min_depth", 0)), severity=str(d.get("severity", "warning")),
+            window=duration(d.get("window", 300)),
+            hold=duration(d.get("for", 0)),
+            by=by,
+            match=str(d.get("match", "*")),
+            min_events=int(d.get("min_events", 1)),
+            min_depth=int(d.get("min_depth", 0)),
+            severity=str(d.get("severity", "warning")),
             description=str(d.get("description", "")),
-        )  # fmt: skip
+        )
 
     def breached(self, value: float | None) -> bool:
         if value is None:
@@ -312,10 +329,17 @@ def observe(
     broker = st.broker_client(client, s)
     sample = Sample(now, tasks, st.queue_depths(broker, s), st.dead_letters(client, s))
     pools = {h.name: h for h in health.collect(client, s)}
-    return Observation(sample, pools, st.outbox(client, s), ping() if ping else None,
-                       st.idle_runs(client, s, now), st.resending_runs(client, s),
-                       fleet_view(client, s), st.broken_modules(client, s),
-                       st.unserved_queues(client, s, sample.queues))  # fmt: skip
+    return Observation(
+        sample,
+        pools,
+        st.outbox(client, s),
+        ping() if ping else None,
+        st.idle_runs(client, s, now),
+        st.resending_runs(client, s),
+        fleet_view(client, s),
+        st.broken_modules(client, s),
+        st.unserved_queues(client, s, sample.queues),
+    )
 
 
 def _delta(
@@ -443,9 +467,11 @@ def post_json(
     url: str, payload: Mapping[str, Any], headers: Mapping[str, str], timeout: float
 ) -> None:
     resp = requests.post(
-        url, json=payload, timeout=timeout,
+        url,
+        json=payload,
+        timeout=timeout,
         headers={"User-Agent": "chaincrawl-alerts", **headers},
-    )  # fmt: skip
+    )
     if resp.status_code >= 300:
         raise RuntimeError(f"webhook answered HTTP {resp.status_code}")
 
@@ -577,25 +603,41 @@ class Evaluator:
         return out
 
     def _apply(
-        self, rule: Rule, subject: str, value: float | None, breached: bool, now: float,
+        self,
+        rule: Rule,
+        subject: str,
+        value: float | None,
+        breached: bool,
+        now: float,
         cause: str = "",
-    ) -> Transition | None:  # fmt: skip
+    ) -> Transition | None:
         payload = {
-            "source": "chaincrawl", "prefix": self.s.key_prefix, "rule": rule.name,
-            "kind": rule.kind, "subject": subject, "severity": rule.severity,
-            "threshold": rule.threshold, "window": rule.window, "for": rule.hold,
+            "source": "chaincrawl",
+            "prefix": self.s.key_prefix,
+            "rule": rule.name,
+            "kind": rule.kind,
+            "subject": subject,
+            "severity": rule.severity,
+            "threshold": rule.threshold,
+            "window": rule.window,
+            "for": rule.hold,
             "description": rule.description,
             "summary_firing": describe(rule, subject, value, cause=cause),
             "summary_resolved": describe(rule, subject, value, recovered=True),
-        }  # fmt: skip
+        }
         action = self._transition(
             keys=[self.k.state, self.k.notify, self.k.history],
             args=[
-                f"{rule.name}|{subject}", "1" if breached else "0", repr(now), repr(rule.hold),
-                "" if value is None else repr(float(value)), uuid.uuid4().hex[:12],
-                orjson.dumps(payload), HISTORY_MAX,
+                f"{rule.name}|{subject}",
+                "1" if breached else "0",
+                repr(now),
+                repr(rule.hold),
+                "" if value is None else repr(float(value)),
+                uuid.uuid4().hex[:12],
+                orjson.dumps(payload),
+                HISTORY_MAX,
             ],
-        )  # fmt: skip
+        )
         action = action.decode() if isinstance(action, bytes) else action
         if action == "fire":
             text = payload["summary_firing"]
@@ -626,19 +668,32 @@ class Evaluator:
             except Exception as exc:
                 attempts += 1
                 if attempts >= self.cfg.max_attempts:
-                    log.error("alert webhook %s failed %d times; dropping notice: %s (%s)",
-                              _host(self.cfg.webhook), attempts, note.get("summary"), exc)  # fmt: skip
+                    log.error(
+                        "alert webhook %s failed %d times; dropping notice: %s (%s)",
+                        _host(self.cfg.webhook),
+                        attempts,
+                        note.get("summary"),
+                        exc,
+                    )
                     continue
-                log.warning("alert webhook %s failed (attempt %d): %s",
-                            _host(self.cfg.webhook), attempts, exc)  # fmt: skip
+                log.warning(
+                    "alert webhook %s failed (attempt %d): %s",
+                    _host(self.cfg.webhook),
+                    attempts,
+                    exc,
+                )
                 self.r.lpush(self.k.notify, orjson.dumps({**note, "attempts": attempts}))
                 return sent
 
     # the loop -----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        log.info("alert evaluator: %d rule(s) from %s, every %gs, webhook %s",
-                 len(self.cfg.rules), self.cfg.source or "(none)", self.cfg.interval,
-                 _host(self.cfg.webhook) if self.cfg.webhook else "(log only)")  # fmt: skip
+        log.info(
+            "alert evaluator: %d rule(s) from %s, every %gs, webhook %s",
+            len(self.cfg.rules),
+            self.cfg.source or "(none)",
+            self.cfg.interval,
+            _host(self.cfg.webhook) if self.cfg.webhook else "(log only)",
+        )
         while not stop.is_set():
             started = time.monotonic()
             try:

@@ -89,8 +89,9 @@ SITE_VARS: dict[str, SiteVar] = {
 }
 
 
-def site_env(key: str, site: str, environ: Mapping[str, str] | None = None, **parts: str
-             ) -> str | None:  # fmt: skip
+def site_env(
+    key: str, site: str, environ: Mapping[str, str] | None = None, **parts: str
+) -> str | None:
     """A per-site variable's value: the site's own, else the family's all-sites default.
 
     An empty value counts as unset."""

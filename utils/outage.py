@@ -61,8 +61,9 @@ class Outage:
                 return
             took, held = time.monotonic() - self.since, self.held
             self.since = None
-        log.warning("Redis answers again after %.1fs (%d more error(s) about it not logged)",
-                    took, held)  # fmt: skip
+        log.warning(
+            "Redis answers again after %.1fs (%d more error(s) about it not logged)", took, held
+        )
 
 
 OUTAGE = Outage()
@@ -98,8 +99,10 @@ class OutageFilter(logging.Filter):
         if exc is not None:
             keep = self.outage.failed(exc)
             if keep:  # one line, no traceback
-                record.msg = ("Redis does not answer (%s: %s); this worker waits and retries, "
-                              "one line when it answers again")  # fmt: skip
+                record.msg = (
+                    "Redis does not answer (%s: %s); this worker waits and retries, "
+                    "one line when it answers again"
+                )
                 record.args = (type(exc).__name__, _first_line(exc))
                 record.exc_info, record.exc_text, record.stack_info = None, None, None
                 record.levelno, record.levelname = logging.WARNING, "WARNING"

@@ -166,15 +166,23 @@ class Urllib3Fetcher:
             jar = chain_cookies.get(urlsplit(cur).netloc)
             if jar:  # as requests does within one request (the session itself keeps nothing)
                 extra = "; ".join(f"{k}={v}" for k, v in jar.items())
-                hop_headers = {**headers, "Cookie": f"{headers['Cookie']}; {extra}"
-                               if headers.get("Cookie") else extra}  # fmt: skip
+                hop_headers = {
+                    **headers,
+                    "Cookie": f"{headers['Cookie']}; {extra}" if headers.get("Cookie") else extra,
+                }
             left = max(0.001, deadline - time.monotonic())
             timeout = urllib3.Timeout(connect=min(req.connect_timeout, left), read=left)
             try:
                 resp = manager.request(
-                    method, cur, body=body, headers=hop_headers, preload_content=False,
-                    redirect=False, retries=False, timeout=timeout,
-                )  # fmt: skip
+                    method,
+                    cur,
+                    body=body,
+                    headers=hop_headers,
+                    preload_content=False,
+                    redirect=False,
+                    retries=False,
+                    timeout=timeout,
+                )
             except urllib3.exceptions.HTTPError as exc:
                 raise _map_error(exc, req) from None
             location = resp.headers.get("location")
@@ -200,8 +208,11 @@ class Urllib3Fetcher:
                 resp.status in (301, 302) and method == "POST"
             ):  # the method changes as browsers (and requests) change it
                 method, body = "GET", None
-                headers = {k: v for k, v in headers.items()
-                           if k.lower() not in ("content-type", "content-length")}  # fmt: skip
+                headers = {
+                    k: v
+                    for k, v in headers.items()
+                    if k.lower() not in ("content-type", "content-length")
+                }
             if urlsplit(nxt).netloc != urlsplit(cur).netloc:
                 headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             cur = nxt

@@ -101,8 +101,9 @@ def origin_of(url: str) -> str | None:
     return f"{scheme}://{host}"
 
 
-def fetch_with(fetcher: Fetcher, settings: Settings | None = None,
-               headers: dict[str, str] | None = None) -> FetchFn:  # fmt: skip
+def fetch_with(
+    fetcher: Fetcher, settings: Settings | None = None, headers: dict[str, str] | None = None
+) -> FetchFn:
     """A `FetchFn` that GETs robots.txt through `fetcher` (redirects followed, size capped)."""
     s = settings or get_settings()
 
@@ -128,8 +129,14 @@ def fetch_with(fetcher: Fetcher, settings: Settings | None = None,
 class RobotsPolicy:
     """Decides whether a URL may be fetched, from its origin's robots.txt (module docstring)."""
 
-    def __init__(self, client: Any, fetch: FetchFn, settings: Settings | None = None,
-                 *, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: Any,
+        fetch: FetchFn,
+        settings: Settings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = s = settings or get_settings()
         self.r = client or get_redis(s.redis_url)
         self.fetch = fetch
@@ -252,8 +259,13 @@ class RobotsPolicy:
             state, detail, body = self._fetch(origin)
             ttl = self.error_ttl if state == "unreachable" else self.ttl
             fetched = self.clock()
-            doc = {"state": state, "detail": detail, "body": body, "fetched": fetched,
-                   "expires": fetched + ttl}  # fmt: skip
+            doc = {
+                "state": state,
+                "detail": detail,
+                "body": body,
+                "fetched": fetched,
+                "expires": fetched + ttl,
+            }
             self.r.set(key, orjson.dumps(doc), px=max(1, round(ttl * 1000)))
         finally:
             self.r.delete(lock_key)

@@ -18,10 +18,12 @@ class MoreParams(Params):
 @endpoint(MoreParams, items=[FeedEntry], resources=["browser", "user_agent"])
 def more(ctx: Context, p: MoreParams) -> Outputs:
     page = render(
-        ctx, "/js/more", FEED_SETTLED,
+        ctx,
+        "/js/more",
+        FEED_SETTLED,
         actions=[LoadMore("button.load-more", item=".feed-item")],
         capture_json=r"/js/api/feed\?",
-    )  # fmt: skip
+    )
     need(page, "p.feed-end::text")  # shown once the last batch is in
     entries: dict[str, dict[str, Any]] = {}
     total = None
