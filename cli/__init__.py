@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# exit status: Redis (or the broker) did not answer, or the embedded Redis is stopped
+REDIS_UNREACHABLE = 5
+
 
 class UserError(Exception):
     """A mistake on the command line: printed as one line, no traceback, exit status 2."""

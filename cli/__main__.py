@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli import UserError
+from cli import REDIS_UNREACHABLE, UserError
 from cli.parser import SHELL_COMMANDS, parse
 
 
@@ -111,9 +111,7 @@ def cmd_stop(a: argparse.Namespace) -> None:
 def cmd_status(a: argparse.Namespace) -> None:
     from cli import procs, status
 
-    s = procs.settings()
-    if procs.embedded_redis_stopped(s):  # not a restart: nothing to wait for
-        raise UserError("Redis is not running: start it with ./control.sh start")
+    procs.require_redis(procs.settings())  # read-only: never starts the embedded Redis
     status.main(a)
 
 
@@ -192,7 +190,7 @@ def cmd_cancel(a: argparse.Namespace) -> None:
 def cmd_runs(a: argparse.Namespace) -> None:
     from cli import procs, runs
 
-    procs.ensure_redis(procs.settings())
+    procs.require_redis(procs.settings())  # read-only: never starts the embedded Redis
     runs.show(a.run_id, a.limit, a.json, a.chain, a.status)
 
 
@@ -246,8 +244,7 @@ def cmd_resume(a: argparse.Namespace) -> None:
 def cmd_deadletter(a: argparse.Namespace) -> None:
     from cli import deadletter, procs
 
-    if procs.embedded_redis_stopped(procs.settings()):
-        raise UserError("Redis is not running: start it with ./control.sh start")
+    procs.require_redis(procs.settings())  # never starts the embedded Redis
     if a.action == "list":
         deadletter.list_view(a.limit, a.task, a.verbose, a.run)
     elif a.action == "replay":
@@ -306,9 +303,6 @@ def handler(name: str | Callable[[argparse.Namespace], Any]) -> Callable[[argpar
         return globals()[name]
     module, func = name.split(":")
     return getattr(importlib.import_module(module), func)
-
-
-REDIS_UNREACHABLE = 5  # exit status: Redis (or the broker) did not answer within REDIS_WAIT
 
 
 def _redis_where() -> str:

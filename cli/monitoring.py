@@ -134,12 +134,14 @@ def check(a: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from cli import procs
     from monitor.alerts import Evaluator, celery_ping, rules_table
     from utils.redis import get_redis
     from worker import app
 
     s = _settings()
     cfg = _alert_config(a)
+    procs.require_redis(s)  # read-only: never starts the embedded Redis
     console = Console()
     console.print(
         f"rules: {cfg.source or '(none)'}; interval {cfg.interval:g}s; "

@@ -71,10 +71,12 @@ def cmd_beat(a: argparse.Namespace) -> None:
 
 
 def _beat_status(schedule: Any) -> None:
+    from cli import procs
     from ledger.state import RunState
     from scheduling.tasks import entry_key
     from utils.redis import as_str, get_redis
 
+    procs.require_redis(procs.settings())  # read-only: never starts the embedded Redis
     r = get_redis()
     state = RunState(r)
     for e in schedule.entries:
@@ -87,8 +89,10 @@ def _beat_status(schedule: Any) -> None:
 
 
 def cmd_limits(a: argparse.Namespace) -> None:
+    from cli import procs
     from scheduling.gate import politeness_report
 
+    procs.require_redis(procs.settings())  # read-only: never starts the embedded Redis
     report = politeness_report()  # ConfigError names a bad entry
     if a.json:
         print(json.dumps(report, indent=2))

@@ -64,6 +64,13 @@ _REDIS_DOWN = (
     "  5  Redis or the broker unreachable (a refused connection: at once; a Redis "
     "restarting\n     or loading its data: after CHAINCRAWL_REDIS_WAIT)"
 )
+# Commands that only read: they never start the embedded Redis (procs.require_redis).
+READ_ONLY = ("status", "runs", "report", "deadletter", "limits")
+_REDIS_DOWN_READ_ONLY = (
+    "  5  Redis or the broker unreachable (a refused connection, or the embedded Redis "
+    "stopped,\n     which this command never starts: at once; a Redis restarting or loading "
+    "its data:\n     after CHAINCRAWL_REDIS_WAIT)"
+)
 
 
 def exit_statuses(command: str) -> str:
@@ -73,7 +80,7 @@ def exit_statuses(command: str) -> str:
         lines.append(f"  1  {_FAILS[command]}")
     lines.append("  2  usage error, or bad input or settings (one line: what was wrong)")
     if command not in _NO_REDIS:
-        lines.append(_REDIS_DOWN)
+        lines.append(_REDIS_DOWN_READ_ONLY if command in READ_ONLY else _REDIS_DOWN)
     lines.append("  130 interrupted (Ctrl-C)")
     return "\n".join(lines)
 

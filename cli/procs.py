@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cli import StartFailed, UserError
+from cli import REDIS_UNREACHABLE, StartFailed, UserError
 from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
 from utils.redis import cluster_client, get_redis
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
@@ -53,7 +53,9 @@ def alive(pidfile: Path) -> int | None:
         return None
 
 
-def start_bg(name: str, cmd: list[str], s: Settings, env: dict[str, str] | None = None) -> int:
+def start_bg(
+    name: str, cmd: list[str], s: Settings, env: dict[str, str] | None = None, umask: int = -1
+) -> int:
     """Start `cmd` detached, logging to var/log/<name>.log; returns its pid."""
     pidfile = run_dir(s) / f"{name}.pid"
     if (pid := alive(pidfile)) is not None:
@@ -67,6 +69,7 @@ def start_bg(name: str, cmd: list[str], s: Settings, env: dict[str, str] | None 
         stdin=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
         start_new_session=True,
+        umask=umask,
     )
     pidfile.write_text(str(proc.pid))
     return proc.pid
@@ -172,19 +175,107 @@ def ensure_redis(s: Settings) -> str:
         how = "running"
     elif not uses_embedded_redis(s):
         how = "running"  # or restarting: the ping below waits for it (REDIS_WAIT)
+    elif embedded_redis_state(s) == "restarting":
+        _wait_restart(s)
+        how = "running"
     else:
-        RedisServer(s.var_dir / "redis", s.embedded_redis_port, password=u.password).daemonize()
+        start_embedded_redis(s, u.password)
         how = "started"
     get_redis(s.redis_url).ping()  # a Redis loading its append-only file: wait (REDIS_WAIT)
     return how
 
 
+EMBEDDED = "redis"  # var/run/redis.pid: the embedded Redis's supervisor; var/log/redis.log
+REDIS_READY = "Ready to accept connections"  # what redis-server logs once its data is loaded
+STOPPED = "the embedded Redis is stopped (start it with ./control.sh start)"
+
+
+def start_embedded_redis(s: Settings, password: str | None, timeout: float = 30.0) -> int:
+    """Start the embedded Redis under `cli.supervisor`, as the workers are: a redis-server
+    that dies (a `kill -9`, the OOM killer) is started again on the same port, password and
+    data dir, its append-only file replayed, and the supervisor logs one line about it to
+    var/log/redis.log. A stop (`redis stop`, `stop`: SIGTERM to the supervisor) is passed on
+    and not followed by a restart. -> the supervisor's pid, once Redis listens."""
+    server = RedisServer(s.var_dir / "redis", s.embedded_redis_port, password=password)
+    pidfile = run_dir(s) / f"{EMBEDDED}.pid"
+    supervisor = [sys.executable, "-m", "cli.supervisor", "--name", EMBEDDED, "--max-backoff", "10"]
+    ready = ["--ready-marker", REDIS_READY, "--ready-log", str(server.log_path)]
+    cmd = [*supervisor, *ready, "--", *server.supervised_command()]
+    pid = start_bg(EMBEDDED, cmd, s, umask=0o077)  # its files 0600, as RedisServer's own
+    deadline = time.monotonic() + timeout
+    while not port_open("127.0.0.1", s.embedded_redis_port):
+        if alive(pidfile) is None or time.monotonic() > deadline:
+            lines = [
+                f"  {line}"
+                for f in (server.log_path, log_dir(s) / f"{EMBEDDED}.log")
+                if f.exists()
+                for line in f.read_text(errors="replace").splitlines()[-8:]
+            ]
+            raise StartFailed(
+                f"the embedded Redis did not start on port {s.embedded_redis_port}; the last "
+                f"lines of {server.log_path} and {log_dir(s) / (EMBEDDED + '.log')}:\n"
+                + "\n".join(lines)
+            )
+        time.sleep(0.1)
+    return pid
+
+
+def embedded_redis_state(s: Settings) -> str:
+    """The embedded Redis (REDIS_URL unset): "running" when its port answers; "restarting"
+    when not but its supervisor runs (between two runs of a redis-server that died) or a
+    redis-server of ours does (still starting); "stopped" when nothing runs. Read-only: no
+    directory is made, nothing is started."""
+    if port_open("127.0.0.1", s.embedded_redis_port):
+        return "running"
+    for pidfile in (s.var_dir / "run" / f"{EMBEDDED}.pid", s.var_dir / "redis" / "redis.pid"):
+        if alive(pidfile) is not None:
+            return "restarting"
+    return "stopped"
+
+
 def embedded_redis_stopped(s: Settings) -> bool:
-    """The embedded Redis is ours and not running (no process behind its pid file): a command
-    says so at once rather than wait CHAINCRAWL_REDIS_WAIT for a restart that is not coming."""
-    if not uses_embedded_redis(s) or port_open("127.0.0.1", s.embedded_redis_port):
-        return False
-    return alive(s.var_dir / "redis" / "redis.pid") is None
+    """The embedded Redis is ours and nothing runs it: a command says so at once rather than
+    wait CHAINCRAWL_REDIS_WAIT for a restart that is not coming."""
+    return uses_embedded_redis(s) and embedded_redis_state(s) == "stopped"
+
+
+def require_redis(s: Settings) -> None:
+    """For a command that only reads (`status`, `runs`, `report`, `deadletter list`, ...): the
+    embedded Redis is never started by it (an operator who stopped it meant it). Stopped: one
+    line, exit 5. Restarting under its supervisor: wait for it (CHAINCRAWL_REDIS_WAIT). A Redis
+    of REDIS_URL: the command's own calls wait for it or fail (exit 5)."""
+    if not uses_embedded_redis(s):
+        return
+    state = embedded_redis_state(s)
+    if state == "stopped":
+        raise UserError(STOPPED, exit_code=REDIS_UNREACHABLE)
+    if state == "restarting":
+        _wait_restart(s)
+
+
+def _wait_restart(s: Settings) -> None:
+    """The embedded Redis's supervisor is starting it again: wait (one line) until it
+    listens, up to CHAINCRAWL_REDIS_WAIT; its loading the data is waited for by the client."""
+    print(
+        f"the embedded Redis is restarting, waiting… (up to {s.redis_wait:.0f}s: "
+        "CHAINCRAWL_REDIS_WAIT)",
+        file=sys.stderr,
+    )
+    deadline = time.monotonic() + s.redis_wait
+    while (state := embedded_redis_state(s)) == "restarting":
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"the embedded Redis did not come back within {s.redis_wait:.0f}s "
+                f"(see {s.var_dir / 'log' / (EMBEDDED + '.log')})",
+                exit_code=REDIS_UNREACHABLE,
+            )
+        time.sleep(0.2)
+    if state == "stopped":  # its supervisor gave up
+        raise UserError(
+            f"the embedded Redis stopped: its supervisor gave up (see "
+            f"{s.var_dir / 'log' / (EMBEDDED + '.log')}; ./control.sh start starts it again)",
+            exit_code=REDIS_UNREACHABLE,
+        )
 
 
 _ONCE = Retry(NoBackoff(), 0)  # a probe's one try
@@ -212,10 +303,13 @@ def _wants_our_password(s: Settings, host: str, port: int) -> bool:
 
 
 def stop_redis(s: Settings) -> bool:
+    """Stop the embedded Redis: its supervisor passes the SIGTERM on (Redis flushes its
+    append-only file and exits) and does not restart it; then any redis-server of ours
+    running unsupervised (started by an older chaincrawl, or on its own)."""
     if not uses_embedded_redis(s):
         return False
-    pidfile = s.var_dir / "redis" / "redis.pid"
-    return stop_pidfile(pidfile, signal.SIGTERM, 30)
+    supervised = bool(stop_named(EMBEDDED, s, 40))
+    return stop_pidfile(s.var_dir / "redis" / "redis.pid", signal.SIGTERM, 30) or supervised
 
 
 # --- workers and friends -----------------------------------------------------------------

@@ -23,7 +23,7 @@ def main(a: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise UserError(f"--out {a.out}: there is no directory {out.parent}")
     s = procs.settings()
-    procs.ensure_redis(s)
+    procs.require_redis(s)  # read-only: never starts the embedded Redis
     try:
         data = write_report(
             out, get_redis(s.redis_url), s, run_id=a.run_id, site=a.site, since=since

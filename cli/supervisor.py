@@ -60,6 +60,7 @@ class Supervisor:
         healthy_after: float = 60.0,
         start_grace: float = 10.0,
         ready_marker: str | None = None,
+        ready_log: str | None = None,
         start_attempts: int = 3,
     ) -> None:
         self.name = name
@@ -71,6 +72,7 @@ class Supervisor:
         self.healthy_after = healthy_after
         self.start_grace = start_grace
         self.ready_marker = ready_marker.encode() if ready_marker else None
+        self.ready_log = ready_log  # where the child writes the marker (None: our stdout)
         self.start_attempts = max(1, start_attempts)
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts: deque[float] = deque()
@@ -100,6 +102,13 @@ class Supervisor:
 
     def _log_size(self) -> int | None:
         """Where the child's output starts in the log (None: stdout is not a regular file)."""
+        if self.ready_log is not None:  # a log the child writes itself (a new one: from 0)
+            try:
+                return os.stat(self.ready_log).st_size
+            except FileNotFoundError:
+                return 0
+            except OSError:
+                return None
         try:
             sys.stdout.flush()
             st = os.fstat(sys.stdout.fileno())
@@ -112,9 +121,10 @@ class Supervisor:
         is appended to across runs and starts, so an earlier run's marker is no sign."""
         if self.ready_marker is None or offset is None:
             return ran >= self.start_grace
+        # stdout: a file description of our own, seeking must not move the writers' offset
+        path = self.ready_log or f"/proc/self/fd/{sys.stdout.fileno()}"
         try:
-            # a file description of our own: seeking must not move the writers' offset
-            with open(f"/proc/self/fd/{sys.stdout.fileno()}", "rb") as f:
+            with open(path, "rb") as f:
                 f.seek(offset)
                 return self.ready_marker in f.read()
         except OSError:
@@ -208,7 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--ready-marker",
         default=None,
         help="text the child logs once it is up (a run that exits before "
-        "it is a start failure); needs stdout to be the log file",
+        "it is a start failure); needs stdout to be the log file, or --ready-log",
+    )
+    p.add_argument(
+        "--ready-log",
+        default=None,
+        help="the file the child writes --ready-marker to, when not its stdout "
+        "(redis-server's own --logfile)",
     )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
     a = p.parse_args(argv)
@@ -225,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         healthy_after=a.healthy_after,
         start_grace=a.start_grace,
         ready_marker=a.ready_marker,
+        ready_log=a.ready_log,
         start_attempts=a.start_attempts,
     )
     signal.signal(signal.SIGTERM, sup.on_signal)

@@ -147,7 +147,7 @@ class RedisServer:
             "--save",
             "",
             "--logfile",
-            str(self.data_dir / "redis.log"),
+            str(self.log_path),
             "--pidfile",
             str(self.data_dir / "redis.pid"),
             "--daemonize",
@@ -157,6 +157,24 @@ class RedisServer:
     def config(self) -> bytes:
         """What the server reads on standard input: the settings kept off its command line."""
         return f"requirepass {self.password}\n".encode() if self.password else b""
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def supervised_command(self) -> list[str]:
+        """The argv of a server run in the foreground by a supervisor that starts it again
+        when it dies (cli/supervisor.py): a restart has nobody to hand it the settings on
+        standard input, so they go to `redis.conf`, 0600 in the 0700 data dir (as private as
+        the password's own file), still off the command line."""
+        self._prepare()
+        conf = self.data_dir / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self.config())
+        cmd = self.command()
+        cmd[cmd.index("-")] = str(conf)
+        return cmd
 
     def _prepare(self) -> None:
         """A 0700 data dir whose files are 0600 (files an earlier server left readable too)."""
@@ -227,6 +245,9 @@ def stop_pidfile(pidfile: Path, sig: int = signal.SIGTERM, timeout: float = 30.0
         return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):  # one of ours: a zombie until reaped
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                break
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

@@ -1,17 +1,26 @@
 """The embedded Redis `control.sh` starts (cli.procs.ensure_redis) is private: the generated
 password from var/redis.secret, refused without it, off its command line, files 0600 in a 0700
-dir; one already running without that password is named, not met with a traceback."""
+dir; one already running without that password is named, not met with a traceback. It runs
+under a supervisor (a `kill -9` is followed by a restart with its data), and the commands that
+only read never start it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from cli import UserError, procs
-from config import Settings
+from cli import StartFailed, UserError, procs
+from cli.parser import READ_ONLY
+from config import ROOT, Settings
+from tests.cli.test_demo_smoke import own_env
 from utils.servers import RedisServer, free_port
 
 
@@ -29,11 +38,13 @@ def test_ensure_redis_starts_it_with_the_generated_password(tmp_path: Path) -> N
         r.set("k", "v")
         r.save()
         pid = (tmp_path / "var" / "redis" / "redis.pid").read_text().strip()
-        assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        supervisor = (tmp_path / "var" / "run" / "redis.pid").read_text().strip()
+        for p in (pid, supervisor):
+            assert password.encode() not in Path(f"/proc/{p}/cmdline").read_bytes()
         data = tmp_path / "var" / "redis"
         assert stat.S_IMODE(data.stat().st_mode) == 0o700
         modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in data.iterdir()}
-        assert {"appendonly.aof", "dump.rdb", "redis.log", "redis.pid"} <= set(modes)
+        assert {"appendonly.aof", "dump.rdb", "redis.log", "redis.pid", "redis.conf"} <= set(modes)
         assert set(modes.values()) == {0o600}, modes
         assert procs.ensure_redis(s) == "running"
     finally:
@@ -80,3 +91,136 @@ def test_the_password_check_connects_once_per_probe(tmp_path: Path) -> None:
         before = received()
         assert procs._wants_our_password(s, "127.0.0.1", server.port)
         assert received() - before == 2  # the probe without the password, the one with it
+
+
+def wait_for(cond, timeout: float = 60, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout}s: {what}")
+        time.sleep(0.1)
+
+
+def answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=5).ping())
+    except redis.RedisError:
+        return False
+
+
+def test_a_killed_embedded_redis_is_started_again_with_its_data(tmp_path: Path) -> None:
+    """SIGKILL to the embedded redis-server: its supervisor starts it again on the same port,
+    password and data dir, with every write it acknowledged (the append-only file), and logs
+    one warning line; a stop (`redis stop`) is not followed by a restart."""
+    var = tmp_path / "var"
+    s = Settings(var_dir=var, redis_url="", embedded_redis_port=free_port())
+    log = var / "log" / "redis.log"
+    try:
+        assert procs.ensure_redis(s) == "started"
+        r = redis.Redis.from_url(s.redis_url)
+        for _ in range(500):
+            r.incr("acked")  # each answered: in the append-only file before the answer
+        r.rpush("list", *range(100))
+        first = int((var / "redis" / "redis.pid").read_text())
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: (var / "redis" / "redis.pid").read_text().strip() != str(first)
+                 and answers(s.redis_url), what="the restart")  # fmt: skip
+        r = redis.Redis.from_url(s.redis_url)
+        assert r.get("acked") == b"500" and r.llen("list") == 100
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=s.embedded_redis_port).ping()  # the same password
+        lines = [line for line in log.read_text().splitlines() if "INFO" not in line]
+        assert len(lines) == 1, lines
+        assert f"WARNING/supervisor] redis: pid {first} killed by signal 9 after" in lines[0]
+        assert "restarting in" in lines[0]
+        assert procs.ensure_redis(s) == "running"
+        supervisor = procs.alive(var / "run" / "redis.pid")
+    finally:
+        stopped = procs.stop_redis(s)
+    assert stopped and supervisor is not None
+    assert not (var / "run" / "redis.pid").exists()
+    assert "stopped (code 0)" in log.read_text()
+    time.sleep(2)  # a restart would have come by now (back-off 1 s)
+    assert procs.embedded_redis_state(s) == "stopped"
+    assert not procs.port_open("127.0.0.1", s.embedded_redis_port)
+
+
+def test_an_embedded_redis_that_cannot_start_is_one_error_with_its_log_lines(
+    tmp_path: Path,
+) -> None:
+    """A redis-server that exits at start (here: an append-only file it cannot read) is tried
+    a few times by its supervisor, which then gives up: `start` fails (exit 1) with Redis's own
+    last log lines, and nothing is left running."""
+    var = tmp_path / "var"
+    (var / "redis").mkdir(parents=True)
+    (var / "redis" / "appendonly.aof").write_bytes(b"*3\r\n$3\r\nSET\r\nnot a command\r\n")
+    s = Settings(var_dir=var, redis_url="", embedded_redis_port=free_port())
+    try:
+        with pytest.raises(StartFailed, match=r"did not start on port") as err:
+            procs.ensure_redis(s)
+        assert "append only file" in str(err.value), err.value
+        assert "giving up" in (var / "log" / "redis.log").read_text()
+        assert procs.embedded_redis_state(s) == "stopped"
+    finally:
+        procs.stop_redis(s)
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def processes_of(var: Path) -> list[str]:
+    """Command lines of running processes that name this var/ (a redis-server, its
+    supervisor)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(var) in cmd:
+            out.append(cmd)
+    return out
+
+
+READ_ONLY_COMMANDS = {
+    "status": ("status", "--no-workers"),
+    "runs": ("runs",),
+    "report": ("report",),
+    "deadletter": ("deadletter", "list"),
+    "limits": ("limits",),
+}
+
+
+@pytest.mark.integration
+def test_read_only_commands_never_start_the_embedded_redis(tmp_path: Path) -> None:
+    """`status`, `runs`, `report`, `deadletter list`, `limits` with the embedded Redis stopped
+    (never started, or stopped by the operator): one line, exit 5, and no redis-server."""
+    assert set(READ_ONLY_COMMANDS) == set(READ_ONLY)
+    env = {**own_env(tmp_path), "CHAINCRAWL_REDIS_WAIT": "600"}  # a wait would hit the timeout
+    var = Path(env["CHAINCRAWL_VAR_DIR"])
+    port = int(env["CHAINCRAWL_EMBEDDED_REDIS_PORT"])
+    report = str(tmp_path / "report.html")
+
+    def check(name: str, args: tuple[str, ...]) -> None:
+        out = cli(env, *args, *(["--out", report] if name == "report" else []))
+        assert out.returncode == 5, (name, out.stdout + out.stderr)
+        assert out.stderr.splitlines() == [
+            "error: the embedded Redis is stopped (start it with ./control.sh start)"
+        ], (name, out.stderr)
+        assert not procs.port_open("127.0.0.1", port), name
+        assert not processes_of(var), (name, processes_of(var))
+
+    for name in ("status", "runs"):  # never started here
+        check(name, READ_ONLY_COMMANDS[name])
+    assert not (var / "redis").exists()
+
+    assert cli(env, "redis", "start").returncode == 0  # then stopped by the operator
+    try:
+        assert cli(env, "redis", "stop").stdout.strip() == "stopped"
+        for name, args in READ_ONLY_COMMANDS.items():
+            check(name, args)
+        assert not (tmp_path / "report.html").exists()
+    finally:
+        cli(env, "redis", "stop")

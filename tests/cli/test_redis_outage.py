@@ -7,12 +7,16 @@ Each test runs the real `control.sh` on its own var/ and embedded-Redis port.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from cli import procs
 from config import ROOT
 from tests.cli.test_demo_smoke import own_env
 from utils.servers import free_port
@@ -115,8 +119,54 @@ def test_an_embedded_redis_never_started_is_said_at_once(tmp_path: Path) -> None
     env = own_env(tmp_path)  # the embedded Redis on a free port, not started
     for args in (("status",), ("deadletter", "list")):  # no wait (120 s) for a restart
         out = control(env, *args, timeout=60)
-        assert out.returncode == 2 and "Redis is not running" in out.stderr, out.stderr
+        assert out.returncode == 5, out.stdout + out.stderr
+        assert "error: the embedded Redis is stopped (start it with ./control.sh start)" in (
+            out.stderr
+        )
         assert "waiting" not in out.stderr
+
+
+@pytest.mark.integration
+def test_demo_goes_on_after_its_embedded_redis_is_killed_and_restarted(tmp_path: Path) -> None:
+    """`kill -9` of the embedded redis-server under a running `demo`: its supervisor starts it
+    again (same port, password and data: the append-only file), one warning line in
+    var/log/redis.log, and the crawl finishes with every item, exactly."""
+    env = own_env(tmp_path)
+    var = tmp_path / "var"
+    log = tmp_path / "demo.out"
+    cmd = [CONTROL, "demo", "--size", "small", "--port", str(free_port()), "--workers", "1",
+           "--concurrency", "4", "--latency-ms", "100", "--no-flower"]  # fmt: skip
+    try:
+        with open(log, "w") as out:
+            demo = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while "run id:" not in log.read_text() and demo.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)
+        assert demo.poll() is None, log.read_text()[-3000:]  # still crawling
+        first = int((var / "redis" / "redis.pid").read_text())
+        os.kill(first, signal.SIGKILL)
+        rc = demo.wait(600)
+        text = log.read_text()
+        assert rc == 0, text[-4000:]
+        assert "Traceback" not in text
+        assert "demo crawl summary" in text and "620 of 620 produced" in text, text[-4000:]
+        counts = re.findall(r"(\d+) \(the demo site has (\d+)\)", text)
+        assert len(counts) >= 3 and all(a == b for a, b in counts), counts  # every type exactly
+        again = int((var / "redis" / "redis.pid").read_text())
+        assert again != first
+        assert procs.port_open("127.0.0.1", int(env["CHAINCRAWL_EMBEDDED_REDIS_PORT"]))
+        lines = (var / "log" / "redis.log").read_text().splitlines()
+        warnings = [line for line in lines if "INFO" not in line]
+        assert len(warnings) == 1 and f"pid {first} killed by signal 9" in warnings[0], lines
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        stop = control(env, "stop")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert "embedded redis" in stop.stdout
+    assert not list((var / "run").glob("*.pid"))
 
 
 @pytest.mark.integration

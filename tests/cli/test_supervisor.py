@@ -134,6 +134,28 @@ def test_the_ready_marker_tells_a_start_failure_from_a_crash(tmp_path: Path) -> 
     assert "restart 1 of at most 1" in log.read_text() and "giving up" in log.read_text()
 
 
+def test_the_ready_marker_is_read_from_the_child_s_own_log_with_ready_log(
+    tmp_path: Path,
+) -> None:
+    """redis-server writes its "Ready to accept connections" to its own --logfile, not to
+    stdout: with `--ready-log` that file (from its size at the start) tells a crash, which is
+    restarted, from a start failure; an earlier run's marker in it does not count."""
+    runs, own = tmp_path / "runs", tmp_path / "own.log"
+    own.write_text("an old Ready line from a previous start\n")
+    write = f"import os, sys; open({str(runs)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
+    ready = f"open({str(own)!r}, 'a').write('Ready\\n'); "
+    cmd = supervisor("--ready-marker", "Ready", "--ready-log", str(own), "--max-restarts", "1",
+                     "--start-attempts", "1", *FAST)  # fmt: skip
+    failed = subprocess.run([*cmd, *child(write + "sys.exit(4)")], cwd=ROOT, timeout=60,
+                            capture_output=True, text=True)  # fmt: skip
+    assert failed.returncode == 4 and len(pids(runs)) == 1
+    assert "1 failed start(s): giving up" in failed.stdout, failed.stdout
+    crashed = subprocess.run([*cmd, *child(write + ready + "sys.exit(4)")], cwd=ROOT,
+                             timeout=60, capture_output=True, text=True)  # fmt: skip
+    assert crashed.returncode == 4 and len(pids(runs)) == 3  # one restart, then the cap
+    assert "restart 1 of at most 1" in crashed.stdout, crashed.stdout
+
+
 def test_sigterm_is_passed_on_and_stops_without_restart(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     code = (
