@@ -6,7 +6,9 @@ exits by itself (a crash, an "Unrecoverable error" in the broker connection: see
 survives a Redis restart" in docs/reliability.md) is restarted after a back-off (1 s, doubling up to `--max-backoff`, back
 to 1 s once it has run for a minute), at most `--max-restarts` times within `--window`
 seconds; then the supervisor gives up and exits with the worker's code. Every exit and restart
-is logged (to the worker's log: the supervisor shares its stdout).
+is logged (to the worker's log: the supervisor shares its stdout). The embedded Redis runs under
+one too (cli/procs.py `start_embedded_redis`, `--ready-log`: redis-server writes its ready line
+to its own log file).
 
 Not restarted: an exit with code 0 (a warm shutdown asked for by someone, e.g. `celery control
 shutdown`). A worker that has never been ready (with `--ready-marker`: one that exits before
