@@ -262,7 +262,8 @@ class Settings(ChaincrawlSettings):
         120.0,
         ge=0,
         description="`control.sh` commands wait this long (s) for a Redis that is restarting "
-        "or loading its data, then fail with one line (exit 5).",
+        "or loading its data, then fail with one line (exit 5); nothing listening at "
+        "REDIS_URL (a refused first connection) fails at once.",
     )
     task_log: bool = Field(
         False,
@@ -339,7 +340,8 @@ class Settings(ChaincrawlSettings):
     )
     robots_user_agent: str = Field(
         "chaincrawl",
-        description="The product token matched against robots.txt `User-agent` groups.",
+        description="The product token matched against robots.txt `User-agent` groups: the "
+        "default User-Agent's, `chaincrawl/VERSION (+URL)` (CHAINCRAWL_CONTACT_URL).",
     )
     robots_ttl: float = Field(
         86400.0,
@@ -481,6 +483,13 @@ def reset_settings() -> None:
 def settings_classes() -> tuple[type[ChaincrawlSettings], ...]:
     """Every settings class, in the order the configuration reference lists them."""
     return (
-        Settings, StorageSettings, ProxySettings, BrowserSettings, MonitorSettings, AlertSettings,
-        RecrawlSettings, FleetSettings, SuiteSettings,
-    )  # fmt: skip
+        Settings,
+        StorageSettings,
+        ProxySettings,
+        BrowserSettings,
+        MonitorSettings,
+        AlertSettings,
+        RecrawlSettings,
+        FleetSettings,
+        SuiteSettings,
+    )

@@ -46,6 +46,9 @@
         │   └── RobotsUnavailable .............. wait   (robots.txt unreachable or 5xx: not yet)
         ├── DeadlineExceeded ................... retry  (the per-task deadline ran out)
         ├── ParseError ......................... retry  (then dead-letter: layout changed?)
+        │   ├── EmptyPage ...................... retry  (a `must_yield` endpoint's page yielded
+        │   │                                             nothing: a soft block or a page cut
+        │   │                                             short may come back whole)
         │   └── MalformedBody .................. fail   (a 2xx body that is not valid JSON: the
         │                                                 same bytes come back on a refetch)
         ├── UndecodableText .................... fail   (bytes not in the page's charset, with
@@ -53,17 +56,8 @@
         ├── ItemValidationError ................ fail   (parsed data fails the Item schema)
         └── PoisonMessage ...................... fail   (delivered too often; worker keeps dying)
 
-Policies: `retry` = back off and try again; `rotate` = return the lent resources as bad,
-then retry with fresh ones; `fail` = no retry, straight to the dead-letter store;
-`wait` = re-queue after a short countdown without spending a retry; `skip` = the request is
-not sent and the task ends with neither a retry nor a dead letter, counted as skipped under
-the error's `reason` (a decision, not a failure). Unknown exceptions (bugs in endpoint code)
-are treated as `retry` so a transient bug can recover, and end in the dead-letter store with
-their traceback.
-
-Errors of a rendered page (`RenderTimeout`, `BrowserCrashed`, `RenderError`) are also `PageCapture`s: they
-carry the page's screenshot (PNG bytes) and DOM when the browser could still take them, so a
-dead letter can show what the page looked like when it failed.
+What each policy does, and what its settings are: docs/architecture.md, "Errors and retry
+policies". Unknown exceptions (bugs in endpoint code) retry, so a transient bug can recover.
 """
 
 from __future__ import annotations
@@ -126,8 +120,9 @@ class WorkersOutdated(ChainCrawlError):
     after they started): sending would have them drop the messages. Raised before anything
     is sent; names the tasks (`tasks`) and the workers (`workers`)."""
 
-    def __init__(self, msg: str, tasks: list[str] | None = None,
-                 workers: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, msg: str, tasks: list[str] | None = None, workers: list[str] | None = None
+    ) -> None:
         super().__init__(msg)
         self.tasks = list(tasks or ())
         self.workers = list(workers or ())
@@ -191,8 +186,9 @@ class PageCapture:
     dom: str | None = None
     page_url: str = ""
 
-    def attach(self, page_url: str = "", screenshot: bytes | None = None,
-               dom: str | None = None) -> None:  # fmt: skip
+    def attach(
+        self, page_url: str = "", screenshot: bytes | None = None, dom: str | None = None
+    ) -> None:
         self.page_url, self.screenshot, self.dom = page_url, screenshot, dom
 
 
@@ -263,9 +259,10 @@ def safe_url(url: str) -> str:
         netloc = parts.netloc.rsplit("@", 1)[-1]
         query = "&".join(
             f"{k}=***" if _SECRET_PARAM.search(k) else (f"{k}={v}" if v or "=" in pair else k)
-            for pair in parts.query.split("&") if pair
+            for pair in parts.query.split("&")
+            if pair
             for k, _, v in [pair.partition("=")]
-        )  # fmt: skip
+        )
         return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
     except ValueError:
         return "<url>"
@@ -388,6 +385,15 @@ class ParseError(CrawlError):
     """The page did not look as the parser expects."""
 
     policy = Policy.RETRY
+
+
+class EmptyPage(ParseError):
+    """A page of an endpoint declared `must_yield=True` yielded nothing: no item, no follow-up.
+
+    Retried like any ParseError: a page that came back wrong (a soft block, a placeholder or
+    a body cut short answered with 200) often comes back whole; a selector the site's layout
+    no longer matches fails the same way every time and is dead-lettered after the retries,
+    its URLs in the message. Endpoints without `must_yield` count such a page as `empty`."""
 
 
 class MalformedBody(ParseError):

@@ -39,7 +39,7 @@ from monitor.timeseries import Sampler
 from scheduling import recrawl
 from scheduling.shares import fleet_from_settings
 from settings import envcheck
-from utils import affinity, logsafe
+from utils import affinity, logsafe, outage
 from utils.redis import get_redis
 
 settings = get_settings()
@@ -85,6 +85,7 @@ _pinned = ""  # what _pin_core did, logged at worker_ready
 @signals.after_setup_task_logger.connect
 def _redact_logs(logger: logging.Logger, **kw: Any) -> None:
     logsafe.install(logger)
+    outage.install(logger)  # a Redis outage: one line when it starts, one when it ends
     if not get_settings().task_log:  # two INFO lines per task, through the redaction filter
         for name in ("celery.app.trace", "celery.worker.strategy", "celery.worker.request"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -131,8 +132,13 @@ def _pool_name(pool_cls: Any) -> str:
     """`-P`'s value as a name, whether Celery hands over the alias or the class."""
     raw = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
     raw = raw.lower()
-    for name, marker in (("threads", "thread"), ("gevent", "gevent"), ("eventlet", "eventlet"),
-                         ("solo", "solo"), ("prefork", "prefork")):  # fmt: skip
+    for name, marker in (
+        ("threads", "thread"),
+        ("gevent", "gevent"),
+        ("eventlet", "eventlet"),
+        ("solo", "solo"),
+        ("prefork", "prefork"),
+    ):
         if marker in raw:
             return name
     return raw
@@ -225,15 +231,20 @@ def _publish_task_set(sender: Any = None, **kw: Any) -> None:
     with _background_lock:
         if _beat is None:
             s = get_settings()
-            _beat = Beat(TaskSets(get_redis(s.redis_url), s), str(getattr(sender, "hostname", "")
-                         or broker_app.APP_NAME), list(consumer_app.tasks), queues,
-                         [b.as_dict() for b in sites.broken()])  # fmt: skip
+            _beat = Beat(
+                TaskSets(get_redis(s.redis_url), s),
+                str(getattr(sender, "hostname", "") or broker_app.APP_NAME),
+                list(consumer_app.tasks),
+                queues,
+                [b.as_dict() for b in sites.broken()],
+            )
             _beat.start()
 
 
 @signals.task_unknown.connect
-def _unknown_task(sender: Any = None, message: Any = None, name: str = "", id: str = "",
-                  **kw: Any) -> None:  # fmt: skip
+def _unknown_task(
+    sender: Any = None, message: Any = None, name: str = "", id: str = "", **kw: Any
+) -> None:
     """Celery has dropped a message naming a task this worker does not know: fail it and
     dead-letter it, naming the fix, instead of leaving the sweeper to re-send it forever
     (lifecycle/unknown.py)."""
@@ -246,8 +257,13 @@ def _unknown_task(sender: Any = None, message: Any = None, name: str = "", id: s
         headers = dict(getattr(message, "headers", None) or {})
         headers.setdefault("id", id)
         headers.setdefault("task", name)
-        dead_letter_unknown(RunState(get_redis(s.redis_url), s), s, entry_of(headers, body),
-                            str(getattr(sender, "hostname", "") or ""), app)  # fmt: skip
+        dead_letter_unknown(
+            RunState(get_redis(s.redis_url), s),
+            s,
+            entry_of(headers, body),
+            str(getattr(sender, "hostname", "") or ""),
+            app,
+        )
     except Exception:  # Redis down: the sweeper re-sends it and the next delivery tries again
         log.exception("dead-lettering unknown task %r (%s) failed", name, id)
 

@@ -33,29 +33,40 @@ def main(argv: list[str] | None = None) -> int:
     pool = BrowserPool(cfg)
     with DemoServer(size="small") as demo:
         for i in range(a.pages):
-            pool.render(RenderRequest(demo.url_for(f"/js/post/p{i + 1}"),
-                                      wait_for="article[data-state=ready]"))  # fmt: skip
+            pool.render(
+                RenderRequest(
+                    demo.url_for(f"/js/post/p{i + 1}"), wait_for="article[data-state=ready]"
+                )
+            )
         driver = pool.driver_pid
         assert driver is not None
         time.sleep(1.0)  # settled, not yet closed
         browser_mb = procmem.tree_memory_mb(driver)
         parts = len(procmem.descendants(driver)) + 1
-        renderers_mb = sum(
-            procmem.memory_kb(p) for p in procmem.descendants(driver)
-            if "--type=renderer" in procmem.cmdline(p)
-        ) / 1024  # fmt: skip
+        renderers_mb = (
+            sum(
+                procmem.memory_kb(p)
+                for p in procmem.descendants(driver)
+                if "--type=renderer" in procmem.cmdline(p)
+            )
+            / 1024
+        )
         me_mb = procmem.memory_kb(os.getpid()) / 1024
         deadline = time.monotonic() + a.idle_close + 30
         while pool.driver_pid is not None and time.monotonic() < deadline:
             time.sleep(0.2)
         closed = pool.driver_pid is None
         after_mb = procmem.tree_memory_mb(driver) if not closed else 0.0
-    print(f"after {a.pages} rendered pages, idle: driver tree {browser_mb:.0f} MB PSS in "
-          f"{parts} processes, of which the pages' renderers {renderers_mb:.0f} MB and the fixed "
-          f"part (driver, Node.js, browser, helpers) {browser_mb - renderers_mb:.0f} MB; "
-          f"this process {me_mb:.0f} MB")  # fmt: skip
-    print(f"idle close after {a.idle_close:.0f} s: {'closed' if closed else 'NOT closed'}, "
-          f"driver tree now {after_mb:.0f} MB: {browser_mb - after_mb:.0f} MB given back")  # fmt: skip
+    print(
+        f"after {a.pages} rendered pages, idle: driver tree {browser_mb:.0f} MB PSS in "
+        f"{parts} processes, of which the pages' renderers {renderers_mb:.0f} MB and the fixed "
+        f"part (driver, Node.js, browser, helpers) {browser_mb - renderers_mb:.0f} MB; "
+        f"this process {me_mb:.0f} MB"
+    )
+    print(
+        f"idle close after {a.idle_close:.0f} s: {'closed' if closed else 'NOT closed'}, "
+        f"driver tree now {after_mb:.0f} MB: {browser_mb - after_mb:.0f} MB given back"
+    )
     pool.close()
     return 0 if closed else 1
 

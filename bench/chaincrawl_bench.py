@@ -102,30 +102,61 @@ def peak_rss_mb(pid: int) -> float:
 class Worker:
     """A real `celery worker` process (own session, so it can be stopped as a group)."""
 
-    def __init__(self, env: dict[str, str], log: Path, pool: str, concurrency: int, name: str,
-                 app: str = "worker", extra: list[str] | None = None,
-                 prefix: list[str] | None = None, queue: str = QUEUE,
-                 events: bool | None = None, in_process: bool = False,
-                 root: Path = ROOT) -> None:  # fmt: skip
+    def __init__(
+        self,
+        env: dict[str, str],
+        log: Path,
+        pool: str,
+        concurrency: int,
+        name: str,
+        app: str = "worker",
+        extra: list[str] | None = None,
+        prefix: list[str] | None = None,
+        queue: str = QUEUE,
+        events: bool | None = None,
+        in_process: bool = False,
+        root: Path = ROOT,
+    ) -> None:
         """`root`: the checkout whose code the worker runs (another revision's, bench.revisions).
         `prefix` wraps the command (e.g. `py-spy record ... --`): `pid` is then its child,
         unless the wrapper runs the worker in its own process (`in_process`: valgrind)."""
         self.log = log
         self.wrapped = bool(prefix) and not in_process
-        cmd = [*(prefix or []),
-            sys.executable, "-m", "celery", "-A", app, "worker",
-            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name}@%h",
-            "-l", "INFO", "--without-gossip", *(extra or []),
-        ]  # fmt: skip
+        cmd = [
+            *(prefix or []),
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-Q",
+            queue,
+            "-n",
+            f"{name}@%h",
+            "-l",
+            "INFO",
+            "--without-gossip",
+            *(extra or []),
+        ]
         if events is None:  # as control.sh starts workers: -E only with CHAINCRAWL_TASK_EVENTS
             events = Settings.from_environ({**os.environ, **env}).task_events
         if events:
             cmd.insert(cmd.index("-l"), "-E")
         self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            cmd, cwd=root, env={**os.environ, **env}, stdout=self.fh, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            cmd,
+            cwd=root,
+            env={**os.environ, **env},
+            stdout=self.fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:
@@ -210,8 +241,12 @@ class ChaincrawlBench:
 
     _active: ClassVar[ChaincrawlBench | None] = None  # whose Redis this process's client uses
 
-    def __init__(self, workdir: Path | None = None, key_prefix: str = "bench",
-                 redis_binary: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        key_prefix: str = "bench",
+        redis_binary: str | None = None,
+    ) -> None:
         from utils.servers import RedisServer
 
         self._own_dir = workdir is None
@@ -271,11 +306,14 @@ class ChaincrawlBench:
             s = step(task, _id=k, url="url", _const={"kind": k}, _options=link)
             node = s if node is None else s.then(node)
         root = step(task, _id=kind)
-        return Chain("bench_pc" if kind == "feed" else f"bench_{kind}",
-                     root if node is None else root.then(node))  # fmt: skip
+        return Chain(
+            "bench_pc" if kind == "feed" else f"bench_{kind}",
+            root if node is None else root.then(node),
+        )
 
-    def run_chain(self, seeds: list[dict[str, str]], timeout: float, poll: float | None = 0.05
-                  ) -> tuple[float, Any]:  # fmt: skip
+    def run_chain(
+        self, seeds: list[dict[str, str]], timeout: float, poll: float | None = 0.05
+    ) -> tuple[float, Any]:
         """Run the chain of the seeds' kind; wall seconds from `chains.run()` to `wait()`
         returning (`poll` None: `wait()`'s own default, as a user calls it)."""
         from chains import run
@@ -284,15 +322,26 @@ class ChaincrawlBench:
         chain = self.chain(seeds[0]["kind"])
         t0 = time.monotonic()
         handle = run(chain, seeds=seeds, priority=5)
-        progress = (handle.wait(timeout=timeout) if poll is None
-                    else handle.wait(timeout=timeout, poll=poll))  # fmt: skip
+        progress = (
+            handle.wait(timeout=timeout)
+            if poll is None
+            else handle.wait(timeout=timeout, poll=poll)
+        )
         return time.monotonic() - t0, progress
 
     # -- workers
-    def start_workers(self, n: int, pool: str, concurrency: int, app: str = "worker",
-                      env: dict[str, str] | None = None, extra: list[str] | None = None,
-                      prefix: list[str] | None = None, in_process: bool = False,
-                      root: Path = ROOT) -> list[Worker]:  # fmt: skip
+    def start_workers(
+        self,
+        n: int,
+        pool: str,
+        concurrency: int,
+        app: str = "worker",
+        env: dict[str, str] | None = None,
+        extra: list[str] | None = None,
+        prefix: list[str] | None = None,
+        in_process: bool = False,
+        root: Path = ROOT,
+    ) -> list[Worker]:
         self.stop_workers()
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -358,8 +407,9 @@ class ChaincrawlBench:
         connection warmed before a timed crawl."""
         self.run_chain([{"url": url, "kind": kind}], timeout)
 
-    def measure(self, url: str, kind: str, timeout: float, poll: float | None = 0.05
-                ) -> dict[str, Any]:  # fmt: skip
+    def measure(
+        self, url: str, kind: str, timeout: float, poll: float | None = 0.05
+    ) -> dict[str, Any]:
         """One timed run from `url` on the running workers: wall, the workers' CPU and
         redis-server's (psutil deltas), the run's totals, Redis calls by command."""
         redis_pid = self.redis.proc.pid if self.redis.proc else 0
@@ -380,19 +430,31 @@ class ChaincrawlBench:
             },
         }
 
-    def crawl(self, demo: Any, *, pool: str = DEFAULT_POOL, concurrency: int = 16, workers: int = 1,
-              app: str = "worker", env: dict[str, str] | None = None, warmup: bool = True,
-              timeout: float | None = None, label: str = "chaincrawl",
-              keep_workers: bool = False, prefix: list[str] | None = None,
-              in_process: bool = False, around: Callable[[bool], None] | None = None
-              ) -> CrawlResult:  # fmt: skip
+    def crawl(
+        self,
+        demo: Any,
+        *,
+        pool: str = DEFAULT_POOL,
+        concurrency: int = 16,
+        workers: int = 1,
+        app: str = "worker",
+        env: dict[str, str] | None = None,
+        warmup: bool = True,
+        timeout: float | None = None,
+        label: str = "chaincrawl",
+        keep_workers: bool = False,
+        prefix: list[str] | None = None,
+        in_process: bool = False,
+        around: Callable[[bool], None] | None = None,
+    ) -> CrawlResult:
         """Start workers (unless `keep_workers` and they run), warm up, crawl the demo's pc
         pages (`demo`: a DemoServer or its replay), measure.
         `around(True)` / `around(False)` just before / after the timed crawl."""
         if not (keep_workers and self.workers):
             self.flush()
-            self.start_workers(workers, pool, concurrency, app, env, prefix=prefix,
-                               in_process=in_process)  # fmt: skip
+            self.start_workers(
+                workers, pool, concurrency, app, env, prefix=prefix, in_process=in_process
+            )
         self._client()
         cfg = demo.config
         want = expected_pages(cfg.users, cfg.posts_per_user, cfg.comments_per_post)
@@ -480,12 +542,19 @@ def main(argv: list[str] | None = None) -> int:
             comments_per_post=comments,
             latency_ms=a.latency_ms,
             stats_window_s=3600,
-        ) as demo,  # fmt: skip
+        ) as demo,
         ChaincrawlBench() as b,
     ):
         for i in range(a.repeat):
-            r = b.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers,
-                        app=a.app, env=env, keep_workers=i > 0)  # fmt: skip
+            r = b.crawl(
+                demo,
+                pool=a.pool,
+                concurrency=a.concurrency,
+                workers=a.workers,
+                app=a.app,
+                env=env,
+                keep_workers=i > 0,
+            )
             d = r.as_dict()
             arrivals = d["extra"]["arrivals"] if a.json_arrivals else d["extra"].pop("arrivals")
             d["steady_pages_per_s"] = steady_rate(arrivals)

@@ -54,8 +54,9 @@ def crawl(state: RunState, runs: int, pages: int, placed: bool = True) -> int:
         rid = state.new_run_id() if placed else uuid.uuid4().hex[:16]
         state.create_run(rid, "bench", b"{}", 5)
         staging = state.kids_key(rid, "client")
-        seed = orjson.dumps({"id": uuid.uuid4().hex, "task": "t", "params": {},
-                             "meta": {"run": rid, "step": "s"}})  # fmt: skip
+        seed = orjson.dumps(
+            {"id": uuid.uuid4().hex, "task": "t", "params": {}, "meta": {"run": rid, "step": "s"}}
+        )
         state.enqueue_and_release(rid, "s", [seed], staging)
         queues[rid] = deque(orjson.loads(m) for m in state.r.lrange(staging, 0, -1))
         state.r.delete(staging)
@@ -69,12 +70,27 @@ def crawl(state: RunState, runs: int, pages: int, placed: bool = True) -> int:
             state.begin(rid, tid, 0)
             n = min(FANOUT, per_run - sent[rid])
             sent[rid] += n
-            kids = [Kid("s", "t", {"n": i}, {"run": rid, "step": "s"}, uuid.uuid4().hex)
-                    for i in range(n)]  # fmt: skip
-            entry = {"run": rid, "step": "s", "task": tid, "type": "page", "key": "[]",
-                     "items": orjson.dumps([{"tid": tid}])}  # fmt: skip
-            res = state.commit(rid=rid, tid=tid, step="s", outcome="succeeded", n_items=1,
-                               entries=[entry], kids=kids)  # fmt: skip
+            kids = [
+                Kid("s", "t", {"n": i}, {"run": rid, "step": "s"}, uuid.uuid4().hex)
+                for i in range(n)
+            ]
+            entry = {
+                "run": rid,
+                "step": "s",
+                "task": tid,
+                "type": "page",
+                "key": "[]",
+                "items": orjson.dumps([{"tid": tid}]),
+            }
+            res = state.commit(
+                rid=rid,
+                tid=tid,
+                step="s",
+                outcome="succeeded",
+                n_items=1,
+                entries=[entry],
+                kids=kids,
+            )
             assert res is not None
             q.extend(orjson.loads(m) for m in res.staged)
             state.clear_kids(rid, tid)
@@ -93,20 +109,27 @@ def stats(nodes: list[redis.Redis]) -> list[tuple[int, float, int]]:
     out = []
     for n in nodes:
         cs, cpu = n.info("commandstats"), n.info("cpu")
-        out.append((sum(v["calls"] for v in cs.values()),
-                    cpu["used_cpu_user"] + cpu["used_cpu_sys"],
-                    sum(v["usec"] for v in cs.values())))  # fmt: skip
+        out.append(
+            (
+                sum(v["calls"] for v in cs.values()),
+                cpu["used_cpu_user"] + cpu["used_cpu_sys"],
+                sum(v["usec"] for v in cs.values()),
+            )
+        )
     return out
 
 
-def measure(state: RunState, nodes: list[redis.Redis], runs: int, pages: int,
-            placed: bool = True) -> dict[str, Any]:  # fmt: skip
+def measure(
+    state: RunState, nodes: list[redis.Redis], runs: int, pages: int, placed: bool = True
+) -> dict[str, Any]:
     for n in nodes:
         n.config_resetstat()
     before = stats(nodes)
     done = crawl(state, runs, pages, placed)
-    per = [(c1 - c0, u1 - u0, t1 - t0)
-           for (c0, u0, t0), (c1, u1, t1) in zip(before, stats(nodes), strict=True)]  # fmt: skip
+    per = [
+        (c1 - c0, u1 - u0, t1 - t0)
+        for (c0, u0, t0), (c1, u1, t1) in zip(before, stats(nodes), strict=True)
+    ]
     calls, cpu = sum(p[0] for p in per), sum(p[1] for p in per)
     shares = [p[2] / sum(q[2] for q in per) for p in per]
     return {
@@ -157,8 +180,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
         with RedisClusterServer(Path(tmp) / "cluster", appendonly=False) as cluster:
             client = cast(redis.Redis, cluster_client(cluster.url))  # the common commands
-            s = Settings(redis_url=cluster.url, broker_url="redis://127.0.0.1:1/0",
-                         key_prefix="cb")  # fmt: skip
+            s = Settings(redis_url=cluster.url, broker_url="redis://127.0.0.1:1/0", key_prefix="cb")
             masters = [n.client() for n in cluster.masters()]
             out["cluster_3_masters"] = measure(RunState(client, s), masters, a.runs, a.pages)
             out["cluster_3_masters_random_run_ids"] = measure(

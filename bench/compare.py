@@ -138,8 +138,11 @@ class Row:
 
 def paired(num: Row, den: Row, key: str) -> list[float]:
     """num's run i over den's run i, for every repeat both completed: runs of the same moment."""
-    return [a[key] / b[key] for a, b in zip(num.runs, den.runs, strict=False)
-            if a is not None and b is not None and b.get(key)]  # fmt: skip
+    return [
+        a[key] / b[key]
+        for a, b in zip(num.runs, den.runs, strict=False)
+        if a is not None and b is not None and b.get(key)
+    ]
 
 
 def spread(vals: list[float]) -> tuple[float, float, float] | None:
@@ -172,8 +175,15 @@ def ratio_lines(sc: Scenario, rows: list[Row]) -> list[dict[str, Any]]:
     out = []
     for num, den in pairs:
         vals = paired(num, den, key)
-        out.append({"num": num.label, "den": den.label, "metric": key, "per_repeat": vals,
-                    "spread": spread(vals)})  # fmt: skip
+        out.append(
+            {
+                "num": num.label,
+                "den": den.label,
+                "metric": key,
+                "per_repeat": vals,
+                "spread": spread(vals),
+            }
+        )
     return out
 
 
@@ -189,8 +199,12 @@ def loop_ms(n: int = 200_000) -> float:
 def check(ps: PageSet, res: Any, stats: dict[str, Any]) -> str | None:
     """What is wrong with a run, or None: every page fetched once, one item each."""
     want = ps.expected_pages
-    got = {"requests": stats["total"], "distinct pages": stats.get("distinct"),
-           "pages handled": res.handled, "items": res.items}  # fmt: skip
+    got = {
+        "requests": stats["total"],
+        "distinct pages": stats.get("distinct"),
+        "pages handled": res.handled,
+        "items": res.items,
+    }
     bad = {k: v for k, v in got.items() if v != want}
     if stats.get("unknown"):
         bad["unknown requests"] = f"{stats['unknown']} ({stats.get('unknown_paths', [])[:3]})"
@@ -223,12 +237,18 @@ def timed_run(system: System, site: Any, ps: PageSet, sc: Scenario, start: bool)
         raise RuntimeError(problem)
     pages = stats["total"]
     d: dict[str, Any] = {
-        "pages": pages, "items": res.items, "wall_s": res.wall_s, "cpu_s": res.cpu_s,
-        "pages_per_s": pages / res.wall_s, "cpu_ms_per_page": 1000 * res.cpu_s / pages,
+        "pages": pages,
+        "items": res.items,
+        "wall_s": res.wall_s,
+        "cpu_s": res.cpu_s,
+        "pages_per_s": pages / res.wall_s,
+        "cpu_ms_per_page": 1000 * res.cpu_s / pages,
         "cpu_parts_ms_per_page": {k: 1000 * v / pages for k, v in res.cpu_parts.items()},
-        "server_cpu_ms_per_page": 1000 * srv / pages, "peak_rss_mb": res.peak_rss_mb,
-        "load": (load0 + os.getloadavg()[0]) / 2, **res.extra,
-    }  # fmt: skip
+        "server_cpu_ms_per_page": 1000 * srv / pages,
+        "peak_rss_mb": res.peak_rss_mb,
+        "load": (load0 + os.getloadavg()[0]) / 2,
+        **res.extra,
+    }
     if sc.metric == "rate":
         arrivals = sorted(t for e in stats["recent"]["by_ip"].values() for t in e["timestamps"])
         d["steady_pages_per_s"] = steady_rate(arrivals)
@@ -237,9 +257,17 @@ def timed_run(system: System, site: Any, ps: PageSet, sc: Scenario, start: bool)
     return d
 
 
-def run_scenario(sc: Scenario, keys: list[str], repeat: int, quick: bool, pages: int | None,
-                 pagesets: list[str], logdir: Path, log: Callable[[str], None],
-                 protos: dict[str, dict[str, str]]) -> list[Row]:  # fmt: skip
+def run_scenario(
+    sc: Scenario,
+    keys: list[str],
+    repeat: int,
+    quick: bool,
+    pages: int | None,
+    pagesets: list[str],
+    logdir: Path,
+    log: Callable[[str], None],
+    protos: dict[str, dict[str, str]],
+) -> list[Row]:
     rows: list[Row] = []
     for ps_name in pagesets:
         ps = PAGESETS[ps_name].build(quick, pages if sc.name == "cpu" else None)
@@ -264,8 +292,9 @@ def run_scenario(sc: Scenario, keys: list[str], repeat: int, quick: bool, pages:
     return rows
 
 
-def _one(s: System, site: Any, ps: PageSet, sc: Scenario, i: int,
-         log: Callable[[str], None]) -> dict[str, Any] | None:  # fmt: skip
+def _one(
+    s: System, site: Any, ps: PageSet, sc: Scenario, i: int, log: Callable[[str], None]
+) -> dict[str, Any] | None:
     speed0, t0 = loop_ms(), time.monotonic()
     try:
         d = timed_run(s, site, ps, sc, start=not sc.warm)
@@ -279,10 +308,12 @@ def _one(s: System, site: Any, ps: PageSet, sc: Scenario, i: int,
         s.stop()
     d["loop_ms"] = (speed0, loop_ms())
     parts = " + ".join(f"{v:.2f} {k}" for k, v in d["cpu_parts_ms_per_page"].items())
-    log(f"   {s.label:<42} run {i + 1}: {d['pages']} pages {d['pages_per_s']:7.1f} p/s  "
+    log(
+        f"   {s.label:<42} run {i + 1}: {d['pages']} pages {d['pages_per_s']:7.1f} p/s  "
         f"wall {d['wall_s']:6.2f}s  {d['cpu_ms_per_page']:6.3f} ms CPU/page ({parts})  "
         f"server {d['server_cpu_ms_per_page']:.2f}  load {d['load']:.1f}  "
-        f"loop {speed0:.0f}/{d['loop_ms'][1]:.0f} ms  ({time.monotonic() - t0:.0f}s)")  # fmt: skip
+        f"loop {speed0:.0f}/{d['loop_ms'][1]:.0f} ms  ({time.monotonic() - t0:.0f}s)"
+    )
     return d
 
 
@@ -300,8 +331,10 @@ def table(scenarios: dict[str, Scenario], rows: list[Row], meta: dict[str, Any])
     for (name, ps), rs in groups.items():
         sc = scenarios[name]
         out.append(f"\n{name} / {ps}: {sc.note}; median (min-max) of {meta['repeat']} repeat(s)")
-        hdr = (f"  {'system':<42} {'CPU ms/page':>20} {'of which':>26} {'pages/s':>20} "
-               f"{'wall s':>8} {'RSS MB':>7} {'vs bound':>9}")  # fmt: skip
+        hdr = (
+            f"  {'system':<42} {'CPU ms/page':>20} {'of which':>26} {'pages/s':>20} "
+            f"{'wall s':>8} {'RSS MB':>7} {'vs bound':>9}"
+        )
         out.append(hdr)
         for r in rs:
             parts = ""
@@ -310,7 +343,7 @@ def table(scenarios: dict[str, Scenario], rows: list[Row], meta: dict[str, Any])
                 parts = " + ".join(
                     f"{statistics.median(x['cpu_parts_ms_per_page'][k] for x in r.runs if x):.2f} {k}"
                     for k in last["cpu_parts_ms_per_page"]
-                )  # fmt: skip
+                )
             share = r.values("share_of_bound")
             out.append(
                 f"  {r.label[:42]:<42} {_fmt(r.span('cpu_ms_per_page'), 2):>20} {parts:>26} "
@@ -320,15 +353,21 @@ def table(scenarios: dict[str, Scenario], rows: list[Row], meta: dict[str, Any])
                 + ("" if r.values("pages") else "  (every run failed)")
             )
         if sc.bound():
-            out.append(f"  bound: {sc.concurrency} in flight / {sc.latency_ms} ms = {sc.bound():.0f} pages/s"
-                       + (" (or the CPU limit, if lower)" if sc.concurrency > 64 else ""))  # fmt: skip
+            out.append(
+                f"  bound: {sc.concurrency} in flight / {sc.latency_ms} ms = {sc.bound():.0f} pages/s"
+                + (" (or the CPU limit, if lower)" if sc.concurrency > 64 else "")
+            )
         scrapy = [r for r in rs if r.system.startswith("scrapy")]
         if len(scrapy) > 1:
             best = best_of(rs, "scrapy", sc.metric)
-            out.append(f"  Scrapy candidates by {METRIC[sc.metric]}: "
-                       + ", ".join(f"{r.label.split(' ', 1)[1]} {r.med(METRIC[sc.metric]):.3f}"
-                                   + (" <- best" if r is best else "")
-                                   for r in sorted(scrapy, key=lambda r: r.med(METRIC[sc.metric]))))  # fmt: skip
+            out.append(
+                f"  Scrapy candidates by {METRIC[sc.metric]}: "
+                + ", ".join(
+                    f"{r.label.split(' ', 1)[1]} {r.med(METRIC[sc.metric]):.3f}"
+                    + (" <- best" if r is best else "")
+                    for r in sorted(scrapy, key=lambda r: r.med(METRIC[sc.metric]))
+                )
+            )
         for p in ratio_lines(sc, rs):
             per = " / ".join(f"{x:.2f}" for x in p["per_repeat"]) or "-"
             sp = p["spread"]
@@ -369,8 +408,9 @@ def versions() -> dict[str, str]:
     return out
 
 
-def plan(names: list[str], systems: str | None, scrapy_configs: str | None,
-         protos: list[str]) -> list[tuple[Scenario, list[str]]]:  # fmt: skip
+def plan(
+    names: list[str], systems: str | None, scrapy_configs: str | None, protos: list[str]
+) -> list[tuple[Scenario, list[str]]]:
     """Each scenario with the system keys it runs (`--systems` replaces the scenario's own;
     `--scrapy-configs` replaces scrapy-best; `--proto` adds chaincrawl rows)."""
     out = []
@@ -402,19 +442,35 @@ def _logdir(keep: Path | None) -> Iterator[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scenarios", default="cpu,latency,small",
-                    help=f"comma-separated: {', '.join(SCENARIOS)} (lat250 = latency)")  # fmt: skip
+    ap.add_argument(
+        "--scenarios",
+        default="cpu,latency,small",
+        help=f"comma-separated: {', '.join(SCENARIOS)} (lat250 = latency)",
+    )
     ap.add_argument("--repeat", type=int, default=None, help="interleaved repeats (3; --quick: 1)")
     ap.add_argument("--quick", action="store_true", help="smaller page sets, 1 repeat")
-    ap.add_argument("--pagesets", default=None,
-                    help=f"cpu scenario's page sets (light,shop,heavy); known: {', '.join(PAGESETS)}")  # fmt: skip
+    ap.add_argument(
+        "--pagesets",
+        default=None,
+        help=f"cpu scenario's page sets (light,shop,heavy); known: {', '.join(PAGESETS)}",
+    )
     ap.add_argument("--pages", type=int, default=None, help="about this many pages per cpu crawl")
-    ap.add_argument("--systems", default=None,
-                    help="system keys replacing each scenario's own (bench.systems.KEYS)")  # fmt: skip
-    ap.add_argument("--scrapy-configs", default=None,
-                    help="'all' or names from bench.scrapy_spider.CONFIGS, in place of Scrapy-best")  # fmt: skip
-    ap.add_argument("--proto", action="append", default=[],
-                    help="also a chaincrawl row with these bench/proto.py flags or env:NAME=VALUE")  # fmt: skip
+    ap.add_argument(
+        "--systems",
+        default=None,
+        help="system keys replacing each scenario's own (bench.systems.KEYS)",
+    )
+    ap.add_argument(
+        "--scrapy-configs",
+        default=None,
+        help="'all' or names from bench.scrapy_spider.CONFIGS, in place of Scrapy-best",
+    )
+    ap.add_argument(
+        "--proto",
+        action="append",
+        default=[],
+        help="also a chaincrawl row with these bench/proto.py flags or env:NAME=VALUE",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     ap.add_argument(
         "--logs", type=Path, default=None, help="keep the peers' logs in this directory"
@@ -426,23 +482,46 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown scenarios {unknown}; known: {', '.join([*SCENARIOS, *ALIASES])}")
     repeat = a.repeat or (1 if a.quick else 3)
     signal.signal(signal.SIGTERM, lambda s, f: (_ for _ in ()).throw(SystemExit(143)))
-    meta: dict[str, Any] = {"versions": versions(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "load_start": tuple(round(x, 2) for x in os.getloadavg()),
-                            "repeat": repeat, "quick": a.quick, "scrapy_best": scrapy_spider.BEST}  # fmt: skip
+    meta: dict[str, Any] = {
+        "versions": versions(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_start": tuple(round(x, 2) for x in os.getloadavg()),
+        "repeat": repeat,
+        "quick": a.quick,
+        "scrapy_best": scrapy_spider.BEST,
+    }
     protos = {f"chaincrawl+{p}": worker_env(p) for p in a.proto}
     rows: list[Row] = []
     with _logdir(a.logs) as logdir:
         for sc, keys in plan(names, a.systems, a.scrapy_configs, a.proto):
             sets = a.pagesets.split(",") if a.pagesets and sc.name == "cpu" else list(sc.pagesets)
-            rows += run_scenario(sc, keys, repeat, a.quick, a.pages, sets, logdir,
-                                 lambda m: print(m, flush=True), protos)  # fmt: skip
+            rows += run_scenario(
+                sc,
+                keys,
+                repeat,
+                a.quick,
+                a.pages,
+                sets,
+                logdir,
+                lambda m: print(m, flush=True),
+                protos,
+            )
     meta["load_end"] = tuple(round(x, 2) for x in os.getloadavg())
     print(table(SCENARIOS, rows, meta))
     if a.json:
-        ratios = {f"{sc}/{ps}": ratio_lines(SCENARIOS[sc], [r for r in rows if (r.scenario, r.pageset) == (sc, ps)])
-                  for sc, ps in dict.fromkeys((r.scenario, r.pageset) for r in rows)}  # fmt: skip
-        a.json.write_text(json.dumps({"meta": meta, "rows": [r.__dict__ for r in rows],
-                                      "ratios": ratios}, indent=1, default=str))  # fmt: skip
+        ratios = {
+            f"{sc}/{ps}": ratio_lines(
+                SCENARIOS[sc], [r for r in rows if (r.scenario, r.pageset) == (sc, ps)]
+            )
+            for sc, ps in dict.fromkeys((r.scenario, r.pageset) for r in rows)
+        }
+        a.json.write_text(
+            json.dumps(
+                {"meta": meta, "rows": [r.__dict__ for r in rows], "ratios": ratios},
+                indent=1,
+                default=str,
+            )
+        )
     return 0
 
 

@@ -141,12 +141,12 @@ PHASES: list[Rule] = [
     ("metrics flush thread (aggregated HINCRBYs)", lambda t, f: _has(f, "Aggregator._loop")),
     # the task thread
     ("child dispatch: plan + raw envelopes + one pipeline", lambda t, f: _has(f, "Publisher.publish")),
-    ("child dispatch: other (staged children read back)", lambda t, f: _has(f, "_send_staged")),
+    ("child dispatch: other (staged children read back)", lambda t, f: _has(f, "Committer.stage", "Committer.publish")),
     ("fetch (requests / urllib3 / http.client)", lambda t, f: _has(f, "Fetcher.fetch")),
     ("parse (decode, lxml tree, 3 CSS fields + links)",
      lambda t, f: _has(f, "workload.py", "Response.selector", "Response.text", "Response.css")),
     ("commit: EVALSHA pipeline (a batch's commits together; tail: + metrics)",
-     lambda t, f: _has(f, "RunState.commit", "run_commits")),
+     lambda t, f: _has(f, "RunState.commit", "run_commits", "send_commits")),
     ("begin: redelivery check, delivery count (one pipeline per batch)",
      lambda t, f: _has(f, "RunState.begin")),
     ("items -> outbox entries, children (model_dump, fan-out, orjson)",
@@ -163,7 +163,7 @@ PHASES: list[Rule] = [
     ("tracer: 'Task succeeded' log line", lambda t, f: _has(f, *TASK_ROOT) and _has(f, "logging/")),
     ("tracer: ack (QoS pipeline: ZREM/HDEL)",
      lambda t, f: _has(f, *TASK_ROOT) and _has(f, "Message.ack", "basic_ack", "QoS.ack", "ack_log_error")),
-    ("task scaffolding: the batch loop, SiteTask._execute, side-by-side greenlets",
+    ("task scaffolding: the batch loop, run_page, side-by-side greenlets",
      lambda t, f: _has(f, "_run_batch")),
     ("tracer & task bookkeeping (celery)", lambda t, f: _has(f, *TASK_ROOT)),
     # gevent: the hub's loop (libev callbacks, greenlet switches, Timeout expiry); a sample with
@@ -173,8 +173,9 @@ PHASES: list[Rule] = [
 ]  # fmt: skip
 
 
-def classify(stacks: Iterable[tuple[str, list[tuple[str, str]], int]], rules: list[Rule]
-             ) -> tuple[Counter[str], Counter[str], Counter[str], int]:  # fmt: skip
+def classify(
+    stacks: Iterable[tuple[str, list[tuple[str, str]], int]], rules: list[Rule]
+) -> tuple[Counter[str], Counter[str], Counter[str], int]:
     """(samples per phase, per library, per leaf function, samples left out as start-up/idle)."""
     phases: Counter[str] = Counter()
     libs: Counter[str] = Counter()
@@ -208,14 +209,24 @@ SCRAPY_PHASES: list[Rule] = [
 ]  # fmt: skip
 
 
-def report(raw: Path, cpu_ms_per_page: float | None, rules: list[Rule] = PHASES,
-           title: str = "chaincrawl worker") -> dict[str, Any]:  # fmt: skip
+def report(
+    raw: Path,
+    cpu_ms_per_page: float | None,
+    rules: list[Rule] = PHASES,
+    title: str = "chaincrawl worker",
+) -> dict[str, Any]:
     phases, libs, leaves, skipped = classify(parse_raw(raw), rules)
     total = sum(phases.values())
     scale = (cpu_ms_per_page or 0) / total if total else 0
-    out: dict[str, Any] = {"title": title, "samples": total, "skipped_samples": skipped,
-                           "cpu_ms_per_page": cpu_ms_per_page, "phases": [], "libraries": [],
-                           "leaves": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "title": title,
+        "samples": total,
+        "skipped_samples": skipped,
+        "cpu_ms_per_page": cpu_ms_per_page,
+        "phases": [],
+        "libraries": [],
+        "leaves": [],
+    }
     for key, counter in (("phases", phases), ("libraries", libs), ("leaves", leaves)):
         for name, n in counter.most_common(40 if key == "leaves" else None):
             out[key].append({"name": name, "share": n / total, "ms_per_page": n * scale})
@@ -224,9 +235,11 @@ def report(raw: Path, cpu_ms_per_page: float | None, rules: list[Rule] = PHASES,
 
 def print_report(rep: dict[str, Any], top_leaves: int = 25) -> None:
     ms = rep["cpu_ms_per_page"]
-    print(f"\n== {rep['title']}: {rep['samples']} samples in the crawl "
-          f"({rep['skipped_samples']} start-up/idle left out)"
-          + (f", {ms:.2f} ms CPU/page measured" if ms else ""))  # fmt: skip
+    print(
+        f"\n== {rep['title']}: {rep['samples']} samples in the crawl "
+        f"({rep['skipped_samples']} start-up/idle left out)"
+        + (f", {ms:.2f} ms CPU/page measured" if ms else "")
+    )
     for key, label in (
         ("phases", "phase"),
         ("libraries", "library (leaf)"),
@@ -239,13 +252,31 @@ def print_report(rep: dict[str, Any], top_leaves: int = 25) -> None:
 
 
 def pyspy_prefix(out: Path, rate: int = 200) -> list[str]:
-    return [PYSPY, "record", "--gil", "--nonblocking", "-t", "-r", str(rate), "-f", "raw",
-            "-o", str(out), "--"]  # fmt: skip
+    return [
+        PYSPY,
+        "record",
+        "--gil",
+        "--nonblocking",
+        "-t",
+        "-r",
+        str(rate),
+        "-f",
+        "raw",
+        "-o",
+        str(out),
+        "--",
+    ]
 
 
-def profile_chaincrawl(pages: int, proto: str, outdir: Path, pool: str = DEFAULT_POOL,
-                       concurrency: int = 16, latency_ms: int = 0, pageset: str = "light"
-                       ) -> dict[str, Any]:  # fmt: skip
+def profile_chaincrawl(
+    pages: int,
+    proto: str,
+    outdir: Path,
+    pool: str = DEFAULT_POOL,
+    concurrency: int = 16,
+    latency_ms: int = 0,
+    pageset: str = "light",
+) -> dict[str, Any]:
     """One worker under py-spy crawls a page set of `bench.pagesets` (after its warm-up)."""
     from bench.chaincrawl_bench import ChaincrawlBench
     from bench.pagesets import PAGESETS
@@ -264,19 +295,31 @@ def profile_chaincrawl(pages: int, proto: str, outdir: Path, pool: str = DEFAULT
         got = int(site.stats()["total"])
         b.stop_workers()  # py-spy writes the file when the worker exits
     if got != ps.expected_pages or m["totals"]["stored"] != ps.expected_pages:
-        raise RuntimeError(f"expected {ps.expected_pages} pages and items, got {got} requests, "
-                           f"{m['totals']['stored']} items stored")  # fmt: skip
+        raise RuntimeError(
+            f"expected {ps.expected_pages} pages and items, got {got} requests, "
+            f"{m['totals']['stored']} items stored"
+        )
     cpu_ms = 1000 * sum(m["per_worker_cpu_s"]) / got
     rep = report(raw, cpu_ms, title=f"chaincrawl worker ({tag})")
     rep["raw"] = str(raw)
-    rep["run"] = {"pages": got, "wall_s": m["wall_s"], "cpu_ms_per_page": cpu_ms,
-                  "redis_cpu_ms_per_page": 1000 * m["redis_cpu_s"] / got,
-                  "redis_calls": m["redis_calls"]}  # fmt: skip
+    rep["run"] = {
+        "pages": got,
+        "wall_s": m["wall_s"],
+        "cpu_ms_per_page": cpu_ms,
+        "redis_cpu_ms_per_page": 1000 * m["redis_cpu_s"] / got,
+        "redis_calls": m["redis_calls"],
+    }
     return rep
 
 
-def profile_scrapy(pages: int, outdir: Path, concurrency: int = 16, config: str | None = None,
-                   latency_ms: int = 0, pageset: str = "light") -> dict[str, Any]:  # fmt: skip
+def profile_scrapy(
+    pages: int,
+    outdir: Path,
+    concurrency: int = 16,
+    config: str | None = None,
+    latency_ms: int = 0,
+    pageset: str = "light",
+) -> dict[str, Any]:
     """Scrapy (a `bench.scrapy_spider` configuration, Scrapy-best by default) under py-spy."""
     from bench.pagesets import PAGESETS
     from bench.scrapy_spider import BEST
@@ -284,8 +327,14 @@ def profile_scrapy(pages: int, outdir: Path, concurrency: int = 16, config: str 
 
     ps = PAGESETS[pageset].build(pages=pages)
     raw = outdir / f"scrapy-{ps.name}.raw"
-    argv = [*pyspy_prefix(raw), sys.executable, "-m", "bench.scrapy_spider",
-            "--config", config or BEST]  # fmt: skip
+    argv = [
+        *pyspy_prefix(raw),
+        sys.executable,
+        "-m",
+        "bench.scrapy_spider",
+        "--config",
+        config or BEST,
+    ]
     with ps.serve(latency_ms) as site:
         peer = PeerProcess(argv, outdir / "scrapy.log")
         try:
@@ -309,12 +358,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrapy", action="store_true", help="profile the Scrapy baseline instead")
     ap.add_argument("-P", "--pool", default=DEFAULT_POOL, help="worker pool (gevent, threads)")
     ap.add_argument("--latency-ms", type=int, default=0, help="demo server's added latency")
-    ap.add_argument("-c", "--concurrency", type=int, default=16,
-                    help="task slots (chaincrawl) or CONCURRENT_REQUESTS (Scrapy)")  # fmt: skip
-    ap.add_argument("--config", default=None,
-                    help="bench.scrapy_spider configuration for --scrapy (default: its BEST)")  # fmt: skip
-    ap.add_argument("--pageset", default="light",
-                    help="page set of bench.pagesets: light (demo pc), shop, heavy")  # fmt: skip
+    ap.add_argument(
+        "-c",
+        "--concurrency",
+        type=int,
+        default=16,
+        help="task slots (chaincrawl) or CONCURRENT_REQUESTS (Scrapy)",
+    )
+    ap.add_argument(
+        "--config",
+        default=None,
+        help="bench.scrapy_spider configuration for --scrapy (default: its BEST)",
+    )
+    ap.add_argument(
+        "--pageset",
+        default="light",
+        help="page set of bench.pagesets: light (demo pc), shop, heavy",
+    )
     ap.add_argument("--out", type=Path, default=None, help="directory for raw profiles + JSON")
     ap.add_argument("--analyze", type=Path, default=None, help="only summarise a raw file")
     ap.add_argument("--cpu-ms", type=float, default=None, help="with --analyze: ms/page to scale")
@@ -328,13 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.scrapy:
         rep = profile_scrapy(a.pages, outdir, a.concurrency, a.config, a.latency_ms, a.pageset)
     else:
-        rep = profile_chaincrawl(a.pages, a.proto, outdir, a.pool, a.concurrency, a.latency_ms,
-                                 a.pageset)  # fmt: skip
+        rep = profile_chaincrawl(
+            a.pages, a.proto, outdir, a.pool, a.concurrency, a.latency_ms, a.pageset
+        )
     print_report(rep)
     if "redis_calls" in rep.get("run", {}):
         pages = rep["run"]["pages"] or 1
-        calls = {k: v / pages for k, v in rep["run"]["redis_calls"].items()
-                 if k not in ("hgetall", "llen", "info")}  # fmt: skip
+        calls = {
+            k: v / pages
+            for k, v in rep["run"]["redis_calls"].items()
+            if k not in ("hgetall", "llen", "info")
+        }
         print(f"\n  Redis commands per page (progress polling excluded): {sum(calls.values()):.1f}")
         print(
             "  "

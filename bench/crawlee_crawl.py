@@ -49,8 +49,9 @@ QUIET = timedelta(hours=1)
 
 def make_crawler(concurrency: int) -> tuple[ParselCrawler, list[int]]:
     """A crawler of the bench crawl and its page counter."""
-    conc = ConcurrencySettings(min_concurrency=concurrency, max_concurrency=concurrency,
-                               desired_concurrency=concurrency)  # fmt: skip
+    conc = ConcurrencySettings(
+        min_concurrency=concurrency, max_concurrency=concurrency, desired_concurrency=concurrency
+    )
     crawler = ParselCrawler(
         storage_client=MemoryStorageClient(),
         concurrency_settings=conc,
@@ -68,8 +69,9 @@ def make_crawler(concurrency: int) -> tuple[ParselCrawler, list[int]]:
         url = ctx.request.url
         await ctx.push_data({"url": url, "kind": kind, **fields})
         rule = RULES[kind]
-        reqs = [Request.from_url(urljoin(url, h), user_data={"kind": rule.link_kind})
-                for h in links]  # fmt: skip
+        reqs = [
+            Request.from_url(urljoin(url, h), user_data={"kind": rule.link_kind}) for h in links
+        ]
         if nxt:
             reqs.append(Request.from_url(urljoin(url, nxt), user_data={"kind": kind}))
         if reqs:

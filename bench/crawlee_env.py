@@ -39,14 +39,20 @@ def python(venv: Path = VENV) -> Path:
     print(f"(making {venv} from {LOCK.name}: about a minute, once)", file=sys.stderr, flush=True)
     shutil.rmtree(venv, ignore_errors=True)
     venv.parent.mkdir(parents=True, exist_ok=True)
-    for cmd in ([sys.executable, "-m", "venv", str(venv)],
-                [str(exe), "-m", "pip", "install", "-q", "-r", str(LOCK)]):  # fmt: skip
+    for cmd in (
+        [sys.executable, "-m", "venv", str(venv)],
+        [str(exe), "-m", "pip", "install", "-q", "-r", str(LOCK)],
+    ):
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode:
             tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-15:])
             raise CrawleeUnavailable(f"`{' '.join(cmd)}` exited {out.returncode}:\n{tail}")
-    check = subprocess.run([str(exe), "-c", "import crawlee.crawlers, parsel"],
-                           capture_output=True, text=True, check=False)  # fmt: skip
+    check = subprocess.run(
+        [str(exe), "-c", "import crawlee.crawlers, parsel"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if check.returncode:
         raise CrawleeUnavailable(f"crawlee does not import in {venv}:\n{check.stderr[-2000:]}")
     stamp.touch()

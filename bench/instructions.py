@@ -45,8 +45,15 @@ CONCURRENCY = 16  # as the cpu scenario of bench.compare
 
 def run_scrapy(demo: Any, out: Path, concurrency: int) -> dict[str, Any]:
     """Scrapy-best under callgrind: a warm-up crawl (dump 1), then the counted crawl (dump 2)."""
-    argv = [*VALGRIND, f"--callgrind-out-file={out}", sys.executable, "-m", "bench.scrapy_spider",
-            "--config", BEST]  # fmt: skip
+    argv = [
+        *VALGRIND,
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        "-m",
+        "bench.scrapy_spider",
+        "--config",
+        BEST,
+    ]
     peer = PeerProcess(argv, out.with_suffix(".log"), {"BENCH_CALLGRIND": "1"}, ready_timeout=900)
     try:
         peer.crawl(demo.url_for("/pc/user/u1"), "user", concurrency, 1800)
@@ -55,12 +62,16 @@ def run_scrapy(demo: Any, out: Path, concurrency: int) -> dict[str, Any]:
         pages = int(demo.stats()["total"])
     finally:
         peer.close()
-    return {"pages": pages, "instructions": totals(Path(f"{out}.2")),
-            "cpu_ms_per_page": 1000 * res["cpu_s"] / pages}  # fmt: skip
+    return {
+        "pages": pages,
+        "instructions": totals(Path(f"{out}.2")),
+        "cpu_ms_per_page": 1000 * res["cpu_s"] / pages,
+    }
 
 
-def run_chaincrawl(b: ChaincrawlBench, demo: Any, out_dir: Path, pool: str, concurrency: int,
-                   tag: str) -> dict[str, Any]:  # fmt: skip
+def run_chaincrawl(
+    b: ChaincrawlBench, demo: Any, out_dir: Path, pool: str, concurrency: int, tag: str
+) -> dict[str, Any]:
     pattern = out_dir / f"{tag}-%p.out"
 
     def around(start: bool) -> None:
@@ -73,9 +84,15 @@ def run_chaincrawl(b: ChaincrawlBench, demo: Any, out_dir: Path, pool: str, conc
                 callgrind("-i", "off", pid=w.pid)
 
     try:
-        r = b.crawl(demo, pool=pool, concurrency=concurrency, prefix=[*VALGRIND,
-                    f"--callgrind-out-file={pattern}"], in_process=True, around=around,
-                    timeout=1800)  # fmt: skip
+        r = b.crawl(
+            demo,
+            pool=pool,
+            concurrency=concurrency,
+            prefix=[*VALGRIND, f"--callgrind-out-file={pattern}"],
+            in_process=True,
+            around=around,
+            timeout=1800,
+        )
         pids = [w.pid for w in b.workers]
     finally:
         b.stop_workers()
@@ -115,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
                         pool = label.split("[")[1].rstrip("]")
                         res = run_chaincrawl(b, demo, out_dir, pool, CONCURRENCY, f"cc-{pool}{i}")
                     rows.setdefault(label, []).append(res)
-                    print(f"   {label:<22} run {i + 1}: {res['pages']} pages  "
-                          f"{res['instructions'] / res['pages'] / 1e6:7.3f} M instructions/page  "
-                          f"({res['cpu_ms_per_page']:.1f} ms CPU/page under callgrind)", flush=True)  # fmt: skip
+                    print(
+                        f"   {label:<22} run {i + 1}: {res['pages']} pages  "
+                        f"{res['instructions'] / res['pages'] / 1e6:7.3f} M instructions/page  "
+                        f"({res['cpu_ms_per_page']:.1f} ms CPU/page under callgrind)",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     base = min(r["instructions"] / r["pages"] for r in rows["scrapy"])

@@ -62,25 +62,38 @@ class PageSetSpec:
 def light(pages: int) -> PageSet:
     users, posts, comments = site_for_pages(pages)
     rec = ReplayServer.record(users=users, posts_per_user=posts, comments_per_post=comments)
-    return PageSet("light", rec.pages, Seed("/pc/feed?page=1", "feed"), Seed("/pc/user/u1", "user"),
-                   "the demo's pc pages (1-3 KB)")  # fmt: skip
+    return PageSet(
+        "light",
+        rec.pages,
+        Seed("/pc/feed?page=1", "feed"),
+        Seed("/pc/user/u1", "user"),
+        "the demo's pc pages (1-3 KB)",
+    )
 
 
 def shop(pages: int, heavy: bool = False, catalog_pages: int = 10) -> PageSet:
     cfg = shop_site.for_pages(pages, heavy, catalog_pages)
     last = cfg.category_seed(cfg.categories, cfg.catalog_pages)
-    return PageSet("heavy" if heavy else "shop", shop_site.generate(cfg), Seed("/shop/", "home"),
-                   Seed(last, "catalog"),
-                   "shop, 8-50 KB product pages" if heavy else "shop, 8 KB product pages")  # fmt: skip
+    return PageSet(
+        "heavy" if heavy else "shop",
+        shop_site.generate(cfg),
+        Seed("/shop/", "home"),
+        Seed(last, "catalog"),
+        "shop, 8-50 KB product pages" if heavy else "shop, 8 KB product pages",
+    )
 
 
 def small(pages: int = 105) -> PageSet:
     """One category seeded at its first catalog page: 5 pages of 20 products = 105 pages."""
     cfg = shop_site.ShopConfig(categories=1, catalog_pages=max(1, round(pages / 21)))
     pages_ = {t: p for t, p in shop_site.generate(cfg).items() if t != "/shop/"}
-    return PageSet("small", pages_, Seed(cfg.category_seed(1), "catalog"),
-                   Seed(cfg.category_seed(1, cfg.catalog_pages), "catalog"),
-                   f"shop, one category: {cfg.catalog_pages} sequential catalog hops")  # fmt: skip
+    return PageSet(
+        "small",
+        pages_,
+        Seed(cfg.category_seed(1), "catalog"),
+        Seed(cfg.category_seed(1, cfg.catalog_pages), "catalog"),
+        f"shop, one category: {cfg.catalog_pages} sequential catalog hops",
+    )
 
 
 PAGESETS: dict[str, PageSetSpec] = {

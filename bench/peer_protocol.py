@@ -51,8 +51,14 @@ class Clock:
     def result(self, items: int, handled: int, **extra: Any) -> dict[str, Any]:
         wall, cpu = time.monotonic() - self.t0, cpu_s() - self.cpu0
         rss = peak_rss_mb()
-        return {"items": items, "handled": handled, "wall_s": wall, "cpu_s": cpu,
-                "peak_rss_mb": rss, **extra}  # fmt: skip
+        return {
+            "items": items,
+            "handled": handled,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "peak_rss_mb": rss,
+            **extra,
+        }
 
 
 def serve(crawl: Callable[[dict[str, Any]], dict[str, Any]]) -> None:

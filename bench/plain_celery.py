@@ -111,8 +111,9 @@ def pages(entries: list[list[str]]) -> None:
     _finish(items, kids)
 
 
-def crawl(bench: Any, demo: Any, batch: int, concurrency: int = 16,
-          timeout: float = 600) -> dict[str, Any]:  # fmt: skip
+def crawl(
+    bench: Any, demo: Any, batch: int, concurrency: int = 16, timeout: float = 600
+) -> dict[str, Any]:
     """One measured crawl on fresh workers of this app (a ChaincrawlBench supplies Redis)."""
     from bench.chaincrawl_bench import Worker
     from bench.workload import expected_pages
@@ -127,9 +128,16 @@ def crawl(bench: Any, demo: Any, batch: int, concurrency: int = 16,
     _r = None
     logs = bench.workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    w = Worker({"PLAIN_REDIS_URL": url, "PLAIN_BATCH": str(batch), "PYTHONPATH": bench.env["PYTHONPATH"]},
-               logs / f"plain-{batch}-{int(time.time())}.log", "threads", concurrency,
-               f"plain{batch}", app="bench.plain_celery", queue=QUEUE, events=False)  # fmt: skip
+    w = Worker(
+        {"PLAIN_REDIS_URL": url, "PLAIN_BATCH": str(batch), "PYTHONPATH": bench.env["PYTHONPATH"]},
+        logs / f"plain-{batch}-{int(time.time())}.log",
+        "threads",
+        concurrency,
+        f"plain{batch}",
+        app="bench.plain_celery",
+        queue=QUEUE,
+        events=False,
+    )
     bench.workers.append(w)
     w.wait_ready()
     r = _redis()
@@ -158,10 +166,16 @@ def crawl(bench: Any, demo: Any, batch: int, concurrency: int = 16,
     pages_seen = int(demo.stats()["total"])
     rss = w.peak_rss_mb()
     bench.stop_workers()
-    return {"system": f"celery plain, {batch} page(s)/task", "pages": pages_seen, "wall_s": wall,
-            "cpu_s": cpu1 - cpu0, "pages_per_s": pages_seen / wall,
-            "cpu_ms_per_page": 1000 * (cpu1 - cpu0) / pages_seen, "peak_rss_mb": rss,
-            "expected_pages": want}  # fmt: skip
+    return {
+        "system": f"celery plain, {batch} page(s)/task",
+        "pages": pages_seen,
+        "wall_s": wall,
+        "cpu_s": cpu1 - cpu0,
+        "pages_per_s": pages_seen / wall,
+        "cpu_ms_per_page": 1000 * (cpu1 - cpu0) / pages_seen,
+        "peak_rss_mb": rss,
+        "expected_pages": want,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

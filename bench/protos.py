@@ -29,8 +29,10 @@ from bench.workload import site_for_pages
 from config import DEFAULT_POOL
 
 # each configuration switches one core change off again (or metrics off: an upper bound)
-DEFAULT_FLAGS = ("env:CHAINCRAWL_TASK_EVENTS=1,env:CHAINCRAWL_TASK_LOG=1,"
-                 "env:CHAINCRAWL_FETCHER=requests,env:CHAINCRAWL_BATCH=1,nometrics")  # fmt: skip
+DEFAULT_FLAGS = (
+    "env:CHAINCRAWL_TASK_EVENTS=1,env:CHAINCRAWL_TASK_LOG=1,"
+    "env:CHAINCRAWL_FETCHER=requests,env:CHAINCRAWL_BATCH=1,nometrics"
+)
 
 
 def worker_env(spec: str) -> dict[str, str]:
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             comments_per_post=comments,
             latency_ms=a.latency_ms,
             stats_window_s=3600,
-        ) as demo,  # fmt: skip
+        ) as demo,
         ChaincrawlBench() as b,
     ):
         for rnd in range(a.rounds):
@@ -93,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                 env = worker_env(proto)
                 proto = env.get("BENCH_PROTO", "")
                 try:
-                    r = b.crawl(demo, pool=a.pool, concurrency=a.concurrency, env=env,
-                                app="bench.tuned_worker" if proto else "worker")  # fmt: skip
+                    r = b.crawl(
+                        demo,
+                        pool=a.pool,
+                        concurrency=a.concurrency,
+                        env=env,
+                        app="bench.tuned_worker" if proto else "worker",
+                    )
                 except (TimeoutError, RuntimeError) as exc:
                     print(f"round {rnd + 1} {name:<14} FAILED: {str(exc)[:200]}", flush=True)
                     b.stop_workers()
@@ -104,15 +111,19 @@ def main(argv: list[str] | None = None) -> int:
                 d.pop("extra", None)
                 d["load"] = os.getloadavg()[0]
                 results[name].append(d)
-                print(f"round {rnd + 1} {name:<14} {r.pages} pages {r.pages_per_s:7.1f} p/s "
-                      f"{r.cpu_ms_per_page:6.2f} ms CPU/page  redis {d['redis_cpu_ms_per_page']:.2f}"
-                      f"  load {d['load']:.1f}"
-                      + (f"  WARNING {r.extra['warning']}" if r.extra.get("warning") else ""),
-                      flush=True)  # fmt: skip
+                print(
+                    f"round {rnd + 1} {name:<14} {r.pages} pages {r.pages_per_s:7.1f} p/s "
+                    f"{r.cpu_ms_per_page:6.2f} ms CPU/page  redis {d['redis_cpu_ms_per_page']:.2f}"
+                    f"  load {d['load']:.1f}"
+                    + (f"  WARNING {r.extra['warning']}" if r.extra.get("warning") else ""),
+                    flush=True,
+                )
     base = [x["cpu_ms_per_page"] for x in results["baseline"]]
     base_med = statistics.median(base) if base else float("nan")
-    print(f"\n{'config':<16} {'flags':<60} {'CPU ms/page':>11} {'(min)':>6} {'saving':>8} "
-          f"{'redis ms/pg':>11} {'pages/s':>8}")  # fmt: skip
+    print(
+        f"\n{'config':<16} {'flags':<60} {'CPU ms/page':>11} {'(min)':>6} {'saving':>8} "
+        f"{'redis ms/pg':>11} {'pages/s':>8}"
+    )
     for name, proto in configs:
         runs = results[name]
         if not runs:
@@ -120,10 +131,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cpu = [x["cpu_ms_per_page"] for x in runs]
         med = statistics.median(cpu)
-        print(f"{name:<16} {proto[:60]:<60} {med:11.2f} {min(cpu):6.2f} "
-              f"{(f'{100 * (1 - med / base_med):7.1f}%' if name != 'baseline' else ''):>8} "
-              f"{statistics.median(x['redis_cpu_ms_per_page'] for x in runs):11.2f} "
-              f"{statistics.median(x['pages_per_s'] for x in runs):8.1f}")  # fmt: skip
+        print(
+            f"{name:<16} {proto[:60]:<60} {med:11.2f} {min(cpu):6.2f} "
+            f"{(f'{100 * (1 - med / base_med):7.1f}%' if name != 'baseline' else ''):>8} "
+            f"{statistics.median(x['redis_cpu_ms_per_page'] for x in runs):11.2f} "
+            f"{statistics.median(x['pages_per_s'] for x in runs):8.1f}"
+        )
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -102,19 +102,31 @@ def ticks(start: float, end: float, step: float) -> Iterator[float]:
 def run_once(args: argparse.Namespace, seed: int, redis_url: str) -> Result:
     users = args.posts // args.posts_per_user
     cfg = DemoConfig(
-        size="tiny", users=users, posts_per_user=args.posts_per_user, comments_per_post=0,
-        seed=seed, changes=True, change_clock="manual", change_classes=args.classes,
-        change_hours=args.hours, change_quiet=args.quiet,
-    )  # fmt: skip
+        size="tiny",
+        users=users,
+        posts_per_user=args.posts_per_user,
+        comments_per_post=0,
+        seed=seed,
+        changes=True,
+        change_clock="manual",
+        change_classes=args.classes,
+        change_hours=args.hours,
+        change_quiet=args.quiet,
+    )
     pids = [f"p{n}" for n in range(1, users * args.posts_per_user + 1)]
-    truth = ChangeModel(seed, parse_classes(args.classes), parse_hours(args.hours), args.quiet,
-                        BASE_TS)  # fmt: skip
+    truth = ChangeModel(
+        seed, parse_classes(args.classes), parse_hours(args.hours), args.quiet, BASE_TS
+    )
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
     clock = SimClock(client, f"{PREFIX}:clock")
     budget = args.budget or 2.0 * len(pids)
-    knobs = Knobs(budget=budget, min_interval=args.min_interval * 60,
-                  max_interval=args.max_interval * DAY, alpha=args.alpha)  # fmt: skip
+    knobs = Knobs(
+        budget=budget,
+        min_interval=args.min_interval * 60,
+        max_interval=args.max_interval * DAY,
+        alpha=args.alpha,
+    )
     watch = Watch("bench-posts", "demo", "demo.post", "post_id", "post_id", ("likes",), knobs)
     stores = WatchStores(client, PREFIX, watch)
     history = stores.history
@@ -179,11 +191,15 @@ def run_once(args: argparse.Namespace, seed: int, redis_url: str) -> Result:
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
-    print(f"\n{args.posts} posts, budget {args.budget or 2 * args.posts:g} pages/day, "
-          f"{args.days:g} days ({args.warmup:g} of warm-up), tick {args.tick:g} min, "
-          f"classes {args.classes!r}, busy hours {args.hours}, alpha {args.alpha}")  # fmt: skip
-    head = (f"{'seed':>4} {'scheme':<9} {'fetches':>8} {'per day':>8} {'changes':>8} "
-            f"{'chg/fetch':>9} {'delay h':>8}  visits/post/day by class (changes/day)")  # fmt: skip
+    print(
+        f"\n{args.posts} posts, budget {args.budget or 2 * args.posts:g} pages/day, "
+        f"{args.days:g} days ({args.warmup:g} of warm-up), tick {args.tick:g} min, "
+        f"classes {args.classes!r}, busy hours {args.hours}, alpha {args.alpha}"
+    )
+    head = (
+        f"{'seed':>4} {'scheme':<9} {'fetches':>8} {'per day':>8} {'changes':>8} "
+        f"{'chg/fetch':>9} {'delay h':>8}  visits/post/day by class (changes/day)"
+    )
     print(head)
     print("-" * len(head))
     ratios_hit, ratios_delay = [], []
@@ -192,17 +208,23 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             classes = "  ".join(
                 f"{rate:g}:{v:.2f}" for rate, v in r.visits_by_class[sch.name].items()
             )
-            print(f"{r.seed:>4} {sch.name:<9} {sch.fetches:>8} {sch.fetches / r.days:>8.0f} "
-                  f"{sch.found:>8} {sch.found / sch.fetches:>9.3f} "
-                  f"{r.delay[sch.name]:>8.2f}  {classes}")  # fmt: skip
+            print(
+                f"{r.seed:>4} {sch.name:<9} {sch.fetches:>8} {sch.fetches / r.days:>8.0f} "
+                f"{sch.found:>8} {sch.found / sch.fetches:>9.3f} "
+                f"{r.delay[sch.name]:>8.2f}  {classes}"
+            )
         hit = (r.adaptive.found / r.adaptive.fetches) / (r.fixed.found / r.fixed.fetches)
         ratios_hit.append(hit)
         ratios_delay.append(r.delay["adaptive"] / r.delay["fixed"])
-        print(f"{r.seed:>4} ratio     adaptive/fixed: changes per fetch {hit:.2f}x, delay "
-              f"{ratios_delay[-1]:.2f}x ({r.events} change events; learned busy hours {r.hot_hours})")  # fmt: skip
-    print(f"\nmedian over {len(results)} seed(s): changes per fetch "
-          f"{statistics.median(ratios_hit):.2f}x, delay {statistics.median(ratios_delay):.2f}x "
-          f"(goal: >= 2x and <= 0.5x)")  # fmt: skip
+        print(
+            f"{r.seed:>4} ratio     adaptive/fixed: changes per fetch {hit:.2f}x, delay "
+            f"{ratios_delay[-1]:.2f}x ({r.events} change events; learned busy hours {r.hot_hours})"
+        )
+    print(
+        f"\nmedian over {len(results)} seed(s): changes per fetch "
+        f"{statistics.median(ratios_hit):.2f}x, delay {statistics.median(ratios_delay):.2f}x "
+        f"(goal: >= 2x and <= 0.5x)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

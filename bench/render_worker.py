@@ -115,14 +115,23 @@ def main(argv: list[str] | None = None) -> int:
         if a.pages > posts:
             print(f"--pages {a.pages}: the {a.size} demo has {posts} posts", file=sys.stderr)
             return 2
-        env = {**bench.env, "DEMO_BASE_URL": demo.url,
-               "CHAINCRAWL_BROWSER_CONTEXTS": str(a.contexts),
-               "CHAINCRAWL_BROWSER_CONTEXT_PAGES": str(a.context_pages),
-               "CHAINCRAWL_BROWSER_SITE_LIMIT": "off",  # the cost of a render, not the site's cap
-               "CHAINCRAWL_PROVIDERS": "user_agent=noop"}  # fmt: skip
+        env = {
+            **bench.env,
+            "DEMO_BASE_URL": demo.url,
+            "CHAINCRAWL_BROWSER_CONTEXTS": str(a.contexts),
+            "CHAINCRAWL_BROWSER_CONTEXT_PAGES": str(a.context_pages),
+            "CHAINCRAWL_BROWSER_SITE_LIMIT": "off",  # the cost of a render, not the site's cap
+            "CHAINCRAWL_PROVIDERS": "user_agent=noop",
+        }
         bench.workdir.joinpath("logs").mkdir(parents=True, exist_ok=True)
-        worker = Worker(env, bench.workdir / "logs" / "render.log", "gevent", 2 * a.contexts,
-                        "render1", queue="demo").wait_ready()  # fmt: skip
+        worker = Worker(
+            env,
+            bench.workdir / "logs" / "render.log",
+            "gevent",
+            2 * a.contexts,
+            "render1",
+            queue="demo",
+        ).wait_ready()
         try:
             bench._client()
             warm = [f"p{posts - i}" for i in range(2 * a.contexts)]  # not among the measured
@@ -141,18 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"browser: {out['browser']}; one gevent worker, {a.contexts} contexts, "
-          f"{2 * a.contexts} task slots; {a.pages} posts each way")  # fmt: skip
-    print(f"{'way':9} {'pages/s':>8} {'CPU ms/page':>12} {'worker MB peak':>15} "
-          f"{'tree MB peak':>13} {'tree MB last':>13}")  # fmt: skip
+    print(
+        f"browser: {out['browser']}; one gevent worker, {a.contexts} contexts, "
+        f"{2 * a.contexts} task slots; {a.pages} posts each way"
+    )
+    print(
+        f"{'way':9} {'pages/s':>8} {'CPU ms/page':>12} {'worker MB peak':>15} "
+        f"{'tree MB peak':>13} {'tree MB last':>13}"
+    )
     for way in ("rendered", "plain"):
         x = out[way]
-        print(f"{way:9} {x['pages_per_s']:8.1f} {x['cpu_ms_per_page']:12.1f} "
-              f"{x['worker_mb_peak']:15.1f} {x['tree_mb_peak']:13.0f} {x['tree_mb_last']:13.0f}")  # fmt: skip
+        print(
+            f"{way:9} {x['pages_per_s']:8.1f} {x['cpu_ms_per_page']:12.1f} "
+            f"{x['worker_mb_peak']:15.1f} {x['tree_mb_peak']:13.0f} {x['tree_mb_last']:13.0f}"
+        )
     q = out["ratio"]
-    print(f"a rendered page: {q['cpu_ms_per_page']:.0f}x the CPU, {q['tree_mb_peak']:.1f}x the "
-          f"memory; plain is {q['pages_per_s']:.1f}x faster; the tree's peak in the first 100 "
-          f"rendered pages {r['tree_mb_first_100_peak']:.0f} MB, over all {r['tree_mb_peak']:.0f} MB")  # fmt: skip
+    print(
+        f"a rendered page: {q['cpu_ms_per_page']:.0f}x the CPU, {q['tree_mb_peak']:.1f}x the "
+        f"memory; plain is {q['pages_per_s']:.1f}x faster; the tree's peak in the first 100 "
+        f"rendered pages {r['tree_mb_first_100_peak']:.0f} MB, over all {r['tree_mb_peak']:.0f} MB"
+    )
     return 0
 
 

@@ -52,8 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # the crawl's seed and the warm-up run's seed (chaincrawl_bench.crawl, plain_celery.crawl)
 SEEDS: tuple[tuple[str, str], ...] = (("/pc/feed?page=1", "feed"), ("/pc/user/u1", "user"))
 PC_UA = "Mozilla/5.0 (X11; Linux x86_64) chaincrawl-bench-recorder"
-DROPPED = frozenset({"date", "server", "content-length", "connection", "keep-alive",
-                     "transfer-encoding"})  # fmt: skip
+DROPPED = frozenset(
+    {"date", "server", "content-length", "connection", "keep-alive", "transfer-encoding"}
+)
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
 
 
@@ -288,14 +289,18 @@ async def _serve(pages: dict[str, Page], host: str, port: int, latency_ms: float
 
     site = _Site(pages, latency_ms)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Conn(site), host, port, backlog=4096,
-                                      reuse_address=True)  # fmt: skip
+    server = await loop.create_server(
+        lambda: _Conn(site), host, port, backlog=4096, reuse_address=True
+    )
     addr = server.sockets[0].getsockname()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"replay server ready at http://{addr[0]}:{addr[1]} ({len(pages)} pages, "
-          f"latency {latency_ms:g} ms)", flush=True)  # fmt: skip
+    print(
+        f"replay server ready at http://{addr[0]}:{addr[1]} ({len(pages)} pages, "
+        f"latency {latency_ms:g} ms)",
+        flush=True,
+    )
     async with server:
         await stop.wait()
 
@@ -307,8 +312,15 @@ class ReplayServer(ServerProcess):
     """Start/stop a replay server process; `.url`, `.url_for`, `.stats()`, `.reset()`, `.cpu()`,
     `.config` (the recorded site's DemoConfig, with this server's latency), as DemoServer."""
 
-    def __init__(self, pages: dict[str, Page], *, latency_ms: float = 0.0, config: Any = None,
-                 host: str = "127.0.0.1", startup_timeout: float = 20.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pages: dict[str, Page],
+        *,
+        latency_ms: float = 0.0,
+        config: Any = None,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 20.0,
+    ) -> None:
         self.pages = pages
         self.latency_ms = latency_ms
         self.config = config.model_copy(update={"latency_ms": latency_ms}) if config else None
@@ -319,8 +331,9 @@ class ReplayServer(ServerProcess):
         self._tmp: Path | None = None
 
     @classmethod
-    def record(cls, *, threads: int = 8, seeds: Iterable[tuple[str, str]] = SEEDS,
-               **demo_overrides: Any) -> ReplayServer:  # fmt: skip
+    def record(
+        cls, *, threads: int = 8, seeds: Iterable[tuple[str, str]] = SEEDS, **demo_overrides: Any
+    ) -> ReplayServer:
         """Walk a DemoServer of these settings (`latency_ms` goes to the replay, the recording
         runs without), stop it, return the (unstarted) replay of what it served."""
         latency = float(demo_overrides.pop("latency_ms", 0.0))
@@ -338,14 +351,30 @@ class ReplayServer(ServerProcess):
         plain = {t: (p.status, p.headers, p.body) for t, p in self.pages.items()}
         data.write_bytes(pickle.dumps(plain, protocol=pickle.HIGHEST_PROTOCOL))
         log = self._tmp / "server.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         with open(log, "wb") as fh:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.replay_site", "serve", "--data", str(data),
-                 "--host", self.host, "--latency-ms", str(self.latency_ms)],
-                cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.replay_site",
+                    "serve",
+                    "--data",
+                    str(data),
+                    "--host",
+                    self.host,
+                    "--latency-ms",
+                    str(self.latency_ms),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             text = self.log()
@@ -378,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="replay of the demo pc pages (see module docstring)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve a recording (as ReplayServer.start runs it)")
-    s.add_argument("--data", type=Path, required=True,
-                   help="pickle of {target: (status, headers, body)}")  # fmt: skip
+    s.add_argument(
+        "--data", type=Path, required=True, help="pickle of {target: (status, headers, body)}"
+    )
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--latency-ms", type=float, default=0.0)

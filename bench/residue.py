@@ -118,13 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     n = out["pages"] or 1
-    print(f"{out['pages']} pages, {out['items']} items stored in {out['wall_s']}s; "
-          f"run compacted: {out['compacted']}")  # fmt: skip
+    print(
+        f"{out['pages']} pages, {out['items']} items stored in {out['wall_s']}s; "
+        f"run compacted: {out['compacted']}"
+    )
     print(f"{'kind':<44} {'keys':>6} {'bytes':>10} {'bytes/page':>11}")
     for k, v in out["kinds"].items():
         print(f"{k:<44} {v['keys']:>6} {v['bytes']:>10} {v['bytes'] / n:>11.2f}")
-    print(f"left in Redis per crawled page after completion: {out['bytes_per_page']} bytes "
-          f"(dedup records aside: {out['dedup_bytes_per_page']})")  # fmt: skip
+    print(
+        f"left in Redis per crawled page after completion: {out['bytes_per_page']} bytes "
+        f"(dedup records aside: {out['dedup_bytes_per_page']})"
+    )
     return 0
 
 

@@ -27,8 +27,11 @@ def resolve(rev: str) -> str:
     """The full commit id of `rev` (a ValueError naming it when git does not know it)."""
     out = subprocess.run(
         ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0 or not out.stdout.strip():
         raise ValueError(f"chaincrawl@{rev}: no such commit in {ROOT}")
     return out.stdout.strip()
@@ -42,8 +45,9 @@ def checkout(rev: str) -> Path:
     if done.exists():
         return path
     path.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "archive", "--format=tar", sha], cwd=ROOT,
-                             capture_output=True, check=True).stdout  # fmt: skip
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", sha], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(path, filter="data")
     (path / ".venv").unlink(missing_ok=True)

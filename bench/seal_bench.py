@@ -78,8 +78,7 @@ def per_op(fn: Any, n: int, clock: Any = time.process_time) -> float:
 
 
 def checkout_pool(r: redis.Redis, box: Sealer, name: str) -> Pool:
-    pool = Pool("cookie", name, rds=r, prefix="bench", sealer=box,
-                config=PoolConfig(lease_ttl=60))  # fmt: skip
+    pool = Pool("cookie", name, rds=r, prefix="bench", sealer=box, config=PoolConfig(lease_ttl=60))
     pool.clear()
     for i in range(16):
         pool.add({"cookies": {"session": f"{i:032d}", "uid": "1234567"}})
@@ -102,9 +101,11 @@ def main() -> None:
     box = Sealer([new_key()])
     for name, text in SECRETS.items():
         token = box.seal(text)
-        print(f"open {name} ({len(text)} B, {len(token)} B sealed): "
-              f"{per_op(lambda t=token: box.open(t), a.n):.1f} us; "
-              f"seal: {per_op(lambda t=text: box.seal(t), a.n):.1f} us")  # fmt: skip
+        print(
+            f"open {name} ({len(text)} B, {len(token)} B sealed): "
+            f"{per_op(lambda t=token: box.open(t), a.n):.1f} us; "
+            f"seal: {per_op(lambda t=text: box.seal(t), a.n):.1f} us"
+        )
     with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp, appendonly=False) as srv:
         r = redis.Redis.from_url(srv.url)
         plain = pair_of(checkout_pool(r, PassThrough(), "clear"))
@@ -118,12 +119,16 @@ def main() -> None:
                 cpu[name] = min(cpu[name], per_op(fn, a.n // 10))
                 wall[name] = min(wall[name], per_op(fn, a.n // 10, time.perf_counter))
     opens = sorted(timed.opens)
-    print(f"open inside a checkout: median {opens[len(opens) // 2] / 1000:.1f} us, "
-          f"p90 {opens[len(opens) * 9 // 10] / 1000:.1f} us ({len(opens)} checkouts)")  # fmt: skip
-    print(f"cookie checkout + release, client CPU: {cpu['clear']:.0f} us in clear, "
-          f"{cpu['sealed']:.0f} us sealed; wall clock (Redis round trips included): "
-          f"{wall['clear']:.0f} / {wall['sealed']:.0f} us (the difference is within the noise "
-          "of a shared machine: two identical pools differ by up to 20 us)")  # fmt: skip
+    print(
+        f"open inside a checkout: median {opens[len(opens) // 2] / 1000:.1f} us, "
+        f"p90 {opens[len(opens) * 9 // 10] / 1000:.1f} us ({len(opens)} checkouts)"
+    )
+    print(
+        f"cookie checkout + release, client CPU: {cpu['clear']:.0f} us in clear, "
+        f"{cpu['sealed']:.0f} us sealed; wall clock (Redis round trips included): "
+        f"{wall['clear']:.0f} / {wall['sealed']:.0f} us (the difference is within the noise "
+        "of a shared machine: two identical pools differ by up to 20 us)"
+    )
 
 
 if __name__ == "__main__":

@@ -152,9 +152,12 @@ def _head(title: str, w: _Words, heavy: bool, canonical: str) -> str:
         f'<link rel="canonical" href="{canonical}">',
     ]
     if heavy:
-        rules = [f".{c}-{i} {{ margin: {i}px {i * 2}px; color: #{w.n(0, 0xFFFFFF):06x}; "
-                 f"font: {w.n(11, 18)}px/1.4 sans-serif; }}"
-                 for c in ("card", "menu", "badge", "facet") for i in range(w.n(1, 12))]  # fmt: skip
+        rules = [
+            f".{c}-{i} {{ margin: {i}px {i * 2}px; color: #{w.n(0, 0xFFFFFF):06x}; "
+            f"font: {w.n(11, 18)}px/1.4 sans-serif; }}"
+            for c in ("card", "menu", "badge", "facet")
+            for i in range(w.n(1, 12))
+        ]
         out.append(f"<style>{' '.join(rules)}</style>")
         out.append(
             "<script>window.dataLayer=window.dataLayer||[];function gtag(){dataLayer.push("
@@ -217,10 +220,14 @@ def _product(cfg: ShopConfig, pid: int, cid: int) -> str:
     for r in range(w.n(0, 60) if heavy else 8):
         replies = ""
         if heavy and r % 3 == 0:
-            replies = "<ul class=\"replies\">" + "".join(
-                f'<li><span class="author">{w.title(1)}</span><p>{_esc(w.words(w.n(8, 30)))}</p></li>'
-                for _ in range(w.n(1, 3))
-            ) + "</ul>"  # fmt: skip
+            replies = (
+                '<ul class="replies">'
+                + "".join(
+                    f'<li><span class="author">{w.title(1)}</span><p>{_esc(w.words(w.n(8, 30)))}</p></li>'
+                    for _ in range(w.n(1, 3))
+                )
+                + "</ul>"
+            )
         reviews.append(
             f'<div class="review"><span class="author">{w.title(2)}</span>'
             f'<span class="rating">{w.n(1, 5)}</span><p>{_esc(w.words(w.n(30, 45)))}</p>{replies}</div>'
@@ -244,9 +251,14 @@ def _product(cfg: ShopConfig, pid: int, cid: int) -> str:
         "</article>",
     ]
     if heavy:
-        ld = {"@context": "https://schema.org", "@type": "Product", "sku": f"SKU-{pid:06d}",
-              "name": title, "description": w.words(40),
-              "offers": {"@type": "Offer", "priceCurrency": "EUR", "price": w.price()}}  # fmt: skip
+        ld = {
+            "@context": "https://schema.org",
+            "@type": "Product",
+            "sku": f"SKU-{pid:06d}",
+            "name": title,
+            "description": w.words(40),
+            "offers": {"@type": "Offer", "priceCurrency": "EUR", "price": w.price()},
+        }
         body.append(f'<script type="application/ld+json">{json.dumps(ld)}</script>')
         cards = "".join(_card(w, pid * 31 + i) for i in range(w.n(2, 16)))
         body.append(f'<section class="related"><h2>You may also like</h2>{cards}</section>')
@@ -272,9 +284,11 @@ def _catalog(cfg: ShopConfig, cid: int, page: int) -> str:
     for pid in range(first, first + PER_PAGE):
         extra = ""
         if cfg.heavy:
-            extra = (f'<img src="/img/{pid}-0.jpg" alt=""><span class="rating">{w.n(1, 5)}</span>'
-                     f'<ul class="badges"><li>{w.title(1)}</li><li>{w.title(1)}</li></ul>'
-                     f'<p class="teaser">{_esc(w.words(w.n(10, 25)))}</p>')  # fmt: skip
+            extra = (
+                f'<img src="/img/{pid}-0.jpg" alt=""><span class="rating">{w.n(1, 5)}</span>'
+                f'<ul class="badges"><li>{w.title(1)}</li><li>{w.title(1)}</li></ul>'
+                f'<p class="teaser">{_esc(w.words(w.n(10, 25)))}</p>'
+            )
         items.append(
             f'<li class="item"><a class="product-link" href="/shop/p/{pid}">{_esc(w.title(4))}</a>'
             f'<span class="price">{w.price()} €</span>{extra}</li>'
@@ -290,11 +304,13 @@ def _catalog(cfg: ShopConfig, cid: int, page: int) -> str:
     if cfg.heavy:  # a facet sidebar: nested lists of filters
         facets = "".join(
             f'<li class="facet-{i}"><span>{w.title(1)}</span><ul>'
-            + "".join(f'<li><label><input type="checkbox"> {w.title(1)}</label></li>'
-                      for _ in range(w.n(3, 8)))
+            + "".join(
+                f'<li><label><input type="checkbox"> {w.title(1)}</label></li>'
+                for _ in range(w.n(3, 8))
+            )
             + "</ul></li>"
             for i in range(w.n(4, 8))
-        )  # fmt: skip
+        )
         body.append(f'<aside class="filters"><ul>{facets}</ul></aside>')
     body += [
         f'<section class="catalog" data-category="{cid}"><h1 class="category-name">{cat}</h1>',
@@ -313,14 +329,16 @@ def _home(cfg: ShopConfig) -> str:
         f"{CATEGORY_NAMES[(c - 1) % len(CATEGORY_NAMES)]} {c}</a></li>"
         for c in range(1, cfg.categories + 1)
     )
-    return "".join([
-        _head("Welcome", w, cfg.heavy, "/shop/"),
-        '<body data-shop="bench-shop">',
-        _header(cfg, w),
-        f'<main><nav class="categories" data-count="{cfg.categories}"><ul>{links}</ul></nav>',
-        f"<p>{_esc(w.words(40))}</p></main>",
-        _footer(w),
-    ])  # fmt: skip
+    return "".join(
+        [
+            _head("Welcome", w, cfg.heavy, "/shop/"),
+            '<body data-shop="bench-shop">',
+            _header(cfg, w),
+            f'<main><nav class="categories" data-count="{cfg.categories}"><ul>{links}</ul></nav>',
+            f"<p>{_esc(w.words(40))}</p></main>",
+            _footer(w),
+        ]
+    )
 
 
 def generate(cfg: ShopConfig) -> dict[str, Page]:

@@ -81,13 +81,19 @@ def batches(
                 seq += 1
             origins.append(Origin(f"{ms}-{seq}", "bench", "step", "demo.bench"))
         for start in range(0, len(rows), batch):
-            yield (t.item_type, list(t.key_fields), rows[start : start + batch],
-                   origins[start : start + batch])  # fmt: skip
+            yield (
+                t.item_type,
+                list(t.key_fields),
+                rows[start : start + batch],
+                origins[start : start + batch],
+            )
 
 
 def changed(items: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-    return {t: [{**i, "likes": i["likes"] + 1} if "likes" in i else i for i in rows]
-            for t, rows in items.items()}  # fmt: skip
+    return {
+        t: [{**i, "likes": i["likes"] + 1} if "likes" in i else i for i in rows]
+        for t, rows in items.items()
+    }
 
 
 def timed(
@@ -110,10 +116,22 @@ class Nx:
         self.dir = Path(tempfile.mkdtemp(prefix="cc-nx-"))
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [found, "--data-dir", str(self.dir), "--host", "127.0.0.1", "-p", str(self.port),
-             "--log-file", str(self.dir / "nx.log"), "--pid-file", str(self.dir / "nx.pid")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                found,
+                "--data-dir",
+                str(self.dir),
+                "--host",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "--log-file",
+                str(self.dir / "nx.log"),
+                "--pid-file",
+                str(self.dir / "nx.pid"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for_port(self.port, timeout=20)
 
     @property
@@ -192,14 +210,21 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(srv, ignore_errors=True)
             else:
                 srv.close()
-    print(f"{total} items ({len(items['demo.user'])} users, {len(items['demo.post'])} posts, "
-          f"{len(items['demo.comment'])} comments), entries of {a.entry}, writes of {a.batch}, "
-          f"median of {a.repeat}")  # fmt: skip
+    print(
+        f"{total} items ({len(items['demo.user'])} users, {len(items['demo.post'])} posts, "
+        f"{len(items['demo.comment'])} comments), entries of {a.entry}, writes of {a.batch}, "
+        f"median of {a.repeat}"
+    )
     print(f"{'sink':10} {'insert items/s':>16} {'update items/s':>16} {'redeliver items/s':>18}")
     for name in names:
         r = results[name]
-        print(f"{name:10} " + " ".join(f"{statistics.median(r[ph]):>16,.0f}" + (" " if ph == "redeliver" else "")
-                                       for ph in ("insert", "update", "redeliver")))  # fmt: skip
+        print(
+            f"{name:10} "
+            + " ".join(
+                f"{statistics.median(r[ph]):>16,.0f}" + (" " if ph == "redeliver" else "")
+                for ph in ("insert", "update", "redeliver")
+            )
+        )
     return 0
 
 

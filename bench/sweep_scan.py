@@ -41,16 +41,23 @@ def _app(url: str) -> Celery:
     a.conf.update(
         broker_url=url,
         task_serializer="json",
-        broker_transport_options={"priority_steps": list(range(10)), "sep": ":",
-                                  "queue_order_strategy": "priority",
-                                  "global_keyprefix": PREFIX},
-    )  # fmt: skip
+        broker_transport_options={
+            "priority_steps": list(range(10)),
+            "sep": ":",
+            "queue_order_strategy": "priority",
+            "global_keyprefix": PREFIX,
+        },
+    )
     return a
 
 
 def _kid(rid: str, n: int) -> dict[str, object]:
-    return {"id": uuid.uuid4().hex, "task": "demo.pc.comment", "params": {"post_id": f"p{n}"},
-            "meta": {"run": rid, "step": "pc.comment", "prio": 5}}  # fmt: skip
+    return {
+        "id": uuid.uuid4().hex,
+        "task": "demo.pc.comment",
+        "params": {"post_id": f"p{n}"},
+        "meta": {"run": rid, "step": "pc.comment", "prio": 5},
+    }
 
 
 def samples(r: redis.Redis, url: str) -> tuple[bytes, bytes]:
@@ -97,10 +104,14 @@ def main() -> None:
         try:
             r = redis.Redis.from_url(srv.url)
             single, batched = samples(r, srv.url)
-            print(f"message sizes: single page {len(single)} B, batch of 20 {len(batched)} B; "
-                  f"{a.batch_share:.0%} batches")  # fmt: skip
-            print(f"{'messages':>10} {'pages':>10} {'one look s':>11} {'us/message':>11} "
-                  f"{'us/page':>8}")  # fmt: skip
+            print(
+                f"message sizes: single page {len(single)} B, batch of 20 {len(batched)} B; "
+                f"{a.batch_share:.0%} batches"
+            )
+            print(
+                f"{'messages':>10} {'pages':>10} {'one look s':>11} {'us/message':>11} "
+                f"{'us/page':>8}"
+            )
             for n in (int(x) for x in a.sizes.split(",")):
                 pages = fill(r, n, single, batched, a.batch_share)
                 t0 = time.process_time()
@@ -108,8 +119,10 @@ def main() -> None:
                 ids = broker_task_ids(r, PREFIX, stale_after=3600)
                 cpu, wall = time.process_time() - t0, time.perf_counter() - w0
                 assert ids, "no ids read"
-                print(f"{n:>10,} {pages:>10,} {wall:>11.2f} {cpu * 1e6 / n:>11.1f} "
-                      f"{cpu * 1e6 / pages:>8.2f}   (CPU {cpu:.2f} s)")  # fmt: skip
+                print(
+                    f"{n:>10,} {pages:>10,} {wall:>11.2f} {cpu * 1e6 / n:>11.1f} "
+                    f"{cpu * 1e6 / pages:>8.2f}   (CPU {cpu:.2f} s)"
+                )
         finally:
             srv.stop()
 

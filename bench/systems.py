@@ -63,9 +63,18 @@ class System(Protocol):
 
 
 class ChaincrawlSystem:
-    def __init__(self, key: str, label: str, workers: int, pool: str, concurrency: int,
-                 env: dict[str, str] | None = None, app: str = "worker", pin: int = 0,
-                 root: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        key: str,
+        label: str,
+        workers: int,
+        pool: str,
+        concurrency: int,
+        env: dict[str, str] | None = None,
+        app: str = "worker",
+        pin: int = 0,
+        root: Path | None = None,
+    ) -> None:
         self.key, self.label, self.pin, self.root = key, label, pin, root
         self.workers, self.pool, self.concurrency = workers, pool, concurrency
         self.env, self.app = env or {}, app
@@ -112,14 +121,26 @@ class ChaincrawlSystem:
 class PeerProcess:
     """A peer crawler process: requests on its stdin, results read from its stdout."""
 
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None,
-                 ready_timeout: float = 120) -> None:  # fmt: skip
+    def __init__(
+        self,
+        argv: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 120,
+    ) -> None:
         self.log = log
         self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": path, **(env or {})},
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.fh, text=True, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": path, **(env or {})},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.fh,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self._expect(READY, ready_timeout)
@@ -171,8 +192,15 @@ class PeerProcess:
 
 
 class PeerSystem:
-    def __init__(self, key: str, label: str, argv: Callable[[], list[str]], concurrency: int,
-                 logdir: Path, env: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        key: str,
+        label: str,
+        argv: Callable[[], list[str]],
+        concurrency: int,
+        logdir: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.key, self.label, self.pin, self.workers = key, label, 0, 1
         self.argv, self.concurrency, self.logdir, self.env = argv, concurrency, logdir, env
         self.proc: PeerProcess | None = None
@@ -187,11 +215,19 @@ class PeerSystem:
     def crawl(self, url: str, kind: str, timeout: float, poll: float | None) -> RunResult:
         assert self.proc is not None, "start() first"
         r = self.proc.crawl(url, kind, self.concurrency, timeout)
-        extra = {k: v for k, v in r.items()
-                 if k not in ("items", "handled", "wall_s", "cpu_s", "peak_rss_mb")}  # fmt: skip
-        return RunResult(items=r["items"], handled=r["handled"], wall_s=r["wall_s"],
-                         cpu_parts={"crawler": r["cpu_s"]}, peak_rss_mb=r["peak_rss_mb"],
-                         extra=extra)  # fmt: skip
+        extra = {
+            k: v
+            for k, v in r.items()
+            if k not in ("items", "handled", "wall_s", "cpu_s", "peak_rss_mb")
+        }
+        return RunResult(
+            items=r["items"],
+            handled=r["handled"],
+            wall_s=r["wall_s"],
+            cpu_parts={"crawler": r["cpu_s"]},
+            peak_rss_mb=r["peak_rss_mb"],
+            extra=extra,
+        )
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -210,8 +246,13 @@ def _crawlee() -> list[str]:
     return [str(crawlee_env.python()), "-m", "bench.crawlee_crawl"]
 
 
-def build(key: str, concurrency: int, logdir: Path, task_slots: int = 0,
-          proto_env: dict[str, str] | None = None) -> ChaincrawlSystem | PeerSystem:  # fmt: skip
+def build(
+    key: str,
+    concurrency: int,
+    logdir: Path,
+    task_slots: int = 0,
+    proto_env: dict[str, str] | None = None,
+) -> ChaincrawlSystem | PeerSystem:
     """The system of `key` at the scenario's concurrency. `task_slots` > concurrency: the
     one-worker chaincrawl rows run that many task slots with `concurrency` fetch slots (Scrapy's
     CONCURRENT_REQUESTS also counts downloads, not pages being parsed)."""
@@ -224,23 +265,42 @@ def build(key: str, concurrency: int, logdir: Path, task_slots: int = 0,
         )
     if key == "chaincrawl-impersonate":  # every request through the impersonating fetcher
         env = {**one_env, "CHAINCRAWL_FETCHER": "impersonate"}
-        return ChaincrawlSystem(key, f"chaincrawl 1x{DEFAULT_POOL}({c}) impersonate", 1,
-                                DEFAULT_POOL, slots, env)  # fmt: skip
+        return ChaincrawlSystem(
+            key, f"chaincrawl 1x{DEFAULT_POOL}({c}) impersonate", 1, DEFAULT_POOL, slots, env
+        )
     if key == "chaincrawl-threads":
         return ChaincrawlSystem(key, f"chaincrawl 1xthreads({c})", 1, "threads", slots, one_env)
     if key == "chaincrawl-start":
-        return ChaincrawlSystem(key, f"chaincrawl start ({START_WORKERS}x{DEFAULT_POOL}({START_CONCURRENCY}))",
-                                START_WORKERS, DEFAULT_POOL, START_CONCURRENCY)  # fmt: skip
+        return ChaincrawlSystem(
+            key,
+            f"chaincrawl start ({START_WORKERS}x{DEFAULT_POOL}({START_CONCURRENCY}))",
+            START_WORKERS,
+            DEFAULT_POOL,
+            START_CONCURRENCY,
+        )
     if key.startswith("chaincrawl@"):  # another revision's workers: before/after in one run
         rev = key.removeprefix("chaincrawl@")
         root = revisions.checkout(rev)
-        return ChaincrawlSystem(key, f"chaincrawl@{rev} 1x{DEFAULT_POOL}({c})", 1, DEFAULT_POOL,
-                                slots, one_env, root=root)  # fmt: skip
+        return ChaincrawlSystem(
+            key,
+            f"chaincrawl@{rev} 1x{DEFAULT_POOL}({c})",
+            1,
+            DEFAULT_POOL,
+            slots,
+            one_env,
+            root=root,
+        )
     if key.startswith("chaincrawl-x"):  # scale: chaincrawl-x2, chaincrawl-x2@2 (pinned to 2 cores)
         n, _, pin = key.removeprefix("chaincrawl-x").partition("@")
         where = f" on {pin} core{'s' if pin != '1' else ''}" if pin else ""
-        return ChaincrawlSystem(key, f"chaincrawl {n}x{DEFAULT_POOL}({c}){where}", int(n),
-                                DEFAULT_POOL, c, pin=int(pin or 0))  # fmt: skip
+        return ChaincrawlSystem(
+            key,
+            f"chaincrawl {n}x{DEFAULT_POOL}({c}){where}",
+            int(n),
+            DEFAULT_POOL,
+            c,
+            pin=int(pin or 0),
+        )
     if key.startswith("chaincrawl+"):  # with bench/proto.py switches (bench.tuned_worker)
         env = {**one_env, **(proto_env or {})}
         return ChaincrawlSystem(key, key, 1, DEFAULT_POOL, slots, env, app="bench.tuned_worker")

@@ -1,54 +1,10 @@
 """Small patches to kombu's Redis transport: they keep a consuming worker alive, and keep a
-saturated gevent/solo worker neither idling nor stuck.
+saturated gevent/solo worker neither idling nor stuck. Each patch's function says what kombu
+does without it.
 
 Applied once by `worker.py` at import (`apply()`); every patched function is checked first and
 the import fails loudly when kombu no longer has it in the expected shape, rather than running
 a worker that silently lacks the protection (docs/reliability.md).
-
-A malformed payload in a queue: `Channel._brpop_read` decodes a popped message in the
-consumer's event loop with nothing around it: a payload that is not JSON (`loads`), a JSON
-value that is not a kombu envelope, or an envelope whose body is not base64 (`Message.__init__`,
-reached through `Transport._deliver`) raised out of the loop, and Celery shut the worker down
-("Unrecoverable error"). The guard follows one `_brpop_read` through its stages (reading ->
-decoded and handed to `_deliver` -> `Message` built, with the `delivery_info` the Redis QoS
-needs) and turns an error raised *before* the message was built into a skipped message: logged
-(a short preview only), kept in a capped list `{prefix}:broker:malformed` of the state Redis
-for inspection, counted in the hash
-`{prefix}:metrics:broker` (`malformed`, `malformed:{queue}`). Errors raised once the message
-exists (Celery's own handling, qos bookkeeping, the connection) propagate exactly as before.
-The payload had already left the queue (BRPOP), so nothing is lost that kombu would have kept.
-
-A worker exiting on a Redis restart: when the consumer's connection is closed, kombu
-clears `transport.client` (`Connection._do_close_transport`) while a channel of that transport
-may still be closed later; `Channel.close` -> `QoS.restore_unacked_once` needs a new client and
-`Channel._connparams` reads `self.connection.client.hostname`: an AttributeError on None, not
-one of kombu's connection errors, so Celery reported "Unrecoverable error". The guard raises
-`redis.ConnectionError` there instead: kombu's close paths ignore connection errors and Celery
-reconnects; the messages the channel held stay in `unacked` and come back after the
-visibility timeout.
-
-A saturated worker without an event loop (gevent, solo) idling: Celery's `synloop` calls
-`drain_events(timeout=2.0)`; when the QoS is full (every slot and prefetch taken), kombu's
-`MultiChannelPoller.get` registers no BRPOP and waits on the other sockets (the remote-control
-fanout) for the whole timeout (or sleeps 1 s when there are none), and a slot freed meanwhile
-waits for that to end: a task's completion is not a socket event. A CPU-bound gevent worker at
-prefetch 1 ran at a third of a core, taking messages in waves. The guard makes every ack set an
-event and, while a channel's QoS is full, waits for that event (at most `SATURATED_WAIT`, then a
-non-blocking look at the other sockets) instead: a freed slot is refilled at once, and a
-latency-bound worker whose slots all wait on the network does not poll. Threads and prefork run
-Celery's event loop, where a freed slot is seen at once, and never reach this wait.
-
-An ack that failed on a connection error leaves its slot taken for good (kombu frees it only
-after Redis answered); a worker full of such slots sends no BRPOP and never notices that its
-connection died (the gevent workers stalled so after a Redis restart). The failed ack marks its
-channel and the poller's next tick raises a connection error: Celery reconnects and the channel's
-close restores the messages. Both consumer loops (synloop and the event loop) are covered.
-
-A Redis client object built for every ack: outside a poll, kombu's `conn_or_acquire` builds a
-new `redis.Redis` on the channel's pool for each ack and reject (`Channel._create_client`),
-and building one copies redis-py's ~250 response callbacks. The guard keeps one synchronous
-client per channel and pool (a `redis.Redis` takes a connection from its pool per command, so
-sharing it across greenlets and threads is safe); a new pool gets a new client.
 """
 
 from __future__ import annotations
@@ -192,13 +148,29 @@ def apply() -> None:
 
 
 def _patch_consumer() -> None:
+    """A malformed payload in a queue: `Channel._brpop_read` decodes a popped message in the
+    consumer's event loop with nothing around it: a payload that is not JSON (`loads`), a JSON
+    value that is not a kombu envelope, or an envelope whose body is not base64
+    (`Message.__init__`, reached through `Transport._deliver`) raised out of the loop, and
+    Celery shut the worker down ("Unrecoverable error"). The guard follows one `_brpop_read`
+    through its stages (reading -> decoded and handed to `_deliver` -> `Message` built, with
+    the `delivery_info` the Redis QoS needs) and turns an error raised *before* the message was
+    built into a skipped message: logged (a short preview only), kept in a capped list
+    `{prefix}:broker:malformed` of the state Redis for inspection, counted in the hash
+    `{prefix}:metrics:broker` (`malformed`, `malformed:{queue}`). Errors raised once the
+    message exists (Celery's own handling, qos bookkeeping, the connection) propagate exactly
+    as before. The payload had already left the queue (BRPOP), so nothing is lost that kombu
+    would have kept."""
     brpop_read = kredis.Channel._brpop_read
     deliver = virtual.Transport._deliver
     message_init = vbase.Message.__init__
 
     def _brpop_read(self: Any, **options: Any) -> Any:
-        outer = (getattr(_stage, "name", None), getattr(_stage, "queue", None),
-                 getattr(_stage, "payload", None))  # fmt: skip
+        outer = (
+            getattr(_stage, "name", None),
+            getattr(_stage, "queue", None),
+            getattr(_stage, "payload", None),
+        )
         _stage.name, _stage.queue, _stage.payload = "read", None, None
         try:
             return brpop_read(self, **options)
@@ -283,14 +255,25 @@ def quarantine(queue: str, error: str, raw: str | bytes | None) -> None:
         kept = f"not kept ({type(e).__name__}: {e})"
     log.error(
         "broker: skipped a malformed message from queue %s: %s; payload %s; %s",
-        queue, error, shown, kept,
-    )  # fmt: skip
+        queue,
+        error,
+        shown,
+        kept,
+    )
 
 
 # --- a channel closed after its connection -----------------------------------------------------
 
 
 def _patch_connparams() -> None:
+    """A worker exiting on a Redis restart: when the consumer's connection is closed, kombu
+    clears `transport.client` (`Connection._do_close_transport`) while a channel of that
+    transport may still be closed later; `Channel.close` -> `QoS.restore_unacked_once` needs a
+    new client and `Channel._connparams` reads `self.connection.client.hostname`: an
+    AttributeError on None, not one of kombu's connection errors, so Celery reported
+    "Unrecoverable error". The guard raises `redis.ConnectionError` there instead: kombu's
+    close paths ignore connection errors and Celery reconnects; the messages the channel held
+    stay in `unacked` and come back after the visibility timeout."""
     connparams = kredis.Channel._connparams
 
     def _connparams(self: Any, asynchronous: bool = False) -> Any:
@@ -316,7 +299,19 @@ def _patch_connparams() -> None:
 
 
 def _patch_saturated_poll() -> None:
-    """While a consuming channel's QoS is full, wait for a slot to be freed (an ack: the credit
+    """A saturated worker without an event loop (gevent, solo) idling: Celery's `synloop` calls
+    `drain_events(timeout=2.0)`; when the QoS is full (every slot and prefetch taken), kombu's
+    `MultiChannelPoller.get` registers no BRPOP and waits on the other sockets (the remote-
+    control fanout) for the whole timeout (or sleeps 1 s when there are none), and a slot freed
+    meanwhile waits for that to end: a task's completion is not a socket event. A CPU-bound
+    gevent worker at prefetch 1 ran at a third of a core, taking messages in waves. The guard
+    makes every ack set an event and, while a channel's QoS is full, waits for that event (at
+    most `SATURATED_WAIT`, then a non-blocking look at the other sockets) instead: a freed slot
+    is refilled at once, and a latency-bound worker whose slots all wait on the network does
+    not poll. Threads and prefork run Celery's event loop, where a freed slot is seen at once,
+    and never reach this wait.
+
+    While a consuming channel's QoS is full, wait for a slot to be freed (an ack: the credit
     a finished task returns is not an fd event the poller could wait for), at most
     `SATURATED_WAIT`, then poll as kombu does. Acks and this wait run in the worker's one OS
     thread (gevent: greenlets), so the event is created lazily, after gevent patched
@@ -364,8 +359,9 @@ def _patch_saturated_poll() -> None:
                 counts["ack_reconnect"] += 1
                 log.warning(
                     "kombu: an ack failed (%s); reconnecting so the messages it left in the "
-                    "prefetch are restored and their slots freed", failed,
-                )  # fmt: skip
+                    "prefetch are restored and their slots freed",
+                    failed,
+                )
                 raise redis.ConnectionError(
                     f"kombu: an ack failed ({failed}); reconnecting to free the prefetch"
                 )
@@ -426,6 +422,12 @@ def _saturated(poller: Any) -> bool:
 
 
 def _patch_client_reuse() -> None:
+    """A Redis client object built for every ack: outside a poll, kombu's `conn_or_acquire`
+    builds a new `redis.Redis` on the channel's pool for each ack and reject
+    (`Channel._create_client`), and building one copies redis-py's ~250 response callbacks. The
+    guard keeps one synchronous client per channel and pool (a `redis.Redis` takes a connection
+    from its pool per command, so sharing it across greenlets and threads is safe); a new pool
+    gets a new client."""
     create = kredis.Channel._create_client
 
     @functools.wraps(create)

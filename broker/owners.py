@@ -66,13 +66,15 @@ _beat: Heartbeat | None = None
 def _check() -> None:
     """Fail at import when kombu's QoS no longer does what `append` below repeats."""
     append, remove = kredis.QoS.append, kredis.QoS._remove_from_indices
-    require_source([
-        (append, "pipe.zadd(self.unacked_index_key"),
-        (append, "dumps([message._raw, EX, RK])"),
-        (append, "super().append(message, delivery_tag)"),
-        (remove, ".hdel(self.unacked_key, delivery_tag)"),
-        (kredis.QoS.restore_by_tag, "self._remove_from_indices(tag, pipe)"),
-    ])  # fmt: skip
+    require_source(
+        [
+            (append, "pipe.zadd(self.unacked_index_key"),
+            (append, "dumps([message._raw, EX, RK])"),
+            (append, "super().append(message, delivery_tag)"),
+            (remove, ".hdel(self.unacked_key, delivery_tag)"),
+            (kredis.QoS.restore_by_tag, "self._remove_from_indices(tag, pipe)"),
+        ]
+    )
 
 
 @once

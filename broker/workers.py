@@ -123,14 +123,22 @@ class TaskSets:
         return self.s.key("workers", "alive", worker)
 
     def publish(
-        self, worker: str, tasks: Iterable[str], queues: Iterable[str] = (),
-        live_for: float = LIVE_FOR, broken: Iterable[Mapping[str, Any]] = (),
-    ) -> None:  # fmt: skip
+        self,
+        worker: str,
+        tasks: Iterable[str],
+        queues: Iterable[str] = (),
+        live_for: float = LIVE_FOR,
+        broken: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
         """Say (again) which tasks `worker` knows, which queues it consumes and which site
         modules it failed to import; it counts as live for `live_for` seconds (by the
         server's clock)."""
-        entry = {"tasks": sorted(set(tasks)), "queues": sorted(set(queues)), "at": time.time(),
-                 "broken": [dict(b) for b in broken]}  # fmt: skip
+        entry = {
+            "tasks": sorted(set(tasks)),
+            "queues": sorted(set(queues)),
+            "at": time.time(),
+            "broken": [dict(b) for b in broken],
+        }
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(self.key, worker, orjson.dumps(entry))
         pipe.set(self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)))
@@ -185,8 +193,13 @@ class TaskSets:
         for name, ok in zip(names, alive, strict=True):
             try:
                 d = orjson.loads(entries[name])
-                w = WorkerTasks(as_str(name), frozenset(d["tasks"]), frozenset(d.get("queues") or ()),
-                                float(d["at"]), tuple(d.get("broken") or ()))  # fmt: skip
+                w = WorkerTasks(
+                    as_str(name),
+                    frozenset(d["tasks"]),
+                    frozenset(d.get("queues") or ()),
+                    float(d["at"]),
+                    tuple(d.get("broken") or ()),
+                )
             except (ValueError, KeyError, TypeError):
                 gone.append(name)
                 continue
@@ -204,8 +217,10 @@ class TaskSets:
         live = self.live()
         out = Check(live=list(live))
         if not live:
-            out.note = ("no worker is up yet: the run is recorded and waits in the broker "
-                        "(./control.sh start)")  # fmt: skip
+            out.note = (
+                "no worker is up yet: the run is recorded and waits in the broker "
+                "(./control.sh start)"
+            )
             return out
         for task, queue in sorted(needed.items()):
             consumers = [w for w in live.values() if w.consumes(queue)]
@@ -216,16 +231,24 @@ class TaskSets:
                     out.missing.setdefault(w.name, []).append(task)
         if out.unserved:
             what = _queues_with_tasks(out.unserved)
-            out.note = (f"no live worker consumes queue(s) {what}: they wait until a worker "
-                        "does (./control.sh restart)")  # fmt: skip
+            out.note = (
+                f"no live worker consumes queue(s) {what}: they wait until a worker "
+                "does (./control.sh restart)"
+            )
         return out
 
 
 class Beat:
     """A worker's publication, refreshed every `BEAT` seconds in a daemon thread."""
 
-    def __init__(self, sets: TaskSets, worker: str, tasks: Iterable[str], queues: Iterable[str],
-                 broken: Iterable[Mapping[str, Any]] = ()):  # fmt: skip
+    def __init__(
+        self,
+        sets: TaskSets,
+        worker: str,
+        tasks: Iterable[str],
+        queues: Iterable[str],
+        broken: Iterable[Mapping[str, Any]] = (),
+    ):
         self.sets, self.worker = sets, worker
         self.tasks, self.queues = sorted(set(tasks)), sorted(set(queues))
         self.broken = [dict(b) for b in broken]

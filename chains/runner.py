@@ -101,8 +101,11 @@ class Progress:
         `seen` (children crawled before, `skip_seen_hours`), `unique` (children this run
         sent already)."""
         t = self.totals
-        return {"robots": t.get("skipped", 0), "seen": t.get("skipped_seen", 0),
-                "unique": t.get("skipped_unique", 0)}  # fmt: skip
+        return {
+            "robots": t.get("skipped", 0),
+            "seen": t.get("skipped_seen", 0),
+            "unique": t.get("skipped_unique", 0),
+        }
 
     @property
     def elapsed(self) -> float:
@@ -233,8 +236,7 @@ def resume(run_id: str, *, app: Celery | None = None) -> Resumed:
     if out.released:  # the ledger holds them: a crash before this send is the sweeper's case
         staged = cast("list[bytes]", state.r.lrange(staging, 0, -1))
         outstanding = state.counters(run_id).get("outstanding", 0)
-        runtime.current().publisher(app).publish(state, [(staged, StagedAt(staging))],
-                                                 outstanding)  # fmt: skip
+        runtime.current().publisher(app).publish(state, [(staged, StagedAt(staging))], outstanding)
     return out
 
 

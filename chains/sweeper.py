@@ -50,6 +50,7 @@ from ledger.publish import send_kid
 from ledger.state import RunState
 from utils.lua import script
 from utils.redis import as_str, get_redis
+from utils.wire import envelope_id
 
 log = logging.getLogger("chaincrawl.sweeper")
 
@@ -262,8 +263,11 @@ class Sweeper:
                 m_stamp, _, m_wait = mark.split(b"|")
                 if m_stamp == stamp:
                     wait = min(CLEAN_MAX, 2 * float(m_wait))
-            pipe.set(self.clean_key(rid), b"|".join([stamp, b"%.3f" % (now + wait),
-                                                       b"%g" % wait]), ex=24 * 3600)  # fmt: skip
+            pipe.set(
+                self.clean_key(rid),
+                b"|".join([stamp, b"%.3f" % (now + wait), b"%g" % wait]),
+                ex=24 * 3600,
+            )
         pipe.execute()
 
     def _present(self, rids: Iterable[str]) -> set[str]:
@@ -272,9 +276,12 @@ class Sweeper:
         redelivery sends them). Children staged by a task whose message is gone are not."""
         self.stale = set()
         ids = broker_task_ids(
-            self.broker, self.broker_prefix, 2 * self.s.visibility_timeout, self.stale,
+            self.broker,
+            self.broker_prefix,
+            2 * self.s.visibility_timeout,
+            self.stale,
             tick=self.keep_lock,
-        )  # fmt: skip
+        )
         for rid in rids:
             for raw in self.r.lrange(self.state.pending_key(rid), 0, -1):
                 ids.update(_kid_id(raw))
@@ -331,12 +338,19 @@ class Sweeper:
         if self.restore is None or self.dead_after <= 0:
             return 0
         n = 0
-        found = owners.orphans(self.broker, self.broker_prefix, self.dead_after,
-                                       self.confirm, self.sleep)  # fmt: skip
+        found = owners.orphans(
+            self.broker, self.broker_prefix, self.dead_after, self.confirm, self.sleep
+        )
         for who, tags in found.items():
             k = self.restore(tags) if tags else 0
-            log.warning("worker %s is gone (no heartbeat for %gs): %d of its %d "
-                        "unacknowledged messages restored", who, self.dead_after, k, len(tags))  # fmt: skip
+            log.warning(
+                "worker %s is gone (no heartbeat for %gs): %d of its %d "
+                "unacknowledged messages restored",
+                who,
+                self.dead_after,
+                k,
+                len(tags),
+            )
             n += k
         if found:  # it may have popped a message it never recorded: check every run now
             self.check_all = self.check_all or "a worker died"
@@ -356,7 +370,7 @@ class Sweeper:
         self._broker_id = bid
         restarted = seen is not None and as_str(seen) != bid
         if restarted:
-            log.warning("the broker's Redis restarted: checking every active run's ledger")
+            log.info("the broker's Redis restarted: checking every active run's ledger")
             self.check_all = self.check_all or "the broker restarted"
         return restarted
 
@@ -383,15 +397,21 @@ class Sweeper:
         if at is None:
             return 0
         try:
-            tags = [t for t, taken in owners.held_since(self.broker, self.broker_prefix,
-                                                                who).items() if taken < at]  # fmt: skip
+            tags = [
+                t
+                for t, taken in owners.held_since(self.broker, self.broker_prefix, who).items()
+                if taken < at
+            ]
             n = self.restore(tags) if tags else 0
         except redis.RedisError:
             drops.put_back_drop(at)
             raise
         if n:
-            log.warning("%d message(s) taken before the broker connection dropped given back "
-                        "(their ack or reject could not reach the broker)", n)  # fmt: skip
+            log.warning(
+                "%d message(s) taken before the broker connection dropped given back "
+                "(their ack or reject could not reach the broker)",
+                n,
+            )
         self.restored += n
         return n
 
@@ -399,7 +419,7 @@ class Sweeper:
         """A drop noted by any process (`note_connection_drops`): check every run now."""
         why = self.r.getdel(self.check_key)
         if why is not None:
-            log.warning("%s: checking every active run's ledger", as_str(why))
+            log.info("%s: checking every active run's ledger", as_str(why))
             self.check_all = self.check_all or as_str(why)
 
     def compact_finished(self) -> list[str]:
@@ -430,10 +450,16 @@ class Sweeper:
                 kid = orjson.loads(raw)
                 self.send(kid)
                 steps[kid.get("meta", {}).get("step", "")] += 1
-                log.warning("run %s: task %s (%s) lost by the broker; re-sent (%s%s)", rid,
-                            tid, kid.get("task"), why or "the run stalled",
-                            "; it sat in unacked past twice the visibility timeout"
-                            if tid in self.stale else "")  # fmt: skip
+                log.warning(
+                    "run %s: task %s (%s) lost by the broker; re-sent (%s%s)",
+                    rid,
+                    tid,
+                    kid.get("task"),
+                    why or "the run stalled",
+                    "; it sat in unacked past twice the visibility timeout"
+                    if tid in self.stale
+                    else "",
+                )
             pipe = self.r.pipeline(transaction=False)
             ck = self.state.counters_key(rid)
             pipe.hincrby(ck, "resent", len(lost))
@@ -532,6 +558,7 @@ class Sweeper:
 
 def _kid_id(raw: bytes | str) -> list[str]:
     try:
-        return [str(orjson.loads(raw)["id"])]
-    except (ValueError, TypeError, KeyError):
+        tid = envelope_id(raw.encode() if isinstance(raw, str) else raw)
+    except ValueError:  # WireError: not a task message
         return []
+    return [tid] if tid else []

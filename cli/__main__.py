@@ -62,8 +62,10 @@ def _json_lines(text: str, where: str) -> list[dict[str, Any]]:
         try:
             seed = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{where} line {n}: not JSON ({exc.msg} at column {exc.colno}); "
-                            "expected a JSON list or one JSON object per line") from None  # fmt: skip
+            raise UserError(
+                f"{where} line {n}: not JSON ({exc.msg} at column {exc.colno}); "
+                "expected a JSON list or one JSON object per line"
+            ) from None
         if not isinstance(seed, dict):
             raise UserError(f"{where} line {n}: a seed must be a JSON object")
         seeds.append(seed)
@@ -134,6 +136,7 @@ def cmd_trigger(a: argparse.Namespace) -> int:
     """Exit status (documented in `trigger --help` and docs/cli.md): 0 every task succeeded,
     1 ended with failed tasks or refused items, 2 usage error, 3 cancelled, 4 still running."""
     from cli import procs, runs
+    from cli.tables import empty_warning
 
     if a.seeds is not None and a.seeds_file is not None:
         raise UserError("give the seeds as an argument or with --seeds-file, not both")
@@ -148,17 +151,25 @@ def cmd_trigger(a: argparse.Namespace) -> int:
         print(f"run {p.run_id} was cancelled", file=sys.stderr)
         return 3
     if p.ending is None:
-        print(f"run {p.run_id} still running after {a.timeout}s (it goes on; "
-              f"./control.sh runs {p.run_id})", file=sys.stderr)  # fmt: skip
+        print(
+            f"run {p.run_id} still running after {a.timeout}s (it goes on; "
+            f"./control.sh runs {p.run_id})",
+            file=sys.stderr,
+        )
         return 4
     if p.ending == "failed":
         refused = p.totals.get("store_failed", 0)
         what = [f"{p.failed} failed task(s)"] if p.failed else []
         what += [f"{refused} item(s) refused by a sink"] if refused else []
-        print(f"run {p.run_id} ended with {' and '.join(what)}: "
-              f"./control.sh deadletter list --run {p.run_id}", file=sys.stderr)  # fmt: skip
+        print(
+            f"run {p.run_id} ended with {' and '.join(what)}: "
+            f"./control.sh deadletter list --run {p.run_id}",
+            file=sys.stderr,
+        )
         return 1
     print(f"run {p.run_id} complete: every task succeeded")
+    if warn := empty_warning(p.as_dict()):
+        print(warn, file=sys.stderr)
     return 0
 
 
@@ -171,9 +182,11 @@ def cmd_cancel(a: argparse.Namespace) -> None:
     if out.was in ("done", "cancelled"):
         print(f"run {a.run_id} had already ended ({out.was}): nothing to cancel")
         return
-    print(f"run {a.run_id} cancelled: {out.dropped} waiting task(s) dropped; "
-          f"{out.outstanding} in the broker or running will be skipped as they come up "
-          "(items already stored stay)")  # fmt: skip
+    print(
+        f"run {a.run_id} cancelled: {out.dropped} waiting task(s) dropped; "
+        f"{out.outstanding} in the broker or running will be skipped as they come up "
+        "(items already stored stay)"
+    )
 
 
 def cmd_runs(a: argparse.Namespace) -> None:
@@ -211,8 +224,10 @@ def cmd_pause(a: argparse.Namespace) -> None:
         elif out.was != "running":
             print(f"run {rid} is {out.was}: nothing to pause")
         else:
-            print(f"run {rid} paused: tasks running now finish; the rest wait until "
-                  f"./control.sh resume {rid}")  # fmt: skip
+            print(
+                f"run {rid} paused: tasks running now finish; the rest wait until "
+                f"./control.sh resume {rid}"
+            )
 
 
 def cmd_resume(a: argparse.Namespace) -> None:
@@ -329,11 +344,16 @@ def _patient_redis() -> None:
         if error is None:
             print(f"Redis at {where} answers again", file=sys.stderr)
         elif isinstance(error, redis.BusyLoadingError):
-            print(f"Redis at {where} is loading, waiting… (up to {wait:.0f}s: "
-                  "CHAINCRAWL_REDIS_WAIT)", file=sys.stderr)  # fmt: skip
+            print(
+                f"Redis at {where} is loading, waiting… (up to {wait:.0f}s: CHAINCRAWL_REDIS_WAIT)",
+                file=sys.stderr,
+            )
         else:
-            print(f"Redis at {where} does not answer ({_first_line(error)}), waiting… (up to "
-                  f"{wait:.0f}s: CHAINCRAWL_REDIS_WAIT)", file=sys.stderr)  # fmt: skip
+            print(
+                f"Redis at {where} does not answer ({_first_line(error)}), waiting… (up to "
+                f"{wait:.0f}s: CHAINCRAWL_REDIS_WAIT)",
+                file=sys.stderr,
+            )
 
     be_patient(wait, notify)
 
@@ -359,8 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
         if args.subcommand in SHELL_COMMANDS:
-            print(f"error: ./control.sh {args.subcommand} (control.sh runs it itself)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: ./control.sh {args.subcommand} (control.sh runs it itself)",
+                file=sys.stderr,
+            )
             return 2
         rc = run(args)
         sys.stdout.flush()
@@ -383,14 +405,21 @@ def run(args: argparse.Namespace) -> int:
         rc = handler(args.fn)(args)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included
         if isinstance(exc, redis.AuthenticationError):
-            print(f"error: Redis at {_redis_url()} refused the password: {_first_line(exc)}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: Redis at {_redis_url()} refused the password: {_first_line(exc)}",
+                file=sys.stderr,
+            )
         elif not_there(exc):
-            print(f"error: Redis at {_redis_url()} refused the connection (nothing listens "
-                  "there; REDIS_URL)", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: Redis at {_redis_url()} refused the connection (nothing listens "
+                "there; REDIS_URL)",
+                file=sys.stderr,
+            )
         else:
-            print(f"error: Redis at {_redis_where()} did not answer: {_first_line(exc)}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: Redis at {_redis_where()} did not answer: {_first_line(exc)}",
+                file=sys.stderr,
+            )
         return REDIS_UNREACHABLE
     except kombu.exceptions.OperationalError as exc:  # the broker (Redis or RabbitMQ)
         print(f"error: the broker did not answer: {_first_line(exc)}", file=sys.stderr)

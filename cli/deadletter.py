@@ -79,8 +79,9 @@ def select(
     if ids:
         return list(ids)
     if not (all_ or task or run):
-        raise UserError(f"{action} needs dead-letter ids or a selector: --run RUN_ID, "
-                        "--task TASK or --all")  # fmt: skip
+        raise UserError(
+            f"{action} needs dead-letter ids or a selector: --run RUN_ID, --task TASK or --all"
+        )
     return [d.id for d in store.list(10**9, task, run)]
 
 
@@ -104,15 +105,18 @@ def replay(
             print(f"{dl_id}: no such dead letter")
             continue
         # a replay starts afresh: its retries (`rbase`: those before a pause), waits, avoided leases
-        meta = {k: v for k, v in d.meta.items()
-                if k not in ("waits", "wait_since", "avoid", "rbase")}  # fmt: skip
+        meta = {
+            k: v for k, v in d.meta.items() if k not in ("waits", "wait_since", "avoid", "rbase")
+        }
         if meta.get("run") and state.hold(meta["run"]) == "cancelled":
             print(f"{dl_id}: not replayed, its run {meta['run']} was cancelled")
             continue
         lacking = sets.check({d.task: meta.get("queue") or queue_for(d.task)}).missing
         if lacking:  # it would only be dead-lettered again (`NotRegistered`)
-            print(f"{dl_id}: not replayed, live worker(s) {', '.join(sorted(lacking))} do not "
-                  f"know task {d.task}: restart the workers so they load it")  # fmt: skip
+            print(
+                f"{dl_id}: not replayed, live worker(s) {', '.join(sorted(lacking))} do not "
+                f"know task {d.task}: restart the workers so they load it"
+            )
             continue
         env = TaskEnvelope(uuid.uuid4().hex, d.task, d.params, meta)
         if meta.get(

@@ -15,7 +15,9 @@ from typing import Any
 
 import requests
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from cli import UserError, procs
 from config import Settings
@@ -35,11 +37,27 @@ def start_demo_site(s: Settings, a: argparse.Namespace) -> str:
                 f"port {a.port} is taken by something that is not the demo site; use --port"
             ) from None
         return url
+    if (pid := procs.alive(procs.run_dir(s) / "demo-site.pid")) is not None:
+        was = procs.demo_url_of(procs.process_cmd(pid)) or "another port"
+        print(f"demo site: stopping the one at {was} (pid {pid}) for {url}")
+        procs.stop_named("demo-site", s, 30)
     cmd = [
-        sys.executable, "-m", "demo", "--host", "127.0.0.1", "--port", str(a.port),
-        "--size", a.size, "--features", a.features, "--latency-ms", str(a.latency_ms),
-        "--soft-fail-rate", str(a.soft_fail_rate),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "demo",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(a.port),
+        "--size",
+        a.size,
+        "--features",
+        a.features,
+        "--latency-ms",
+        str(a.latency_ms),
+        "--soft-fail-rate",
+        str(a.soft_fail_rate),
+    ]
     procs.start_bg("demo-site", cmd, s)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -103,20 +121,49 @@ def summary(s: Settings, progress: Any, site_url: str, flower: tuple[str, str] |
         )
     else:
         t.add_row("errors", "none")
+    if tt.get("empty"):
+        by = ", ".join(f"{sid} {c['empty']}" for sid, c in progress.steps.items() if c.get("empty"))
+        t.add_row(
+            "warning",
+            f"{tt['empty']} page(s) yielded nothing (no item, no follow-up): "
+            f"{by}; a selector that matches nothing?",
+        )
     t.add_row("elapsed", f"{elapsed:.1f}s")
     t.add_row("throughput", f"{pages / elapsed:.1f} pages/s")
     files = {typ: type_files(typ, root) for typ in types}
     shown = [str(path) for typ in types for path in files[typ]]
-    t.add_row("items are in", "\n".join(shown) + f"\n(JSON Lines, one item a line; sinks: {s.sinks})"
-              if shown else f"the sinks {s.sinks} (the JSONL store at {root} holds none)")  # fmt: skip
+    t.add_row(
+        "items are in",
+        "\n".join(shown) + f"\n(JSON Lines, one item a line; sinks: {s.sinks})"
+        if shown
+        else f"the sinks {s.sinks} (the JSONL store at {root} holds none)",
+    )
     look = next((typ for typ in ("demo.post", *types) if files.get(typ)), None)
     if look is not None:
-        t.add_row("look at them", f"head -n 3 {files[look][0]}\n./control.sh items {look}"
-                  f"   (--format csv --out {look}.csv for a spreadsheet)")  # fmt: skip
+        t.add_row(
+            "look at them",
+            f"head -n 3 {files[look][0]}\n./control.sh items {look}"
+            f"   (--format csv --out {look}.csv for a spreadsheet)",
+        )
     if flower:
         t.add_row("flower", f"{flower[0]}  (user {s.flower_user!r}, password in {flower[1]})")
     t.add_row("stop everything", "./control.sh stop")
     return t
+
+
+def show_summary(console: Console, table: Table) -> None:
+    """The summary as a table when it fits; narrower (80 columns), as "label" lines with
+    their values below, each value line printed whole (soft-wrapped by the terminal, never
+    broken by rich inside a file name: a path stays one line to copy)."""
+    natural = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    if natural <= console.width:
+        console.print(table)
+        return
+    console.print(Text(str(table.title or ""), style="italic"))
+    for label, value in zip(table.columns[0].cells, table.columns[1].cells, strict=True):
+        console.print(Text(str(label), style="bold"))
+        for line in str(value).splitlines():
+            console.print(Text("  " + line), soft_wrap=True)
 
 
 def check_browser(chain: str) -> None:
@@ -133,6 +180,18 @@ def check_browser(chain: str) -> None:
             f"chain {chain} renders pages in a browser ({', '.join(rendered)}): "
             + "; ".join(missing)
         )
+
+
+def _workers_elsewhere(s: Settings, url: str) -> dict[str, str]:
+    """Our running workers started to crawl another demo site -> its URL (`DEMO_BASE_URL`,
+    read from their environment): an endpoint reads it in the worker, so they must restart."""
+    out = {}
+    for name, pid in procs.running("worker-", s).items():
+        env = procs.process_env(pid)
+        theirs = env.get("DEMO_BASE_URL", _demo_url(8700)).rstrip("/")
+        if env and theirs != url:
+            out[name] = theirs
+    return out
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
@@ -152,29 +211,42 @@ def cmd_demo(a: argparse.Namespace) -> None:
     if "throttle" not in s.model_fields_set:
         os.environ["CHAINCRAWL_THROTTLE"] = "off"
     console.print(f"[bold]demo site[/bold]: {url} (size {a.size}, features {a.features or 'none'})")
+    if stale := _workers_elsewhere(s, url):
+        console.print(
+            f"[bold]workers[/bold]: restarting {', '.join(stale)}: they crawl "
+            f"{', '.join(sorted(set(stale.values())))}, this demo site is {url}"
+        )
+        procs.stop_named("worker-", s, 120)
     if names := list(procs.running("worker-", s)):
-        up = procs.answering_workers(names)
-        console.print(f"[bold]workers[/bold]: {len(up)} of {len(names)} already started here "
-                      "answer (./control.sh stop to restart them)")  # fmt: skip
+        # a second demo: loading the sites and pinging the workers takes seconds; say so
+        with console.status(f"asking the {len(names)} worker(s) already started here…"):
+            up = procs.answering_workers(names)
+        console.print(
+            f"[bold]workers[/bold]: {len(up)} of {len(names)} already started here "
+            "answer (./control.sh stop to restart them)"
+        )
     else:
         import worker
 
         names = procs.start_workers(s, ",".join(worker.queues()), a.pool, a.concurrency, a.workers)
         procs.wait_workers_ready(names, s)
         up = procs.answering_workers(names)
-        console.print(f"[bold]workers[/bold]: {len(up)} x {a.pool}({a.concurrency}) running"
-                      + (f" ({len(names)} started)" if len(up) < len(names) else ""))  # fmt: skip
+        console.print(
+            f"[bold]workers[/bold]: {len(up)} x {a.pool}({a.concurrency}) running"
+            + (f" ({len(names)} started)" if len(up) < len(names) else "")
+        )
     if len(up) < len(names):
         quiet = ", ".join(n for n in names if n not in up)
         console.print(f"[yellow]not answering: {quiet} (see {procs.log_dir(s)})[/yellow]")
     flower = None
     if not a.no_flower:
-        flower = procs.start_flower(s)
+        with console.status("starting Flower (or finding it running)…"):
+            flower = procs.start_flower(s)
         console.print(f"[bold]flower[/bold]: {flower[0]}")
     progress = runs.trigger(a.chain, None, a.priority, True, a.timeout)
     assert isinstance(progress, Progress)  # waited for
     console.print()
-    console.print(summary(s, progress, url, flower))
+    show_summary(console, summary(s, progress, url, flower))
     if not progress.complete:
         raise UserError(
             f"the run did not complete within {a.timeout}s; it goes on (./control.sh status)"

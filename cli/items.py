@@ -45,8 +45,9 @@ def run(
         raise UserError(f"--limit must be 0 or more, got {limit}")
     try:
         with _target(out) as stream:
-            n = export(item_type, stream, fmt=fmt, run=run_id, all_versions=all_versions,
-                       limit=limit)  # fmt: skip
+            n = export(
+                item_type, stream, fmt=fmt, run=run_id, all_versions=all_versions, limit=limit
+            )
             if n == 0 and run_id and limit != 0:
                 _no_items_of_run(item_type, run_id)  # raises: --out is not written
     except UnknownNameError as exc:
@@ -77,8 +78,10 @@ def output_format(fmt: str | None, out: str | None) -> str:
     if fmt is None:
         if said is None:
             known = ", ".join(EXTENSIONS)
-            raise UserError(f"--out {out}: the extension {ext or '(none)'!r} names no format "
-                            f"({known}); give --format jsonl, csv or parquet")  # fmt: skip
+            raise UserError(
+                f"--out {out}: the extension {ext or '(none)'!r} names no format "
+                f"({known}); give --format jsonl, csv or parquet"
+            )
         return said
     if said is not None and said != fmt:
         raise UserError(f"--out {out} says {said} but --format says {fmt}: make them agree")
@@ -97,10 +100,13 @@ def _no_items_of_run(item_type: str, run_id: str) -> None:
             if any(line.run == run_id for line in snap.lines()):
                 others.append(t)
     if others:
-        raise UserError(f"run {run_id} stored no {item_type} items (it stored "
-                        f"{', '.join(others)})", exit_code=1)  # fmt: skip
-    raise UserError(f"run {run_id} stored no items in the JSONL store at {root}: a mistyped "
-                    "run id? (./control.sh runs lists the runs)")  # fmt: skip
+        raise UserError(
+            f"run {run_id} stored no {item_type} items (it stored {', '.join(others)})", exit_code=1
+        )
+    raise UserError(
+        f"run {run_id} stored no items in the JSONL store at {root}: a mistyped "
+        "run id? (./control.sh runs lists the runs)"
+    )
 
 
 @contextlib.contextmanager

@@ -49,8 +49,9 @@ def history_sink_name(item_type: str, chosen: str | None) -> str:
     history (its route, else CHAINCRAWL_SINKS)."""
     if chosen:
         if chosen not in HISTORY_SINKS:
-            raise UserError(f"--from {chosen}: keeps no history (sinks that do: "
-                            f"{', '.join(HISTORY_SINKS)})")  # fmt: skip
+            raise UserError(
+                f"--from {chosen}: keeps no history (sinks that do: {', '.join(HISTORY_SINKS)})"
+            )
         return chosen
     routed = _policies().for_type(item_type).sinks or split_names(get_settings().sinks)
     for name in routed:
@@ -71,8 +72,11 @@ def history(item_type: str, key: Sequence[str] | None, chosen: str | None) -> in
     finally:
         sink.close()
     if not found:
-        print(f"no history of {item_type} {list(key)} in {name} (is the key right, and does the "
-              "type declare history_fields?)", file=sys.stderr)  # fmt: skip
+        print(
+            f"no history of {item_type} {list(key)} in {name} (is the key right, and does the "
+            "type declare history_fields?)",
+            file=sys.stderr,
+        )
         return 0
     if sys.stdout.isatty():
         _table(found, name)
@@ -87,8 +91,12 @@ def _table(found: list[Version], name: str) -> None:
     for col in ("field", "value", "valid from", "valid to"):
         t.add_column(col)
     for v in found:
-        t.add_row(v.field, orjson.dumps(v.value).decode(), v.valid_from.isoformat(),
-                  v.valid_to.isoformat() if v.valid_to else "(current)")  # fmt: skip
+        t.add_row(
+            v.field,
+            orjson.dumps(v.value).decode(),
+            v.valid_from.isoformat(),
+            v.valid_to.isoformat() if v.valid_to else "(current)",
+        )
     Console().print(t)
 
 

@@ -116,8 +116,10 @@ def start(a: argparse.Namespace) -> None:
 
         _, where = monitor_password(s, ms)
         print(f"  basic auth: user {ms.user!r}, password in {where}")
-    print(f"  alerts: {len(cfg.rules)} rule(s) from {cfg.source or '(none)'}, "
-          f"webhook {'set' if cfg.webhook else 'not set (log only)'}, log {s.var_dir / 'log' / 'monitor.log'}")  # fmt: skip
+    print(
+        f"  alerts: {len(cfg.rules)} rule(s) from {cfg.source or '(none)'}, "
+        f"webhook {'set' if cfg.webhook else 'not set (log only)'}, log {s.var_dir / 'log' / 'monitor.log'}"
+    )
 
 
 def stop(a: argparse.Namespace) -> None:
@@ -139,8 +141,10 @@ def check(a: argparse.Namespace) -> None:
     s = _settings()
     cfg = _alert_config(a)
     console = Console()
-    console.print(f"rules: {cfg.source or '(none)'}; interval {cfg.interval:g}s; "
-                  f"webhook {'set' if cfg.webhook else 'not set (log only)'}")  # fmt: skip
+    console.print(
+        f"rules: {cfg.source or '(none)'}; interval {cfg.interval:g}s; "
+        f"webhook {'set' if cfg.webhook else 'not set (log only)'}"
+    )
     ev = Evaluator(get_redis(s.redis_url), cfg, s, ping=lambda: celery_ping(app))
     values = ev.values()
     t = Table("rule", "kind", "limit", "window", "for", "values now")

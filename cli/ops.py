@@ -55,8 +55,7 @@ def cmd_beat(a: argparse.Namespace) -> None:
         raise UserError(f"beat is already running (pid {pid}); ./control.sh stop, or kill {pid}")
     logf = procs.log_dir(s) / "beat.log"
     offset = logf.stat().st_size if logf.exists() else 0
-    cmd = [sys.executable, "-m", "cli.beat", "--schedule", str(path),
-           "--loglevel", a.loglevel]  # fmt: skip
+    cmd = [sys.executable, "-m", "cli.beat", "--schedule", str(path), "--loglevel", a.loglevel]
     pid = procs.start_bg("beat", cmd, s)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -106,23 +105,28 @@ def cmd_limits(a: argparse.Namespace) -> None:
         print(f"{scope}: {row['limits']}" + (f"  [{', '.join(live)}]" if live else ""))
     rd = report["render"]
     own = f"; own entries: {', '.join(rd['scopes'])}" if rd["scopes"] else ""
-    print(f"renders per site (<site>.render): {rd['default']} "
-          f"(CHAINCRAWL_BROWSER_SITE_LIMIT){own}")  # fmt: skip
+    print(f"renders per site (<site>.render): {rd['default']} (CHAINCRAWL_BROWSER_SITE_LIMIT){own}")
     t = report["throttle"]
     if not t["on"]:
         print("adaptive delay: off (CHAINCRAWL_THROTTLE)")
     else:
-        print(f"adaptive delay: on, aiming at {t['target_concurrency']:g} request(s) in flight "
-              f"per site; starts at {t['start_delay']:g}s, at most {t['max_delay']:g}s; "
-              f"Retry-After honoured up to {t['max_retry_after']:g}s")  # fmt: skip
+        print(
+            f"adaptive delay: on, aiming at {t['target_concurrency']:g} request(s) in flight "
+            f"per site; starts at {t['start_delay']:g}s, at most {t['max_delay']:g}s; "
+            f"Retry-After honoured up to {t['max_retry_after']:g}s"
+        )
         for row in t["sites"]:
             paused = f", paused {row['paused_for']:.1f}s more" if row["paused_for"] else ""
-            print(f"  {row['site']}: delay {row['delay']:.3f}s, latency {row['latency']:.3f}s "
-                  f"({row['samples']} answers, {row['backoffs']} back-offs{paused})")  # fmt: skip
+            print(
+                f"  {row['site']}: delay {row['delay']:.3f}s, latency {row['latency']:.3f}s "
+                f"({row['samples']} answers, {row['backoffs']} back-offs{paused})"
+            )
     r = report["robots"]
     ignored = f"; not for {', '.join(r['ignored_sites'])}" if r["ignored_sites"] else ""
-    print(f"robots.txt: {'honoured' if r['on'] else 'off'} (user agent {r['user_agent']!r}, "
-          f"kept {r['ttl']:g}s{ignored})")  # fmt: skip
+    print(
+        f"robots.txt: {'honoured' if r['on'] else 'off'} (user agent {r['user_agent']!r}, "
+        f"kept {r['ttl']:g}s{ignored})"
+    )
 
 
 def register(sub: Any) -> None:

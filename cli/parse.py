@@ -6,8 +6,9 @@ Prints what the endpoint yields as JSON lines on stdout, one object a line:
     {"kind": "follow", "params": {...}}                          the same step, next page
     {"kind": "child", "step": "...", "task": "...", "params": {...}}   with --chain
 
-and the requests it made, with a summary, on stderr. Nothing is stored, nothing is sent to
-a broker. With `CHAINCRAWL_HTTP_CACHE` set, a second run answers from disk. `--save-fixture`
+and on stderr the endpoint's `ctx.log` lines (INFO and up) as they come, then the requests
+it made and the pages it rendered (`RENDER url -> status`, with what each action did and the
+answers captured), with a summary. Nothing is stored, nothing is sent to a broker. With `CHAINCRAWL_HTTP_CACHE` set, a second run answers from disk. `--save-fixture`
 records the answers for the endpoint's parser test (external_interface/fetch/mock.py).
 """
 
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ import orjson
 import chains
 import sites
 from cli import UserError, procs
-from config import ROOT, get_settings
+from config import ROOT, SITE_VARS, get_settings
 from exceptions import ChainCrawlError
 from external_interface.fetch.mock import fixture_dir, outputs_of, save_case
 from ledger.model import Chain
@@ -44,8 +47,9 @@ def params_arg(text: str | None) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"PARAMS is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
-                        ) from None  # fmt: skip
+        raise UserError(
+            f"PARAMS is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"PARAMS must be a JSON object, e.g. '{{\"page\": 1}}', got {text!r}")
     return data
@@ -104,11 +108,14 @@ def run(
     if procs.ensure_redis(get_settings()) == "started":  # providers and the gate live in Redis
         print("redis: started the embedded Redis", file=sys.stderr)
     started = time.monotonic()
-    result = run_live(spec, params, chain=chain_obj, step=step_id)
+    with endpoint_log(spec.name):
+        result = run_live(spec, params, chain=chain_obj, step=step_id)
     took = time.monotonic() - started
     for req, resp in result.exchanges:
         cached = " (from the HTTP cache)" if resp.from_cache else ""
         print(f"{req.method} {resp.url} -> {resp.status}{cached}", file=sys.stderr)
+    for page in result.renders:
+        print(render_line(page.url, page.status, page.steps, len(page.captured)), file=sys.stderr)
     if result.error is not None:
         return _failed(result, save_fixture)
     try:
@@ -121,14 +128,50 @@ def run(
         os.close(devnull)
     from_cache = sum(1 for _, resp in result.exchanges if resp.from_cache)
     types = sorted({it.item_type for it in result.items})
-    print(f"{task}: {len(result.items)} item(s)" + (f" ({', '.join(types)})" if types else "")
-          + f", {len(result.follows)} follow-up(s)"
-          + (f", {len(result.children)} child task(s) of step {step_id}" if chain_obj else "")
-          + f"; {len(result.exchanges)} request(s), {from_cache} from the HTTP cache, {took:.2f}s;"
-          " nothing stored", file=sys.stderr)  # fmt: skip
+    print(
+        f"{task}: {len(result.items)} item(s)"
+        + (f" ({', '.join(types)})" if types else "")
+        + f", {len(result.follows)} follow-up(s)"
+        + (f", {len(result.children)} child task(s) of step {step_id}" if chain_obj else "")
+        + f"; {len(result.exchanges) + len(result.renders)} request(s)"
+        + (f" ({len(result.renders)} rendered)" if result.renders else "")
+        + f", {from_cache} from the HTTP cache, {took:.2f}s;"
+        " nothing stored",
+        file=sys.stderr,
+    )
     if save_fixture:
         _save(result, fixtures)
     return 0
+
+
+@contextmanager
+def endpoint_log(task: str) -> Iterator[None]:
+    """The endpoint's `ctx.log` (logger `chaincrawl.site.<task>`) on stderr from INFO up, as
+    `log: LEVEL message`, while it runs: what a developer reads next to its output."""
+    logger = logging.getLogger(f"chaincrawl.site.{task}")
+    out = logging.StreamHandler(sys.stderr)
+    out.setFormatter(logging.Formatter("log: %(levelname)s %(message)s"))
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(out)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # said once, not again by a root handler
+    try:
+        yield
+    finally:
+        logger.removeHandler(out)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def render_line(url: str, status: int, steps: Sequence[Mapping[str, Any]], captured: int) -> str:
+    """One rendered page as parse shows it: `RENDER url -> status` and what its actions did."""
+    done = []
+    for st in steps:
+        facts = ", ".join(f"{k} {v}" for k, v in st.items() if k != "action")
+        done.append(f"{st.get('action', '?')}" + (f" ({facts})" if facts else ""))
+    extra = [f"{captured} answer(s) captured"] if captured else []
+    extra += [f"actions: {'; '.join(done)}"] if done else []
+    return f"RENDER {url} -> {status}" + (f" [{'; '.join(extra)}]" if extra else "")
 
 
 def _failed(result: LiveResult, save_fixture: bool) -> int:
@@ -145,17 +188,35 @@ def _failed(result: LiveResult, save_fixture: bool) -> int:
 
 def _save(result: LiveResult, fixtures: str | None) -> None:
     folder = Path(fixtures) if fixtures else fixture_dir(result.spec.name, ROOT / "tests")
-    files = save_case(folder, result.spec.name, result.params, result.exchanges,
-                      outputs_of(result.items, result.follows))  # fmt: skip
+    base = SITE_VARS["base_url"].name(result.spec.site)  # replayed as recorded
+    files = save_case(
+        folder,
+        result.spec.name,
+        result.params,
+        result.exchanges,
+        outputs_of(result.items, result.follows),
+        env={base: os.environ.get(base) or None},
+    )
     shown = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
-    print(f"recorded {len(result.exchanges)} answer(s) in {shown}/ "
-          f"({', '.join(f.name for f in files)})", file=sys.stderr)  # fmt: skip
+    print(
+        f"recorded {len(result.exchanges)} answer(s) in {shown}/ "
+        f"({', '.join(f.name for f in files)})",
+        file=sys.stderr,
+    )
     test = folder.parent.parent / f"test_{folder.name}.py"
     if test.exists():
-        print(f"its parser test replays them: ./control.sh test {test.relative_to(ROOT)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"its parser test replays them: ./control.sh test {test.relative_to(ROOT)}",
+            file=sys.stderr,
+        )
 
 
 def main(a: argparse.Namespace) -> int:
-    return run(a.task, params_arg(a.params), chain=a.chain, step=a.step,
-               save_fixture=a.save_fixture, fixtures=a.fixture_dir)  # fmt: skip
+    return run(
+        a.task,
+        params_arg(a.params),
+        chain=a.chain,
+        step=a.step,
+        save_fixture=a.save_fixture,
+        fixtures=a.fixture_dir,
+    )

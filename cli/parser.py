@@ -30,7 +30,7 @@ SITE_KINDS = ("list", "detail", "api")
 DEMO_FEATURES = "ua_check,sign,device,login,soft_fail"
 
 # Commands control.sh runs itself (no Python handler).
-SHELL_COMMANDS = ("setup", "lock", "test", "lint", "restart")
+SHELL_COMMANDS = ("setup", "lock", "test", "lint")
 
 TRIGGER_EXIT_CODES = """\
 exit status:
@@ -60,8 +60,10 @@ _FAILS = {
     "lint": "a check failed",
 }
 _NO_REDIS = ("help", "setup", "lock", "test", "lint", "chains", "config", "new-site", "items")
-_REDIS_DOWN = ("  5  Redis or the broker unreachable (a refused connection: at once; a Redis "
-               "restarting\n     or loading its data: after CHAINCRAWL_REDIS_WAIT)")  # fmt: skip
+_REDIS_DOWN = (
+    "  5  Redis or the broker unreachable (a refused connection: at once; a Redis "
+    "restarting\n     or loading its data: after CHAINCRAWL_REDIS_WAIT)"
+)
 
 
 def exit_statuses(command: str) -> str:
@@ -134,28 +136,49 @@ class Parser(argparse.ArgumentParser):
 def _start_options(p: argparse.ArgumentParser) -> None:
     """Shared by `start` and `restart`."""
     p.add_argument("--queues", help="comma-separated queues (default: every site + resources)")
-    p.add_argument("--pool", default=POOLS[0], choices=POOLS,
-                   help=f"{POOLS[0]} (default), " + ", ".join(POOLS[1:]))  # fmt: skip
+    p.add_argument(
+        "--pool",
+        default=POOLS[0],
+        choices=POOLS,
+        help=f"{POOLS[0]} (default), " + ", ".join(POOLS[1:]),
+    )
     p.add_argument("--concurrency", "-c", type=int, default=16, help="slots per worker (16)")
-    p.add_argument("--fetch-slots", type=int, default=None,
-                   help="most requests in flight per worker (default: CHAINCRAWL_FETCH_SLOTS, "
-                   "else one per slot); e.g. -c 20 --fetch-slots 16 keeps 16 requests "
-                   "going while finished pages parse")  # fmt: skip
-    p.add_argument("--workers", "-n", type=int, default=os.cpu_count() or 1,
-                   help="worker processes on this machine (default: one per core)")  # fmt: skip
+    p.add_argument(
+        "--fetch-slots",
+        type=int,
+        default=None,
+        help="most requests in flight per worker (default: CHAINCRAWL_FETCH_SLOTS, "
+        "else one per slot); e.g. -c 20 --fetch-slots 16 keeps 16 requests "
+        "going while finished pages parse",
+    )
+    p.add_argument(
+        "--workers",
+        "-n",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="worker processes on this machine (default: one per core)",
+    )
     p.add_argument("--name", default="w", help="worker name prefix (w)")
 
 
 def _shell_commands(sub: Any) -> None:
     se = sub.add_parser("setup", help="create .venv from the lock files (done automatically)")
-    se.add_argument("--browser", action="store_true",
-                    help="add Playwright for rendered pages and check for Chromium")  # fmt: skip
+    se.add_argument(
+        "--browser",
+        action="store_true",
+        help="add Playwright for rendered pages and check for Chromium",
+    )
     sub.add_parser("lock", help="regenerate the lock files (requirements/*.txt) from pyproject")
     te = sub.add_parser("test", help="run the test suite (arguments go to pytest)")
     te.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS")
     sub.add_parser("lint", help="ruff check, ruff format --check, mypy and the import contracts")
-    rs = sub.add_parser("restart", help="stop workers (Redis stays), then start with these options")
+    rs = sub.add_parser(
+        "restart",
+        help="stop workers (Redis stays), start them with these options, "
+        "and bring back the demo site, Flower, beat and the monitor it stopped",
+    )
     _start_options(rs)
+    rs.set_defaults(fn="cli.restart:cmd_restart")
 
 
 def _core_commands(sub: Any) -> None:
@@ -172,28 +195,42 @@ def _core_commands(sub: Any) -> None:
     ss.add_argument("--json", action="store_true", help="machine-readable snapshot")
     ss.add_argument("--watch", action="store_true", help="refresh live until Ctrl-C")
     ss.add_argument("--interval", type=float, default=1.0)
-    ss.add_argument("--inspect-timeout", type=float, default=1.0,
-                    help="seconds to wait for workers to answer")  # fmt: skip
+    ss.add_argument(
+        "--inspect-timeout", type=float, default=1.0, help="seconds to wait for workers to answer"
+    )
     ss.add_argument("--no-workers", action="store_true", help="skip asking the workers")
     ss.set_defaults(fn="cmd_status")
 
     sub.add_parser("flower", help="start Flower (basic auth on)").set_defaults(fn="cmd_flower")
 
-    tr = sub.add_parser("trigger", help="start a chain run and show its live progress",
-                        epilog=TRIGGER_EXIT_CODES,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    tr = sub.add_parser(
+        "trigger",
+        help="start a chain run and show its live progress",
+        epilog=TRIGGER_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tr.add_argument("chain")
     tr.add_argument("seeds", nargs="?", help="JSON object or list of objects (root parameters)")
-    tr.add_argument("--seeds-file", metavar="FILE",
-                    help="the seeds from a file instead: a JSON list, or one JSON object per "
-                    "line; '-' reads standard input")  # fmt: skip
+    tr.add_argument(
+        "--seeds-file",
+        metavar="FILE",
+        help="the seeds from a file instead: a JSON list, or one JSON object per "
+        "line; '-' reads standard input",
+    )
     tr.add_argument("--priority", type=int, help="0..9, 9 most urgent")
     tr.add_argument("--no-wait", action="store_true", help="print the run id and return")
-    tr.add_argument("--wait-for-workers", action="store_true",
-                    help="send even when no live worker consumes a queue of the chain (its "
-                    "tasks wait for one); without it such a trigger is refused, exit 2")  # fmt: skip
-    tr.add_argument("--timeout", type=float, default=None,
-                    help="stop watching after this many seconds (exit 4; the run goes on)")  # fmt: skip
+    tr.add_argument(
+        "--wait-for-workers",
+        action="store_true",
+        help="send even when no live worker consumes a queue of the chain (its "
+        "tasks wait for one); without it such a trigger is refused, exit 2",
+    )
+    tr.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="stop watching after this many seconds (exit 4; the run goes on)",
+    )
     tr.set_defaults(fn="cmd_trigger")
 
     ru = sub.add_parser("runs", help="the newest runs (finished too), or one run's steps")
@@ -215,10 +252,13 @@ def _core_commands(sub: Any) -> None:
 
     for name, what, reason in (
         ("cancel", "stop a run (workers and other runs go on)", "kept with the run"),
-        ("pause", "hold a run without losing its place (resume goes on)",
-         "kept with the run while it is paused"),
+        (
+            "pause",
+            "hold a run without losing its place (resume goes on)",
+            "kept with the run while it is paused",
+        ),
         ("resume", "let a paused run go on", ""),
-    ):  # fmt: skip
+    ):
         rc = sub.add_parser(name, help=what)
         if name == "cancel":  # one run at a time: cancelling is not undone
             rc.add_argument("run_id")
@@ -230,18 +270,25 @@ def _core_commands(sub: Any) -> None:
             rc.add_argument("--reason", help=reason)
         rc.set_defaults(fn=f"cmd_{name}", cmd=name)
 
-    dl = sub.add_parser("deadletter", help="list, replay or purge tasks that failed for good",
-                        description="list: the dead letters (newest first); replay: send them "
-                        "again with fresh retries, reopening their runs; purge: delete them. "
-                        "replay and purge need ids or a selector (--run, --task, --all).")  # fmt: skip
+    dl = sub.add_parser(
+        "deadletter",
+        help="list, replay or purge tasks that failed for good",
+        description="list: the dead letters (newest first); replay: send them "
+        "again with fresh retries, reopening their runs; purge: delete them. "
+        "replay and purge need ids or a selector (--run, --task, --all).",
+    )
     dl.add_argument("action", choices=["list", "replay", "purge"])
     dl.add_argument("ids", nargs="*", help="dead-letter ids (from `deadletter list`)")
     dl.add_argument("--all", action="store_true", help="every dead letter")
     dl.add_argument("--task", help="only this task name")
     dl.add_argument("--run", help="only this run's tasks")
     dl.add_argument("--limit", type=int, default=50, help="list at most this many (50)")
-    dl.add_argument("--verbose", "-v", action="store_true",
-                    help="show tracebacks, and where failed renders left their screenshot and DOM")  # fmt: skip
+    dl.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="show tracebacks, and where failed renders left their screenshot and DOM",
+    )
     dl.set_defaults(fn="cmd_deadletter")
 
     sub.add_parser("chains", help="list the defined chains").set_defaults(fn="cmd_chains")
@@ -258,10 +305,16 @@ def _core_commands(sub: Any) -> None:
 def _tool_commands(sub: Any) -> None:
     p = sub.add_parser("demo", help="the demo crawl on the embedded defaults")
     p.add_argument("--size", default="small", help="demo site size: tiny, small, medium, large")
-    p.add_argument("--chain", default="demo_social",
-                   help="chain to run (demo_social; demo_js renders its list in a browser)")  # fmt: skip
-    p.add_argument("--features", default=DEMO_FEATURES,
-                   help=f"demo anti-crawl features ({DEMO_FEATURES}); '' for none")  # fmt: skip
+    p.add_argument(
+        "--chain",
+        default="demo_social",
+        help="chain to run (demo_social; demo_js renders its list in a browser)",
+    )
+    p.add_argument(
+        "--features",
+        default=DEMO_FEATURES,
+        help=f"demo anti-crawl features ({DEMO_FEATURES}); '' for none",
+    )
     p.add_argument("--soft-fail-rate", type=float, default=0.02)
     p.add_argument("--latency-ms", type=float, default=20.0, help="demo site latency per response")
     p.add_argument("--port", type=int, default=8700, help="demo site port (8700)")
@@ -277,25 +330,47 @@ def _tool_commands(sub: Any) -> None:
         "items", help="stored items of a type (JSON lines, CSV, Parquet), their history, a search"
     )
     p.add_argument("type", nargs="?", help="item type, e.g. demo.post (none: list the types)")
-    p.add_argument("--format", "-f", default=None, choices=ITEM_FORMATS,
-                   help="jsonl, csv, or parquet (a dataset partitioned by day: --out DIR); "
-                   "default: what --out's extension says (.jsonl, .ndjson, .csv, .parquet), "
-                   "JSON lines on stdout")  # fmt: skip
+    p.add_argument(
+        "--format",
+        "-f",
+        default=None,
+        choices=ITEM_FORMATS,
+        help="jsonl, csv, or parquet (a dataset partitioned by day: --out DIR); "
+        "default: what --out's extension says (.jsonl, .ndjson, .csv, .parquet), "
+        "JSON lines on stdout",
+    )
     p.add_argument("--run", help="only the items this run stored")
     p.add_argument(
         "--out", "-o", help="write to this file (parquet: this directory) instead of stdout"
     )
-    p.add_argument("--key", "-k", action="append",
-                   help="with --history: the item's key value (once per key field, in order)")  # fmt: skip
-    p.add_argument("--history", action="store_true",
-                   help="the versions of the item's history fields, with when each held")  # fmt: skip
-    p.add_argument("--search", metavar="WORDS",
-                   help='items whose search fields match (postgres): words, "a phrase", -word')  # fmt: skip
-    p.add_argument("--from", dest="sink", metavar="SINK",
-                   help="the sink to read --history or --search from (default: the type's first "
-                   "sink that keeps history; postgres for --search)")  # fmt: skip
-    p.add_argument("--all", action="store_true",
-                   help="every stored version (append mode keeps them), not the latest per key")  # fmt: skip
+    p.add_argument(
+        "--key",
+        "-k",
+        action="append",
+        help="with --history: the item's key value (once per key field, in order)",
+    )
+    p.add_argument(
+        "--history",
+        action="store_true",
+        help="the versions of the item's history fields, with when each held",
+    )
+    p.add_argument(
+        "--search",
+        metavar="WORDS",
+        help='items whose search fields match (postgres): words, "a phrase", -word',
+    )
+    p.add_argument(
+        "--from",
+        dest="sink",
+        metavar="SINK",
+        help="the sink to read --history or --search from (default: the type's first "
+        "sink that keeps history; postgres for --search)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every stored version (append mode keeps them), not the latest per key",
+    )
     p.add_argument("--limit", type=int, help="at most this many items")
     p.set_defaults(fn="cli.items:main")
 
@@ -305,14 +380,23 @@ def _tool_commands(sub: Any) -> None:
     p.add_argument("site")
     p.add_argument("platform", help="e.g. pc, h5, app, common")
     p.add_argument("endpoint", help="e.g. user_info")
-    p.add_argument("--kind", choices=SITE_KINDS, default="list",
-                   help="list (an HTML list with a next page, default), detail (one HTML page "
-                   "about one thing) or api (a JSON list with a next page)")  # fmt: skip
-    p.add_argument("--item", help="the item type's name (default: the endpoint's); several "
-                   "endpoints may yield one type")  # fmt: skip
-    p.add_argument("--base-url", default="",
-                   help="where the site lives (written as its default; CHAINCRAWL_BASE_URL_<SITE> "
-                   "overrides it)")  # fmt: skip
+    p.add_argument(
+        "--kind",
+        choices=SITE_KINDS,
+        default="list",
+        help="list (an HTML list with a next page, default), detail (one HTML page "
+        "about one thing) or api (a JSON list with a next page)",
+    )
+    p.add_argument(
+        "--item",
+        help="the item type's name (default: the endpoint's); several endpoints may yield one type",
+    )
+    p.add_argument(
+        "--base-url",
+        default="",
+        help="where the site lives (written as its default; CHAINCRAWL_BASE_URL_<SITE> "
+        "overrides it)",
+    )
     p.set_defaults(fn="cli.newsite:main")
 
     p = sub.add_parser("shell", help="fetch a page and try selectors on it interactively")
@@ -327,11 +411,15 @@ def _tool_commands(sub: Any) -> None:
     p.add_argument("params", nargs="?", help="its parameters as a JSON object (default {})")
     p.add_argument("--chain", help="also show the children this chain's step would dispatch")
     p.add_argument("--step", help="the chain's step that runs TASK (when several do)")
-    p.add_argument("--save-fixture", action="store_true",
-                   help="record the answers for the endpoint's parser test")  # fmt: skip
-    p.add_argument("--fixture-dir",
-                   help="where to record them (default: tests/sites/<site>/<platform>/fixtures/"
-                   "<endpoint>/)")  # fmt: skip
+    p.add_argument(
+        "--save-fixture",
+        action="store_true",
+        help="record the answers for the endpoint's parser test",
+    )
+    p.add_argument(
+        "--fixture-dir",
+        help="where to record them (default: tests/sites/<site>/<platform>/fixtures/<endpoint>/)",
+    )
     p.set_defaults(fn="cli.parse:main")
 
     ops.register(sub)
@@ -339,9 +427,12 @@ def _tool_commands(sub: Any) -> None:
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="control.sh", description="chaincrawl: start workers, trigger chains, "
-               "watch runs. Every command sets the project up first if needed (.venv).",
-               epilog="./control.sh COMMAND --help: that command's options")  # fmt: skip
+    p = Parser(
+        prog="control.sh",
+        description="chaincrawl: start workers, trigger chains, "
+        "watch runs. Every command sets the project up first if needed (.venv).",
+        epilog="./control.sh COMMAND --help: that command's options",
+    )
     p.add_argument("--version", action="version", version=f"chaincrawl {version()}")
     # "subcommand", not "command": `shell -c/--command CODE` has that name
     sub = p.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
@@ -398,7 +489,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         target = commands.get(a.topic or "")
         if a.topic and target is None:
             guess = nearest(a.topic, list(commands))
-            _fail(p, f"unknown command '{a.topic}'" + (f" (did you mean '{guess}'?)" if guess else ""))  # fmt: skip
+            _fail(
+                p, f"unknown command '{a.topic}'" + (f" (did you mean '{guess}'?)" if guess else "")
+            )
         (target or p).print_help()
         p.exit(0)
     if extra and a.subcommand != "test":  # pytest's own flags pass through

@@ -60,9 +60,14 @@ def start_bg(name: str, cmd: list[str], s: Settings, env: dict[str, str] | None 
         return pid
     logf = open(log_dir(s) / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})}, start_new_session=True,
-    )  # fmt: skip
+        cmd,
+        cwd=ROOT,
+        stdout=logf,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     pidfile.write_text(str(proc.pid))
     return proc.pid
 
@@ -76,6 +81,34 @@ def stop_named(prefix: str, s: Settings, timeout: float = 60.0) -> list[str]:
             stopped.append(pidfile.stem)
         pidfile.with_suffix(".logpos").unlink(missing_ok=True)
     return stopped
+
+
+def process_cmd(pid: int) -> list[str]:
+    """The command line process `pid` was started with ([] if it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """The environment process `pid` was started with ({} if unreadable): what a running
+    worker was told (its `DEMO_BASE_URL`), whatever this shell has now."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (part.decode(errors="replace").partition("=") for part in raw.split(b"\0") if part)
+    return {k: v for k, _, v in pairs}
+
+
+def demo_url_of(cmd: list[str]) -> str | None:
+    """The URL of the demo site started with `cmd` (`python -m demo --port N ...`)."""
+    if "--port" not in cmd[:-1]:
+        return None
+    host = cmd[cmd.index("--host") + 1] if "--host" in cmd[:-1] else "127.0.0.1"
+    return f"http://{host}:{cmd[cmd.index('--port') + 1]}"
 
 
 def running(prefix: str, s: Settings) -> dict[str, int]:
@@ -217,16 +250,40 @@ def start_workers(
     for i in range(1, workers + 1):
         wname = f"worker-{name}{i}"
         cmd = [
-            sys.executable, "-m", "celery", "-A", "worker", "worker",
-            "-P", pool, "-c", str(concurrency), "-Q", queues,
-            "-n", f"{name}{i}@%h", "-l", "INFO", "--without-gossip",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker",
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-Q",
+            queues,
+            "-n",
+            f"{name}{i}@%h",
+            "-l",
+            "INFO",
+            "--without-gossip",
+        ]
         if s.task_events:  # Flower's task list; off by default (CHAINCRAWL_TASK_EVENTS)
             cmd.insert(cmd.index("-l"), "-E")
         if supervise:
-            cmd = [sys.executable, "-m", "cli.supervisor", "--name", wname,
-                   "--ready-marker", READY_MARKER,
-                   "--start-attempts", str(s.worker_start_attempts), "--", *cmd]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "cli.supervisor",
+                "--name",
+                wname,
+                "--ready-marker",
+                READY_MARKER,
+                "--start-attempts",
+                str(s.worker_start_attempts),
+                "--",
+                *cmd,
+            ]
         if alive(run_dir(s) / f"{wname}.pid") is None:  # this start's output begins here
             logf = log_dir(s) / f"{wname}.log"
             (run_dir(s) / f"{wname}.logpos").write_text(
@@ -289,7 +346,8 @@ def answering_workers(names: list[str], timeout: float = 2.0, tries: int = 3) ->
     nodes: set[str] = set()
     for _ in range(tries):
         try:
-            replies = app.control.ping(timeout=timeout) or []
+            # `limit`: back as soon as ours all answered, not after the whole timeout
+            replies = app.control.ping(timeout=timeout, limit=len(names)) or []
         except Exception:  # the broker is unreachable: none answers
             replies = []
         nodes |= {node.split("@", 1)[0] for reply in replies for node in reply}
@@ -313,11 +371,15 @@ def flower_password(s: Settings) -> str:
 def start_flower(s: Settings) -> tuple[str, str]:
     url = f"http://{s.flower_address}:{s.flower_port}/"
     cmd = [
-        sys.executable, "-m", "monitor.flower",  # celery -A worker flower, metrics guarded
-        f"--address={s.flower_address}", f"--port={s.flower_port}",
-        "--persistent=False", "--purge_offline_workers=60",
+        sys.executable,
+        "-m",
+        "monitor.flower",  # celery -A worker flower, metrics guarded
+        f"--address={s.flower_address}",
+        f"--port={s.flower_port}",
+        "--persistent=False",
+        "--purge_offline_workers=60",
         "--tasks_columns=name,uuid,state,args,received,started,runtime,retries,worker",
-    ]  # fmt: skip
+    ]
     # the credentials travel in the environment, not on the command line (ps shows argv)
     env = {"FLOWER_BASIC_AUTH": f"{s.flower_user}:{flower_password(s)}"}
     start_bg("flower", cmd, s, env)

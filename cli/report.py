@@ -25,11 +25,15 @@ def main(a: argparse.Namespace) -> int:
     s = procs.settings()
     procs.ensure_redis(s)
     try:
-        data = write_report(out, get_redis(s.redis_url), s, run_id=a.run_id, site=a.site,
-                            since=since)  # fmt: skip
+        data = write_report(
+            out, get_redis(s.redis_url), s, run_id=a.run_id, site=a.site, since=since
+        )
     except LookupError as e:
         raise UserError(str(e.args[0])) from None
     t = data["totals"]
-    print(f"wrote {out}: {t['runs']} run(s), {t['pages']} pages, {t['items']} items, "
-          f"{t['errors']} errors", file=sys.stderr)  # fmt: skip
+    print(
+        f"wrote {out}: {t['runs']} run(s), {t['pages']} pages, {t['items']} items, "
+        f"{t['errors']} errors",
+        file=sys.stderr,
+    )
     return 0

@@ -30,8 +30,14 @@ def watch(
             time.sleep(0.25)
 
 
-def trigger(name: str, seeds: list[dict[str, Any]] | None, priority: int | None, wait: bool,
-            timeout: float | None, wait_for_workers: bool = False) -> Progress | RunHandle:  # fmt: skip
+def trigger(
+    name: str,
+    seeds: list[dict[str, Any]] | None,
+    priority: int | None,
+    wait: bool,
+    timeout: float | None,
+    wait_for_workers: bool = False,
+) -> Progress | RunHandle:
     """Start the run (refused, `QueuesUnserved`, when live workers consume none of a queue it
     needs, unless `wait_for_workers`) and, with `wait`, watch it."""
     handle = chains.run(name, seeds=seeds, priority=priority, wait_for_workers=wait_for_workers)

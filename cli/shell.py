@@ -68,16 +68,22 @@ class Session:
             # `resp` must not stay the previous page: selectors tried next would read it
             self.ns["resp"] = self.shown = None
             if isinstance(exc, RobotsDisallowed):
-                print(f"{method} {url} blocked by robots.txt ({exc}); resp is None now",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"{method} {url} blocked by robots.txt ({exc}); resp is None now",
+                    file=sys.stderr,
+                )
             else:
-                print(f"{method} {url} failed: {type(exc).__name__}: {exc}; resp is None now",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"{method} {url} failed: {type(exc).__name__}: {exc}; resp is None now",
+                    file=sys.stderr,
+                )
             return None
         cached = ", from the HTTP cache" if resp.from_cache else ""
         ctype = resp.headers.get("content-type", "?")
-        print(f"{method} {resp.url} -> {resp.status} ({ctype}, {len(resp.content)} bytes{cached})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{method} {resp.url} -> {resp.status} ({ctype}, {len(resp.content)} bytes{cached})",
+            file=sys.stderr,
+        )
         self.ns["resp"] = self.shown = resp
         return resp
 
@@ -98,8 +104,9 @@ BANNER = """chaincrawl shell: {how}
   ctx                 the endpoint context the requests go through"""
 
 
-def run(url: str, *, site: str | None = None, task: str | None = None,
-        command: str | None = None) -> int:  # fmt: skip
+def run(
+    url: str, *, site: str | None = None, task: str | None = None, command: str | None = None
+) -> int:
     """The command; -> exit status (1 when `command` raised)."""
     spec = spec_for(site, task)
     if spec is not None:
@@ -129,9 +136,16 @@ def run(url: str, *, site: str | None = None, task: str | None = None,
 
 def site_less() -> EndpointSpec:
     """No site's endpoint: what the bare fetch layer's requests are made as."""
-    return EndpointSpec(name="shell.common.fetch", site="shell", platform="common",
-                        fn=lambda ctx, p: None, params=Params, item_types=(), resources={},
-                        queue="shell")  # fmt: skip
+    return EndpointSpec(
+        name="shell.common.fetch",
+        site="shell",
+        platform="common",
+        fn=lambda ctx, p: None,
+        params=Params,
+        item_types=(),
+        resources={},
+        queue="shell",
+    )
 
 
 def interact(namespace: dict[str, Any], banner: str) -> None:

@@ -65,10 +65,11 @@ def _workers_table(snap: dict[str, Any]) -> Table | Fit:
     procs = snap.get("processes") or {}
     if procs:
         t.caption = "started here: " + ", ".join(
-            f"{n} ({p})" if not n.startswith("worker-") or _has_child(p)
+            f"{n} ({p})"
+            if not n.startswith("worker-") or _has_child(p)
             else f"{n} ({p}, no worker process: starting it again)"
             for n, p in procs.items()
-        )  # fmt: skip
+        )
     if w is None:
         t.add_row("(not inspected)" if "workers" in snap else "-", "", "")
     elif not w:
@@ -124,17 +125,29 @@ def _tasks_table(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None)
                 errs[k] = errs.get(k, 0) + v
         waits = m["errors"].get("waited", {})
         row: list[Any] = [
-            str(m["succeeded"]), str(m["failed"]),
+            str(m["succeeded"]),
+            str(m["failed"]),
             Text(_pct(m["fail_rate"]), style=_rate_style(m["fail_rate"])),
-            str(m["retried"]), _pct(m["retry_rate"]), _secs(m["latency_p95"]), _top(errs),
+            str(m["retried"]),
+            _pct(m["retry_rate"]),
+            _secs(m["latency_p95"]),
+            _top(errs),
             Text(_top(waits), style="dim"),
-        ]  # fmt: skip
+        ]
         if recent is not None:
             rr = (recent.get(task) or {}).get("fail_rate")
             row.insert(3, Text(_pct(rr), style=_rate_style(rr)))
         t.add_row(task, *row)
         rows.append((task, [labelled(c, v) for c, v in zip(cols, row, strict=True) if str(v)]))
-    return Fit(t, title, rows)
+    empty = [f"{task} {m['empty']}" for task, m in sorted(snap["tasks"].items()) if m.get("empty")]
+    caption = (
+        f"warning: pages that yielded nothing (no item, no follow-up): {', '.join(empty)}"
+        if empty  # a selector that matches nothing ends its pages "ok" with nothing in them
+        else ""
+    )
+    if caption:
+        t.caption, t.caption_style = caption, "yellow"
+    return Fit(t, title, rows, caption)
 
 
 def _top(counts: dict[str, int]) -> str:
@@ -149,8 +162,13 @@ def _pools_table(snap: dict[str, Any]) -> Table:
     for p in snap["pools"]:
         size = Text(str(p["size"]), style="bold red" if p["size"] <= 0 else "")
         when = "live" if p["source"] == "live" else f"{p['age']:.0f}s ago"
-        t.add_row(p["name"], size, str(p["bans"]), str(p["produced"]),
-                  Text(when, style="yellow" if p.get("stale") else ""))  # fmt: skip
+        t.add_row(
+            p["name"],
+            size,
+            str(p["bans"]),
+            str(p["produced"]),
+            Text(when, style="yellow" if p.get("stale") else ""),
+        )
     return t
 
 
@@ -162,9 +180,15 @@ def _adaptive_table(snap: dict[str, Any]) -> Table:
         t.add_column(col, justify="left" if col in ("decision", "last sample") else "right")
     for d in snap["adaptive"]:
         why = (d.get("evidence") or {}).get("why", "")
-        t.add_row(f"{d['endpoint']} {d['pattern']}", d["decision"], str(d["pages"]),
-                  _pct(d["rendered_share"]), f"{d['same']}/{d['differ']}", str(d["changes"]),
-                  why)  # fmt: skip
+        t.add_row(
+            f"{d['endpoint']} {d['pattern']}",
+            d["decision"],
+            str(d["pages"]),
+            _pct(d["rendered_share"]),
+            f"{d['same']}/{d['differ']}",
+            str(d["changes"]),
+            why,
+        )
     return t
 
 
@@ -172,17 +196,31 @@ def _recrawl_table(snap: dict[str, Any]) -> Table:
     """Per site and watched set: the budget, the visits it bought and the changes they found."""
     t = Table(title="re-crawls by change (last day / all)", title_justify="left")
     ident_column(t, "site / watch")
-    for col in ("budget/day", "keys", "visits bought", "changes found", "found/visit",
-                "busy hours (UTC)", "interval"):  # fmt: skip
+    for col in (
+        "budget/day",
+        "keys",
+        "visits bought",
+        "changes found",
+        "found/visit",
+        "busy hours (UTC)",
+        "interval",
+    ):
         t.add_column(col, justify="right")
     for w in snap["recrawl"]:
         day, tot = w["last_day"], w["total"]
         rate = day["found"] / day["bought"] if day["bought"] else None
         hours = ",".join(str(h) for h in w["hot_hours"]) or "-"
         iv = w["mean_interval_h"]
-        t.add_row(f"{w['site']} / {w['watch']}", f"{w['budget']:g}", str(w["keys"]),
-                  f"{day['bought']} / {tot['bought']}", f"{day['found']} / {tot['found']}",
-                  _pct(rate), hours, "-" if iv is None else f"{iv:g}h")  # fmt: skip
+        t.add_row(
+            f"{w['site']} / {w['watch']}",
+            f"{w['budget']:g}",
+            str(w["keys"]),
+            f"{day['bought']} / {tot['bought']}",
+            f"{day['found']} / {tot['found']}",
+            _pct(rate),
+            hours,
+            "-" if iv is None else f"{iv:g}h",
+        )
     return t
 
 
@@ -190,17 +228,32 @@ def _fleet_table(snap: dict[str, Any]) -> Table:
     """Per site of the fleet budget: its share, what it uses, and why when it runs short."""
     t = Table(title="fleet budget shares", title_justify="left")
     ident_column(t, "site")
-    for col in ("weight", "prio", "nominal", "share now", "in flight", "backlog", "runs at",
-                "req/s"):  # fmt: skip
+    for col in (
+        "weight",
+        "prio",
+        "nominal",
+        "share now",
+        "in flight",
+        "backlog",
+        "runs at",
+        "req/s",
+    ):
         t.add_column(col, justify="right")
     t.add_column("shortage")
     for r in snap["fleet"]:
         runs_at = "-" if r["runs_at"] is None else f"{r['runs_at']:.0%}"
-        t.add_row(r["site"], f"{r['weight']:g}", str(r["priority"]), f"{r['nominal']:g}",
-                  f"{r['share']:g}", str(r["held"]), str(r["backlog"]),
-                  Text(runs_at, style="bold red" if r["shortage"] else ""),
-                  "-" if r["rate"] is None else f"{r['rate']:.1f}",
-                  Text(r["shortage"] or "", style="red"))  # fmt: skip
+        t.add_row(
+            r["site"],
+            f"{r['weight']:g}",
+            str(r["priority"]),
+            f"{r['nominal']:g}",
+            f"{r['share']:g}",
+            str(r["held"]),
+            str(r["backlog"]),
+            Text(runs_at, style="bold red" if r["shortage"] else ""),
+            "-" if r["rate"] is None else f"{r['rate']:.1f}",
+            Text(r["shortage"] or "", style="red"),
+        )
     return t
 
 
@@ -216,8 +269,10 @@ def _footer(snap: dict[str, Any]) -> Text:
     if snap.get("malformed"):
         parts.append(f"malformed broker messages: {snap['malformed']} (kept in broker:malformed)")
     if snap.get("unknown_tasks"):
-        parts.append(f"tasks refused as unknown by workers: {snap['unknown_tasks']} "
-                     "(restart the workers; deadletter list)")  # fmt: skip
+        parts.append(
+            f"tasks refused as unknown by workers: {snap['unknown_tasks']} "
+            "(restart the workers; deadletter list)"
+        )
     if snap.get("dead_worker_restored"):
         parts.append(f"messages restored from dead workers: {snap['dead_worker_restored']}")
     return Text("   ".join(parts))
@@ -233,9 +288,13 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
     for a in firing:
         parts.append(Text(f"  ! {a['rule']} {a['subject']} (value {a.get('value')})", style="red"))
     for b in snap.get("broken_modules") or []:
-        parts.append(Text(f"  ! {b['kind']} module {b['module']} ({b['file']}:{b['line']}) "
-                          f"failed to import in {', '.join(b['in'])}: {b['error']}",
-                          style="bold red"))  # fmt: skip
+        parts.append(
+            Text(
+                f"  ! {b['kind']} module {b['module']} ({b['file']}:{b['line']}) "
+                f"failed to import in {', '.join(b['in'])}: {b['error']}",
+                style="bold red",
+            )
+        )
     parts.append(_workers_table(snap))
     parts.append(_queues_table(snap))
     runs = snap["active_runs"]

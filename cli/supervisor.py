@@ -91,8 +91,9 @@ class Supervisor:
                 proc.send_signal(signum)
 
     def start(self) -> subprocess.Popen[bytes]:
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
         if self.stopping.is_set():  # a stop arrived while we were starting it
             self.on_signal(self.signal or signal.SIGTERM)
         return self.proc
@@ -141,28 +142,40 @@ class Supervisor:
             ever_ready = ever_ready or self._became_ready(offset, ran)
             if not ever_ready:
                 if attempts >= self.start_attempts:
-                    self.log("ERROR", f"pid {proc.pid} {how} {ran:.1f}s after it started, "
-                                      f"before it was ready; {attempts} failed start(s): giving "
-                                      "up (see the lines above)")  # fmt: skip
+                    self.log(
+                        "ERROR",
+                        f"pid {proc.pid} {how} {ran:.1f}s after it started, "
+                        f"before it was ready; {attempts} failed start(s): giving "
+                        "up (see the lines above)",
+                    )
                     return code if code > 0 else 1
-                self.log("WARNING", f"pid {proc.pid} {how} {ran:.1f}s after it started, "
-                                    f"before it was ready; starting it again in {delay:.1f}s "
-                                    f"(start {attempts + 1} of at most "
-                                    f"{self.start_attempts})")  # fmt: skip
+                self.log(
+                    "WARNING",
+                    f"pid {proc.pid} {how} {ran:.1f}s after it started, "
+                    f"before it was ready; starting it again in {delay:.1f}s "
+                    f"(start {attempts + 1} of at most "
+                    f"{self.start_attempts})",
+                )
             else:
                 now = time.monotonic()
                 while self.restarts and now - self.restarts[0] > self.window:
                     self.restarts.popleft()
                 if len(self.restarts) >= self.max_restarts:
-                    self.log("ERROR", f"pid {proc.pid} {how}; {len(self.restarts)} restarts in "
-                                      f"the last {self.window:.0f}s: giving up")  # fmt: skip
+                    self.log(
+                        "ERROR",
+                        f"pid {proc.pid} {how}; {len(self.restarts)} restarts in "
+                        f"the last {self.window:.0f}s: giving up",
+                    )
                     return code if code > 0 else 1
                 if ran >= self.healthy_after:
                     delay = self.backoff
                 self.restarts.append(now)
-                self.log("WARNING", f"pid {proc.pid} {how} after {ran:.1f}s; restarting in "
-                                    f"{delay:.1f}s (restart {len(self.restarts)} of at most "
-                                    f"{self.max_restarts} per {self.window:.0f}s)")  # fmt: skip
+                self.log(
+                    "WARNING",
+                    f"pid {proc.pid} {how} after {ran:.1f}s; restarting in "
+                    f"{delay:.1f}s (restart {len(self.restarts)} of at most "
+                    f"{self.max_restarts} per {self.window:.0f}s)",
+                )
             if self.stopping.wait(delay):
                 self.log("INFO", "stopped while waiting to restart")
                 return 0
@@ -176,25 +189,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=600.0, help="seconds (for --max-restarts)")
     p.add_argument("--backoff", type=float, default=1.0, help="first delay before a restart")
     p.add_argument("--max-backoff", type=float, default=60.0)
-    p.add_argument("--healthy-after", type=float, default=60.0,
-                   help="a run this long resets the back-off")  # fmt: skip
-    p.add_argument("--start-grace", type=float, default=10.0,
-                   help="without --ready-marker: a run shorter than this failed to start")  # fmt: skip
-    p.add_argument("--start-attempts", type=int, default=3,
-                   help="starts of a child that never got ready before giving up")  # fmt: skip
-    p.add_argument("--ready-marker", default=None,
-                   help="text the child logs once it is up (a run that exits before "
-                   "it is a start failure); needs stdout to be the log file")  # fmt: skip
+    p.add_argument(
+        "--healthy-after", type=float, default=60.0, help="a run this long resets the back-off"
+    )
+    p.add_argument(
+        "--start-grace",
+        type=float,
+        default=10.0,
+        help="without --ready-marker: a run shorter than this failed to start",
+    )
+    p.add_argument(
+        "--start-attempts",
+        type=int,
+        default=3,
+        help="starts of a child that never got ready before giving up",
+    )
+    p.add_argument(
+        "--ready-marker",
+        default=None,
+        help="text the child logs once it is up (a run that exits before "
+        "it is a start failure); needs stdout to be the log file",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
     a = p.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         p.error("no command given (-- CMD ...)")
     sup = Supervisor(
-        a.name, cmd, max_restarts=a.max_restarts, window=a.window, backoff=a.backoff,
-        max_backoff=a.max_backoff, healthy_after=a.healthy_after, start_grace=a.start_grace,
-        ready_marker=a.ready_marker, start_attempts=a.start_attempts,
-    )  # fmt: skip
+        a.name,
+        cmd,
+        max_restarts=a.max_restarts,
+        window=a.window,
+        backoff=a.backoff,
+        max_backoff=a.max_backoff,
+        healthy_after=a.healthy_after,
+        start_grace=a.start_grace,
+        ready_marker=a.ready_marker,
+        start_attempts=a.start_attempts,
+    )
     signal.signal(signal.SIGTERM, sup.on_signal)
     signal.signal(signal.SIGINT, sup.on_signal)
     return sup.run()

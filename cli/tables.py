@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -39,9 +40,16 @@ class Fit:
     """`wide` (a table) when its natural width fits, else the same rows as lines: each row's
     ids (`head`) on a line of their own, its other fields packed on the lines below."""
 
-    def __init__(self, wide: Table, title: str, rows: list[tuple[Part, list[Part]]],
-                 caption: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        wide: Table,
+        title: str,
+        rows: list[tuple[Part, list[Part]]],
+        caption: str = "",
+        bars: list[tuple[int, int]] | None = None,
+    ) -> None:
         self.wide, self.title, self.rows, self.caption = wide, title, rows, caption
+        self.bars = bars  # per row, (completed, total): its progress bar, in lines too
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         natural = Measurement.get(console, options.update_width(100_000), self.wide).maximum
@@ -49,8 +57,14 @@ class Fit:
             yield self.wide
             return
         yield Text(self.title, style="italic", overflow="fold")
-        for head, parts in self.rows:
+        for n, (head, parts) in enumerate(self.rows):
             yield head if isinstance(head, Text) else Text(head, style="bold", overflow="fold")
+            if self.bars is not None:
+                done, total = self.bars[n]
+                width = max(10, min(40, options.max_width - 2))
+                yield Padding(
+                    ProgressBar(total=max(total, 1), completed=done, width=width), (0, 0, 0, 2)
+                )
             yield pack(parts, options.max_width)
         if self.caption:
             yield Text(self.caption, style="dim", overflow="fold")
@@ -93,6 +107,19 @@ def _ending(r: dict[str, Any]) -> str:
     return str(r["status"])
 
 
+def empty_warning(r: dict[str, Any], lead: str = "") -> str:
+    """Pages that yielded nothing (no item, no follow-up), by step: a selector matching nothing
+    ends a run "complete" with no items; this says so (`Progress.as_dict()` form)."""
+    n = r["totals"].get("empty", 0)
+    if not n:
+        return ""
+    by = ", ".join(f"{s} {c['empty']}" for s, c in r["steps"].items() if c.get("empty"))
+    return (
+        f"{lead}warning: {n} page(s) yielded nothing (no item, no follow-up): {by}; "
+        "a selector that matches nothing? (@endpoint(..., must_yield=True) fails them)"
+    )
+
+
 def run_table(r: dict[str, Any]) -> Fit:
     """One row per step of a run (`Progress.as_dict()` form): a bar of finished/dispatched and
     the counters. Shared by `trigger`'s live view, `runs RUN_ID` and `status`."""
@@ -104,10 +131,14 @@ def run_table(r: dict[str, Any]) -> Fit:
         + (f" · cancelled {tt['cancelled']}" if tt.get("cancelled") else "")
         + (f" · skipped: {skips(tt)}" if skips(tt) else "")
         + _resending(r)
-        + (f"\nwarning: text with undecodable bytes (stored with U+FFFD) on {tt['undecodable']} "
-           "pages of " + ", ".join(s for s, c in r["steps"].items() if c.get("undecodable"))
-           if tt.get("undecodable") else "")
-    )  # fmt: skip
+        + empty_warning(r, "\n")
+        + (
+            f"\nwarning: text with undecodable bytes (stored with U+FFFD) on {tt['undecodable']} "
+            "pages of " + ", ".join(s for s, c in r["steps"].items() if c.get("undecodable"))
+            if tt.get("undecodable")
+            else ""
+        )
+    )
     t = Table(title=title, title_justify="left", caption=caption)
     if r.get("resending"):
         t.caption_style = "bold red"
@@ -117,22 +148,45 @@ def run_table(r: dict[str, Any]) -> Fit:
     for col in ("done/sent", "ok", "failed", "retried", "skipped", "items", "stored"):
         t.add_column(col, justify="right")
     rows: list[tuple[Part, list[Part]]] = []
+    bars: list[tuple[int, int]] = []
     for sid, c in r["steps"].items():
         done = finished(c)
         sent = c.get("dispatched", 0)
-        skipped = Text(str(sum(c.get(k, 0) for k, _ in SKIP_REASONS)),
-                       style="yellow" if skips(c) else "")  # fmt: skip
-        nums: list[Part] = [str(c.get("succeeded", 0)), _red(c.get("failed", 0)), str(c.get("retried", 0)),
-                skipped, str(c.get("items", 0)), str(c.get("stored", 0))]  # fmt: skip
-        t.add_row(sid, c.get("task", ""), ProgressBar(total=max(sent, 1), completed=done, width=24),
-                  f"{done}/{sent}", *nums)  # fmt: skip
+        bars.append((done, sent))
+        skipped = Text(
+            str(sum(c.get(k, 0) for k, _ in SKIP_REASONS)), style="yellow" if skips(c) else ""
+        )
+        nums: list[Part] = [
+            str(c.get("succeeded", 0)),
+            _red(c.get("failed", 0)),
+            str(c.get("retried", 0)),
+            skipped,
+            str(c.get("items", 0)),
+            str(c.get("stored", 0)),
+        ]
+        t.add_row(
+            sid,
+            c.get("task", ""),
+            ProgressBar(total=max(sent, 1), completed=done, width=24),
+            f"{done}/{sent}",
+            *nums,
+        )
         pct = f" ({done / sent:.0%})" if sent else ""
-        rows.append((f"{sid}  {c.get('task', '')}",
-                     [f"done/sent {done}/{sent}{pct}", labelled("ok", nums[0]),
-                      labelled("failed", nums[1]), labelled("retried", nums[2]),
-                      labelled("skipped", nums[3]), labelled("items", nums[4]),
-                      labelled("stored", nums[5])]))  # fmt: skip
-    return Fit(t, title, rows, caption)
+        rows.append(
+            (
+                f"{sid}  {c.get('task', '')}",
+                [
+                    f"done/sent {done}/{sent}{pct}",
+                    labelled("ok", nums[0]),
+                    labelled("failed", nums[1]),
+                    labelled("retried", nums[2]),
+                    labelled("skipped", nums[3]),
+                    labelled("items", nums[4]),
+                    labelled("stored", nums[5]),
+                ],
+            )
+        )
+    return Fit(t, title, rows, caption, bars)
 
 
 def _resending(r: Mapping[str, Any]) -> str:
@@ -155,20 +209,42 @@ def recent_table(recs: list[dict[str, Any]]) -> Fit:
     ident_column(t, "run")
     ident_column(t, "chain")
     for col in ("status", "started", "took", "done/sent", "failed", "stored", "why"):
-        t.add_column(col, justify="right" if col in ("took", "done/sent", "failed", "stored")
-                     else "left")  # fmt: skip
-    style = {"done": "green", "running": "", "paused": "yellow", "cancelling": "yellow",
-             "storing": "cyan", "cancelled": "red"}  # fmt: skip
+        t.add_column(
+            col, justify="right" if col in ("took", "done/sent", "failed", "stored") else "left"
+        )
+    style = {
+        "done": "green",
+        "running": "",
+        "paused": "yellow",
+        "cancelling": "yellow",
+        "storing": "cyan",
+        "cancelled": "red",
+    }
     rows: list[tuple[Part, list[Part]]] = []
     for r in recs:
         tt = r["totals"]
         status = Text(r["status"], style=style.get(r["status"], ""))
-        cells = (_when(r["created"]), f"{r['elapsed'] or 0:.0f}s",
-                 f"{finished(tt)}/{tt.get('dispatched', 0)}", _red(tt.get("failed", 0)),
-                 f"{tt.get('stored', 0)}/{tt.get('items', 0)}", r.get("reason") or "")  # fmt: skip
+        cells = (
+            _when(r["created"]),
+            f"{r['elapsed'] or 0:.0f}s",
+            f"{finished(tt)}/{tt.get('dispatched', 0)}",
+            _red(tt.get("failed", 0)),
+            f"{tt.get('stored', 0)}/{tt.get('items', 0)}",
+            r.get("reason") or "",
+        )
         t.add_row(r["run_id"], r["chain"], status, *cells)
         head = Text(f"{r['run_id']}  {r['chain']}  ", style="bold", overflow="fold")
-        rows.append((head.append(status), [
-            f"started {cells[0]}", f"took {cells[1]}", f"done/sent {cells[2]}",
-            labelled("failed", cells[3]), f"stored {cells[4]}", cells[5]]))  # fmt: skip
+        rows.append(
+            (
+                head.append(status),
+                [
+                    f"started {cells[0]}",
+                    f"took {cells[1]}",
+                    f"done/sent {cells[2]}",
+                    labelled("failed", cells[3]),
+                    f"stored {cells[4]}",
+                    cells[5],
+                ],
+            )
+        )
     return Fit(t, title, rows)

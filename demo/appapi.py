@@ -66,9 +66,11 @@ async def user_statuses(request: web.Request) -> web.Response:
     uid = required(request, "user_id")
     u = found(request, st.data.user(uid), f"user {uid}")
     return _listing(
-        request, u.post_count, lambda off, n: st.data.user_posts(uid, off, n),
+        request,
+        u.post_count,
+        lambda off, n: st.data.user_posts(uid, off, n),
         lambda p: p.to_summary_dict(),
-    )  # fmt: skip
+    )
 
 
 @routes.get("/app/api/detail", name="app.detail")
@@ -85,9 +87,11 @@ async def comments(request: web.Request) -> web.Response:
     pid = required(request, "post_id")
     p = found(request, st.data.post(pid), f"post {pid}")
     return _listing(
-        request, p.comments_count, lambda off, n: st.data.post_comments(pid, off, n),
+        request,
+        p.comments_count,
+        lambda off, n: st.data.post_comments(pid, off, n),
         lambda c: c.to_dict(),
-    )  # fmt: skip
+    )
 
 
 @routes.post("/app/api/device/register", name="app.device_register")

@@ -112,13 +112,18 @@ class DemoConfig(BaseSettings):
         ("post",), description="mix page types (feed, post) filled by script; the rest static"
     )
     guard_port: int | None = Field(
-        None, ge=0, le=65535,
+        None,
+        ge=0,
+        le=65535,
         description="serve the platform over TLS + HTTP/2 behind a browser check on this "
         "port (0: a free one); unset: no guarded front",
-    )  # fmt: skip
+    )
     guard_cert: str | None = Field(None, description="the guarded front's certificate (PEM)")
-    guard_key: str | None = Field(None, description="its private key; unset with the cert: "
-                                  "a CA and a certificate are made at start")  # fmt: skip
+    guard_key: str | None = Field(
+        None,
+        description="its private key; unset with the cert: "
+        "a CA and a certificate are made at start",
+    )
     # --- changes (demo/changes.py) ---------------------------------------------------------
     changes: bool = Field(False, description="posts' likes change over (simulated) time")
     change_classes: str = Field(

@@ -84,14 +84,24 @@ async def _guarded(
         verdict, retry = st.limiter.check(ip, now)
         if verdict == "limited":
             return _reject(
-                st, request, 429, "rate_limited", "too many requests, slow down",
-                headers={"Retry-After": str(max(1, math.ceil(retry)))}, retry_after=round(retry, 3),
-            )  # fmt: skip
+                st,
+                request,
+                429,
+                "rate_limited",
+                "too many requests, slow down",
+                headers={"Retry-After": str(max(1, math.ceil(retry)))},
+                retry_after=round(retry, 3),
+            )
         if verdict == "banned":
             return _reject(
-                st, request, 403, "banned", f"your IP {ip} is banned for {retry:.0f} s",
-                headers={"Retry-After": str(max(1, math.ceil(retry)))}, retry_after=round(retry, 3),
-            )  # fmt: skip
+                st,
+                request,
+                403,
+                "banned",
+                f"your IP {ip} is banned for {retry:.0f} s",
+                headers={"Retry-After": str(max(1, math.ceil(retry)))},
+                retry_after=round(retry, 3),
+            )
 
     delay_ms = cfg.latency_ms
     if cfg.latency_jitter_ms:

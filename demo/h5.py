@@ -53,9 +53,13 @@ def _listing(
 async def feed(request: web.Request) -> web.Response:
     st = state_of(request)
     return _listing(
-        request, "feed", st.data.users, st.config.h5_feed_page_size, st.data.feed,
+        request,
+        "feed",
+        st.data.users,
+        st.config.h5_feed_page_size,
+        st.data.feed,
         st.data.with_author,
-    )  # fmt: skip
+    )
 
 
 @routes.get("/h5/api/user/{uid}", name="h5.user")
@@ -72,9 +76,13 @@ async def statuses(request: web.Request) -> web.Response:
     uid = request.match_info["uid"]
     u = found(request, st.data.user(uid), f"user {uid}")
     return _listing(
-        request, f"statuses:{uid}", u.post_count, st.config.h5_statuses_page_size,
-        lambda off, n: st.data.user_posts(uid, off, n), lambda p: p.to_summary_dict(),
-    )  # fmt: skip
+        request,
+        f"statuses:{uid}",
+        u.post_count,
+        st.config.h5_statuses_page_size,
+        lambda off, n: st.data.user_posts(uid, off, n),
+        lambda p: p.to_summary_dict(),
+    )
 
 
 @routes.get("/h5/api/post/{pid}", name="h5.post")
@@ -91,6 +99,10 @@ async def comments(request: web.Request) -> web.Response:
     pid = request.match_info["pid"]
     p = found(request, st.data.post(pid), f"post {pid}")
     return _listing(
-        request, f"comments:{pid}", p.comments_count, st.config.h5_comments_page_size,
-        lambda off, n: st.data.post_comments(pid, off, n), lambda c: c.to_dict(),
-    )  # fmt: skip
+        request,
+        f"comments:{pid}",
+        p.comments_count,
+        st.config.h5_comments_page_size,
+        lambda off, n: st.data.post_comments(pid, off, n),
+        lambda c: c.to_dict(),
+    )

@@ -138,8 +138,13 @@ def script_json(value: object) -> str:
     """JSON safe inside a <script> element: no `<` (so no `</script>` or `<!--`), and no
     U+2028/U+2029 (line terminators in older JavaScript)."""
     text = orjson.dumps(value).decode()
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):  # fmt: skip
+    for ch, esc in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         text = text.replace(ch, esc)
     return text
 

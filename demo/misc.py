@@ -226,8 +226,14 @@ async def admin_changes(request: web.Request) -> web.Response:
         return bad_request(request, "since must be a number of seconds").response
     now = st.clock.now()
     klass = st.changes.class_of(n)
-    return json_response({"post": pid, "now": now, "per_day": klass.per_day,
-                          "events": st.changes.events(n, since, now)})  # fmt: skip
+    return json_response(
+        {
+            "post": pid,
+            "now": now,
+            "per_day": klass.per_day,
+            "events": st.changes.events(n, since, now),
+        }
+    )
 
 
 @routes.get("/admin/config", name="admin.config")

@@ -52,9 +52,13 @@ def html_response(
 
 
 def layout(
-    title: str, body_class: str, main: str, charset: str = "utf-8", head: str = "",
+    title: str,
+    body_class: str,
+    main: str,
+    charset: str = "utf-8",
+    head: str = "",
     body_attrs: str = "",
-) -> str:  # fmt: skip
+) -> str:
     """A complete HTML document in the site's chrome; `head` goes at the end of <head>,
     `body_attrs` (e.g. ` data-view="feed"`) into the <body> tag."""
     return (

@@ -50,9 +50,13 @@ async def serve(config: DemoConfig, on_ready: Callable[[str], None] | None = Non
     runner = web.AppRunner(app, access_log=access_log, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(
-        runner, config.host, config.port, backlog=config.backlog, reuse_address=True,
+        runner,
+        config.host,
+        config.port,
+        backlog=config.backlog,
+        reuse_address=True,
         shutdown_timeout=2.0,
-    )  # fmt: skip
+    )
     await site.start()
     host, port = runner.addresses[0][:2]
     url = f"http://{host}:{port}"

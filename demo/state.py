@@ -50,8 +50,13 @@ class DemoState:
         self.mix_rendered = set(c.mix_rendered)
         self.clock = DemoClock(c.change_clock, c.change_start, c.change_clock_speed)
         if c.changes:
-            model = ChangeModel(c.seed, parse_classes(c.change_classes),
-                                parse_hours(c.change_hours), c.change_quiet, c.change_start)  # fmt: skip
+            model = ChangeModel(
+                c.seed,
+                parse_classes(c.change_classes),
+                parse_hours(c.change_hours),
+                c.change_quiet,
+                c.change_start,
+            )
             self.changes = model
             self.data.likes_gained = lambda n: model.count(n, self.clock.now())
 

@@ -138,10 +138,13 @@ class DemoServer(ServerProcess):
         if self.guard:
             made = make_certificates(self._tmp / "guard")
             self.guard_ca = made.ca
-            self.config = self.config.model_copy(update={
-                "guard_port": free_port(self.config.host), "guard_cert": str(made.cert),
-                "guard_key": str(made.key),
-            })  # fmt: skip
+            self.config = self.config.model_copy(
+                update={
+                    "guard_port": free_port(self.config.host),
+                    "guard_cert": str(made.cert),
+                    "guard_key": str(made.key),
+                }
+            )
         attempts = 1 if self._fixed_port else 3
         for attempt in range(attempts):
             port = self._fixed_port or free_port(self.config.host)

@@ -86,44 +86,57 @@ class Commits(Runs):
         off += len(runless)
         counts = res[off::2]  # INCR replies (EXPIRE's between them)
         begun = [
-            Begun(done[(rid, tid)] or rid in compacted, 0 if batch_id else int(counts[n]),
-                  rid in cancelled, rid in paused)
+            Begun(
+                done[(rid, tid)] or rid in compacted,
+                0 if batch_id else int(counts[n]),
+                rid in cancelled,
+                rid in paused,
+            )
             for n, (rid, tid, _) in enumerate(calls)
-        ]  # fmt: skip
+        ]
         return begun, int(counts[0]) if batch_id else 0
 
-    def commit(
+    def commit_call(
         self,
         *,
         rid: str,
         tid: str,
         step: str,
         outcome: str,
-        n_items: int,
-        entries: Sequence[Mapping[str, Any]],
-        kids: Sequence[Kid],
-        pipe_extra: Any = None,
-        defer: list[CommitCall] | None = None,
+        n_items: int = 0,
+        entries: Sequence[Mapping[str, Any]] = (),
+        kids: Sequence[Kid] = (),
         forget: Sequence[str] = (),
         counts: Mapping[tuple[str, str], int] | None = None,
-    ) -> Committed | None:
-        """Atomically record a finished task: the run's outstanding count and the staged
-        children to send, or None if it had already committed. With `defer` the call is only
-        appended there (None returned) for `run_commits`. `forget`: keys unlinked in the same
-        round trip (the attempt's delivery counter, `deliv_key`). `counts`: (step, counter) ->
-        n added with the commit, to the step's and the run's counter (`skipped_seen`)."""
+    ) -> CommitCall:
+        """A finished task's commit, to send (with others) by `run_commits`. `forget`: keys
+        unlinked in the same round trip (the attempt's delivery counter, `deliveries_key`).
+        `counts`: (step, counter) -> n added with the commit, to the step's and the run's
+        counter (`skipped_seen`)."""
         msgs = tuple(k.encode() for k in kids)
         args = CommitArgs(
-            tid, step, outcome, n_items,
+            tid,
+            step,
+            outcome,
+            n_items,
             tuple(KidArgs(k.step, k.uniq, m) for k, m in zip(kids, msgs, strict=True)),
             tuple((s, c, n) for (s, c), n in (counts or {}).items() if n),
-        )  # fmt: skip
-        call = CommitCall(rid, self.done_key(rid, tid), self.staged_at(rid, tid).key, args,
-                          tuple(forget), msgs, tuple(entries))  # fmt: skip
-        if defer is not None:  # the caller sends it with others: run_commits(defer)
-            defer.append(call)
-            return None
-        return self.run_commits([call], pipe_extra=pipe_extra)[0]
+        )
+        return CommitCall(
+            rid,
+            self.done_key(rid, tid),
+            self.staged_at(rid, tid).key,
+            args,
+            tuple(forget),
+            msgs,
+            tuple(entries),
+        )
+
+    def commit(self, *, pipe_extra: Any = None, **call: Any) -> Committed | None:
+        """Atomically record one finished task (`commit_call`'s arguments): the run's
+        outstanding count and the staged children to send, or None if it had already
+        committed. `pipe_extra` adds commands to the same round trip."""
+        return self.run_commits([self.commit_call(**call)], pipe_extra=pipe_extra)[0]
 
     def _commit_script_call(self, rid: str, calls: Sequence[CommitCall]) -> list[Any]:
         """KEYS and ARGV of one commit script call for `calls`, all of run `rid`."""
@@ -143,8 +156,13 @@ class Commits(Runs):
         else:
             for c in calls:
                 keys += (c.done_key, c.staging)
-        argv = commit_argv(rid, f"{time.time():.3f}", self.ttl, self.ks.uniq_prefix(rid),
-                           [(c.args, c.entries) for c in calls])  # fmt: skip
+        argv = commit_argv(
+            rid,
+            f"{time.time():.3f}",
+            self.ttl,
+            self.ks.uniq_prefix(rid),
+            [(c.args, c.entries) for c in calls],
+        )
         return [len(keys), *keys, *argv]
 
     def run_commits(
@@ -153,7 +171,7 @@ class Commits(Runs):
         pipe_pre: Any = None,
         pipe_extra: Any = None,
     ) -> list[Committed | None]:
-        """Send commit calls (from `commit(defer=...)`) in one round trip: one script call per
+        """Send commit calls (`commit_call`) in one round trip: one script call per
         run, so a batch's counters, EXPIREs and `last` are written once, summed over its
         pages, and each task id still commits at most once. `pipe_pre` adds commands before
         them, `pipe_extra` after. EVALSHA straight into the pipeline: a registered `Script`
@@ -206,8 +224,12 @@ class Commits(Runs):
         if error is not None:
             raise error
         if self.s.redis_wait_replicas > 0:  # on a replica before anything is sent or acked
-            wait_replicas(self.r, [sc[1] for sc in script_calls], self.s.redis_wait_replicas,
-                          self.s.redis_wait_timeout)  # fmt: skip
+            wait_replicas(
+                self.r,
+                [sc[1] for sc in script_calls],
+                self.s.redis_wait_replicas,
+                self.s.redis_wait_timeout,
+            )
         if ended:  # idempotent; lost with the process, `active_runs` moves the run later
             self._ended_on_cluster(ended)
         return out

@@ -26,9 +26,15 @@ class Compaction(Runs):
                 steps = list(_step_ids(orjson.loads(raw).get("root") or {}))
             except (orjson.JSONDecodeError, AttributeError, TypeError):
                 steps = []
-        keys = [self.run_key(rid), self.counters_key(rid), self.ks.run(rid, "done"),
-                self.parked_key(rid), self.pending_key(rid), self.staged_key(rid),
-                *(self.uniq_key(rid, s) for s in steps)]  # fmt: skip
+        keys = [
+            self.run_key(rid),
+            self.counters_key(rid),
+            self.ks.run(rid, "done"),
+            self.parked_key(rid),
+            self.pending_key(rid),
+            self.staged_key(rid),
+            *(self.uniq_key(rid, s) for s in steps),
+        ]
         if self.cluster:  # the run's own outbox stream: every entry of it is stored
             keys.append(self.ks.run_outbox(rid))
         return bool(self._compact(keys=keys, args=[f"{time.time():.3f}", self.ttl]))
@@ -47,8 +53,13 @@ class Compaction(Runs):
         out = []
         for n, rid in enumerate(rids):
             (status, done), c = res[2 * n], [int(v or 0) for v in res[2 * n + 1]]
-            if status in (b"done", b"cancelled") and not done and c[0] <= 0 \
-                    and c[2] + c[3] >= c[1] and self.compact(rid):  # fmt: skip
+            if (
+                status in (b"done", b"cancelled")
+                and not done
+                and c[0] <= 0
+                and c[2] + c[3] >= c[1]
+                and self.compact(rid)
+            ):
                 out.append(rid)
         return out
 

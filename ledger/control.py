@@ -17,10 +17,15 @@ class Control(Runs):
         dropped, its tasks in the broker are skipped as they begin, running ones send no
         children. Idempotent; a finished run is left as it is."""
         was, dropped, left = self._cancel(
-            keys=[self.counters_key(rid), self.run_key(rid), self._active(rid),
-                  self.pending_key(rid), self.ledger_key(rid)],
+            keys=[
+                self.counters_key(rid),
+                self.run_key(rid),
+                self._active(rid),
+                self.pending_key(rid),
+                self.ledger_key(rid),
+            ],
             args=[rid, f"{time.time():.3f}", reason[:500]],
-        )  # fmt: skip
+        )
         was = was.decode() if isinstance(was, bytes) else str(was)
         if self.cluster and was == "running" and int(left) <= 0:
             # the script ended the run; its items still to store wait in its own stream
@@ -53,7 +58,13 @@ class Control(Runs):
         """Put a task of a paused run back in its waiting list instead of running it: 1 parked,
         0 not paused any more (run it), -1 committed meanwhile. `counted`: its delivery was
         counted at begin (under `attempt`) and is taken back."""
-        keys = [self.run_key(rid), self.counters_key(rid), self.pending_key(rid),
-                self.ledger_key(rid), self.done_key(rid, tid),
-                self.deliveries_key(rid, tid, attempt), self.parked_key(rid)]  # fmt: skip
+        keys = [
+            self.run_key(rid),
+            self.counters_key(rid),
+            self.pending_key(rid),
+            self.ledger_key(rid),
+            self.done_key(rid, tid),
+            self.deliveries_key(rid, tid, attempt),
+            self.parked_key(rid),
+        ]
         return int(self._park(keys=keys, args=[tid, msg, self.ttl, "1" if counted else "0"]))

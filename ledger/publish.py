@@ -157,8 +157,15 @@ class Publisher:
                 opts: dict[str, Any] = {"queue": m.queue}
                 if m.priority is not None:
                     opts["priority"] = m.priority
-                self.app.send_task(m.task, args=m.args, task_id=m.id, argsrepr=m.argsrepr,
-                                   kwargsrepr="{}", producer=producer, **opts)  # fmt: skip
+                self.app.send_task(
+                    m.task,
+                    args=m.args,
+                    task_id=m.id,
+                    argsrepr=m.argsrepr,
+                    kwargsrepr="{}",
+                    producer=producer,
+                    **opts,
+                )
         if ats:
             drop_staged(state.r, ats)
 
@@ -213,6 +220,7 @@ def batch_argsrepr(chunk: list[dict[str, Any]]) -> str:
     repr-ing every entry cost more than building the message (each entry's own events, when
     on, show its arguments)."""
     first = chunk[0]
-    head = redact(saferepr(mask({"id": first["id"], "params": first["params"],
-                                 "meta": first["meta"]}), 512))  # fmt: skip
+    head = redact(
+        saferepr(mask({"id": first["id"], "params": first["params"], "meta": first["meta"]}), 512)
+    )
     return f"[{len(chunk)} pages of {first['task']}: {head}, ...]"

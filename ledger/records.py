@@ -23,6 +23,7 @@ COUNTERS = (
     # already sent in this run (a `unique` step)
     "skipped_seen", "skipped_unique",
     "undecodable",  # pages whose text had bytes its charset cannot decode (U+FFFD stored)
+    "empty",  # pages that yielded nothing (no item, no follow-up): a selector matching nothing?
 )  # fmt: skip
 
 

@@ -183,8 +183,11 @@ class Runs(RunKeys):
                 out.append("")
                 continue
             info = {"status": status.decode(), "cancelled": cancelled, "paused": paused}
-            c = {"items": int(items or 0), "stored": int(stored or 0),
-                 "store_failed": int(failed or 0)}  # fmt: skip
+            c = {
+                "items": int(items or 0),
+                "stored": int(stored or 0),
+                "store_failed": int(failed or 0),
+            }
             out.append(run_status(info, c))
         return out
 
@@ -197,10 +200,14 @@ class Runs(RunKeys):
         if not rids:
             return []
         shown = self.statuses(rids)
-        keep = set(self._unstored([r for r, st in zip(rids, shown, strict=True)
-                                   if st == "cancelled"])) if self.cluster else set()  # fmt: skip
-        gone = [rid for rid, st in zip(rids, shown, strict=True)
-                if st != "storing" and rid not in keep]  # fmt: skip
+        keep = (
+            set(self._unstored([r for r, st in zip(rids, shown, strict=True) if st == "cancelled"]))
+            if self.cluster
+            else set()
+        )
+        gone = [
+            rid for rid, st in zip(rids, shown, strict=True) if st != "storing" and rid not in keep
+        ]
         if gone:
             self.r.srem(self.storing_key, *gone)
         return [rid for rid, st in zip(rids, shown, strict=True) if st == "storing"]
@@ -213,9 +220,15 @@ class Runs(RunKeys):
         for rid in rids:
             pipe.hmget(self.counters_key(rid), "items", "stored", "store_failed")
         res = pipe.execute()
-        return [r for r, c in zip(rids, res, strict=True)
-                if not items_settled(dict(zip(("items", "stored", "store_failed"),
-                                              (int(v or 0) for v in c), strict=True)))]  # fmt: skip
+        return [
+            r
+            for r, c in zip(rids, res, strict=True)
+            if not items_settled(
+                dict(
+                    zip(("items", "stored", "store_failed"), (int(v or 0) for v in c), strict=True)
+                )
+            )
+        ]
 
     def active_runs(self, chain: str | None = None) -> list[str]:
         """Run ids not yet done (of one chain if given)."""
@@ -224,8 +237,11 @@ class Runs(RunKeys):
             pipe = self.r.pipeline(transaction=False)
             for rid in rids:
                 pipe.hget(self.run_key(rid), "status")
-            ended = [rid for rid, st in zip(rids, pipe.execute(), strict=True)
-                     if st in (b"done", b"cancelled")]  # fmt: skip
+            ended = [
+                rid
+                for rid, st in zip(rids, pipe.execute(), strict=True)
+                if st in (b"done", b"cancelled")
+            ]
             if ended:  # its committer died before saying so
                 self._ended_on_cluster(ended)
                 rids = [rid for rid in rids if rid not in ended]

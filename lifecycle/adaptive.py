@@ -126,15 +126,28 @@ def _run(fn: Callable[..., Any], ctx: Any, params: Any, page: AutoPage) -> list[
     a, b = fingerprint(first) if unreadable is None else [], fingerprint(rendered)
     same = unreadable is None and a == b
     missing, extra = len(set(b) - set(a)), len(set(a) - set(b))
-    sample = Sample(page.url, same, items_in(a), items_in(b), missing, extra,
-                    f"{type(unreadable).__name__}: {unreadable}"[:200] if unreadable else "",
-                    suspect)  # fmt: skip
+    sample = Sample(
+        page.url,
+        same,
+        items_in(a),
+        items_in(b),
+        missing,
+        extra,
+        f"{type(unreadable).__name__}: {unreadable}"[:200] if unreadable else "",
+        suspect,
+    )
     decided = page.store.record(page.endpoint, page.pattern, sample)
     if decided != plan.decision:
         if plan.decision != LEARNING:  # a decision reversed, not the first one made
             ctx.count("adaptive_changed")
-        log.info("%s %s: %s -> %s (%s)", page.endpoint, page.pattern, plan.decision, decided,
-                 sample.describe())  # fmt: skip
+        log.info(
+            "%s %s: %s -> %s (%s)",
+            page.endpoint,
+            page.pattern,
+            plan.decision,
+            decided,
+            sample.describe(),
+        )
     return rendered
 
 

@@ -3,8 +3,11 @@
 Each entry runs as the task it names, with its own task id: its own begin and commit (exactly
 once per id), its own retry (a message of its own, same id) and its own dead letter. The
 entries' begins go in one round trip, their commits in one, their children in one publish
-pipeline. Under gevent the entries run side by side, each holding a page slot; elsewhere one
-after the other. A batch hands the pages it has not started to new messages when it runs past
+pipeline (one `Committer`, lifecycle/commits.py, the tail a page of its own goes through too).
+Each entry runs as its endpoint's `SiteTask.run_page` with Celery's request pushed for it
+(`Task.push_request`: its own id, 0 retries, the batch's delivery info), so its retry and its
+task events are those of a message of its own. Under gevent the entries run side by side,
+each holding a page slot; elsewhere one after the other. A batch hands the pages it has not started to new messages when it runs past
 its budget or its run reaches its tail.
 """
 
@@ -24,7 +27,7 @@ from ledger.batching import BATCH_TASK
 from ledger.meta import RETRY_BASE, RUN
 from ledger.state import Begun
 from lifecycle import runtime
-from lifecycle.commits import BatchRun, run_commits, set_batch
+from lifecycle.commits import Committer, set_batch
 from lifecycle.endpoints import EndpointSpec, get_endpoint
 from lifecycle.unknown import dead_letter_unknown
 from utils.logsafe import safe_text, task_argsrepr
@@ -36,8 +39,15 @@ log = logging.getLogger("chaincrawl.task")
 Entry = tuple[tuple[EndpointSpec, dict[str, Any]], Begun]
 
 
-@shared_task(name=BATCH_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
-             ignore_result=True, typing=False, max_retries=None)  # fmt: skip
+@shared_task(
+    name=BATCH_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    typing=False,
+    max_retries=None,
+)
 def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
     """Several pages in one message (see the module docstring)."""
     try:
@@ -65,12 +75,12 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
     # entry counts its own delivery as it starts and commits at once, so a poison entry is
     # charged alone and the work done before a death is kept.
     careful = deliveries > 1
-    run = BatchRun()
+    run = Committer(rt, state, next((e["meta"].get(RUN, "") for _, e in todo), ""), BATCH_TASK)
     req = btask.request
     events = settings.task_events
     set_batch(rt, None if careful else run)
     budget, t_batch = batch_budget(settings), time.monotonic()
-    rid = next((e["meta"].get(RUN, "") for _, e in todo), "")
+    rid = run.rid
     slots = rt.page_slots()  # gevent: every entry holds a page slot while it runs
     side_by_side = slots is not None and not careful
 
@@ -95,21 +105,35 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         task = spec.task  # the endpoint's SiteTask
         params, meta = e["params"], e["meta"]
         task.push_request(
-            id=e["id"], root_id=e["id"], parent_id=None, correlation_id=e["id"],
-            args=[params, meta], kwargs={}, retries=0, called_directly=False,
-            is_eager=False, hostname=req.hostname, delivery_info=req.delivery_info,
-            reply_to=None, ignore_result=True,
-        )  # fmt: skip
+            id=e["id"],
+            root_id=e["id"],
+            parent_id=None,
+            correlation_id=e["id"],
+            args=[params, meta],
+            kwargs={},
+            retries=0,
+            called_directly=False,
+            is_eager=False,
+            hostname=req.hostname,
+            delivery_info=req.delivery_info,
+            reply_to=None,
+            ignore_result=True,
+        )
         t0 = time.monotonic()
         try:
             if events:
-                _entry_event(task, "task-received", name=spec.name, retries=0,
-                             args=task_argsrepr(params, meta), kwargs="{}")  # fmt: skip
+                _entry_event(
+                    task,
+                    "task-received",
+                    name=spec.name,
+                    retries=0,
+                    args=task_argsrepr(params, meta),
+                    kwargs="{}",
+                )
                 _entry_event(task, "task-started")
-            result = task._execute(params, meta, begun=b)
+            result = task.run_page(params, meta, begun=b)
             if events:
-                _entry_event(task, "task-succeeded", result=result,
-                             runtime=time.monotonic() - t0)  # fmt: skip
+                _entry_event(task, "task-succeeded", result=result, runtime=time.monotonic() - t0)
         except Retry as exc:  # already sent as its own message, same id
             if events:
                 _entry_event(task, "task-retried", exception=safe_text(exc))
@@ -138,34 +162,12 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
                     one(spec, e, b)
     finally:
         set_batch(rt, None)
-    bkey = state.deliveries_key("", btask.request.id or "", 0)  # the batch's delivery counter goes
-    if run.calls:  # with its commits
-        results = run_commits(rt, state, rid, run.calls, pipe_extra=lambda p: p.unlink(bkey))
-    else:
-        results = []
-        state.r.unlink(bkey)
-    for (_task, tid, _dd), res in zip(run.after, results, strict=True):
-        at = state.staged_at(rid, tid)
-        if res is None:  # committed meanwhile by another delivery: send what it staged
-            run.add(state.staged(rid, tid), at, 0)
-        else:
-            run.add(res.staged, at, res.outstanding)
     if rest:
-        log.info("%s %s: %d of %d pages handed to new messages",
-                 BATCH_TASK, why, len(rest), len(entries))  # fmt: skip
-    if run.groups or rest:
-        try:
-            rt.publisher(btask.app).publish(state, run.groups, run.outstanding, rest)
-        except Exception as exc:  # committed entries re-send what is staged on redelivery
-            log.warning("%s: children not sent (%s: %s); message requeued",
-                        BATCH_TASK, type(exc).__name__, safe_text(exc))  # fmt: skip
-            raise Reject(exc, requeue=True) from None
-    marks: dict[str, list[str]] = {}
-    for task, _tid, dd in run.after:
-        if dd:
-            marks.setdefault(task.name, []).append(dd)
-    for name, ids in marks.items():  # crawled and handed off durably: skip_seen may skip them
-        rt.request_dedup(name).mark_many(ids, refresh=True)
+        log.info(
+            "%s %s: %d of %d pages handed to new messages", BATCH_TASK, why, len(rest), len(entries)
+        )
+    bkey = state.deliveries_key("", btask.request.id or "", 0)  # the batch's delivery counter
+    run.finish(btask.app, pipe_extra=lambda p: p.unlink(bkey), front=rest)  # goes with its commits
     if rest:
         return f"{len(entries) - len(rest)} pages, {len(rest)} re-queued"
     return f"{len(entries)} pages"
@@ -174,7 +176,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
 def _side_by_side(
     rt: runtime.Runtime,
     sem: RankedSlots,
-    run: BatchRun,
+    run: Committer,
     entries: list[Entry],
     hand_out: Callable[[int], str],
     one: Callable[[EndpointSpec, dict[str, Any], Begun], None],

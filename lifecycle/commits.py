@@ -1,68 +1,148 @@
-"""Sending commits: one round trip for a page, or for all the pages of a batch message.
+"""Committing pages: one round trip for a page, or for all the pages of a batch message, then
+one publish of their children and their dedup marks (`Committer`).
 
-A page defers its commit to the batch it runs in (`BatchRun`, found through the runtime's
-greenlet/thread-local), so a batch's pages commit in one pipeline and publish their children in
-another. While a run is in its tail the process's pending task metrics go in the same pipeline
+A page adds its commit to the batch it runs in (found through the runtime's greenlet/thread-
+local), so a batch's pages commit in one pipeline and publish their children in another. While a run is in its tail the process's pending task metrics go in the same pipeline
 as the commit that may complete the run, so a finished run's metrics are complete.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
+from celery.exceptions import Reject
 
 from ledger.state import CommitCall, Committed, RunState, StagedAt
 from lifecycle.endpoints import EndpointSpec
 from lifecycle.runtime import Runtime
 from monitor.metrics import TaskMetrics, aggregator
+from utils.logsafe import safe_text
 from utils.redis import get_redis
 
 log = logging.getLogger("chaincrawl.task")
 
 
-class BatchRun:
-    """The entries of one batch message being run: their commits (sent in one round trip
-    after the last entry) and their children (published in one pipeline after that)."""
+class Committer:
+    """The tail every page goes through, alone or with the other pages of its batch message:
+    its commit (one round trip for all of them), the children the commits staged (one publish
+    pipeline), then the dedup marks of the pages crawled (`skip_seen_hours`: only once their
+    items and children were handed off durably).
 
-    def __init__(self) -> None:
+    A page of its own makes one and `finish`es it at once; a batch makes one for all its
+    entries (`current_batch`), and each entry `add`s its commit to it."""
+
+    def __init__(self, rt: Runtime, state: RunState, rid: str, who: str) -> None:
+        self.rt, self.state, self.rid, self.who = rt, state, rid, who
         self.calls: list[CommitCall] = []
-        self.after: list[tuple[Any, str, str]] = []  # (task, tid, dedup id) per call
+        self.after: list[tuple[str, str, str]] = []  # (task name, tid, dedup id) per call
         self.groups: list[tuple[list[bytes], StagedAt]] = []
         self.outstanding = 0
 
-    def add(self, staged: list[bytes], at: StagedAt, outstanding: int) -> None:
+    def add(self, call: CommitCall, task: str = "", dedup: str = "") -> None:
+        """A page's commit, sent with the others by `commit`."""
+        self.calls.append(call)
+        self.after.append((task, call.args.tid, dedup))
+
+    def commit(
+        self, pipe_extra: Callable[[Any], None] | None = None, read_back: bool = True
+    ) -> list[Committed | None]:
+        """Send the commits added so far (in one round trip) and stage their children for
+        `publish`. A commit that finds its task committed already (another delivery's) sends
+        what that one staged, read back, unless `read_back` is off."""
+        calls, self.calls = self.calls, []
+        if not calls:
+            if pipe_extra is not None:
+                pipe = self.state.r.pipeline(transaction=False)
+                pipe_extra(pipe)
+                pipe.execute()
+            return []
+        results = send_commits(self.rt, self.state, self.rid, calls, pipe_extra)
+        for call, res in zip(calls, results, strict=True):
+            if res is not None or read_back:
+                self.stage(call.args.tid, res)
+        return results
+
+    def stage(self, tid: str, res: Committed | None = None) -> None:
+        """The children `tid`'s commit staged (`res`; None: read back, as a redelivered
+        committed task does), to go with the next `publish`."""
+        at = self.state.staged_at(self.rid, tid)
+        staged = res.staged if res is not None else self.state.staged(self.rid, tid)
         if staged:
             self.groups.append((staged, at))
-        self.outstanding = max(self.outstanding, outstanding)
+        self.outstanding = max(self.outstanding, res.outstanding if res is not None else 0)
+
+    def absorb(self, other: Committer) -> None:
+        """Take over the staged children and dedup marks of a page committed on its own
+        inside this batch: they go with the batch's publish."""
+        self.groups += other.groups
+        self.outstanding = max(self.outstanding, other.outstanding)
+        self.after += [a for a in other.after if a[2]]
+        other.groups, other.after = [], []
+
+    def publish(self, app: Any, front: Sequence[dict[str, Any]] = ()) -> None:
+        """Send the staged children (and `front`, a batch's entries not started). A failure
+        requeues the message: its redelivery finds the tasks committed and sends what is still
+        staged, where acking it would strand the children
+        (tests/base_task/test_send_path.py::test_a_publish_failure_after_the_commit_requeues...)."""
+        if not (self.groups or front):
+            return
+        try:
+            self.rt.publisher(app).publish(self.state, self.groups, self.outstanding, front)
+        except Exception as exc:
+            log.warning(
+                "%s: children not sent (%s: %s); message requeued",
+                self.who,
+                type(exc).__name__,
+                safe_text(exc),
+            )
+            raise Reject(exc, requeue=True) from None
+        self.groups = []
+
+    def mark(self) -> None:
+        """Remember the pages crawled for `skip_seen_hours` (after their durable hand-off)."""
+        marks: dict[str, list[str]] = {}
+        for task, _tid, dd in self.after:
+            if dd:
+                marks.setdefault(task, []).append(dd)
+        self.after = []
+        for name, ids in marks.items():
+            self.rt.request_dedup(name).mark_many(ids, refresh=True)
+
+    def finish(
+        self,
+        app: Any,
+        pipe_extra: Callable[[Any], None] | None = None,
+        front: Sequence[dict[str, Any]] = (),
+    ) -> list[Committed | None]:
+        """Commit, publish, mark: the whole tail."""
+        results = self.commit(pipe_extra)
+        self.publish(app, front)
+        self.mark()
+        return results
 
 
-def current_batch(rt: Runtime) -> BatchRun | None:
+def current_batch(rt: Runtime) -> Committer | None:
     """The batch the running page belongs to (None: a message of its own)."""
     return getattr(rt.local, "batch", None)
 
 
-def set_batch(rt: Runtime, batch: BatchRun | None) -> None:
+def set_batch(rt: Runtime, batch: Committer | None) -> None:
     rt.local.batch = batch
 
 
-def skip_call(
-    state: RunState, rid: str, tid: str, step: str, forget: tuple[str, ...] = ()
-) -> CommitCall:
-    """The commit of a task whose run was cancelled: no items, no children."""
-    calls: list[CommitCall] = []
-    state.commit(rid=rid, tid=tid, step=step, outcome="cancelled", n_items=0, entries=(),
-                 kids=(), defer=calls, forget=forget)  # fmt: skip
-    return calls[0]
-
-
-def run_commits(
-    rt: Runtime, state: RunState, rid: str, calls: list[CommitCall], pipe_extra: Any = None
+def send_commits(
+    rt: Runtime,
+    state: RunState,
+    rid: str,
+    calls: list[CommitCall],
+    pipe_extra: Callable[[Any], None] | None = None,
 ) -> list[Committed | None]:
-    """Commit calls in one round trip. While the run's backlog is shallow (its tail, or not
-    seen yet) this process's pending metrics go first in the same pipeline, so they are
-    written no later than the commit that may complete the run."""
+    """`RunState.run_commits` with the process's metrics: while the run's backlog is shallow
+    (its tail, or not seen yet) this process's pending metrics go first in the same pipeline,
+    so they are written no later than the commit that may complete the run."""
     agg = aggregator()
     seen = rt.outstanding_seen(rid)
     tail = rt.load.tail_backlog()

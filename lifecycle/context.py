@@ -28,6 +28,7 @@ from exceptions import (
 from external_interface.browser import Action, BrowserPool, RenderedPage, RenderRequest, get_pool
 from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
+from external_interface.fetch.identity import default_user_agent, has_user_agent
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from ledger.meta import TaskMeta
 from lifecycle import hooks
@@ -49,6 +50,19 @@ class PageTaskState:
     avoid: set[str] = field(default_factory=set)  # "kind:id" leases that failed this task
 
 
+@dataclass
+class PageReport:
+    """What a page's requests left for the task (`ctx.report`): the leases lent to requests
+    that failed ("kind:id", never lent to its retry) and how many responses had text their
+    charset could not decode (counted with the commit)."""
+
+    failed_leases: set[str] = field(default_factory=set)
+    undecodable: int = 0
+    answered_urls: list[str] = field(
+        default_factory=list
+    )  # the first few (an empty page's message)
+
+
 class Context:
     """What an endpoint gets: `get`, `post`, `request`, `render`, `follow`, `log`, `remaining`,
     `count`.
@@ -68,8 +82,10 @@ class Context:
         metrics: TaskMetrics,
         fetcher: Fetcher | None = None,
         online: bool = True,
+        renders: list[RenderedPage] | None = None,
     ) -> None:
         self.params = params
+        self._renders = renders  # the live runner (`control.sh parse`) keeps each rendered page
         self.log: logging.Logger = rt.logger(spec.name)
         self._spec = spec
         self._meta = meta
@@ -81,8 +97,7 @@ class Context:
         self._robots = rt.robots() if online else None
         self._rank = meta.priority if meta.priority is not None else rt.settings.default_priority
         self._task_state = PageTaskState(spec.site, spec.platform, spec.name, set(meta.avoid))
-        self._failed_leases: set[str] = set()
-        self._undecodable_seen = 0  # responses whose text had bytes their charset cannot decode
+        self.report = PageReport()
         self._deadline = time.monotonic() + (spec.deadline or rt.settings.task_deadline)
         self._providers = (
             [rt.provider(n, spec.site, spec.platform) for _, n in rt.resource_plan(spec)]
@@ -142,22 +157,39 @@ class Context:
         if remaining <= 0:
             raise DeadlineExceeded(f"{self._spec.name}: task deadline passed before {method} {url}")
         if self._online:  # before_request hooks may change the request (lifecycle/hooks.py)
-            draft = OutgoingRequest(method=method, url=url, params=dict(params or {}),
-                                    headers=dict(headers or {}), cookies=dict(cookies or {}),
-                                    data=data, json=json)  # fmt: skip
+            draft = OutgoingRequest(
+                method=method,
+                url=url,
+                params=dict(params or {}),
+                headers=dict(headers or {}),
+                cookies=dict(cookies or {}),
+                data=data,
+                json=json,
+            )
             hooks.in_page(self, "before_request", self._spec.name, f"{method} {url}", draft)
             method, url, data, json = draft.method, draft.url, draft.data, draft.json
             params, headers, cookies = draft.params, draft.headers, draft.cookies
             remaining = self.remaining()
         auto = self._auto
         if auto is not None and method == "GET" and auto.renders(_with_query(url, params)):
-            return self.render(url, params=params, headers=headers, cookies=cookies,
-                               ok_statuses=ok_statuses, resources=resources,
-                               wait_until=auto.wait_until)  # type: ignore[arg-type]  # fmt: skip
+            return self.render(
+                url,
+                params=params,
+                headers=headers,
+                cookies=cookies,
+                ok_statuses=ok_statuses,
+                resources=resources,
+                wait_until=auto.wait_until,
+            )
         if self._cache is not None:
-            hit = self._cache.lookup(FetchRequest(method=method, url=url,
-                                                  params=dict(params) if params else None,
-                                                  headers=dict(headers) if headers else None))  # fmt: skip
+            hit = self._cache.lookup(
+                FetchRequest(
+                    method=method,
+                    url=url,
+                    params=dict(params) if params else None,
+                    headers=dict(headers) if headers else None,
+                )
+            )
             if hit is not None:
                 self._metrics.request(hit.status, len(hit.content))
                 self._watch(hit)
@@ -179,6 +211,8 @@ class Context:
         if gate is not None:
             gate.before_request(self._spec.site, self._spec.name)
         active = self._lend(out, resources)
+        if not has_user_agent(out.headers):  # nothing lent or set: who we are, honestly
+            out.headers["User-Agent"] = default_user_agent(self._spec.site)
         s = self._settings
         req = FetchRequest(
             method=out.method,
@@ -247,9 +281,12 @@ class Context:
         `ok_statuses` (an error document is returned at once either way: it would never show
         `wait_for`). Renders also hold a place in the site's `<site>.render` scope, capped
         across workers (CHAINCRAWL_BROWSER_SITE_LIMIT), and may wait for it (`Throttled`).
-        Failures: `RenderTimeout` (the page did not settle in time), `BrowserCrashed` (a
-        retry on a new browser), `RenderError`, the fetch layer's network errors; the first
-        three carry the page's screenshot and DOM into the task's dead letter.
+        Failures: `RenderTimeout` (the page did not settle in time; `SelectorTimeout`, never
+        retried, when a loaded, quiet page never showed the selector), `InvalidSelector` (a
+        selector that cannot parse, before the page loads; never retried), `BrowserCrashed`
+        (a retry on a new browser), `RenderError`, the fetch layer's network errors; the
+        timeouts, crashes and `RenderError` carry the page's screenshot and DOM into the
+        task's dead letter (docs/browser.md, "Errors").
         """
         spec = self._spec
         if not spec.renders:
@@ -263,11 +300,16 @@ class Context:
         oks = tuple(ok_statuses)
         # checked before anything is lent or waited for: a bad selector is the endpoint's bug
         draft = RenderRequest(
-            _with_query(url, params), wait_for=wait_for, actions=actions,
-            timeout=min(timeout or pool.config.timeout, remaining), headers=dict(headers or {}),
-            cookies=dict(cookies or {}), capture_json=capture_json, wait_until=wait_until,
+            _with_query(url, params),
+            wait_for=wait_for,
+            actions=actions,
+            timeout=min(timeout or pool.config.timeout, remaining),
+            headers=dict(headers or {}),
+            cookies=dict(cookies or {}),
+            capture_json=capture_json,
+            wait_until=wait_until,
             block=block,
-        )  # fmt: skip
+        )
         if self._robots is not None:
             self._robots.check(draft.url, site=spec.site)
         gate = get_gate() if self._online else None
@@ -283,6 +325,8 @@ class Context:
 
     def _answered(self, resp: Response, method: str, url: str) -> None:
         """An answer the status and the providers accepted: the after_response hooks."""
+        if len(self.report.answered_urls) < 3:
+            self.report.answered_urls.append(resp.url or url)
         if self._online:
             hooks.in_page(self, "after_response", self._spec.name, f"{method} {url}", resp)
 
@@ -301,8 +345,13 @@ class Context:
         site = self._spec.site
         if gate is not None:
             gate.before_request(site, self._spec.name)
-        out = OutgoingRequest(method="GET", url=url, params=dict(params or {}),
-                              headers=dict(draft.headers), cookies=dict(draft.cookies))  # fmt: skip
+        out = OutgoingRequest(
+            method="GET",
+            url=url,
+            params=dict(params or {}),
+            headers=dict(draft.headers),
+            cookies=dict(draft.cookies),
+        )
         active = self._lend(out, resources)
         remaining = self.remaining()  # the gate and the pools may have waited
         if remaining <= 0:
@@ -313,10 +362,14 @@ class Context:
         headers = {k: v for k, v in out.headers.items() if k.lower() != "user-agent"}
         agent = next((v for k, v in out.headers.items() if k.lower() == "user-agent"), None)
         req = dataclasses.replace(
-            draft, url=_with_query(out.url, out.params),
-            timeout=min(float(draft.timeout or remaining), remaining), proxy=out.proxy,
-            cookies=out.cookies, user_agent=agent, headers=headers,
-        )  # fmt: skip
+            draft,
+            url=_with_query(out.url, out.params),
+            timeout=min(float(draft.timeout or remaining), remaining),
+            proxy=out.proxy,
+            cookies=out.cookies,
+            user_agent=agent,
+            headers=headers,
+        )
         start = time.monotonic()
         try:
             page = pool.render(req).page()
@@ -328,6 +381,8 @@ class Context:
             raise
         self._metrics.request(page.status, len(page.content))
         self._metrics.counts["renders"] += 1
+        if self._renders is not None:
+            self._renders.append(page)
         if gate is not None and page.status != 200:
             # a render's time is the browser's, not the site's: only the status is told
             hint = retry_after(page.headers.get("retry-after"))
@@ -360,7 +415,7 @@ class Context:
         """No answer came: count it, tell the providers, never lend the same again."""
         self._metrics.request(None, 0)
         self._feedback(active, out, Outcome(elapsed=elapsed, error=exc))
-        self._failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+        self.report.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
 
     def _watch(self, resp: Response) -> None:
         """The endpoint's `decode_errors`, and its metrics told of undecodable text."""
@@ -369,14 +424,17 @@ class Context:
 
     def _report_undecodable(self, resp: Response, n: int) -> None:
         """Text decoded with replacement characters: counted and warned of, never silent."""
-        self._undecodable_seen += 1
+        self.report.undecodable += 1
         self._metrics.counts["undecodable"] += 1
         self._metrics.counts["undecodable_bytes"] += n
         self.log.warning(
             "%s: %d bytes are not valid %s (declared: %s), replaced with U+FFFD; "
             'decode_errors="strict" on the endpoint fails the page instead',
-            resp.url, n, resp.encoding, resp.declared_encoding or "none",
-        )  # fmt: skip
+            resp.url,
+            n,
+            resp.encoding,
+            resp.declared_encoding or "none",
+        )
 
     def _settle(
         self,
@@ -389,16 +447,19 @@ class Context:
         """An answer came: the providers judge it (bans, captchas, retirements), then its
         status raises its typed error unless allowed."""
         if active:
-            outcome = Outcome(elapsed=resp.elapsed, status=resp.status,
-                              text_sample=resp.text[:2048],
-                              retry_after=retry_after(resp.headers.get("retry-after")))  # fmt: skip
+            outcome = Outcome(
+                elapsed=resp.elapsed,
+                status=resp.status,
+                text_sample=resp.text[:2048],
+                retry_after=retry_after(resp.headers.get("retry-after")),
+            )
             try:
                 self._feedback(active, out, outcome)
             except BannedError:
-                self._failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+                self.report.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
                 raise
         if resp.status >= 400 and resp.status not in set(ok_statuses):
-            self._failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
+            self.report.failed_leases.update(f"{k}:{v}" for k, v in out.leases.items())
         self._check_status(resp, url, ok_statuses)
 
     def _check_status(self, resp: Response, url: str, ok_statuses: Iterable[int]) -> None:

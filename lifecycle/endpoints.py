@@ -106,6 +106,7 @@ class EndpointSpec:
     decode_errors: str = "replace"  # undecodable text: "replace" (counted, warned) or "strict"
     fetcher: str = ""  # "impersonate[:browser]", "requests"...; "": the process's (fetch/select.py)
     render: str = ""  # "auto": fetched or rendered as learnt per URL pattern (fetch/adaptive.py)
+    must_yield: bool = False  # a page that yields nothing fails (EmptyPage); else counted `empty`
     task: Any = None
 
     @property

@@ -96,8 +96,12 @@ class HookRegistry:
     def add(self, hook: Hook) -> None:
         with self._lock:
             # a module imported twice (tests reloading sites) registers its hooks once
-            self._hooks = [h for h in self._hooks if (h.point, h.name, h.endpoint, h.site)
-                           != (hook.point, hook.name, hook.endpoint, hook.site)]  # fmt: skip
+            self._hooks = [
+                h
+                for h in self._hooks
+                if (h.point, h.name, h.endpoint, h.site)
+                != (hook.point, hook.name, hook.endpoint, hook.site)
+            ]
             self._hooks.append(hook)
             self._cache.clear()
 
@@ -183,8 +187,10 @@ def _as_signal(hook: Hook, out: Any) -> Signal:
         return CONTINUE
     if isinstance(out, Signal):
         return out
-    raise TypeError(f"hook {hook.name} returned {type(out).__name__}: return None or a Signal "
-                    "(skip(reason), retry(reason), fail(reason))")  # fmt: skip
+    raise TypeError(
+        f"hook {hook.name} returned {type(out).__name__}: return None or a Signal "
+        "(skip(reason), retry(reason), fail(reason))"
+    )
 
 
 def run(hooks: Sequence[Hook], count: Count, *args: Any) -> tuple[Signal, Hook | None]:

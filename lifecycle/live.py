@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from external_interface.browser import RenderedPage
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
 from external_interface.fetch.cache import HttpCache
 from ledger.meta import TaskMeta
@@ -83,18 +84,35 @@ class LiveResult:
     follows: list[Follow] = field(default_factory=list)
     children: list[Kid] = field(default_factory=list)
     exchanges: list[tuple[FetchRequest, Response]] = field(default_factory=list)
+    renders: list[RenderedPage] = field(default_factory=list)  # the pages `ctx.render` rendered
     error: Exception | None = None  # what the endpoint raised (items and follows are then empty)
 
 
-def context(spec: EndpointSpec, params: Mapping[str, Any] | Params, fetcher: Fetcher | None = None,
-            meta: TaskMeta | None = None, *, online: bool = True) -> Context:  # fmt: skip
+def context(
+    spec: EndpointSpec,
+    params: Mapping[str, Any] | Params,
+    fetcher: Fetcher | None = None,
+    meta: TaskMeta | None = None,
+    *,
+    online: bool = True,
+    renders: list[RenderedPage] | None = None,
+) -> Context:
     """A `Context` as a worker builds it for a page of `spec` (providers, gate and robots.txt
     included; `online=False`: none of them), on `fetcher` (default: the process's fetch layer,
-    behind the development HTTP cache when `CHAINCRAWL_HTTP_CACHE` is set)."""
+    behind the development HTTP cache when `CHAINCRAWL_HTTP_CACHE` is set); each page it
+    renders is appended to `renders` when given."""
     rt = runtime.current()
     p = spec.validate_params(params)
-    return Context(spec, p, meta or TaskMeta(), rt, TaskMetrics(), fetcher or rt.fetcher(),
-                   online=online)  # fmt: skip
+    return Context(
+        spec,
+        p,
+        meta or TaskMeta(),
+        rt,
+        TaskMetrics(),
+        fetcher or rt.fetcher(),
+        online=online,
+        renders=renders,
+    )
 
 
 def site_spec(site: str, platform: str | None = None) -> EndpointSpec:
@@ -105,16 +123,26 @@ def site_spec(site: str, platform: str | None = None) -> EndpointSpec:
     mine = [s for s in everything if s.site == site and platform in (None, s.platform)]
     if not mine:
         known = sorted({f"{s.site}.{s.platform}" if platform else s.site for s in everything})
-        raise UnknownNameError("site" + (" and platform" if platform else ""),
-                               f"{site}.{platform}" if platform else site, known)  # fmt: skip
+        raise UnknownNameError(
+            "site" + (" and platform" if platform else ""),
+            f"{site}.{platform}" if platform else site,
+            known,
+        )
     platform = platform or Counter(s.platform for s in mine).most_common(1)[0][0]
     resources: dict[str, str] = {}
     for s in mine:
         for kind, name in s.resources.items():
             resources.setdefault(kind, name)
-    return EndpointSpec(name=f"{site}.{platform}.shell", site=site, platform=platform,
-                        fn=_nothing, params=Params, item_types=(), resources=resources,
-                        queue=mine[0].queue)  # fmt: skip
+    return EndpointSpec(
+        name=f"{site}.{platform}.shell",
+        site=site,
+        platform=platform,
+        fn=_nothing,
+        params=Params,
+        item_types=(),
+        resources=resources,
+        queue=mine[0].queue,
+    )
 
 
 def _nothing(ctx: Context, p: Params) -> None:
@@ -130,11 +158,15 @@ def run_live(
     step: str = "",
 ) -> LiveResult:
     """Run `spec` once on `params` (a ParamsError for bad ones, before any request). The
-    endpoint's own errors are returned in `error`, with the requests made until then."""
+    endpoint's own errors are returned in `error`, with the requests made and the pages
+    rendered until then."""
     recorder = recording(fetcher or runtime.current().fetcher())
     meta = TaskMeta(step=step)
-    ctx = context(spec, params, recorder, meta)
-    result = LiveResult(spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges)
+    rendered: list[RenderedPage] = []
+    ctx = context(spec, params, recorder, meta, renders=rendered)
+    result = LiveResult(
+        spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges, renders=rendered
+    )
     try:
         result.items, result.follows = spec.task._collect(ctx, ctx.params)
     except Exception as exc:
@@ -142,6 +174,7 @@ def run_live(
         return result
     if chain is not None and step:
         dumped = [it.model_dump(mode="json") for it in result.items]
-        result.children = children(runtime.current(), chain, spec.name, meta, result.items,
-                                   result.follows, dumped)  # fmt: skip
+        result.children = children(
+            runtime.current(), chain, spec.name, meta, result.items, result.follows, dumped
+        )
     return result

@@ -74,8 +74,9 @@ class Runtime:
         if self._fetcher is None:
             s = self.settings
             cache = HttpCache.from_settings(s)
-            self._fetcher = default_fetcher(s.max_redirects, s.fetcher, s.fetch_slots, cache,
-                                            s.ca_bundle)  # fmt: skip
+            self._fetcher = default_fetcher(
+                s.max_redirects, s.fetcher, s.fetch_slots, cache, s.ca_bundle
+            )
         return self._fetcher
 
     def robots(self) -> RobotsPolicy | None:

@@ -21,7 +21,7 @@ from broker.workers import TaskSets
 from config import Settings
 from ledger.meta import RUN, STEP
 from ledger.publish import send_kid
-from ledger.state import CommitCall, RunState
+from ledger.state import RunState
 from lifecycle.endpoints import queue_for
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
@@ -79,12 +79,15 @@ def dead_letter_unknown(
         sets.mark_unknown([tid], pipe)
         metrics.flush(pipe, task, task.split(".", 1)[0], s)
 
-    calls: list[CommitCall] = []
-    state.commit(rid=rid, tid=tid, step=step, outcome="failed", n_items=0, entries=(), kids=(),
-                 defer=calls)  # fmt: skip
-    res = state.run_commits(calls, pipe_extra=extra)[0]
-    log.error("%s does not know task %r (task id %s, run %s): dead-lettered; %s",
-              who, task, tid, rid or "-", fix_hint(task))  # fmt: skip
+    res = state.commit(rid=rid, tid=tid, step=step, outcome="failed", pipe_extra=extra)
+    log.error(
+        "%s does not know task %r (task id %s, run %s): dead-lettered; %s",
+        who,
+        task,
+        tid,
+        rid or "-",
+        fix_hint(task),
+    )
     if res is not None and res.staged and app is not None:  # the run's cap released these
         for kid in state.staged_kids(rid, tid):
             send_kid(app, kid, queue_for)

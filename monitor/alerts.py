@@ -70,6 +70,8 @@ KINDS = {
     "run_idle": "seconds since a run with tasks outstanding last finished one (not paused)",
     "run_resending": "tasks of a run the sweeper re-sent since the run last finished one",
     "fleet_shortage": "share of its fleet entitlement a site with a backlog runs at, per site",
+    "sink_failing": "1 per sink whose last write failed (disk full, sink down), from the first "
+    "failed write until one succeeds",
     "queue_unserved": "messages waiting in a queue no live worker consumes, per queue",
     "module_broken": "processes (live workers, the monitor) that failed to import a site or "
     "chain module, per module",
@@ -116,8 +118,20 @@ class Rule:
 
     @classmethod
     def parse(cls, d: Mapping[str, Any]) -> Rule:
-        known = {"name", "kind", "above", "below", "window", "for", "by", "match", "min_events",
-                 "min_depth", "severity", "description"}  # fmt: skip
+        known = {
+            "name",
+            "kind",
+            "above",
+            "below",
+            "window",
+            "for",
+            "by",
+            "match",
+            "min_events",
+            "min_depth",
+            "severity",
+            "description",
+        }
         unknown = set(d) - known
         name = str(d.get("name") or "")
         if not name:
@@ -135,14 +149,19 @@ class Rule:
         if by not in ("task", "site"):
             raise ValueError(f"alert rule {name!r}: by must be task or site")
         return cls(
-            name=name, kind=kind,
+            name=name,
+            kind=kind,
             above=float(d["above"]) if d.get("above") is not None else None,
             below=float(d["below"]) if d.get("below") is not None else None,
-            window=duration(d.get("window", 300)), hold=duration(d.get("for", 0)),
-            by=by, match=str(d.get("match", "*")), min_events=int(d.get("min_events", 1)),
-            min_depth=int(d.get("min_depth", 0)), severity=str(d.get("severity", "warning")),
+            window=duration(d.get("window", 300)),
+            hold=duration(d.get("for", 0)),
+            by=by,
+            match=str(d.get("match", "*")),
+            min_events=int(d.get("min_events", 1)),
+            min_depth=int(d.get("min_depth", 0)),
+            severity=str(d.get("severity", "warning")),
             description=str(d.get("description", "")),
-        )  # fmt: skip
+        )
 
     def breached(self, value: float | None) -> bool:
         if value is None:
@@ -310,10 +329,17 @@ def observe(
     broker = st.broker_client(client, s)
     sample = Sample(now, tasks, st.queue_depths(broker, s), st.dead_letters(client, s))
     pools = {h.name: h for h in health.collect(client, s)}
-    return Observation(sample, pools, st.outbox(client, s), ping() if ping else None,
-                       st.idle_runs(client, s, now), st.resending_runs(client, s),
-                       fleet_view(client, s), st.broken_modules(client, s),
-                       st.unserved_queues(client, s, sample.queues))  # fmt: skip
+    return Observation(
+        sample,
+        pools,
+        st.outbox(client, s),
+        ping() if ping else None,
+        st.idle_runs(client, s, now),
+        st.resending_runs(client, s),
+        fleet_view(client, s),
+        st.broken_modules(client, s),
+        st.unserved_queues(client, s, sample.queues),
+    )
 
 
 def _delta(
@@ -370,6 +396,8 @@ def rule_values(rule: Rule, obs: Observation, base: Sample | None) -> dict[str, 
         vals = {k: float(v) for k, v in obs.resending.items()}
     elif rule.kind == "fleet_shortage":  # only sites with work waiting are judged
         vals = {r["site"]: r["runs_at"] for r in obs.fleet if r["backlog"] > r["held"]}
+    elif rule.kind == "sink_failing":
+        vals = {name: 1.0 for name in obs.outbox.get("errors") or {}}
     elif rule.kind == "queue_unserved":
         vals = {q: float(n) for q, n in obs.unserved.items()}
     elif rule.kind == "module_broken":
@@ -381,6 +409,8 @@ def causes(rule: Rule, obs: Observation) -> dict[str, str]:
     """Why a subject breaches, where a kind knows (a fleet shortage names its cause)."""
     if rule.kind == "fleet_shortage":
         return {r["site"]: describe_shortage(r) for r in obs.fleet if r["shortage"]}
+    if rule.kind == "sink_failing":
+        return {n: str(e.get("error", "")) for n, e in (obs.outbox.get("errors") or {}).items()}
     if rule.kind == "module_broken":
         return {b["module"]: f"{b['file']}:{b['line']}: {b['error']}" for b in obs.broken}
     return {}
@@ -413,6 +443,7 @@ def describe(
         "run_idle": f"time since run {subject} last finished a task (s)",
         "run_resending": f"tasks of run {subject} re-sent since it last finished one",
         "fleet_shortage": f"share of its entitlement site {subject} runs at",
+        "sink_failing": f"failing writes of sink {subject}",
         "queue_unserved": f"messages in queue {subject} (no live worker consumes it)",
         "module_broken": f"processes that failed to import module {subject}",
     }.get(rule.kind, f"{subject} (rule no longer configured)")
@@ -436,9 +467,11 @@ def post_json(
     url: str, payload: Mapping[str, Any], headers: Mapping[str, str], timeout: float
 ) -> None:
     resp = requests.post(
-        url, json=payload, timeout=timeout,
+        url,
+        json=payload,
+        timeout=timeout,
         headers={"User-Agent": "chaincrawl-alerts", **headers},
-    )  # fmt: skip
+    )
     if resp.status_code >= 300:
         raise RuntimeError(f"webhook answered HTTP {resp.status_code}")
 
@@ -570,25 +603,41 @@ class Evaluator:
         return out
 
     def _apply(
-        self, rule: Rule, subject: str, value: float | None, breached: bool, now: float,
+        self,
+        rule: Rule,
+        subject: str,
+        value: float | None,
+        breached: bool,
+        now: float,
         cause: str = "",
-    ) -> Transition | None:  # fmt: skip
+    ) -> Transition | None:
         payload = {
-            "source": "chaincrawl", "prefix": self.s.key_prefix, "rule": rule.name,
-            "kind": rule.kind, "subject": subject, "severity": rule.severity,
-            "threshold": rule.threshold, "window": rule.window, "for": rule.hold,
+            "source": "chaincrawl",
+            "prefix": self.s.key_prefix,
+            "rule": rule.name,
+            "kind": rule.kind,
+            "subject": subject,
+            "severity": rule.severity,
+            "threshold": rule.threshold,
+            "window": rule.window,
+            "for": rule.hold,
             "description": rule.description,
             "summary_firing": describe(rule, subject, value, cause=cause),
             "summary_resolved": describe(rule, subject, value, recovered=True),
-        }  # fmt: skip
+        }
         action = self._transition(
             keys=[self.k.state, self.k.notify, self.k.history],
             args=[
-                f"{rule.name}|{subject}", "1" if breached else "0", repr(now), repr(rule.hold),
-                "" if value is None else repr(float(value)), uuid.uuid4().hex[:12],
-                orjson.dumps(payload), HISTORY_MAX,
+                f"{rule.name}|{subject}",
+                "1" if breached else "0",
+                repr(now),
+                repr(rule.hold),
+                "" if value is None else repr(float(value)),
+                uuid.uuid4().hex[:12],
+                orjson.dumps(payload),
+                HISTORY_MAX,
             ],
-        )  # fmt: skip
+        )
         action = action.decode() if isinstance(action, bytes) else action
         if action == "fire":
             text = payload["summary_firing"]
@@ -619,19 +668,32 @@ class Evaluator:
             except Exception as exc:
                 attempts += 1
                 if attempts >= self.cfg.max_attempts:
-                    log.error("alert webhook %s failed %d times; dropping notice: %s (%s)",
-                              _host(self.cfg.webhook), attempts, note.get("summary"), exc)  # fmt: skip
+                    log.error(
+                        "alert webhook %s failed %d times; dropping notice: %s (%s)",
+                        _host(self.cfg.webhook),
+                        attempts,
+                        note.get("summary"),
+                        exc,
+                    )
                     continue
-                log.warning("alert webhook %s failed (attempt %d): %s",
-                            _host(self.cfg.webhook), attempts, exc)  # fmt: skip
+                log.warning(
+                    "alert webhook %s failed (attempt %d): %s",
+                    _host(self.cfg.webhook),
+                    attempts,
+                    exc,
+                )
                 self.r.lpush(self.k.notify, orjson.dumps({**note, "attempts": attempts}))
                 return sent
 
     # the loop -----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
-        log.info("alert evaluator: %d rule(s) from %s, every %gs, webhook %s",
-                 len(self.cfg.rules), self.cfg.source or "(none)", self.cfg.interval,
-                 _host(self.cfg.webhook) if self.cfg.webhook else "(log only)")  # fmt: skip
+        log.info(
+            "alert evaluator: %d rule(s) from %s, every %gs, webhook %s",
+            len(self.cfg.rules),
+            self.cfg.source or "(none)",
+            self.cfg.interval,
+            _host(self.cfg.webhook) if self.cfg.webhook else "(log only)",
+        )
         while not stop.is_set():
             started = time.monotonic()
             try:

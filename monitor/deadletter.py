@@ -70,8 +70,12 @@ def keep_capture(
     limit = b.capture_max_kb * 1024
     root = Path(var_dir) / CAPTURES
     where = root / dl_id
-    record: dict[str, Any] = {"dir": str(where), "host": socket.gethostname(),
-                              "page_url": exc.page_url, "files": {}}  # fmt: skip
+    record: dict[str, Any] = {
+        "dir": str(where),
+        "host": socket.gethostname(),
+        "page_url": exc.page_url,
+        "files": {},
+    }
     try:
         where.mkdir(parents=True, exist_ok=True)
         if exc.screenshot and len(exc.screenshot) <= limit:

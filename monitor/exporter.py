@@ -45,7 +45,7 @@ log = logging.getLogger("chaincrawl.exporter")
 TASK_LABELS = ["site", "task"]
 RUN_COUNTERS = (
     "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed", "resent",
-    "cancelled", "skipped", "skipped_seen", "skipped_unique", "undecodable",
+    "cancelled", "skipped", "skipped_seen", "skipped_unique", "undecodable", "empty",
 )  # fmt: skip
 
 
@@ -140,12 +140,18 @@ class ChaincrawlCollector(Collector):
             "chaincrawl_items_store_failed", "Items refused by a sink", labels=TASK_LABELS
         )
         skips = CounterMetricFamily(
-            "chaincrawl_skips", "Requests never sent, by reason (robots, seen)",
+            "chaincrawl_skips",
+            "Requests never sent, by reason (robots, seen)",
             labels=[*TASK_LABELS, "reason"],
-        )  # fmt: skip
+        )
         undecodable = CounterMetricFamily(
             "chaincrawl_undecodable_responses",
             "Responses whose text had bytes their charset cannot decode (U+FFFD stored)",
+            labels=TASK_LABELS,
+        )
+        empty = CounterMetricFamily(
+            "chaincrawl_empty_pages",
+            "Pages that yielded nothing (no item, no follow-up): a selector matching nothing?",
             labels=TASK_LABELS,
         )
         redelivered = CounterMetricFamily(
@@ -154,9 +160,10 @@ class ChaincrawlCollector(Collector):
             labels=TASK_LABELS,
         )
         undecodable_bytes = CounterMetricFamily(
-            "chaincrawl_undecodable_bytes", "Bytes replaced with U+FFFD in response text",
+            "chaincrawl_undecodable_bytes",
+            "Bytes replaced with U+FFFD in response text",
             labels=TASK_LABELS,
-        )  # fmt: skip
+        )
         latency = HistogramMetricFamily(
             "chaincrawl_task_latency_seconds", "Task run time", labels=TASK_LABELS
         )
@@ -168,9 +175,11 @@ class ChaincrawlCollector(Collector):
             "chaincrawl_hook_seconds", "Time spent in a lifecycle hook", labels=hook_labels
         )
         hook_signals = CounterMetricFamily(
-            "chaincrawl_hook_signals", "What a lifecycle hook answered (continue, skip, retry, "
-            "fail) or that it raised (error)", labels=[*hook_labels, "signal"],
-        )  # fmt: skip
+            "chaincrawl_hook_signals",
+            "What a lifecycle hook answered (continue, skip, retry, "
+            "fail) or that it raised (error)",
+            labels=[*hook_labels, "signal"],
+        )
         for task, m in st.task_metrics(self.r, self.s).items():
             lab = [st.site_of(task), task]
             for o in st.OUTCOMES:
@@ -191,6 +200,8 @@ class ChaincrawlCollector(Collector):
             for reason, n in summ["skips"].items():
                 if n:
                     skips.add_metric([*lab, reason], n)
+            if summ["empty"]:
+                empty.add_metric(lab, summ["empty"])
             if m.get("redelivered"):
                 redelivered.add_metric(lab, m["redelivered"])
             if summ["undecodable"]:
@@ -204,9 +215,27 @@ class ChaincrawlCollector(Collector):
                 hook_time.add_metric(hl, counts.pop("us", 0) / 1e6)
                 for signal, n in counts.items():
                     hook_signals.add_metric([*hl, signal], n)
-        return [tasks, retries, failures, waits, requests, responses, nbytes, items, stored,
-                store_failed, skips, undecodable, undecodable_bytes, redelivered, latency,
-                hook_calls, hook_time, hook_signals]  # fmt: skip
+        return [
+            tasks,
+            retries,
+            failures,
+            waits,
+            requests,
+            responses,
+            nbytes,
+            items,
+            stored,
+            store_failed,
+            skips,
+            undecodable,
+            undecodable_bytes,
+            empty,
+            redelivered,
+            latency,
+            hook_calls,
+            hook_time,
+            hook_signals,
+        ]
 
     # -- broker -------------------------------------------------------------------------------------
     def _queues(self) -> list[Metric]:
@@ -218,54 +247,91 @@ class ChaincrawlCollector(Collector):
             depth.add_metric([q], n)
         out: list[Metric] = [depth]
         if self.s.redis_broker:
-            out.append(GaugeMetricFamily(
-                "chaincrawl_queue_unacked", "Messages delivered to workers, not yet acknowledged",
-                value=st.unacked(broker, self.s),
-            ))  # fmt: skip
+            out.append(
+                GaugeMetricFamily(
+                    "chaincrawl_queue_unacked",
+                    "Messages delivered to workers, not yet acknowledged",
+                    value=st.unacked(broker, self.s),
+                )
+            )
         seen = alerts.workers_seen(self.r, self.s)
         if seen is not None:
-            out.append(GaugeMetricFamily(
-                "chaincrawl_workers", "Workers that answered the monitor's last ping",
-                value=len(seen.get("workers") or ()),
-            ))  # fmt: skip
+            out.append(
+                GaugeMetricFamily(
+                    "chaincrawl_workers",
+                    "Workers that answered the monitor's last ping",
+                    value=len(seen.get("workers") or ()),
+                )
+            )
         return out
 
     # -- dead letters and the outbox -----------------------------------------------------------------
     def _storage(self) -> list[Metric]:
         out: list[Metric] = [
-            GaugeMetricFamily("chaincrawl_dead_letters", "Tasks in the dead-letter store",
-                              value=st.dead_letters(self.r, self.s)),
-        ]  # fmt: skip
-        out.append(GaugeMetricFamily(
-            "chaincrawl_broker_malformed", "Undecodable broker messages skipped by workers",
-            value=st.malformed(self.r, self.s),
-        ))  # fmt: skip
-        out.append(GaugeMetricFamily(
-            "chaincrawl_broker_dead_worker_restored",
-            "Unacknowledged messages given back because the worker holding them died",
-            value=st.dead_worker_restored(self.r, self.s),
-        ))  # fmt: skip
-        out.append(GaugeMetricFamily(
-            "chaincrawl_tasks_unknown",
-            "Messages workers failed and dead-lettered because they do not know the task",
-            value=st.unknown_tasks(self.r, self.s),
-        ))  # fmt: skip
+            GaugeMetricFamily(
+                "chaincrawl_dead_letters",
+                "Tasks in the dead-letter store",
+                value=st.dead_letters(self.r, self.s),
+            ),
+        ]
+        out.append(
+            GaugeMetricFamily(
+                "chaincrawl_broker_malformed",
+                "Undecodable broker messages skipped by workers",
+                value=st.malformed(self.r, self.s),
+            )
+        )
+        out.append(
+            GaugeMetricFamily(
+                "chaincrawl_broker_dead_worker_restored",
+                "Unacknowledged messages given back because the worker holding them died",
+                value=st.dead_worker_restored(self.r, self.s),
+            )
+        )
+        out.append(
+            GaugeMetricFamily(
+                "chaincrawl_tasks_unknown",
+                "Messages workers failed and dead-lettered because they do not know the task",
+                value=st.unknown_tasks(self.r, self.s),
+            )
+        )
         b = st.outbox(self.r, self.s)
-        out.append(GaugeMetricFamily("chaincrawl_outbox_backlog", "Outbox entries not yet stored",
-                                     value=b.get("length", 0)))  # fmt: skip
+        out.append(
+            GaugeMetricFamily(
+                "chaincrawl_outbox_backlog",
+                "Outbox entries not yet stored",
+                value=b.get("length", 0),
+            )
+        )
         if "pending" in b:
-            out.append(GaugeMetricFamily("chaincrawl_outbox_pending",
-                                         "Outbox entries read by a drainer, not yet confirmed",
-                                         value=b["pending"]))  # fmt: skip
-        out.append(GaugeMetricFamily("chaincrawl_outbox_oldest_age_seconds",
-                                     "Age of the oldest entry waiting for storage",
-                                     value=b.get("oldest_entry_age") or 0))  # fmt: skip
+            out.append(
+                GaugeMetricFamily(
+                    "chaincrawl_outbox_pending",
+                    "Outbox entries read by a drainer, not yet confirmed",
+                    value=b["pending"],
+                )
+            )
+        out.append(
+            GaugeMetricFamily(
+                "chaincrawl_outbox_oldest_age_seconds",
+                "Age of the oldest entry waiting for storage",
+                value=b.get("oldest_entry_age") or 0,
+            )
+        )
         if "dead" in b:
-            out.append(GaugeMetricFamily("chaincrawl_outbox_dead", "Outbox entries a sink refused",
-                                         value=b["dead"]))  # fmt: skip
+            out.append(
+                GaugeMetricFamily(
+                    "chaincrawl_outbox_dead", "Outbox entries a sink refused", value=b["dead"]
+                )
+            )
         if "errors" in b:
-            out.append(GaugeMetricFamily("chaincrawl_outbox_sink_errors", "Sinks failing right now",
-                                         value=len(b["errors"] or {})))  # fmt: skip
+            out.append(
+                GaugeMetricFamily(
+                    "chaincrawl_outbox_sink_errors",
+                    "Sinks failing right now",
+                    value=len(b["errors"] or {}),
+                )
+            )
         return out
 
     # -- resource pools ----------------------------------------------------------------------------------
@@ -293,16 +359,25 @@ class ChaincrawlCollector(Collector):
     # -- runs -------------------------------------------------------------------------------------------
     def _runs(self) -> list[Metric]:
         recs = st.run_records(self.r, self.s, limit=self.runs_limit)
-        active = GaugeMetricFamily("chaincrawl_active_runs", "Chain runs not yet done",
-                                   value=int(self.r.scard(Keyspace(self.s.key_prefix).active_runs)))  # fmt: skip
-        steps = GaugeMetricFamily("chaincrawl_run_tasks", "Per-step counters of an active run",
-                                  labels=["run", "chain", "step", "counter"])  # fmt: skip
-        outstanding = GaugeMetricFamily("chaincrawl_run_outstanding", "Tasks of a run not finished",
-                                        labels=["run", "chain"])  # fmt: skip
-        age = GaugeMetricFamily("chaincrawl_run_age_seconds", "Seconds since a run started",
-                                labels=["run", "chain"])  # fmt: skip
-        paused = GaugeMetricFamily("chaincrawl_run_paused", "1 while a run is paused",
-                                   labels=["run", "chain"])  # fmt: skip
+        active = GaugeMetricFamily(
+            "chaincrawl_active_runs",
+            "Chain runs not yet done",
+            value=int(self.r.scard(Keyspace(self.s.key_prefix).active_runs)),
+        )
+        steps = GaugeMetricFamily(
+            "chaincrawl_run_tasks",
+            "Per-step counters of an active run",
+            labels=["run", "chain", "step", "counter"],
+        )
+        outstanding = GaugeMetricFamily(
+            "chaincrawl_run_outstanding", "Tasks of a run not finished", labels=["run", "chain"]
+        )
+        age = GaugeMetricFamily(
+            "chaincrawl_run_age_seconds", "Seconds since a run started", labels=["run", "chain"]
+        )
+        paused = GaugeMetricFamily(
+            "chaincrawl_run_paused", "1 while a run is paused", labels=["run", "chain"]
+        )
         storing = GaugeMetricFamily(
             "chaincrawl_run_storing",
             "1 while a run's tasks are done and its items still wait in the outbox",
@@ -373,9 +448,11 @@ class MetricsHandler(BaseHTTPRequestHandler):
             (self.headers.get("Authorization") or "").encode(), self.expected_auth.encode()
         ):
             return self._send(
-                401, b"authentication required\n", "text/plain; charset=utf-8",
+                401,
+                b"authentication required\n",
+                "text/plain; charset=utf-8",
                 {"WWW-Authenticate": 'Basic realm="chaincrawl metrics", charset="UTF-8"'},
-            )  # fmt: skip
+            )
         if path == "/":
             return self._send(200, b'<a href="/metrics">/metrics</a>\n', "text/html; charset=utf-8")
         if path != "/metrics":

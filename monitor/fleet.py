@@ -128,5 +128,7 @@ def fleet_view(client: Any, s: Settings | None = None) -> list[dict[str, Any]]:
 def describe_shortage(row: Mapping[str, Any]) -> str:
     """`demo runs at 30% of its share (3 of 10 in flight, backlog 42): the cookie pool is
     exhausted (0 of 16 ready)`: the line `status` and the alert say."""
-    return (f"{row['site']} runs at {row['runs_at']:.0%} of its share ({row['held']} of "
-            f"{row['entitled']:g} in flight, backlog {row['backlog']}): {row['shortage']}")  # fmt: skip
+    return (
+        f"{row['site']} runs at {row['runs_at']:.0%} of its share ({row['held']} of "
+        f"{row['entitled']:g} in flight, backlog {row['backlog']}): {row['shortage']}"
+    )

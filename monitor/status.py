@@ -125,13 +125,23 @@ def adaptive(client: Any, s: Settings | None = None) -> list[dict[str, Any]]:
     s = s or get_settings()
     out = []
     for d in AdaptiveStore(client, s.key_prefix).decisions(evidence=1):
-        out.append({
-            "endpoint": d.endpoint, "pattern": d.pattern, "decision": d.decision,
-            "pages": d.pages, "fetched": d.fetched, "rendered": d.rendered,
-            "rendered_share": round(d.rendered_share, 4), "samples": d.samples, "same": d.same,
-            "differ": d.differ, "changes": d.changes, "decided_at": d.decided_at,
-            "evidence": d.evidence[0] if d.evidence else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "endpoint": d.endpoint,
+                "pattern": d.pattern,
+                "decision": d.decision,
+                "pages": d.pages,
+                "fetched": d.fetched,
+                "rendered": d.rendered,
+                "rendered_share": round(d.rendered_share, 4),
+                "samples": d.samples,
+                "same": d.same,
+                "differ": d.differ,
+                "changes": d.changes,
+                "decided_at": d.decided_at,
+                "evidence": d.evidence[0] if d.evidence else None,
+            }
+        )
     return out
 
 
@@ -179,8 +189,10 @@ def recrawl_watches(client: Any, s: Settings | None = None) -> list[dict[str, An
         now = recrawl_clock(client).now()
     except RuntimeError:  # a simulated clock nobody started: show the numbers as of now
         now = time.time()
-    out = [History(client, s.key_prefix, Watch.from_dict(orjson.loads(v))).summary(now)
-           for v in raw.values()]  # fmt: skip
+    out = [
+        History(client, s.key_prefix, Watch.from_dict(orjson.loads(v))).summary(now)
+        for v in raw.values()
+    ]
     return sorted(out, key=lambda w: (w["site"], w["watch"]))
 
 
@@ -252,19 +264,24 @@ def run_records(
             if sep:
                 steps.setdefault(step, {})[c] = v
         finished = float(f["finished"]) if f["finished"] else None
-        out.append({
-            "run_id": rid, "chain": chain, "status": status,
-            "priority": prio, "created": float(created or 0),
-            "age": round(now - float(created), 3) if created else None,
-            "elapsed": round((finished or now) - float(created), 3) if created else None,
-            "last": float(f["last"]) if f["last"] else None,  # its last commit
-            "paused": bool(f["paused"]),  # also while a paused run is cancelled (`cancelling`)
-            "reason": f["pause_reason"] if f["paused"] else f["cancel_reason"],
-            "outstanding": counters.get("outstanding", 0),
-            "resending": stalled_resends(f),  # re-sent by the sweeper since its last commit
-            "totals": {k: v for k, v in counters.items() if ":" not in k},
-            "steps": steps,
-        })  # fmt: skip
+        out.append(
+            {
+                "run_id": rid,
+                "chain": chain,
+                "status": status,
+                "priority": prio,
+                "created": float(created or 0),
+                "age": round(now - float(created), 3) if created else None,
+                "elapsed": round((finished or now) - float(created), 3) if created else None,
+                "last": float(f["last"]) if f["last"] else None,  # its last commit
+                "paused": bool(f["paused"]),  # also while a paused run is cancelled (`cancelling`)
+                "reason": f["pause_reason"] if f["paused"] else f["cancel_reason"],
+                "outstanding": counters.get("outstanding", 0),
+                "resending": stalled_resends(f),  # re-sent by the sweeper since its last commit
+                "totals": {k: v for k, v in counters.items() if ":" not in k},
+                "steps": steps,
+            }
+        )
     out.sort(key=lambda r: r["created"], reverse=True)
     return out[:limit]
 
@@ -285,9 +302,11 @@ def recent_runs(
     while len(out) < limit and offset < client.zcard(state.recent_key):
         rids = state.recent(page, offset)  # expired ones are dropped from the index: the
         offset += len(rids)  # next page starts right after the live ones read
-        out += [r for r in run_records(client, s, page, rids)
-                if (chain is None or r["chain"] == chain)
-                and (status is None or r["status"] == status)]  # fmt: skip
+        out += [
+            r
+            for r in run_records(client, s, page, rids)
+            if (chain is None or r["chain"] == chain) and (status is None or r["status"] == status)
+        ]
     return out[:limit]
 
 
@@ -321,11 +340,15 @@ def workers(app: Celery, timeout: float = 1.0) -> dict[str, Any] | None:
         out[name] = {
             "active": len(tasks or ()),
             "tasks": [
-                {"id": t.get("id"), "name": t.get("name"), "args": t.get("args"),
-                 "started": t.get("time_start")}
+                {
+                    "id": t.get("id"),
+                    "name": t.get("name"),
+                    "args": t.get("args"),
+                    "started": t.get("time_start"),
+                }
                 for t in tasks or ()
             ],
-        }  # fmt: skip
+        }
     return out
 
 
@@ -409,6 +432,7 @@ def summary(m: Mapping[str, int]) -> dict[str, Any]:
         # responses decoded with U+FFFD for bytes their charset cannot decode, and those bytes
         "undecodable": m.get("undecodable", 0),
         "undecodable_bytes": m.get("undecodable_bytes", 0),
+        "empty": m.get("empty", 0),  # pages that yielded nothing (no item, no follow-up)
         "latency_avg": round(m.get("latency_ms_sum", 0) / n_lat / 1000, 4) if n_lat else None,
         "latency_p95": round(p95, 4) if p95 is not None else None,
         "http": breakdown(m, "http"),

@@ -121,8 +121,9 @@ class Sampler:
 
     def tick(self, now: float | None = None) -> bool:
         """Sample if no other process did within this interval; -> whether this one did."""
-        won = self.r.set(self.s.key("series", "lock"), b"1", nx=True,
-                         px=max(1, int(self.interval * 900)))  # fmt: skip
+        won = self.r.set(
+            self.s.key("series", "lock"), b"1", nx=True, px=max(1, int(self.interval * 900))
+        )
         if won:
             sample(self.r, self.s, now)
         return bool(won)

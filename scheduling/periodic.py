@@ -82,8 +82,9 @@ def parse_cron(expr: str) -> Any:
         )
     minute, hour, dom, month, dow = fields
     try:
-        return crontab(minute=minute, hour=hour, day_of_month=dom, month_of_year=month,
-                       day_of_week=dow)  # fmt: skip
+        return crontab(
+            minute=minute, hour=hour, day_of_month=dom, month_of_year=month, day_of_week=dow
+        )
     except Exception as exc:  # celery raises ValueError / ParseException subclasses
         raise ValueError(f"cron {expr!r}: {exc}") from None
 
@@ -140,9 +141,11 @@ class ByChange(BaseModel):
 
     def knobs(self) -> Knobs:
         return Knobs(
-            budget=parse_budget(self.budget), min_interval=parse_every(self.min_interval),
-            max_interval=parse_every(self.max_interval), alpha=self.alpha,
-        )  # fmt: skip
+            budget=parse_budget(self.budget),
+            min_interval=parse_every(self.min_interval),
+            max_interval=parse_every(self.max_interval),
+            alpha=self.alpha,
+        )
 
 
 class ScheduleEntry(BaseModel):

@@ -449,8 +449,14 @@ class RedisGate:
         if plan.empty:
             return 0.0
         keys = [*plan.lease_keys, *plan.rate_keys]
-        args: list[Any] = [task_id, len(plan.lease_keys), len(plan.rate_keys), _us(self.max_sleep),
-                *plan.lease_args, *plan.rate_args]  # fmt: skip
+        args: list[Any] = [
+            task_id,
+            len(plan.lease_keys),
+            len(plan.rate_keys),
+            _us(self.max_sleep),
+            *plan.lease_args,
+            *plan.rate_args,
+        ]
         for _ in range(3):
             status, backlog_us = self._admit(keys=keys, args=args)
             if status == 0:
@@ -479,8 +485,14 @@ class RedisGate:
         if rate_keys or plan.lease_keys:
             tid = getattr(self._local, "task_id", "") or ""
             keys = [*rate_keys, *plan.lease_keys]
-            args = [tid, len(rate_keys), len(plan.lease_keys), _us(self.max_sleep),
-                    *rate_args, *plan.lease_ttls]  # fmt: skip
+            args = [
+                tid,
+                len(rate_keys),
+                len(plan.lease_keys),
+                _us(self.max_sleep),
+                *rate_args,
+                *plan.lease_ttls,
+            ]
             calls.append((self._token, keys, args))
         if self.throttle is not None:
             calls.append(self.throttle.call(site))
@@ -529,9 +541,15 @@ class RedisGate:
         while True:
             status, backlog_us = self._admit(
                 keys=[*leases, *rates],
-                args=[holder, len(leases), len(rates), _us(self.max_sleep), *lease_args,
-                      *rate_args],
-            )  # fmt: skip
+                args=[
+                    holder,
+                    len(leases),
+                    len(rates),
+                    _us(self.max_sleep),
+                    *lease_args,
+                    *rate_args,
+                ],
+            )
             if status == 0:
                 break
             if status == 1:
@@ -546,9 +564,15 @@ class RedisGate:
         if rates:  # reserve the rate slot, as a request takes its token
             status, wait_us = self._token(
                 keys=[*rates, *leases],
-                args=[holder, len(rates), len(leases), _us(self.max_sleep), *rate_args,
-                      *([ttl_us] if leases else [])],
-            )  # fmt: skip
+                args=[
+                    holder,
+                    len(rates),
+                    len(leases),
+                    _us(self.max_sleep),
+                    *rate_args,
+                    *([ttl_us] if leases else []),
+                ],
+            )
             if status != 0:
                 self.leave(site, work, holder)
                 raise Throttled(
@@ -597,8 +621,14 @@ class RedisGate:
             if lim.rate is not None:
                 tat = int(float(self.r.get(self.key(lim.scope, "tat")) or 0))
                 backlog = max(0.0, (tat - now) / 1e6)
-            rows.append({"scope": lim.scope, "limits": lim.describe(), "in_flight": in_flight,
-                         "backlog": round(backlog, 3)})  # fmt: skip
+            rows.append(
+                {
+                    "scope": lim.scope,
+                    "limits": lim.describe(),
+                    "in_flight": in_flight,
+                    "backlog": round(backlog, 3),
+                }
+            )
         return rows
 
 

@@ -184,8 +184,11 @@ def allocate(
     spare = capacity - sum(alloc.values())
     for prio in sorted({s.priority for s in shares.values()}, reverse=True):
         while spare > 1e-9:
-            open_ = [k for k, s in shares.items()
-                     if s.priority == prio and demand.get(k, 0.0) - alloc[k] > 1e-9]  # fmt: skip
+            open_ = [
+                k
+                for k, s in shares.items()
+                if s.priority == prio and demand.get(k, 0.0) - alloc[k] > 1e-9
+            ]
             if not open_:
                 break
             wo = sum(shares[k].weight for k in open_)
@@ -237,8 +240,16 @@ class FairShare:
         return site in self._index
 
     def _call(self, op: str, site: str, holder: str, ttl: float) -> Any:
-        args = [op, self._index.get(site, 0), holder, int(ttl * 1e6), self.want_us, self.capacity,
-                len(self.sites), *self._tail]  # fmt: skip
+        args = [
+            op,
+            self._index.get(site, 0),
+            holder,
+            int(ttl * 1e6),
+            self.want_us,
+            self.capacity,
+            len(self.sites),
+            *self._tail,
+        ]
         return self._script(keys=self.keys, args=args)
 
     def take(self, site: str, holder: str, ttl: float) -> Decision:
@@ -253,8 +264,10 @@ class FairShare:
     def view(self) -> dict[str, dict[str, float]]:
         """Per site: held, waiting and its share now (computed afresh)."""
         rows = self._call("view", "", "", 0)
-        return {s: {"held": int(h), "want": int(w), "share": a / 1000}
-                for s, (h, w, a) in zip(self.sites, rows, strict=True)}  # fmt: skip
+        return {
+            s: {"held": int(h), "want": int(w), "share": a / 1000}
+            for s, (h, w, a) in zip(self.sites, rows, strict=True)
+        }
 
     def shares_now(self) -> dict[str, float]:
         """The shares the last call computed (one read, for the rate shares)."""

@@ -87,8 +87,13 @@ def trigger(entry: ScheduleEntry) -> Outcome:
             if info.get("status") == "running" and (stale is None or age < stale):
                 return _note(r, entry.name, Outcome("running", current, f"started {age:.0f}s ago"))
             if info.get("status") == "running":
-                log.warning("schedule %s: run %s is %.0fs old (stale_after %s); starting anew",
-                            entry.name, current, age, entry.stale_after)  # fmt: skip
+                log.warning(
+                    "schedule %s: run %s is %.0fs old (stale_after %s); starting anew",
+                    entry.name,
+                    current,
+                    age,
+                    entry.stale_after,
+                )
         if entry.only_if_reachable and not _reachable(entry.only_if_reachable):
             return _note(
                 r, entry.name, Outcome("skipped", reason=f"{entry.only_if_reachable} not reachable")
@@ -121,9 +126,14 @@ def watch_of(entry: ScheduleEntry) -> Watch:
     b = entry.by_change
     root = chains.get_chain(entry.chain).root.task if entry.chain else entry.target
     return Watch(
-        name=entry.name, site=root.split(".", 1)[0], item_type=b.item, key=b.key,
-        param=b.param or b.key, fields=tuple(b.fields), knobs=b.knobs(),
-    )  # fmt: skip
+        name=entry.name,
+        site=root.split(".", 1)[0],
+        item_type=b.item,
+        key=b.key,
+        param=b.param or b.key,
+        fields=tuple(b.fields),
+        knobs=b.knobs(),
+    )
 
 
 def _trigger_by_change(r: Any, entry: ScheduleEntry) -> Outcome:
@@ -138,8 +148,13 @@ def _trigger_by_change(r: Any, entry: ScheduleEntry) -> Outcome:
     history.publish()
     sent, dropped = history.dispatch(recrawl_clock(r).now())
     if dropped:
-        log.info("schedule %s: %d keys dropped (sent %d times, never stored): %s", entry.name,
-                 len(dropped), len(dropped), ", ".join(dropped[:5]))  # fmt: skip
+        log.info(
+            "schedule %s: %d keys dropped (sent %d times, never stored): %s",
+            entry.name,
+            len(dropped),
+            len(dropped),
+            ", ".join(dropped[:5]),
+        )
     if not sent:
         return Outcome("skipped", reason="no key due")
     try:
@@ -147,8 +162,10 @@ def _trigger_by_change(r: Any, entry: ScheduleEntry) -> Outcome:
     except ChainCrawlError as exc:
         log.error("schedule %s: cannot start %s: %s", entry.name, entry.target, exc)
         return Outcome("skipped", reason=f"{type(exc).__name__}: {exc}")
-    r.hset(entry_key(entry.name), mapping={"run": handle.run_id, "chain": entry.target,
-                                           "started": f"{time.time():.3f}"})  # fmt: skip
+    r.hset(
+        entry_key(entry.name),
+        mapping={"run": handle.run_id, "chain": entry.target, "started": f"{time.time():.3f}"},
+    )
     log.info("schedule %s: %d keys due, run %s", entry.name, len(sent), handle.run_id)
     return Outcome("started", handle.run_id, f"{len(sent)} keys due")
 

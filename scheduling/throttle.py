@@ -86,18 +86,36 @@ class Throttle:
 
     # -- one script call: feedback, then (optionally) the next slot
 
-    def call(self, site: str, reserve: bool = True, backoff: bool = False,
-             retry_after: float | None = None) -> tuple[Any, list[str], list[Any]]:  # fmt: skip
+    def call(
+        self,
+        site: str,
+        reserve: bool = True,
+        backoff: bool = False,
+        retry_after: float | None = None,
+    ) -> tuple[Any, list[str], list[Any]]:
         """`(script, keys, args)` of one update, taking this process's buffered feedback for
         the site: for `utils.redis.eval_scripts`, which can run it with other scripts."""
         n, total, other = self._pending.pop(site, None) or (0, 0, 0)
-        args = [site, 1 if reserve else 0, n, total, other, 1 if backoff else 0,
-                _us(retry_after or 0.0), *self._params]  # fmt: skip
+        args = [
+            site,
+            1 if reserve else 0,
+            n,
+            total,
+            other,
+            1 if backoff else 0,
+            _us(retry_after or 0.0),
+            *self._params,
+        ]
         keys = [self.key(site)] if self._cluster else [self.key(site), self._sites_key]
         return self.script, keys, args
 
-    def _run(self, site: str, reserve: bool = True, backoff: bool = False,
-             retry_after: float | None = None) -> Any:  # fmt: skip
+    def _run(
+        self,
+        site: str,
+        reserve: bool = True,
+        backoff: bool = False,
+        retry_after: float | None = None,
+    ) -> Any:
         """One update on its own: `call`, run, and `heard`."""
         script, keys, args = self.call(site, reserve, backoff, retry_after)
         return self.heard(site, script(keys=keys, args=args))
@@ -173,8 +191,9 @@ class Throttle:
 
     def usage(self) -> list[dict[str, Any]]:
         """Every throttled site's state, by site name (sites idle past the expiry drop out)."""
-        sites = sorted(m.decode() if isinstance(m, bytes) else m
-                       for m in self.r.smembers(self._sites_key))  # fmt: skip
+        sites = sorted(
+            m.decode() if isinstance(m, bytes) else m for m in self.r.smembers(self._sites_key)
+        )
         if not sites:
             return []
         pipe = self.r.pipeline(transaction=False)

@@ -7,6 +7,8 @@ scope, the dead-letter captures), so they live apart from the core `Settings`.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -95,7 +97,7 @@ class BrowserSettings(ChaincrawlSettings):
         description="Every Nth page of a decided URL pattern is fetched both ways again, so a "
         "page type that changed (static to rendered or back) is noticed; 0: never.",
     )
-    adaptive_wait: str = Field(
+    adaptive_wait: Literal["load", "domcontentloaded", "networkidle", "commit"] = Field(
         "networkidle",
         description="What an adaptive render waits for (Playwright's wait_until: load, "
         "domcontentloaded, networkidle): the endpoint names no selector.",

@@ -53,8 +53,9 @@ def _pattern(template: str, parts: Mapping[str, tuple[str, ...] | None], site: s
 Parts = Mapping[str, tuple[str, ...] | None]
 
 
-def site_patterns(sites: Iterable[str], parts: Parts | None = None
-                  ) -> tuple[list[re.Pattern[str]], list[re.Pattern[str]]]:  # fmt: skip
+def site_patterns(
+    sites: Iterable[str], parts: Parts | None = None
+) -> tuple[list[re.Pattern[str]], list[re.Pattern[str]]]:
     """(names of the known sites' variables, the same families for any site). `parts` gives
     the values of parts a family leaves open (the pool kinds a process knows)."""
     known = "|".join(re.escape(s.upper()) for s in sorted(sites, key=len, reverse=True))
@@ -69,8 +70,9 @@ def site_patterns(sites: Iterable[str], parts: Parts | None = None
     return ok, any_site
 
 
-def problems(sites: Iterable[str], environ: Mapping[str, str] | None = None,
-             parts: Parts | None = None) -> list[str]:  # fmt: skip
+def problems(
+    sites: Iterable[str], environ: Mapping[str, str] | None = None, parts: Parts | None = None
+) -> list[str]:
     """One line per `CHAINCRAWL_*` variable nothing reads, with the likely intended name.
     Only names are shown: values may be secrets."""
     env = os.environ if environ is None else environ

@@ -55,6 +55,12 @@ SITE_VARS: dict[str, SiteVar] = {
         "The fetcher of the site's requests over its endpoints' own `fetcher=`: urllib3, "
         "requests, impersonate or impersonate:<browser>[/<form>] (docs/browser.md).",
     ),
+    "contact_url": SiteVar(
+        "CONTACT_URL_{site}",
+        "The URL in the default User-Agent, `chaincrawl/VERSION (+URL)`, sent when no user "
+        "agent is lent: where the site's owner reads who crawls it (default: the project's).",
+        default="CONTACT_URL",
+    ),
     "sign_key": SiteVar("SIGN_KEY_{site}", "The site's request-signing key.", secret=True),
     "user_agents": SiteVar(
         "UA_{site}_{family}",
@@ -83,8 +89,9 @@ SITE_VARS: dict[str, SiteVar] = {
 }
 
 
-def site_env(key: str, site: str, environ: Mapping[str, str] | None = None, **parts: str
-             ) -> str | None:  # fmt: skip
+def site_env(
+    key: str, site: str, environ: Mapping[str, str] | None = None, **parts: str
+) -> str | None:
     """A per-site variable's value: the site's own, else the family's all-sites default.
 
     An empty value counts as unset."""

@@ -101,10 +101,23 @@ class PostgresServer:
         self._own(self.root)
         assert self.bin is not None
         subprocess.run(
-            [*self.prefix, str(self.bin / "initdb"), "-D", str(self.data), "-U", USER,
-             "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            [
+                *self.prefix,
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def start(self, timeout: float = 60.0) -> PostgresServer:
         first = not (self.data / "PG_VERSION").exists()
@@ -116,11 +129,21 @@ class PostgresServer:
             log.touch()
             self._own(log)
         cmd = [
-            *self.prefix, str(self.bin / "postgres"), "-D", str(self.data),
-            "-p", str(self.port), "-c", "listen_addresses=127.0.0.1",
-            "-c", f"unix_socket_directories={self.root}",
-            "-c", "max_connections=50", "-c", "shared_buffers=32MB",
-        ]  # fmt: skip
+            *self.prefix,
+            str(self.bin / "postgres"),
+            "-D",
+            str(self.data),
+            "-p",
+            str(self.port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={self.root}",
+            "-c",
+            "max_connections=50",
+            "-c",
+            "shared_buffers=32MB",
+        ]
         if not self.durable:
             cmd += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         with open(log, "ab") as out:

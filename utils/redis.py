@@ -272,8 +272,9 @@ def reset_clients() -> None:
         _clients.clear()
 
 
-def eval_scripts(client: redis.Redis, calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]
-                 ) -> list[Any]:  # fmt: skip
+def eval_scripts(
+    client: redis.Redis, calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
     """Run several registered scripts (`(script, keys, args)`) in one round trip.
 
     A pipeline of `Script` objects first asks `SCRIPT EXISTS` on every execute (a second round

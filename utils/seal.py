@@ -91,9 +91,11 @@ class Sealer:
                 return aead.decrypt(data[HEAD - NONCE : HEAD], data[HEAD:], None).decode()
             except InvalidTag:
                 pass
-        raise SecretUnreadable(f"{what} kept in Redis cannot be opened with this process's keys "
-                               f"({', '.join(self.key_ids)}): {self._why(data)} "
-                               "(docs/security.md)")  # fmt: skip
+        raise SecretUnreadable(
+            f"{what} kept in Redis cannot be opened with this process's keys "
+            f"({', '.join(self.key_ids)}): {self._why(data)} "
+            "(docs/security.md)"
+        )
 
     def _why(self, data: bytes) -> str:
         kid = data[3 : HEAD - NONCE]
@@ -101,8 +103,10 @@ class Sealer:
             return "it was stored in clear"
         if kid in self._aeads:
             return "it was altered"
-        return (f"it was sealed with key {kid.hex()}; every process sharing a Redis needs the "
-                "same CHAINCRAWL_SECRET_KEY")  # fmt: skip
+        return (
+            f"it was sealed with key {kid.hex()}; every process sharing a Redis needs the "
+            "same CHAINCRAWL_SECRET_KEY"
+        )
 
     def is_current(self, token: bytes) -> bool:
         """Whether `token` is sealed with the sealing key (needs no re-sealing after a rotation)."""

@@ -134,16 +134,25 @@ class RedisServer:
         return [
             redis_server_binary(self.binary),
             "-",  # configuration from standard input: the password stays off the command line
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self.data_dir),
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--save", "",
-            "--logfile", str(self.data_dir / "redis.log"),
-            "--pidfile", str(self.data_dir / "redis.pid"),
-            "--daemonize", "yes" if daemonize else "no",
-        ]  # fmt: skip
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            "--pidfile",
+            str(self.data_dir / "redis.pid"),
+            "--daemonize",
+            "yes" if daemonize else "no",
+        ]
 
     def config(self) -> bytes:
         """What the server reads on standard input: the settings kept off its command line."""
@@ -178,8 +187,13 @@ class RedisServer:
     def daemonize(self, timeout: float = 20.0) -> None:
         """Start the server detached from us (it outlives this process; `redis.pid` names it)."""
         self._prepare()
-        subprocess.run(self.command(daemonize=True), input=self.config(), umask=0o077,
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            self.command(daemonize=True),
+            input=self.config(),
+            umask=0o077,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         wait_for_port(self.port, self.host, timeout)
 
     def stop(self) -> None:
@@ -236,10 +250,13 @@ class ClusterNodeServer(RedisServer):
     def command(self, daemonize: bool = False) -> list[str]:
         return [
             *super().command(daemonize),
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", str(self.data_dir / "nodes.conf"),
-            "--cluster-node-timeout", str(self.node_timeout_ms),
-        ]  # fmt: skip
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            str(self.data_dir / "nodes.conf"),
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+        ]
 
     def config(self) -> bytes:
         # replicas authenticate to their master with the same password
@@ -325,21 +342,36 @@ class RedisClusterServer:
             first.execute_command("CLUSTER", "MEET", node.host, node.port)
         ids = [n.client().execute_command("CLUSTER", "MYID") for n in self.nodes]
         ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
-        self._wait(deadline, "every node to know the others",
-                   lambda n: all(i in _as_text(n.client().execute_command("CLUSTER", "NODES"))
-                                 for i in ids))  # fmt: skip
+        self._wait(
+            deadline,
+            "every node to know the others",
+            lambda n: all(
+                i in _as_text(n.client().execute_command("CLUSTER", "NODES")) for i in ids
+            ),
+        )
         for j, node in enumerate(followers):
             node.client().execute_command("CLUSTER", "REPLICATE", ids[j % self.n_masters])
-        self._wait(deadline, "cluster_state:ok",
-                   lambda n: "cluster_state:ok" in _as_text(
-                       n.client().execute_command("CLUSTER", "INFO")))  # fmt: skip
-        self._wait(deadline, "the replicas' links",
-                   lambda n: n in masters or n.client().info("replication").get(
-                       "master_link_status") == "up")  # fmt: skip
+        self._wait(
+            deadline,
+            "cluster_state:ok",
+            lambda n: "cluster_state:ok" in _as_text(n.client().execute_command("CLUSTER", "INFO")),
+        )
+        self._wait(
+            deadline,
+            "the replicas' links",
+            lambda n: (
+                n in masters or n.client().info("replication").get("master_link_status") == "up"
+            ),
+        )
         per_range = 1 + len(followers) // self.n_masters
-        self._wait(deadline, "every node to see each master's replicas",
-                   lambda n: all(len(entry) - 2 == per_range for entry in
-                                 n.client().execute_command("CLUSTER", "SLOTS")))  # fmt: skip
+        self._wait(
+            deadline,
+            "every node to see each master's replicas",
+            lambda n: all(
+                len(entry) - 2 == per_range
+                for entry in n.client().execute_command("CLUSTER", "SLOTS")
+            ),
+        )
 
     def _wait(self, deadline: float, what: str, ok: Any) -> None:
         while True:
@@ -357,9 +389,11 @@ class RedisClusterServer:
 
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Block until every running node reports `cluster_state:ok` (after a failover)."""
-        self._wait(time.monotonic() + timeout, "cluster_state:ok",
-                   lambda n: "cluster_state:ok" in _as_text(
-                       n.client().execute_command("CLUSTER", "INFO")))  # fmt: skip
+        self._wait(
+            time.monotonic() + timeout,
+            "cluster_state:ok",
+            lambda n: "cluster_state:ok" in _as_text(n.client().execute_command("CLUSTER", "INFO")),
+        )
 
     def node_for_port(self, port: int) -> ClusterNodeServer:
         return next(n for n in self.nodes if n.port == port)

@@ -71,8 +71,12 @@ class TaskEnvelope(NamedTuple):
         tid, task = d.get("id"), d.get("task")
         params, meta = d.get("params"), d.get("meta")
         if strict:
-            for name, v, t in (("id", tid, str), ("task", task, str), ("params", params, dict),
-                               ("meta", meta, dict)):  # fmt: skip
+            for name, v, t in (
+                ("id", tid, str),
+                ("task", task, str),
+                ("params", params, dict),
+                ("meta", meta, dict),
+            ):
                 if not isinstance(v, t):
                     raise WireError(f"task message field {name!r} must be {t.__name__}, got {v!r}")
         return cls(
@@ -119,13 +123,26 @@ class OutboxFields:
         rows: Sequence[Mapping[str, Any]],
         dedup: Any = None,
     ) -> OutboxFields:
-        return cls(run or "", step or "", task, type, dumps(list(key_fields)), dumps(list(rows)),
-                   None if dedup is None else dumps(dedup))  # fmt: skip
+        return cls(
+            run or "",
+            step or "",
+            task,
+            type,
+            dumps(list(key_fields)),
+            dumps(list(rows)),
+            None if dedup is None else dumps(dedup),
+        )
 
     def encode(self) -> dict[str, str | bytes]:
         """The stream entry's fields, in the order the drainer lists them."""
-        f: dict[str, str | bytes] = {"run": self.run, "step": self.step, "task": self.task,
-                                     "type": self.type, "key": self.key, "items": self.items}  # fmt: skip
+        f: dict[str, str | bytes] = {
+            "run": self.run,
+            "step": self.step,
+            "task": self.task,
+            "type": self.type,
+            "key": self.key,
+            "items": self.items,
+        }
         if self.dedup is not None:
             f["dedup"] = self.dedup
         return f
@@ -187,8 +204,17 @@ def commit_argv(
         body.append(len(c.counts))
         for cnt in c.counts:
             body += cnt
-    return [run, now, ttl, uniq_prefix, len(commits), len(groups),
-            *(c.tid for c, _ in commits), *header, *body]  # fmt: skip
+    return [
+        run,
+        now,
+        ttl,
+        uniq_prefix,
+        len(commits),
+        len(groups),
+        *(c.tid for c, _ in commits),
+        *header,
+        *body,
+    ]
 
 
 __all__ = [

@@ -33,8 +33,18 @@ from demo.guard.verdict import judge
 
 log = logging.getLogger("demo.guard")
 
-HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "transfer-encoding",
-                        "upgrade", "host", "te", "content-length"))  # fmt: skip
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "te",
+        "content-length",
+    )
+)
 HELLO_WAIT_S = 10.0
 MAX_BODY = 1024 * 1024
 
@@ -59,8 +69,14 @@ class _Stream:
 class GuardFront:
     """TLS + HTTP/2 in front of `backend` (the platform's own URL); `start()` returns the port."""
 
-    def __init__(self, backend: str, ssl_context: ssl.SSLContext, host: str = "127.0.0.1",
-                 port: int = 0, on_seen: Callable[[Seen], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        backend: str,
+        ssl_context: ssl.SSLContext,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_seen: Callable[[Seen], None] | None = None,
+    ) -> None:
         self.backend = backend.rstrip("/")
         self.ctx = ssl_context
         self.ctx.set_alpn_protocols(["h2", "http/1.1"])
@@ -130,8 +146,9 @@ class GuardFront:
             else:
                 conn.close()
 
-    async def _http1(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     hello: Hello | None) -> None:  # fmt: skip
+    async def _http1(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: Hello | None
+    ) -> None:
         """One request read, refused (no browser speaks HTTP/1.1 here), the connection closed."""
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
@@ -139,8 +156,15 @@ class GuardFront:
         headers = [tuple(x.strip() for x in ln.split(":", 1)) for ln in lines[1:] if ":" in ln]
         ua = next((v for k, v in headers if k.lower() == "user-agent"), "")
         reason = judge(hello, None, headers)  # type: ignore[arg-type]
-        self._saw(Seen("http/1.1", hello.summary() if hello else "", reason, ua,
-                       parts[1] if len(parts) > 1 else ""))  # fmt: skip
+        self._saw(
+            Seen(
+                "http/1.1",
+                hello.summary() if hello else "",
+                reason,
+                ua,
+                parts[1] if len(parts) > 1 else "",
+            )
+        )
         body = json.dumps({"error": "fingerprint", "reason": reason}).encode()
         writer.write(
             b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\n"
@@ -154,13 +178,15 @@ class GuardFront:
         if self.on_seen is not None:
             self.on_seen(seen)
 
-    async def forward(self, method: str, path: str, headers: list[tuple[str, str]],
-                      body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:  # fmt: skip
+    async def forward(
+        self, method: str, path: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
         """The platform's own answer to the request."""
         assert self._session is not None
         send = [(k, v) for k, v in headers if not k.startswith(":") and k not in HOP_BY_HOP]
-        async with self._session.request(method, self.backend + path, headers=send,
-                                         data=body or None, allow_redirects=False) as resp:  # fmt: skip
+        async with self._session.request(
+            method, self.backend + path, headers=send, data=body or None, allow_redirects=False
+        ) as resp:
             content = await resp.read()
             out = [(k.lower(), v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP]
             return resp.status, out, content
@@ -198,8 +224,13 @@ def _wake(ready: asyncio.Future[None]) -> None:
 class _H2:
     """One HTTP/2 connection: the client's SETTINGS, each request judged and answered."""
 
-    def __init__(self, front: GuardFront, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, hello: Hello | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        front: GuardFront,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        hello: Hello | None,
+    ) -> None:
         self.front, self.reader, self.writer, self.hello = front, reader, writer, hello
         cfg = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config=cfg)

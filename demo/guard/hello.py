@@ -37,8 +37,10 @@ class Hello:
         return RECORD_SIZE_LIMIT in self.extensions
 
     def summary(self) -> str:
-        return (f"grease={self.grease} record_size_limit={self.record_size_limit} "
-                f"ciphers={len(self.ciphers)} extensions={len(self.extensions)} alpn={self.alpn}")  # fmt: skip
+        return (
+            f"grease={self.grease} record_size_limit={self.record_size_limit} "
+            f"ciphers={len(self.ciphers)} extensions={len(self.extensions)} alpn={self.alpn}"
+        )
 
 
 def record_length(data: bytes) -> int | None:

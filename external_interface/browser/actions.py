@@ -166,8 +166,12 @@ class Runner:
                 break
         else:
             complete = bool(a.until and await self.page.query_selector(a.until))
-        return {"action": a.kind, "rounds": rounds, "items": await self._count(a.item),
-                "complete": complete}  # fmt: skip
+        return {
+            "action": a.kind,
+            "rounds": rounds,
+            "items": await self._count(a.item),
+            "complete": complete,
+        }
 
     async def load_more(self, a: LoadMore) -> dict[str, Any]:
         clicks, complete = 0, False
@@ -188,5 +192,9 @@ class Runner:
                 raise Stalled(
                     f"load_more: click {clicks} on {a.selector!r} added nothing within {a.settle_ms} ms"
                 )
-        return {"action": a.kind, "clicks": clicks, "items": await self._count(a.item),
-                "complete": complete}  # fmt: skip
+        return {
+            "action": a.kind,
+            "clicks": clicks,
+            "items": await self._count(a.item),
+            "complete": complete,
+        }

@@ -412,8 +412,9 @@ class Driver:
             return self._failed(Failure("bad_selector", str(exc)), [])
         except (Deadline, Stalled, TimeoutError, self.pw_mod.TimeoutError) as exc:
             detail = str(exc).splitlines()[0] if isinstance(exc, Deadline | Stalled) else ""
-            kind, msg = timeout_reply(req["url"], loop.time() - started, float(req["timeout"]),
-                                      progress, net, detail)  # fmt: skip
+            kind, msg = timeout_reply(
+                req["url"], loop.time() - started, float(req["timeout"]), progress, net, detail
+            )
             capture = await self._capture(page) if self._alive() else {}
             return self._failed(Failure(kind, msg, capture), [])
         except self.pw_mod.Error as exc:
@@ -528,15 +529,20 @@ class Driver:
             await asyncio.wait([f for _, f in answers], timeout=max(0.01, remaining() / 1000))
             for r, fut in answers:
                 if fut.done() and not fut.cancelled() and fut.exception() is None:
-                    captured.append({"url": r.url, "status": r.status, "headers": r.headers,
-                                     "blob": len(blobs)})  # fmt: skip
+                    captured.append(
+                        {"url": r.url, "status": r.status, "headers": r.headers, "blob": len(blobs)}
+                    )
                     blobs.append(fut.result())
                 else:
                     fut.cancel()
         page_info = {"url": page.url, "status": 200, "headers": {}, "history": [], "blob": 0}
         if resp is not None:
-            page_info.update(status=resp.status, headers=resp.headers, history=history(resp),
-                             elapsed=document_seconds(resp))  # fmt: skip
+            page_info.update(
+                status=resp.status,
+                headers=resp.headers,
+                history=history(resp),
+                elapsed=document_seconds(resp),
+            )
         header = {
             "ok": True,
             "page": page_info,

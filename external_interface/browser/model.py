@@ -27,9 +27,22 @@ WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
 WAIT_UNTIL: tuple[str, ...] = ("load", "domcontentloaded", "networkidle", "commit")
 # Playwright's resource types; images, fonts and media are blocked by default (CPU, bandwidth)
 RESOURCE_TYPES = frozenset(
-    ("document", "stylesheet", "image", "media", "font", "script", "texttrack", "xhr", "fetch",
-     "eventsource", "websocket", "manifest", "other")
-)  # fmt: skip
+    (
+        "document",
+        "stylesheet",
+        "image",
+        "media",
+        "font",
+        "script",
+        "texttrack",
+        "xhr",
+        "fetch",
+        "eventsource",
+        "websocket",
+        "manifest",
+        "other",
+    )
+)
 DEFAULT_BLOCK: tuple[str, ...] = ("image", "font", "media")
 
 
@@ -247,10 +260,16 @@ class RenderResult:
         """The result as one `Response` of the rendered DOM that also carries the captures."""
         r = self.response
         return RenderedPage(
-            url=r.url, status=r.status, headers=r.headers, content=r.content, elapsed=r.elapsed,
-            declared_encoding=r.declared_encoding, history=r.history,
-            captured=self.captured, steps=self.steps,
-        )  # fmt: skip
+            url=r.url,
+            status=r.status,
+            headers=r.headers,
+            content=r.content,
+            elapsed=r.elapsed,
+            declared_encoding=r.declared_encoding,
+            history=r.history,
+            captured=self.captured,
+            steps=self.steps,
+        )
 
 
 @dataclass

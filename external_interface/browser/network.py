@@ -56,8 +56,12 @@ class Network:
         page.on("response", self._answered)
 
     def detach(self, page: Any) -> None:
-        for event, fn in (("request", self._started), ("requestfinished", self._finished),
-                          ("requestfailed", self._failed), ("response", self._answered)):  # fmt: skip
+        for event, fn in (
+            ("request", self._started),
+            ("requestfinished", self._finished),
+            ("requestfailed", self._failed),
+            ("response", self._answered),
+        ):
             page.remove_listener(event, fn)
 
     def _started(self, request: Any) -> None:
@@ -100,8 +104,14 @@ class Network:
         return f"the page's network was quiet for the last {self.quiet_for():.1f} s"
 
 
-def timeout_reply(url: str, elapsed: float, timeout: float, progress: Progress,
-                  net: Network | None, detail: str = "") -> tuple[str, str]:  # fmt: skip
+def timeout_reply(
+    url: str,
+    elapsed: float,
+    timeout: float,
+    progress: Progress,
+    net: Network | None,
+    detail: str = "",
+) -> tuple[str, str]:
     """(kind, message) of a render that ran out of time: `selector_timeout` when a selector
     never came on a quiet page with nothing failed, else `timeout` (see the module doc)."""
     state = net.describe() if net is not None else ""

@@ -279,9 +279,11 @@ class BrowserPool:
                 if _ask(sock_path, {"op": "ping"}, 2.0)[0].get("ok"):
                     if self.config.idle_close > 0:
                         watcher = threading.Thread(
-                            target=self._watch_idle, args=(self._proc,), daemon=True,
+                            target=self._watch_idle,
+                            args=(self._proc,),
+                            daemon=True,
                             name="browser-idle-close",
-                        )  # fmt: skip
+                        )
                         watcher.start()
                     return
             time.sleep(0.05)
@@ -380,12 +382,21 @@ def _ask(path: Path, msg: Mapping[str, Any], wait: float) -> tuple[dict[str, Any
 
 
 # --- errors ---------------------------------------------------------------------------------
-_CONNECT = frozenset((
-    "ERR_CONNECTION_REFUSED", "ERR_CONNECTION_RESET", "ERR_CONNECTION_CLOSED",
-    "ERR_CONNECTION_FAILED", "ERR_CONNECTION_ABORTED", "ERR_NAME_NOT_RESOLVED",
-    "ERR_ADDRESS_UNREACHABLE", "ERR_ADDRESS_INVALID", "ERR_INTERNET_DISCONNECTED",
-    "ERR_NETWORK_CHANGED", "ERR_NAME_RESOLUTION_FAILED",
-))  # fmt: skip
+_CONNECT = frozenset(
+    (
+        "ERR_CONNECTION_REFUSED",
+        "ERR_CONNECTION_RESET",
+        "ERR_CONNECTION_CLOSED",
+        "ERR_CONNECTION_FAILED",
+        "ERR_CONNECTION_ABORTED",
+        "ERR_NAME_NOT_RESOLVED",
+        "ERR_ADDRESS_UNREACHABLE",
+        "ERR_ADDRESS_INVALID",
+        "ERR_INTERNET_DISCONNECTED",
+        "ERR_NETWORK_CHANGED",
+        "ERR_NAME_RESOLUTION_FAILED",
+    )
+)
 _TIMEOUT = frozenset(("ERR_TIMED_OUT", "ERR_CONNECTION_TIMED_OUT"))
 
 

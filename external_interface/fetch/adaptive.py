@@ -120,8 +120,10 @@ def fingerprint(outputs: Iterable[Any]) -> list[str]:
     for o in outputs:
         dump = getattr(o, "model_dump", None)
         if dump is not None:
-            out.append(f"{getattr(o, 'item_type', type(o).__name__)} "
-                       f"{orjson.dumps(dump(mode='json'), option=orjson.OPT_SORT_KEYS).decode()}")  # fmt: skip
+            out.append(
+                f"{getattr(o, 'item_type', type(o).__name__)} "
+                f"{orjson.dumps(dump(mode='json'), option=orjson.OPT_SORT_KEYS).decode()}"
+            )
         else:
             params = getattr(o, "params", o)
             out.append(f"follow {orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode()}")
@@ -161,8 +163,10 @@ class Sample:
         got = (
             f"fetched: {self.http_error}" if self.http_error else f"fetched {self.http_items} items"
         )
-        return (f"differ: rendered {self.rendered_items} items, {got} "
-                f"({self.missing} outputs missing, {self.extra} extra)")  # fmt: skip
+        return (
+            f"differ: rendered {self.rendered_items} items, {got} "
+            f"({self.missing} outputs missing, {self.extra} extra)"
+        )
 
 
 @dataclass(frozen=True)
@@ -190,8 +194,9 @@ class Decision:
 class AdaptiveStore:
     """The decisions of every adaptive endpoint, in Redis (module docstring)."""
 
-    def __init__(self, client: redis.Redis, prefix: str,
-                 settings: BrowserSettings | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, client: redis.Redis, prefix: str, settings: BrowserSettings | None = None
+    ) -> None:
         self.r = client
         self.ks = Keyspace(prefix)
         self.settings = settings or get_browser_settings()
@@ -215,16 +220,32 @@ class AdaptiveStore:
     def record(self, endpoint: str, pattern: str, sample: Sample) -> str:
         """A sample's verdict: the pattern's decision after it."""
         s = self.settings
-        evidence = orjson.dumps({"at": round(time.time(), 3), "url": sample.url,
-                                 "same": sample.same, "http_items": sample.http_items,
-                                 "rendered_items": sample.rendered_items, "missing": sample.missing,
-                                 "extra": sample.extra, "http_error": sample.http_error,
-                                 "suspect": sample.suspect, "why": sample.describe()})  # fmt: skip
+        evidence = orjson.dumps(
+            {
+                "at": round(time.time(), 3),
+                "url": sample.url,
+                "same": sample.same,
+                "http_items": sample.http_items,
+                "rendered_items": sample.rendered_items,
+                "missing": sample.missing,
+                "extra": sample.extra,
+                "http_error": sample.http_error,
+                "suspect": sample.suspect,
+                "why": sample.describe(),
+            }
+        )
         new = self._record(
             keys=[self._key(endpoint, pattern), self._key(endpoint, pattern, "evidence")],
-            args=[int(sample.same), s.adaptive_samples, evidence, s.adaptive_evidence,
-                  round(time.time(), 3), sample.rendered_items, int(sample.suspect)],
-        )  # fmt: skip
+            args=[
+                int(sample.same),
+                s.adaptive_samples,
+                evidence,
+                s.adaptive_evidence,
+                round(time.time(), 3),
+                sample.rendered_items,
+                int(sample.suspect),
+            ],
+        )
         return _text(new)
 
     def decisions(self, evidence: int = 3) -> list[Decision]:
@@ -241,12 +262,17 @@ class AdaptiveStore:
             h = {_text(k): _text(v) for k, v in (got[2 * i] or {}).items()}
             if not h:
                 continue
-            n = {k: int(h.get(k, 0) or 0) for k in ("pages", "fetched", "rendered", "samples",
-                                                     "same", "differ", "changes")}  # fmt: skip
+            n = {
+                k: int(h.get(k, 0) or 0)
+                for k in ("pages", "fetched", "rendered", "samples", "same", "differ", "changes")
+            }
             ev = tuple(orjson.loads(e) for e in got[2 * i + 1] or ())
             at = float(h["decided_at"]) if h.get("decided_at") else None
-            out.append(Decision(endpoint, pattern, h.get("decision", LEARNING), decided_at=at,
-                                evidence=ev, **n))  # fmt: skip
+            out.append(
+                Decision(
+                    endpoint, pattern, h.get("decision", LEARNING), decided_at=at, evidence=ev, **n
+                )
+            )
         return out
 
     def forget(self, endpoint: str, pattern: str) -> None:

@@ -60,8 +60,12 @@ class CachedResponse:
 class HttpCache:
     """Responses on disk under `root`, keyed by request (module docstring)."""
 
-    def __init__(self, root: str | Path, ttl: float = 0.0,
-                 headers: Iterable[str] = ("accept", "accept-language")) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: str | Path,
+        ttl: float = 0.0,
+        headers: Iterable[str] = ("accept", "accept-language"),
+    ) -> None:
         self.root = Path(root).expanduser()
         self.ttl = ttl
         self.headers = tuple(sorted({h.strip().lower() for h in headers if h.strip()}))
@@ -74,8 +78,13 @@ class HttpCache:
             return None
         return cls(s.http_cache.strip(), s.http_cache_ttl, s.http_cache_headers.split(","))
 
-    def key(self, method: str, url: str, params: Mapping[str, Any] | None = None,
-            headers: Mapping[str, str] | None = None) -> str | None:  # fmt: skip
+    def key(
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> str | None:
         """The request's key, or None when its method is never cached."""
         method = method.upper()
         if method not in CACHED_METHODS:
@@ -175,7 +184,8 @@ class CachingFetcher:
             return hit
         resp = self.inner.fetch(req)
         if storable(resp.status) and not resp.from_cache:
-            entry = CachedResponse(resp.url, resp.status, list(resp.headers.items()),
-                                   resp.content, list(resp.history))  # fmt: skip
+            entry = CachedResponse(
+                resp.url, resp.status, list(resp.headers.items()), resp.content, list(resp.history)
+            )
             self.cache.put(key, entry, {"method": req.method, "url": req.url})
         return resp

@@ -31,6 +31,7 @@ from exceptions import (
 )
 from external_interface.fetch.base import FetchRequest
 from external_interface.fetch.body import encode_body, full_url, short_error
+from external_interface.fetch.identity import default_user_agent
 from external_interface.fetch.response import Response, header_charset
 
 _CHUNK = 64 * 1024
@@ -54,6 +55,7 @@ class RequestsFetcher:
             s = requests.Session()
             s.max_redirects = self.max_redirects
             s.trust_env = False  # never route through a proxy from the environment by accident
+            s.headers["User-Agent"] = default_user_agent()  # not python-requests/x
             if self.ca_bundle:
                 s.verify = self.ca_bundle
             # cookies are lent per request by the cookie provider: a session shared by every
@@ -129,7 +131,7 @@ class Urllib3Fetcher:
         self._proxies: dict[str, urllib3.ProxyManager] = {}
         self._lock = threading.Lock()
         self.base_headers = {
-            "User-Agent": f"python-urllib3/{urllib3.__version__}",
+            "User-Agent": default_user_agent(),  # a request's own (the site's, a lent one) wins
             "Accept-Encoding": "gzip, deflate",
             "Accept": "*/*",
         }
@@ -164,15 +166,23 @@ class Urllib3Fetcher:
             jar = chain_cookies.get(urlsplit(cur).netloc)
             if jar:  # as requests does within one request (the session itself keeps nothing)
                 extra = "; ".join(f"{k}={v}" for k, v in jar.items())
-                hop_headers = {**headers, "Cookie": f"{headers['Cookie']}; {extra}"
-                               if headers.get("Cookie") else extra}  # fmt: skip
+                hop_headers = {
+                    **headers,
+                    "Cookie": f"{headers['Cookie']}; {extra}" if headers.get("Cookie") else extra,
+                }
             left = max(0.001, deadline - time.monotonic())
             timeout = urllib3.Timeout(connect=min(req.connect_timeout, left), read=left)
             try:
                 resp = manager.request(
-                    method, cur, body=body, headers=hop_headers, preload_content=False,
-                    redirect=False, retries=False, timeout=timeout,
-                )  # fmt: skip
+                    method,
+                    cur,
+                    body=body,
+                    headers=hop_headers,
+                    preload_content=False,
+                    redirect=False,
+                    retries=False,
+                    timeout=timeout,
+                )
             except urllib3.exceptions.HTTPError as exc:
                 raise _map_error(exc, req) from None
             location = resp.headers.get("location")
@@ -198,8 +208,11 @@ class Urllib3Fetcher:
                 resp.status in (301, 302) and method == "POST"
             ):  # the method changes as browsers (and requests) change it
                 method, body = "GET", None
-                headers = {k: v for k, v in headers.items()
-                           if k.lower() not in ("content-type", "content-length")}  # fmt: skip
+                headers = {
+                    k: v
+                    for k, v in headers.items()
+                    if k.lower() not in ("content-type", "content-length")
+                }
             if urlsplit(nxt).netloc != urlsplit(cur).netloc:
                 headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             cur = nxt

@@ -153,8 +153,16 @@ class ImpersonateFetcher:
         return pool
 
 
-def _setopts(c: Curl, req: FetchRequest, url: str, body: bytes | None, headers: list[bytes],
-             cookie: str, encoding: str, f: ImpersonateFetcher) -> None:  # fmt: skip
+def _setopts(
+    c: Curl,
+    req: FetchRequest,
+    url: str,
+    body: bytes | None,
+    headers: list[bytes],
+    cookie: str,
+    encoding: str,
+    f: ImpersonateFetcher,
+) -> None:
     left_ms = max(1, int(req.timeout * 1000))
     c.setopt(CurlOpt.URL, url.encode())
     c.setopt(CurlOpt.HTTP_VERSION, CurlHttpVersion.V2TLS)  # h2 over TLS, 1.1 on plain http

@@ -116,6 +116,9 @@ class Case:
     params: dict[str, Any]
     answers: list[Answer]
     outputs: dict[str, Any] = field(default_factory=dict)
+    # the settings the page was recorded under (the site's base URL variable; None: unset),
+    # so a replay builds the same URLs from `base_url()` as the recording did
+    env: dict[str, str | None] = field(default_factory=dict)
 
     def fetcher(self) -> ReplayFetcher:
         return ReplayFetcher(self)
@@ -130,10 +133,16 @@ def outputs_of(items: Iterable[Any], follows: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def save_case(folder: Path | str, task: str, params: Mapping[str, Any],
-              exchanges: Sequence[tuple[FetchRequest, Response]],
-              outputs: Mapping[str, Any]) -> list[Path]:  # fmt: skip
-    """Write a case (replacing the one recorded before); -> the files written."""
+def save_case(
+    folder: Path | str,
+    task: str,
+    params: Mapping[str, Any],
+    exchanges: Sequence[tuple[FetchRequest, Response]],
+    outputs: Mapping[str, Any],
+    env: Mapping[str, str | None] | None = None,
+) -> list[Path]:
+    """Write a case (replacing the one recorded before); -> the files written. `env`: the
+    variables the replay sets as they were (the site's base URL), None for unset."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -145,10 +154,23 @@ def save_case(folder: Path | str, task: str, params: Mapping[str, Any],
         body = f"{i}{_suffix(ctype)}"
         (folder / body).write_bytes(resp.content)
         written.append(folder / body)
-        answers.append(Answer(req.method.upper(), _no_credentials(full_url(req.url, req.params)),
-                              resp.status, ctype, _no_credentials(resp.url), body))  # fmt: skip
-    case = {"task": task, "params": dict(params), "answers": [asdict(a) for a in answers],
-            "outputs": dict(outputs)}  # fmt: skip
+        answers.append(
+            Answer(
+                req.method.upper(),
+                _no_credentials(full_url(req.url, req.params)),
+                resp.status,
+                ctype,
+                _no_credentials(resp.url),
+                body,
+            )
+        )
+    case = {
+        "task": task,
+        "params": dict(params),
+        "answers": [asdict(a) for a in answers],
+        "outputs": dict(outputs),
+        **({"env": dict(env)} if env else {}),
+    }
     path = folder / CASE_FILE
     path.write_bytes(orjson.dumps(case, option=orjson.OPT_INDENT_2) + b"\n")
     return [path, *written]
@@ -158,8 +180,14 @@ def load_case(folder: Path | str) -> Case:
     """The case recorded in `folder` (FileNotFoundError when there is none)."""
     folder = Path(folder)
     data = orjson.loads((folder / CASE_FILE).read_bytes())
-    return Case(folder, data["task"], data["params"], [Answer(**a) for a in data["answers"]],
-                data.get("outputs") or {})  # fmt: skip
+    return Case(
+        folder,
+        data["task"],
+        data["params"],
+        [Answer(**a) for a in data["answers"]],
+        data.get("outputs") or {},
+        data.get("env") or {},
+    )
 
 
 class ReplayFetcher(MockFetcher):
@@ -177,20 +205,29 @@ class ReplayFetcher(MockFetcher):
     def _serve(self, req: FetchRequest) -> Response:
         method, path, query = _parts(req.method, full_url(req.url, req.params))
         fits = [
-            i for i, a in enumerate(self.case.answers)
+            i
+            for i, a in enumerate(self.case.answers)
             if _parts(a.method, a.url)[:2] == (method, path)
             and not query - _parts(a.method, a.url)[2]
-        ]  # fmt: skip
+        ]
         if not fits:
             asked = ", ".join(f"{a.method} {a.url}" for a in self.case.answers)
-            raise NotFound(f"no recorded answer for {method} {req.url} in {self.case.dir} "
-                           f"(recorded: {asked})", status=404, url=req.url)  # fmt: skip
+            raise NotFound(
+                f"no recorded answer for {method} {req.url} in {self.case.dir} (recorded: {asked})",
+                status=404,
+                url=req.url,
+            )
         i = next((i for i in fits if i not in self._used), fits[-1])
         self._used.add(i)
         a = self.case.answers[i]
-        return Response(url=a.final_url, status=a.status, headers={"content-type": a.content_type},
-                        content=(self.case.dir / a.body).read_bytes(), elapsed=0.0,
-                        declared_encoding=header_charset(a.content_type))  # fmt: skip
+        return Response(
+            url=a.final_url,
+            status=a.status,
+            headers={"content-type": a.content_type},
+            content=(self.case.dir / a.body).read_bytes(),
+            elapsed=0.0,
+            declared_encoding=header_charset(a.content_type),
+        )
 
 
 def _parts(method: str, url: str) -> tuple[str, str, Counter[tuple[str, str]]]:

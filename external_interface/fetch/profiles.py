@@ -169,12 +169,16 @@ def own_identity(profile: Profile) -> Identity:
     if fam == "safari":
         major, minor = divmod(v, 10)
         if mobile:
-            ua = (f"Mozilla/5.0 (iPhone; CPU iPhone OS {major}_{minor} like Mac OS X) "
-                  f"AppleWebKit/605.1.15 (KHTML, like Gecko) Version/{major}.{minor} "
-                  "Mobile/15E148 Safari/604.1")  # fmt: skip
+            ua = (
+                f"Mozilla/5.0 (iPhone; CPU iPhone OS {major}_{minor} like Mac OS X) "
+                f"AppleWebKit/605.1.15 (KHTML, like Gecko) Version/{major}.{minor} "
+                "Mobile/15E148 Safari/604.1"
+            )
             return Identity("safari", v, True, "iOS", ua)
-        ua = (f"Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 "
-              f"(KHTML, like Gecko) Version/{major}.{minor} Safari/605.1.15")  # fmt: skip
+        ua = (
+            f"Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 "
+            f"(KHTML, like Gecko) Version/{major}.{minor} Safari/605.1.15"
+        )
         return Identity("safari", v, False, "macOS", ua)
     if fam == "firefox":
         if mobile:
@@ -184,11 +188,15 @@ def own_identity(profile: Profile) -> Identity:
         return Identity("firefox", v, False, "Windows", ua)
     edge = f" Edg/{v}.0.0.0" if fam == "edge" else ""
     if mobile:
-        ua = (f"Mozilla/5.0 (Linux; Android 10; K) AppleWebKit/537.36 (KHTML, like Gecko) "
-              f"Chrome/{v}.0.0.0 Mobile Safari/537.36{edge.replace('Edg/', 'EdgA/')}")  # fmt: skip
+        ua = (
+            f"Mozilla/5.0 (Linux; Android 10; K) AppleWebKit/537.36 (KHTML, like Gecko) "
+            f"Chrome/{v}.0.0.0 Mobile Safari/537.36{edge.replace('Edg/', 'EdgA/')}"
+        )
         return Identity(fam, v, True, "Android", ua)
-    ua = (f"Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
-          f"Chrome/{v}.0.0.0 Safari/537.36{edge}")  # fmt: skip
+    ua = (
+        f"Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
+        f"Chrome/{v}.0.0.0 Safari/537.36{edge}"
+    )
     return Identity(fam, v, False, "Windows", ua)
 
 
@@ -284,14 +292,23 @@ def browser_headers(
     own["accept-encoding"] = ACCEPT_ENCODING[engine]
     own["accept-language"] = ACCEPT_LANGUAGE[engine]
     if document:
-        own |= {"upgrade-insecure-requests": "1", "sec-fetch-site": "none",
-                "sec-fetch-mode": "navigate", "sec-fetch-user": "?1", "sec-fetch-dest": "document",
-                "priority": "u=0, i"}  # fmt: skip
+        own |= {
+            "upgrade-insecure-requests": "1",
+            "sec-fetch-site": "none",
+            "sec-fetch-mode": "navigate",
+            "sec-fetch-user": "?1",
+            "sec-fetch-dest": "document",
+            "priority": "u=0, i",
+        }
         if engine == "safari":
             del own["upgrade-insecure-requests"], own["sec-fetch-user"]
     else:
-        own |= {"sec-fetch-site": "same-origin", "sec-fetch-mode": "cors",
-                "sec-fetch-dest": "empty", "priority": "u=1, i" if engine != "firefox" else "u=4"}  # fmt: skip
+        own |= {
+            "sec-fetch-site": "same-origin",
+            "sec-fetch-mode": "cors",
+            "sec-fetch-dest": "empty",
+            "priority": "u=1, i" if engine != "firefox" else "u=4",
+        }
     if engine == "firefox":
         own["te"] = "trailers"
     out = []

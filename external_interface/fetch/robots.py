@@ -51,6 +51,7 @@ from exceptions import (
     RobotsUnavailable,
 )
 from external_interface.fetch import Fetcher, FetchRequest
+from external_interface.fetch.identity import default_user_agent, has_user_agent
 from utils.redis import get_redis
 
 log = logging.getLogger(__name__)
@@ -100,17 +101,22 @@ def origin_of(url: str) -> str | None:
     return f"{scheme}://{host}"
 
 
-def fetch_with(fetcher: Fetcher, settings: Settings | None = None,
-               headers: dict[str, str] | None = None) -> FetchFn:  # fmt: skip
+def fetch_with(
+    fetcher: Fetcher, settings: Settings | None = None, headers: dict[str, str] | None = None
+) -> FetchFn:
     """A `FetchFn` that GETs robots.txt through `fetcher` (redirects followed, size capped)."""
     s = settings or get_settings()
+
+    sent = dict(headers or {})
+    if not has_user_agent(sent):  # as the pages are asked for, under the token it matches
+        sent["User-Agent"] = default_user_agent()
 
     def fetch(url: str) -> Any:
         return fetcher.fetch(
             FetchRequest(
                 method="GET",
                 url=url,
-                headers=headers,
+                headers=sent,
                 timeout=s.request_timeout,
                 connect_timeout=s.connect_timeout,
                 max_bytes=FETCH_MAX_BYTES,
@@ -123,8 +129,14 @@ def fetch_with(fetcher: Fetcher, settings: Settings | None = None,
 class RobotsPolicy:
     """Decides whether a URL may be fetched, from its origin's robots.txt (module docstring)."""
 
-    def __init__(self, client: Any, fetch: FetchFn, settings: Settings | None = None,
-                 *, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: Any,
+        fetch: FetchFn,
+        settings: Settings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = s = settings or get_settings()
         self.r = client or get_redis(s.redis_url)
         self.fetch = fetch
@@ -247,8 +259,13 @@ class RobotsPolicy:
             state, detail, body = self._fetch(origin)
             ttl = self.error_ttl if state == "unreachable" else self.ttl
             fetched = self.clock()
-            doc = {"state": state, "detail": detail, "body": body, "fetched": fetched,
-                   "expires": fetched + ttl}  # fmt: skip
+            doc = {
+                "state": state,
+                "detail": detail,
+                "body": body,
+                "fetched": fetched,
+                "expires": fetched + ttl,
+            }
             self.r.set(key, orjson.dumps(doc), px=max(1, round(ttl * 1000)))
         finally:
             self.r.delete(lock_key)

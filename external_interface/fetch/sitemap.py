@@ -84,8 +84,12 @@ def sitemap_urls(
         if kind == "sitemapindex":
             children = [e.url for e in entries if follow is None or follow(e.url)]
             if depth >= max_depth:
-                log.warning("sitemap index %s: %d children not followed, deeper than %d",
-                            url, len(children), max_depth)  # fmt: skip
+                log.warning(
+                    "sitemap index %s: %d children not followed, deeper than %d",
+                    url,
+                    len(children),
+                    max_depth,
+                )
                 continue
             stack.extend((child, depth + 1) for child in reversed(children))
         else:
@@ -142,8 +146,9 @@ def parse_sitemap(body: bytes, source: str = "") -> tuple[str, list[SitemapEntry
         log.warning("sitemap %s: XML error after %d entries: %s", source, len(entries), exc)
     fatal = [e for e in events.error_log if e.level_name == "FATAL"]
     if fatal:  # recover=True ends quietly, e.g. at libxml2's entity amplification limit
-        log.warning("sitemap %s: read stopped after %d entries: %s", source, len(entries),
-                    fatal[0].message)  # fmt: skip
+        log.warning(
+            "sitemap %s: read stopped after %d entries: %s", source, len(entries), fatal[0].message
+        )
     return ("sitemapindex" if root == "sitemapindex" else "urlset"), entries
 
 

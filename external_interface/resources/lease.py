@@ -193,8 +193,13 @@ class LeasePool:
             return self.sealer.open(raw, f"the secret of {self.kind} {mid} of site {self.site}")
         except SecretUnreadable:
             self.retire_members([mid], "unreadable")
-            log.error("%s %s of site %s: its secret does not open with this process's keys; "
-                      "retired (docs/security.md)", self.kind, mid, self.site)  # fmt: skip
+            log.error(
+                "%s %s of site %s: its secret does not open with this process's keys; "
+                "retired (docs/security.md)",
+                self.kind,
+                mid,
+                self.site,
+            )
             raise
 
     # --- lending -------------------------------------------------------------------------

@@ -310,9 +310,11 @@ class Pool(LeasePool):
         if producer is None:
             if self.name not in _warned:
                 _warned.add(self.name)
-                log.warning("pool %s is low and has no producer: a site registers one with "
-                            "register_producer(), or fill it from outside (add_cookies/add_device)",
-                            self.name)  # fmt: skip
+                log.warning(
+                    "pool %s is low and has no producer: a site registers one with "
+                    "register_producer(), or fill it from outside (add_cookies/add_device)",
+                    self.name,
+                )
             return None
         if n <= 0:
             return None
@@ -349,8 +351,13 @@ class Pool(LeasePool):
         if dry:
             self.rds.set(self.k_streak, streak)
             self.rds.hincrby(self.k_stats, "production_dry_runs", 1)
-            log.warning("pool %s: the last production run added nothing (%d in a row); next "
-                        "one no sooner than %.0fs after this", self.name, streak, gap)  # fmt: skip
+            log.warning(
+                "pool %s: the last production run added nothing (%d in a row); next "
+                "one no sooner than %.0fs after this",
+                self.name,
+                streak,
+                gap,
+            )
         else:
             self.rds.delete(self.k_streak)
         seeds = producer.seeds(n)
@@ -364,8 +371,13 @@ class Pool(LeasePool):
             raise
         self.rds.hincrby(self.k_stats, "production_runs", 1)
         self.rds.sadd(self.k_pools, self.name)
-        log.info("pool %s: production run %s (%s) started for %d members",
-                 self.name, rid, producer.name, n)  # fmt: skip
+        log.info(
+            "pool %s: production run %s (%s) started for %d members",
+            self.name,
+            rid,
+            producer.name,
+            n,
+        )
         return rid
 
 

@@ -112,10 +112,16 @@ def reseal(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m external_interface.resources.reseal", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--adopt-clear", action="store_true",
-                   help="seal values stored in clear (by a deployment before sealing)")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m external_interface.resources.reseal",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--adopt-clear",
+        action="store_true",
+        help="seal values stored in clear (by a deployment before sealing)",
+    )
     args = p.parse_args(argv)
     s = get_settings()
     counts = reseal(get_redis(), s.key_prefix, get_sealer(s), adopt_clear=args.adopt_clear)

@@ -122,9 +122,14 @@ def export_parquet(
             raise ConfigError(f"{item_type}: fields {sorted(clash)} are the export's own columns")
         fields = [(k, _arrow_type(pa, kinds[k])) for k in kinds]
         schema = pa.schema(
-            [*fields, ("_run_id", pa.string()), ("_fetched_at", pa.timestamp("ms", tz="UTC")),
-             ("_entry", pa.string()), (PARTITION, pa.string())]
-        )  # fmt: skip
+            [
+                *fields,
+                ("_run_id", pa.string()),
+                ("_fetched_at", pa.timestamp("ms", tz="UTC")),
+                ("_entry", pa.string()),
+                (PARTITION, pa.string()),
+            ]
+        )
         text = {k for k, t in fields if t == pa.string()}
         for old in out.glob(f"{PARTITION}=*"):
             shutil.rmtree(old)
@@ -136,10 +141,13 @@ def export_parquet(
             nonlocal part
             table = pa.Table.from_pylist(chunk, schema=schema)
             ds.write_dataset(
-                table, out, format="parquet", basename_template=f"part-{part}-{{i}}.parquet",
+                table,
+                out,
+                format="parquet",
+                basename_template=f"part-{part}-{{i}}.parquet",
                 partitioning=ds.partitioning(pa.schema([(PARTITION, pa.string())]), flavor="hive"),
                 existing_data_behavior="overwrite_or_ignore",
-            )  # fmt: skip
+            )
             part += 1
             chunk.clear()
 
@@ -147,8 +155,12 @@ def export_parquet(
             item = orjson.loads(line.raw)
             at = version_time(line.version)
             row = {k: _cell(item.get(k), k in text) for k in kinds}
-            row.update(_run_id=line.run, _fetched_at=at, _entry=line.entry,
-                       **{PARTITION: at.date().isoformat()})  # fmt: skip
+            row.update(
+                _run_id=line.run,
+                _fetched_at=at,
+                _entry=line.entry,
+                **{PARTITION: at.date().isoformat()},
+            )
             chunk.append(row)
             if len(chunk) >= CHUNK:
                 flush()

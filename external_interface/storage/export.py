@@ -47,8 +47,9 @@ def export(
         return _csv(snap, run, all_versions, limit, out)
 
 
-def _rows(snap: Snapshot, run: str | None, all_versions: bool, limit: int | None
-          ) -> Iterator[bytes]:  # fmt: skip
+def _rows(
+    snap: Snapshot, run: str | None, all_versions: bool, limit: int | None
+) -> Iterator[bytes]:
     """The stored lines to export (re-iterable: each call reads the snapshot again)."""
     if all_versions:
         rows: Iterator[bytes] = (ln.raw for ln in snap.lines() if run is None or ln.run == run)
@@ -71,8 +72,9 @@ def _jsonl(rows: Iterator[bytes], out: BinaryIO) -> int:
     return n
 
 
-def _csv(snap: Snapshot, run: str | None, all_versions: bool, limit: int | None,
-         out: BinaryIO) -> int:  # fmt: skip
+def _csv(
+    snap: Snapshot, run: str | None, all_versions: bool, limit: int | None, out: BinaryIO
+) -> int:
     columns: dict[str, None] = {}
     for raw in _rows(snap, run, all_versions, limit):
         columns.update(dict.fromkeys(orjson.loads(raw)))

@@ -76,8 +76,9 @@ def select_runs(
     if run_id:
         recs = st.run_records(client, s, rids=[run_id])
         if not recs:
-            raise LookupError(f"no run {run_id!r} (finished runs are kept for "
-                              f"CHAINCRAWL_RUN_RETENTION)")  # fmt: skip
+            raise LookupError(
+                f"no run {run_id!r} (finished runs are kept for CHAINCRAWL_RUN_RETENTION)"
+            )
         return recs
     now = time.time() if now is None else now
     start = now - (since if since is not None else 86400.0)
@@ -141,8 +142,11 @@ def timeline(client: Any, s: Settings, runs: Sequence[dict[str, Any]]) -> list[d
 def _latency(site: str, m: Mapping[str, int]) -> dict[str, Any]:
     b = st.latency_buckets(m)
     q = {f"p{int(x * 100)}": st.bucket_quantile(x, b) for x in (0.5, 0.9, 0.99)}
-    return {"site": site, "count": b[-1][1], **{k: round(v, 4) if v is not None else None
-                                               for k, v in q.items()}}  # fmt: skip
+    return {
+        "site": site,
+        "count": b[-1][1],
+        **{k: round(v, 4) if v is not None else None for k, v in q.items()},
+    }
 
 
 def gather(
@@ -193,16 +197,31 @@ def gather(
     pools = []
     for h in pools_now:
         history = [[p["t"], *p["pools"][h.name][:2]] for p in fleet if h.name in p.get("pools", {})]
-        pools.append({"name": h.name, "kind": h.kind, "site": h.site, "size": h.size,
-                      "bans": h.bans, "produced": h.produced, "exhausted_waits":
-                      waits.get(h.site, 0), "series": history})  # fmt: skip
+        pools.append(
+            {
+                "name": h.name,
+                "kind": h.kind,
+                "site": h.site,
+                "size": h.size,
+                "bans": h.bans,
+                "produced": h.produced,
+                "exhausted_waits": waits.get(h.site, 0),
+                "series": history,
+            }
+        )
     dedup = []
     for ns, m in sorted(newest.get("dedup", {}).items()):
         d = _delta(m, base.get("dedup", {}).get(ns, {}))
         seen = d.get("unchanged", 0) + d.get("changed", 0)
-        dedup.append({"namespace": ns, "new": d.get("new", 0), "unchanged": d.get("unchanged", 0),
-                      "changed": d.get("changed", 0),
-                      "change_rate": round(d.get("changed", 0) / seen, 4) if seen else None})  # fmt: skip
+        dedup.append(
+            {
+                "namespace": ns,
+                "new": d.get("new", 0),
+                "unchanged": d.get("unchanged", 0),
+                "changed": d.get("changed", 0),
+                "change_rate": round(d.get("changed", 0) / seen, 4) if seen else None,
+            }
+        )
     return {
         "generated": now,
         "selection": {"run": run_id, "site": site, "since": since},

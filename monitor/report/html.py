@@ -81,9 +81,11 @@ def line_chart(points: Sequence[dict[str, Any]], series: Sequence[str], h: int =
     out = [f'<svg viewBox="0 0 {w} {h}" width="100%" role="img">']
     for i in range(5):
         v = vmax * i / 4
-        out.append(f'<line x1="{left}" x2="{w - 10}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
-                   f'stroke="#eef1f4"/><text x="{left - 6}" y="{y(v) + 4:.1f}" '
-                   f'text-anchor="end">{num(round(v, 2))}</text>')  # fmt: skip
+        out.append(
+            f'<line x1="{left}" x2="{w - 10}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+            f'stroke="#eef1f4"/><text x="{left - 6}" y="{y(v) + 4:.1f}" '
+            f'text-anchor="end">{num(round(v, 2))}</text>'
+        )
     fmt = "%H:%M:%S" if span < 600 else "%H:%M" if span < 86400 else "%m-%d %H:%M"
     for t, anchor in ((t0, "start"), (t0 + span / 2, "middle"), (t1, "end")):
         label = datetime.fromtimestamp(t, UTC).strftime(fmt)
@@ -93,11 +95,15 @@ def line_chart(points: Sequence[dict[str, Any]], series: Sequence[str], h: int =
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
         for p in points:
             tip = f"{when(p['t'])}: {k} {p[k]}"
-            out.append(f'<circle cx="{x(p["t"]):.1f}" cy="{y(p[k]):.1f}" r="3" fill="{color}" '
-                       f'data-tip="{esc(tip)}"/>')  # fmt: skip
+            out.append(
+                f'<circle cx="{x(p["t"]):.1f}" cy="{y(p[k]):.1f}" r="3" fill="{color}" '
+                f'data-tip="{esc(tip)}"/>'
+            )
     out.append("</svg>")
-    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{esc(k)}</span>'
-                     for k, c in zip(series, COLORS, strict=False))  # fmt: skip
+    legend = "".join(
+        f'<span><i class="sw" style="background:{c}"></i>{esc(k)}</span>'
+        for k, c in zip(series, COLORS, strict=False)
+    )
     return "".join(out) + f'<div class="legend">{legend}</div>'
 
 
@@ -111,24 +117,32 @@ def bars(rows: Sequence[tuple[str, float]], color: str = "var(--c)") -> str:
     for i, (label, v) in enumerate(rows):
         y = i * row_h + 2
         bw = (w - label_w - 70) * v / vmax
-        out.append(f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end">{esc(label)}</text>'
-                   f'<rect x="{label_w}" y="{y + 3}" width="{bw:.1f}" height="{row_h - 6}" '
-                   f'fill="{color}" data-tip="{esc(label)}: {num(v)}"/>'
-                   f'<text x="{label_w + bw + 6:.1f}" y="{y + 14}">{num(v)}</text>')  # fmt: skip
+        out.append(
+            f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end">{esc(label)}</text>'
+            f'<rect x="{label_w}" y="{y + 3}" width="{bw:.1f}" height="{row_h - 6}" '
+            f'fill="{color}" data-tip="{esc(label)}: {num(v)}"/>'
+            f'<text x="{label_w + bw + 6:.1f}" y="{y + 14}">{num(v)}</text>'
+        )
     out.append("</svg>")
     return "".join(out)
 
 
-def table(head: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[int] | None = None,
-          metric: str = "") -> str:  # fmt: skip
+def table(
+    head: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    numeric: set[int] | None = None,
+    metric: str = "",
+) -> str:
     numeric = numeric if numeric is not None else set(range(1, len(head)))
     th = "".join(
         f'<th class="{"n" if i in numeric else ""}">{esc(h)}</th>' for i, h in enumerate(head)
     )
     body = []
     for r in rows:
-        tds = "".join(f'<td class="{"n" if i in numeric else ""}">{esc(num(c) if i in numeric else c)}</td>'
-                      for i, c in enumerate(r))  # fmt: skip
+        tds = "".join(
+            f'<td class="{"n" if i in numeric else ""}">{esc(num(c) if i in numeric else c)}</td>'
+            for i, c in enumerate(r)
+        )
         body.append(f"<tr>{tds}</tr>")
     if not rows:
         body.append(f'<tr><td colspan="{len(head)}" class="muted">none</td></tr>')
@@ -139,23 +153,49 @@ def table(head: Sequence[str], rows: Sequence[Sequence[Any]], numeric: set[int] 
 def render(data: dict[str, Any]) -> str:
     t = data["totals"]
     sel = data["selection"]
-    what = (f"run {sel['run']}" if sel["run"] else
-            f"runs of the last {num(sel['since'] or 86400)} s" + (f", site {sel['site']}" if sel["site"] else ""))  # fmt: skip
+    what = (
+        f"run {sel['run']}"
+        if sel["run"]
+        else f"runs of the last {num(sel['since'] or 86400)} s"
+        + (f", site {sel['site']}" if sel["site"] else "")
+    )
     cards = "".join(
         f'<div class="card">{esc(label)}<b data-metric="{key}">{num(t[key])}</b></div>'
-        for key, label in (("runs", "runs"), ("pages", "pages fetched"), ("items", "items"),
-                           ("stored", "items stored"), ("errors", "errors"),
-                           ("failed", "failed for good"), ("retried", "retried"))
-    )  # fmt: skip
+        for key, label in (
+            ("runs", "runs"),
+            ("pages", "pages fetched"),
+            ("items", "items"),
+            ("stored", "items stored"),
+            ("errors", "errors"),
+            ("failed", "failed for good"),
+            ("retried", "retried"),
+        )
+    )
     win = data["window"]
-    note = ("" if win["fleet_window"] else
-            '<p class="muted">No time series covers this window yet (a worker samples one point '
-            "a minute): the fleet numbers below are totals since the counters began.</p>")  # fmt: skip
-    runs = table(["run", "chain", "status", "started", "seconds", "pages", "items", "errors"],
-                 [[r["run_id"], r["chain"], r["status"], when(r["created"]),
-                   round(r["elapsed"] or 0, 1), pages(r["totals"]), r["totals"].get("items", 0),
-                   errors(r["totals"])] for r in data["runs"]],
-                 numeric={4, 5, 6, 7}, metric="runs")  # fmt: skip
+    note = (
+        ""
+        if win["fleet_window"]
+        else '<p class="muted">No time series covers this window yet (a worker samples one point '
+        "a minute): the fleet numbers below are totals since the counters began.</p>"
+    )
+    runs = table(
+        ["run", "chain", "status", "started", "seconds", "pages", "items", "errors"],
+        [
+            [
+                r["run_id"],
+                r["chain"],
+                r["status"],
+                when(r["created"]),
+                round(r["elapsed"] or 0, 1),
+                pages(r["totals"]),
+                r["totals"].get("items", 0),
+                errors(r["totals"]),
+            ]
+            for r in data["runs"]
+        ],
+        numeric={4, 5, 6, 7},
+        metric="runs",
+    )
     by_type: dict[str, int] = {}
     by_task: dict[str, int] = {}
     for e in data["errors"]:
@@ -163,33 +203,69 @@ def render(data: dict[str, Any]) -> str:
             by_type.get(f"{e['type']} ({e['outcome']})", 0) + e["n"]
         )
         by_task[e["task"]] = by_task.get(e["task"], 0) + e["n"]
-    errs = (f"<h3>by type</h3>{bars(sorted(by_type.items(), key=lambda kv: -kv[1]))}"
-            f"<h3>by endpoint</h3>{bars(sorted(by_task.items(), key=lambda kv: -kv[1]))}"
-            + table(["endpoint", "error", "outcome", "attempts"],
-                    [[e["task"], e["type"], e["outcome"], e["n"]] for e in data["errors"]],
-                    numeric={3}, metric="errors")
-            + "<h3>dead letters of these runs</h3>"
-            + table(["endpoint", "error", "tasks"],
-                    [[d["task"], d["type"], d["n"]] for d in data["dead_letters"]],
-                    numeric={2}, metric="dead_letters"))  # fmt: skip
+    errs = (
+        f"<h3>by type</h3>{bars(sorted(by_type.items(), key=lambda kv: -kv[1]))}"
+        f"<h3>by endpoint</h3>{bars(sorted(by_task.items(), key=lambda kv: -kv[1]))}"
+        + table(
+            ["endpoint", "error", "outcome", "attempts"],
+            [[e["task"], e["type"], e["outcome"], e["n"]] for e in data["errors"]],
+            numeric={3},
+            metric="errors",
+        )
+        + "<h3>dead letters of these runs</h3>"
+        + table(
+            ["endpoint", "error", "tasks"],
+            [[d["task"], d["type"], d["n"]] for d in data["dead_letters"]],
+            numeric={2},
+            metric="dead_letters",
+        )
+    )
     lat = data["latency"]
-    latency = (bars([(f"{r['site']} p{p}", (r[f"p{p}"] or 0) * 1000) for r in lat for p in (50, 90, 99)],
-                    "var(--a)")
-               + table(["site", "tasks", "p50 ms", "p90 ms", "p99 ms"],
-                       [[r["site"], r["count"], *(round((r[f"p{p}"] or 0) * 1000, 1) for p in (50, 90, 99))]
-                        for r in lat], metric="latency"))  # fmt: skip
+    latency = bars(
+        [(f"{r['site']} p{p}", (r[f"p{p}"] or 0) * 1000) for r in lat for p in (50, 90, 99)],
+        "var(--a)",
+    ) + table(
+        ["site", "tasks", "p50 ms", "p90 ms", "p99 ms"],
+        [
+            [r["site"], r["count"], *(round((r[f"p{p}"] or 0) * 1000, 1) for p in (50, 90, 99))]
+            for r in lat
+        ],
+        metric="latency",
+    )
     pool_lines = "".join(
         f"<h3>{esc(p['name'])}</h3>"
-        + line_chart([{"t": a, "size": s, "banned": b} for a, s, b in p["series"]], ["size", "banned"], 140)
-        for p in data["pools"] if len(p["series"]) > 1
-    )  # fmt: skip
-    pools = table(["pool", "size", "banned", "produced", "waits on an empty pool"],
-                  [[p["name"], p["size"], p["bans"], p["produced"], p["exhausted_waits"]]
-                   for p in data["pools"]], metric="pools") + pool_lines  # fmt: skip
-    dedup = table(["namespace", "new", "unchanged", "changed", "change rate"],
-                  [[d["namespace"], d["new"], d["unchanged"], d["changed"],
-                    f"{d['change_rate']:.1%}" if d["change_rate"] is not None else "-"]
-                   for d in data["dedup"]], numeric={1, 2, 3}, metric="dedup")  # fmt: skip
+        + line_chart(
+            [{"t": a, "size": s, "banned": b} for a, s, b in p["series"]], ["size", "banned"], 140
+        )
+        for p in data["pools"]
+        if len(p["series"]) > 1
+    )
+    pools = (
+        table(
+            ["pool", "size", "banned", "produced", "waits on an empty pool"],
+            [
+                [p["name"], p["size"], p["bans"], p["produced"], p["exhausted_waits"]]
+                for p in data["pools"]
+            ],
+            metric="pools",
+        )
+        + pool_lines
+    )
+    dedup = table(
+        ["namespace", "new", "unchanged", "changed", "change rate"],
+        [
+            [
+                d["namespace"],
+                d["new"],
+                d["unchanged"],
+                d["changed"],
+                f"{d['change_rate']:.1%}" if d["change_rate"] is not None else "-",
+            ]
+            for d in data["dedup"]
+        ],
+        numeric={1, 2, 3},
+        metric="dedup",
+    )
     payload = orjson.dumps(data).decode().replace("</", "<\\/")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">

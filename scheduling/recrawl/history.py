@@ -156,10 +156,16 @@ class History:
             if not args:
                 return result
             moved = self._observe(
-                keys=[self.k_records, self.k_due, self.k_inflight, self.k_totals, self.k_hours,
-                      self.k_misses],
+                keys=[
+                    self.k_records,
+                    self.k_due,
+                    self.k_inflight,
+                    self.k_totals,
+                    self.k_hours,
+                    self.k_misses,
+                ],
                 args=args,
-            )  # fmt: skip
+            )
             if not moved:
                 return result
         raise RuntimeError(f"recrawl {self.watch.name}: keys kept moving under the observer")
@@ -209,8 +215,18 @@ class History:
         if not rows:
             return [], result
         c = m.budget_constant(knobs, max(0.0, totals.get("sum") + dsum), profile)
-        args: list[Any] = [int(now // m.HOUR), len(rows), *exposure, *attributed,
-                           dn, dx, dactive, dsum, drsum, enrolled]  # fmt: skip
+        args: list[Any] = [
+            int(now // m.HOUR),
+            len(rows),
+            *exposure,
+            *attributed,
+            dn,
+            dx,
+            dactive,
+            dsum,
+            drsum,
+            enrolled,
+        ]
         for key, old_raw, new, ch in rows:
             due = m.next_visit(now, new.rate, c, profile, knobs)
             args += [key, old_raw, new.encode(), f"{due:.3f}", int(ch)]
@@ -226,9 +242,16 @@ class History:
         retry_at = now + max(RETRY_AFTER, knobs.min_interval)
         out = self._dispatch(
             keys=[self.k_due, self.k_inflight, self.k_totals, self.k_misses, self.k_records],
-            args=[f"{now:.3f}", knobs.budget, knobs.budget, f"{retry_at:.3f}", most, MAX_MISSES,
-                  knobs.alpha],
-        )  # fmt: skip
+            args=[
+                f"{now:.3f}",
+                knobs.budget,
+                knobs.budget,
+                f"{retry_at:.3f}",
+                most,
+                MAX_MISSES,
+                knobs.alpha,
+            ],
+        )
         keys = [as_str(k) for k in out]
         cut = keys.index("")
         self._trim_hours(now)

@@ -64,9 +64,13 @@ class Observer:
     by each watch's trigger tick) and kept for `refresh` seconds."""
 
     def __init__(
-        self, client: Any, prefix: str, clock: Clock, refresh: float = 5.0,
+        self,
+        client: Any,
+        prefix: str,
+        clock: Clock,
+        refresh: float = 5.0,
         monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.r, self.prefix, self.clock, self.refresh = client, prefix, clock, refresh
         self._monotonic = monotonic
         self._key = Keyspace(prefix).recrawl_watches

@@ -49,7 +49,11 @@ class Watch:
     def from_dict(cls, d: Mapping[str, Any]) -> Watch:
         knobs = Knobs(**d["knobs"])
         return cls(
-            name=str(d["name"]), site=str(d["site"]), item_type=str(d["item_type"]),
-            key=str(d["key"]), param=str(d["param"]), fields=tuple(d.get("fields") or ()),
+            name=str(d["name"]),
+            site=str(d["site"]),
+            item_type=str(d["item_type"]),
+            key=str(d["key"]),
+            param=str(d["param"]),
+            fields=tuple(d.get("fields") or ()),
             knobs=knobs,
-        )  # fmt: skip
+        )

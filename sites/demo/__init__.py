@@ -7,7 +7,8 @@ types (`sites/demo/items.py`) and a chain may mix front ends freely.
 The helpers here turn the site's ways of saying "no" into typed errors once, so endpoint
 modules only build a URL and parse: the login wall (a 200 page on pc, 401 on the APIs) raises
 `LoginRequired`, the ban page `BannedError`, a page or envelope that does not look as
-expected (a changed layout, a body cut short) `ParseError`.
+expected (a changed layout, a body cut short) `ParseError`; a value a page must have is read
+with the framework's `base_task.need` / `need_int` (`ParseError` naming the query and URL).
 """
 
 from __future__ import annotations
@@ -76,22 +77,6 @@ def api_list(data: Any, *keys: str) -> list[dict[str, Any]]:
     if missing:
         raise ParseError(f"list answer lacks {missing}: {str(data)[:120]}")
     return data["list"]
-
-
-def need(sel: Any, query: str) -> str:
-    """The first match of a CSS query; ParseError when absent (layout change, page cut short)."""
-    value = sel.css(query).get()
-    if value is None:
-        raise ParseError(f"nothing matches {query!r}: has the page layout changed?")
-    return value.strip()
-
-
-def need_int(sel: Any, query: str) -> int:
-    value = need(sel, query)
-    try:
-        return int(value)
-    except ValueError:
-        raise ParseError(f"{query!r} is {value!r}, not an integer") from None
 
 
 def _banned(message: str, retry_after: Any) -> BannedError:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from base_task import Context, Follow
-from sites.demo import need, need_int
+from base_task import Context, Follow, need, need_int
 from sites.demo.items import FeedEntry, Post
 
 

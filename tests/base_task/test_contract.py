@@ -11,7 +11,8 @@ import base_task
 from base_task import Context, Params, endpoint
 
 PUBLIC_CONTEXT = {
-    "count", "follow", "get", "log", "params", "post", "remaining", "render", "request",
+    "count", "follow", "get", "log", "params", "post", "remaining", "render", "report",
+    "request",
 }  # fmt: skip
 
 
@@ -28,18 +29,19 @@ def test_everything_in_all_is_importable_and_the_errors_endpoints_raise_are_ther
 def test_endpoint_takes_its_documented_options_only() -> None:
     options = set(inspect.signature(endpoint).parameters)
     assert options == {"params", "items", "name", "resources", "max_retries", "deadline",
-                       "request_timeout", "queue", "decode_errors", "fetcher", "render"}  # fmt: skip
+                       "request_timeout", "queue", "decode_errors", "fetcher", "render",
+                       "must_yield"}  # fmt: skip
     with pytest.raises(TypeError, match="acks_late"):
         endpoint(Params, acks_late=False)  # type: ignore[call-arg]
 
 
 def test_a_context_shows_endpoints_only_its_public_surface() -> None:
     public = {n for n in dir(Context) if not n.startswith("_")}
-    assert public == PUBLIC_CONTEXT - {"params", "log"}  # instance attributes
+    assert public == PUBLIC_CONTEXT - {"params", "log", "report"}  # instance attributes
     init = inspect.getsource(Context.__init__)
     assigned = {line.split("=")[0].strip().removeprefix("self.").split(":")[0]
                 for line in init.splitlines() if line.strip().startswith("self.")}  # fmt: skip
-    assert {a for a in assigned if not a.startswith("_")} == {"params", "log"}
+    assert {a for a in assigned if not a.startswith("_")} == {"params", "log", "report"}
 
 
 def test_render_takes_the_options_the_docs_list_and_returns_a_response() -> None:

@@ -24,6 +24,7 @@ from ledger.batching import BATCH_TASK, Load, batch_size
 from ledger.publish import Publisher, broker_priority
 from ledger.state import Kid, RunState
 from lifecycle import runtime
+from lifecycle.commits import Committer
 from lifecycle.endpoints import get_endpoint, queue_for
 from utils.cpuload import CpuMeter
 
@@ -87,12 +88,11 @@ def test_deferred_commits_go_in_one_round_trip(rds: redis.Redis, settings: Setti
     state.create_run("r1", "c", b"{}", 5)
     state.add_dispatched("r1", "s", 2)
     calls: list[Any] = []
-    assert state.commit(rid="r1", tid="a", step="s", outcome="succeeded", n_items=0,
-                        entries=(), kids=[kid(1)], defer=calls) is None  # fmt: skip
-    state.commit(rid="r1", tid="a", step="s", outcome="succeeded", n_items=0, entries=(),
-                 kids=[kid(2)], defer=calls)  # fmt: skip
-    state.commit(rid="r1", tid="b", step="s", outcome="failed", n_items=0, entries=(), kids=(),
-                 defer=calls)  # fmt: skip
+    calls.append(state.commit_call(rid="r1", tid="a", step="s", outcome="succeeded",
+                                   kids=[kid(1)]))  # fmt: skip
+    calls.append(state.commit_call(rid="r1", tid="a", step="s", outcome="succeeded",
+                                   kids=[kid(2)]))  # fmt: skip
+    calls.append(state.commit_call(rid="r1", tid="b", step="s", outcome="failed"))
     first, dup, other = state.run_commits(calls)
     assert first is not None and len(first.staged) == 1
     assert dup is None  # the same task id twice in one pipeline still commits once
@@ -302,13 +302,17 @@ def test_a_publish_failure_after_the_commit_requeues_and_keeps_the_children(
 
     rt = runtime.Runtime(settings)
     monkeypatch.setattr(rt, "publisher", lambda a: Broken(app, settings, queue_for))
+    page = Committer(rt, state, "r1", task.name)
+    page.stage("t1", res)
     with pytest.raises(Reject) as info:
-        task._send_staged(rt, state, "r1", "t1", res)
+        page.publish(app)
     assert info.value.requeue is True
     assert len(state.staged("r1", "t1")) == 2  # still staged for the redelivery
     # the redelivery finds the task committed and sends what is staged (read back)
     monkeypatch.setattr(rt, "publisher", lambda a: Publisher(app, settings, queue_for))
-    task._send_staged(rt, state, "r1", "t1", None)
+    again = Committer(rt, state, "r1", task.name)
+    again.stage("t1")
+    again.publish(app)
     assert not rds.hexists(state.staged_key("r1"), "t1")
     assert rds.llen(f"{settings.key_prefix}:q:testsite") == 2
 
@@ -325,7 +329,7 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
     def down(*a: Any, **kw: Any) -> str:
         raise redis.exceptions.ConnectionError("Connection refused")
 
-    monkeypatch.setattr(SiteTask, "_execute", down)
+    monkeypatch.setattr(SiteTask, "run_page", down)
     with pytest.raises(Reject) as info:
         task.execute({}, {})
     assert info.value.requeue is True and pauses == [runtime.REQUEUE_PAUSE]
@@ -333,3 +337,29 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
     with pytest.raises(Reject):
         lifecycle.batch.run_batch([])
     assert pauses == [runtime.REQUEUE_PAUSE] * 2
+
+
+def test_a_page_committed_alone_inside_a_batch_sends_its_children_with_the_batchs_publish(
+    rds: redis.Redis, settings: Settings, app: Celery
+) -> None:
+    """A skipped, failed or cancelled entry of a batch commits at once (its dead letter and
+    metrics go with it) and hands what its commit staged to the batch: one publish for all."""
+    state = RunState(rds, settings)
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 2)
+    rt = runtime.Runtime(settings)
+    batch = Committer(rt, state, "r1", BATCH_TASK)
+    page = Committer(rt, state, "r1", TASK)
+    call = state.commit_call(rid="r1", tid="t1", step="s", outcome="skipped", kids=[kid(1), kid(2)])
+    page.add(call, TASK)
+    (res,) = page.commit()
+    assert res is not None and len(page.groups) == 1
+    batch.absorb(page)
+    assert page.groups == [] and len(batch.groups) == 1
+    assert rds.llen(f"{settings.key_prefix}:q:testsite") == 0  # nothing sent before the batch's
+    batch.publish(app)
+    assert rds.llen(f"{settings.key_prefix}:q:testsite") == 2
+    assert not rds.hexists(state.staged_key("r1"), "t1")
+    again = Committer(rt, state, "r1", TASK)  # a second delivery of the same skip
+    again.add(call, TASK)
+    assert again.commit(read_back=False) == [None] and again.groups == []

@@ -139,7 +139,7 @@ def commit(state: RunState, rid: str, tid: str, n_kids: int = 0, send: Any = Non
     ]  # fmt: skip
     state.commit(rid=rid, tid=tid, step="root" if n_kids else "child", outcome="succeeded",
                  n_items=0, entries=(), kids=kids)  # fmt: skip
-    if send is not None:  # the task sends its staged children (SiteTask._send_staged)
+    if send is not None:  # the task sends its staged children (lifecycle/commits.py: Committer)
         for kid in state.staged_kids(rid, tid):
             send(kid)
         state.clear_kids(rid, tid)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 import redis
+import requests
 
-from cli import UserError
+from cli import UserError, procs
 from cli.demo import check_browser
 from config import ROOT, reset_settings
 from tests.external_interface.browser_fixtures import needs_browser
@@ -129,3 +130,43 @@ def check_embedded_redis_is_private(var: Path, port: int, printed: str) -> None:
     files = list((var / "redis").iterdir())
     assert "appendonly.aof" in {f.name for f in files}
     assert {f.name: mode(f) for f in files} == {f.name: 0o600 for f in files}
+
+
+@pytest.mark.integration
+def test_demo_on_another_port_and_restart_crawl_the_right_site_and_bring_back_what_ran(
+    tmp_path,
+) -> None:
+    """`demo --port A`, then `demo --port B` with its workers still running: the workers that
+    were told A are restarted and the crawl reads B; `restart` then brings back the demo site
+    (at B) and Flower, and its workers still crawl B."""
+    env = own_env(tmp_path)
+
+    def control(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ROOT / "control.sh"), *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=420)  # fmt: skip
+
+    a, b = free_port(), free_port()
+    run = tmp_path / "var" / "run"
+    try:
+        out = control(
+            "demo", "--size", "tiny", "--port", str(a), "--workers", "1", "--concurrency", "4"
+        )
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        out = control("demo", "--size", "tiny", "--port", str(b), "--workers", "1", "--concurrency", "4",
+                      "--no-flower")  # fmt: skip
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text[-3000:]
+        assert f"restarting worker-w1: they crawl http://127.0.0.1:{a}" in " ".join(text.split())
+        assert "80 of 80 produced" in text
+        worker = procs.alive(run / "worker-w1.pid")
+        assert worker and procs.process_env(worker)["DEMO_BASE_URL"] == f"http://127.0.0.1:{b}"
+
+        out = control("restart", "--workers", "1", "-c", "2")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "brought back: demo-site, flower" in out.stdout, out.stdout
+        assert requests.get(f"http://127.0.0.1:{b}/healthz", timeout=5).ok
+        assert procs.port_open("127.0.0.1", int(env["CHAINCRAWL_FLOWER_PORT"]))
+        worker = procs.alive(run / "worker-w1.pid")
+        assert worker and procs.process_env(worker)["DEMO_BASE_URL"] == f"http://127.0.0.1:{b}"
+    finally:
+        control("stop", "--timeout", "20")

@@ -101,3 +101,15 @@ def test_a_run_that_stored_nothing_is_an_error(env: dict[str, str], tmp_path: Pa
     assert out.returncode == 2, out.stderr
     assert "run nope stored no items" in out.stderr and "./control.sh runs" in out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "n.csv").exists()
+
+
+def test_a_run_that_stored_only_other_types_names_them(env: dict[str, str], tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "items", fsync=False)
+    sink.write(T, ["sku"], [{"sku": "a"}], origins=[Origin("1-0", "r1", "list", "shop.pc.list")])
+    sink.write("shop.review", ["id"], [{"id": 1}],
+               origins=[Origin("2-0", "r9", "reviews", "shop.pc.reviews")])  # fmt: skip
+    out = sh(
+        f"./control.sh items {T} --run r9", {**env, "CHAINCRAWL_JSONL_DIR": str(tmp_path / "items")}
+    )
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip() == f"error: run r9 stored no {T} items (it stored shop.review)"

@@ -67,3 +67,15 @@ def test_status_keeps_task_worker_and_queue_names() -> None:
     out = render(status.render(snap, recent={TASKS[0]: {"fail_rate": 0.5}}))
     for ident in (*TASKS, "worker-cli1@a-rather-long-hostname.example", "verylongsitename", RID):
         assert out.count(ident) >= (3 if ident in TASKS else 1), ident  # workers, runs, tasks
+
+
+def test_run_table_shows_a_progress_bar_per_step_at_80_columns() -> None:
+    """The table needs ~160 columns; at 80 the rows become lines, and keep their bars."""
+    r = progress()
+    r["steps"]["detail_step"] |= {"dispatched": 100, "succeeded": 50, "failed": 0}
+    out = render(run_table(r), width=80)
+    assert "┏" not in out  # the lines form, not the table
+    bars = [line for line in out.splitlines() if "━" in line]
+    assert len(bars) == 2, out
+    half = bars[1].strip()
+    assert 10 <= len(half) <= 40 and half.startswith("━")

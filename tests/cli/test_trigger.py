@@ -63,6 +63,16 @@ def test_failed_tasks_exit_1_with_their_count_and_the_command_to_see_them(
     assert rid in control("runs", env=crawl).stdout
 
 
+def test_a_page_that_yields_nothing_is_warned_in_the_summary(crawl: dict[str, str]) -> None:
+    """The run succeeds (exit 0) but says a page matched nothing, by step."""
+    seed = json.dumps({"url": crawl["TESTSITE_URL"] + "/gbk"})  # an HTML page, no `li.row`
+    out = control("trigger", "cli_rows", seed, "--timeout", "120", env=crawl)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "complete: every task succeeded" in out.stdout
+    assert ("warning: 1 page(s) yielded nothing (no item, no follow-up): local.rows 1; a "
+            "selector that matches nothing?") in out.stderr  # fmt: skip
+
+
 def test_still_running_at_the_timeout_exits_4(crawl: dict[str, str]) -> None:
     out = control("trigger", "cli_probe", '{"path": "/slow?s=4"}', "--timeout", "0.5", env=crawl)
     assert out.returncode == 4, out.stdout + out.stderr

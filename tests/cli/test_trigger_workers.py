@@ -16,6 +16,7 @@ from config import Settings
 from ledger.state import RunState
 from monitor.alerts import Evaluator, parse_config
 from tests.cli.conftest import control as cli_control
+from tests.conditions import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +64,8 @@ def test_trigger_refuses_a_chain_whose_queue_no_live_worker_consumes(
     out = control("start", "--workers", "1", "-c", "2", "--pool", "threads", "--name", "uq",
                   "--queues", "resources,default", env=env)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    try:
+    try:  # its task set is published at worker_ready, next to its " ready." line
+        wait_for(lambda: TaskSets(rds, s).live(), timeout=60, what="the worker's task set")
         out = control("trigger", "demo_social", "--no-wait", env=env)
         assert out.returncode == 2, out.stdout + out.stderr
         [line] = out.stderr.strip().splitlines()

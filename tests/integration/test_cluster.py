@@ -318,8 +318,7 @@ def test_pause_cancel_and_runless_commits_on_the_cluster(redis_cluster, key_pref
     assert state.info(crawl.rid)["status"] == "cancelled"
     calls: list[Any] = []
     for tid in ("x1", "x2"):  # two tasks without a run in one script call
-        state.commit(rid="", tid=tid, step="s", outcome="succeeded", n_items=0, entries=(),
-                     kids=(), defer=calls)  # fmt: skip
+        calls.append(state.commit_call(rid="", tid=tid, step="s", outcome="succeeded"))
     assert all(r is not None for r in state.run_commits(calls))
     assert state.run_commits(calls) == [None, None]  # each committed once
 

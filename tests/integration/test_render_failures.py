@@ -156,19 +156,20 @@ def test_selectors_that_cannot_succeed_fail_without_retries_and_loading_pages_re
         seeds = [
             {"url": static, "wait_for": "div[", "timeout": 5},  # refused in the worker
             {"url": static, "wait_for": "##bad", "timeout": 5},  # refused by the browser
-            {"url": static, "wait_for": ".never", "timeout": 3},  # quiet page: final
+            {"url": static, "wait_for": ".never", "timeout": 8},  # quiet page: final
             {"url": loading, "wait_for": ".late", "timeout": 3},  # still loading: retried
         ]
         p = run("render_selectors", "rendersite.local.page", seeds)
-        assert site.hits["/static"] == 1  # only the quiet page's one attempt loaded it
-        assert site.hits["/xhr"] == 2  # tried, then retried once (max_retries=1)
-    assert p.ended and p.totals["failed"] == 4 and p.totals["retried"] == 1
+        hits = dict(site.hits)
     by_sel = {dl.params["wait_for"]: dl for dl in letters(p.run_id)}
     assert {k: (v.error_type, v.retries) for k, v in by_sel.items()} == {
         "div[": ("InvalidSelector", 0),
         "##bad": ("InvalidSelector", 0),
         ".never": ("SelectorTimeout", 0),
         ".late": ("RenderTimeout", 1),
-    }
+    }, {k: v.error for k, v in by_sel.items()}
+    assert p.ended and p.totals["failed"] == 4 and p.totals["retried"] == 1
+    assert hits["/static"] == 1, hits  # only the quiet page's one attempt loaded it
+    assert hits["/xhr"] == 2, hits  # tried, then retried once (max_retries=1)
     assert "wait_for '.never'" in by_sel[".never"].error and "quiet" in by_sel[".never"].error
     assert "still loading" in by_sel[".late"].error

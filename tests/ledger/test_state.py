@@ -32,7 +32,7 @@ def kid(step: str, uniq: str = "") -> Kid:
 def commit(state: RunState, calls: list[CommitCall], tid: str, kids: list[Kid], **kw: Any) -> None:
     opts: dict[str, Any] = {"rid": "r1", "step": "s", "outcome": "succeeded", "n_items": 0,
                             "entries": ()} | kw  # fmt: skip
-    state.commit(tid=tid, kids=kids, defer=calls, **opts)
+    calls.append(state.commit_call(tid=tid, kids=kids, **opts))
 
 
 def test_a_batch_commits_in_one_script_call_with_summed_counters(

@@ -182,7 +182,7 @@ def test_statuses_raise_the_typed_errors_of_get(pool: FakePool) -> None:
     ctx = context()
     with pytest.raises(ServerError):
         ctx.render("http://127.0.0.1:1/x")
-    assert ctx._failed_leases == {"proxy:proxy-1", "cookie:cookie-1", "user_agent:user_agent-1",
+    assert ctx.report.failed_leases == {"proxy:proxy-1", "cookie:cookie-1", "user_agent:user_agent-1",
                                   "sign:sign-1"}  # fmt: skip
     pool.answer = page(404, b"<html>gone</html>")
     with pytest.raises(NotFound):
@@ -195,7 +195,7 @@ def test_a_ban_seen_in_the_rendered_page_is_raised(pool: FakePool) -> None:
     ctx = context()
     with pytest.raises(BannedError, match="login wall"):
         ctx.render("http://127.0.0.1:1/x")
-    assert "cookie:cookie-1" in ctx._failed_leases  # the retry gets another session
+    assert "cookie:cookie-1" in ctx.report.failed_leases  # the retry gets another session
 
 
 @pytest.mark.parametrize("error", [RenderTimeout("slow"), BrowserCrashed("gone")])

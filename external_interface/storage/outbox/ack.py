@@ -71,10 +71,26 @@ def ack_call(
         for k, v in e.fields.items():
             if k in ENTRY_FIELDS:
                 extra += [k, v]
-        extra += ["orig_id", e.id, "error", error[:ERROR_MAX], "sink", sink,
-                  "at", f"{time.time():.3f}"]  # fmt: skip
-        args += [e.id, kidx(e.run), e.step, len(e.items), "store_failed", *midx(e.task),
-                 len(extra), *extra]  # fmt: skip
+        extra += [
+            "orig_id",
+            e.id,
+            "error",
+            error[:ERROR_MAX],
+            "sink",
+            sink,
+            "at",
+            f"{time.time():.3f}",
+        ]
+        args += [
+            e.id,
+            kidx(e.run),
+            e.step,
+            len(e.items),
+            "store_failed",
+            *midx(e.task),
+            len(extra),
+            *extra,
+        ]
         log.error("outbox: entry %s (%s) dead-lettered: %s", e.id, e.type, error)
     return keys, args
 

@@ -221,9 +221,14 @@ class ClusterDrainer(Drainer):
             try:
                 resp = self._autoclaim(
                     keys=[stream],
-                    args=[self.group, self.consumer, int(self.claim_idle * 1000), "0-0",
-                          count - len(out)],
-                )  # fmt: skip
+                    args=[
+                        self.group,
+                        self.consumer,
+                        int(self.claim_idle * 1000),
+                        "0-0",
+                        count - len(out),
+                    ],
+                )
             except redis.ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise
@@ -236,8 +241,9 @@ class ClusterDrainer(Drainer):
     def heartbeat(self, entries: Sequence[OutboxEntry]) -> None:
         with contextlib.suppress(redis.RedisError):
             for stream, group in _by_stream(entries).items():
-                self.r.xclaim(stream, self.group, self.consumer, 0, [e.sid for e in group],
-                              justid=True)  # fmt: skip
+                self.r.xclaim(
+                    stream, self.group, self.consumer, 0, [e.sid for e in group], justid=True
+                )
 
     def update_horizon(self, held: Sequence[OutboxEntry] = ()) -> None:
         """The oldest entry of every stream read (or held), less `CLOCK_MARGIN_MS`."""
@@ -338,10 +344,27 @@ class ClusterDrainer(Drainer):
             for k, v in e.fields.items():
                 if k in ENTRY_FIELDS:
                     extra += [k, v]
-            extra += ["orig_id", _sid(e), "error", error[:ERROR_MAX], "sink", sink,
-                      "at", f"{time.time():.3f}"]  # fmt: skip
-            args += [_sid(e), kidx(e), e.step, len(e.items), "store_failed", 0, 0,
-                     len(extra), *extra]  # fmt: skip
+            extra += [
+                "orig_id",
+                _sid(e),
+                "error",
+                error[:ERROR_MAX],
+                "sink",
+                sink,
+                "at",
+                f"{time.time():.3f}",
+            ]
+            args += [
+                _sid(e),
+                kidx(e),
+                e.step,
+                len(e.items),
+                "store_failed",
+                0,
+                0,
+                len(extra),
+                *extra,
+            ]
             log.error("outbox: entry %s (%s) dead-lettered: %s", e.id, e.type, error)
         return keys, args
 
@@ -358,8 +381,10 @@ class ClusterDrainer(Drainer):
                 for e in entries:
                     if e.task and e.items:
                         site = e.task.split(".", 1)[0]
-                        for key in (f"{self.prefix}:metrics:task:{e.task}",
-                                    f"{self.prefix}:metrics:site:{site}"):  # fmt: skip
+                        for key in (
+                            f"{self.prefix}:metrics:task:{e.task}",
+                            f"{self.prefix}:metrics:site:{site}",
+                        ):
                             sums[(key, field)] = sums.get((key, field), 0) + len(e.items)
         if not sums:
             return

@@ -29,6 +29,7 @@ from external_interface.storage.routing import SinkRouter, build_sinks
 from external_interface.storage.sinks.base import Origin, PermanentSinkError, Sink, entry_version
 from settings.storage import get_storage_settings
 from utils.lua import load_lua
+from utils.outage import OUTAGE
 from utils.redis import as_str, get_redis
 
 log = logging.getLogger("external_interface.storage.outbox")
@@ -201,6 +202,7 @@ class Drainer:
                         self.settle()
                         next_settle = time.monotonic() + SETTLE_EVERY
                     errors = 0
+                    OUTAGE.answered()  # after an outage: one line saying Redis is back
                 except Exception as e:  # nothing may silently end storage for this process
                     errors += 1
                     if isinstance(e, redis.RedisError):

@@ -78,15 +78,15 @@ def outbox_streams(client: redis.Redis, prefix: str, scan: bool = False) -> list
     if scan:
         head = ks.key("run", "{")  # a run's keys start `cc:run:{<rid>}`
         pattern = _glob_escape(head) + "*}:outbox*"
-        for raw in client.scan_iter(match=pattern, count=SCAN_COUNT,
-                                    target_nodes=client.PRIMARIES):  # type: ignore[attr-defined]  # fmt: skip
+        for raw in client.scan_iter(match=pattern, count=SCAN_COUNT, target_nodes=client.PRIMARIES):  # type: ignore[attr-defined]
             key = as_str(raw)
             rid = key[len(head) :].partition("}")[0]
             with contextlib.suppress(ValueError):  # braces in the id: not a key of ours
                 if key in (ks.run_outbox(rid), ks.run_outbox_dead(rid)):
                     rids.add(rid)
-    found = [OutboxStream(ks.run_outbox(r), ks.run_outbox_dead(r), r, r in noted)
-             for r in sorted(rids)]  # fmt: skip
+    found = [
+        OutboxStream(ks.run_outbox(r), ks.run_outbox_dead(r), r, r in noted) for r in sorted(rids)
+    ]
     return [glob, *found]
 
 
@@ -238,8 +238,7 @@ def requeue_dead(client: redis.Redis, prefix: str, count: int | None = None) -> 
     for s in outbox_streams(client, prefix, scan=True):
         if s.rid is None or (count is not None and moved >= count):
             continue
-        n = _requeue(client, s.key, s.dead, s.rid, prefix,
-                     None if count is None else count - moved)  # fmt: skip
+        n = _requeue(client, s.key, s.dead, s.rid, prefix, None if count is None else count - moved)
         if n and s.rid:  # beside the script (another slot); the drainers read storing runs
             client.sadd(ks.storing_runs, s.rid)
         moved += n

@@ -108,8 +108,13 @@ def collection_name(item_type: str, prefix: str = "") -> str:
 
 
 def _obs(path: str, value: Any, version: int, entry: str) -> dict[str, Any]:
-    return {"field": path, "value": value, "at": version_time(version), "v": version,
-            "entry": entry}  # fmt: skip
+    return {
+        "field": path,
+        "value": value,
+        "at": version_time(version),
+        "v": version,
+        "entry": entry,
+    }
 
 
 def _legacy(doc: dict[str, Any]) -> bool:
@@ -383,8 +388,9 @@ class MongoSink:
             if last is None and ex is not None and old is not MISSING:
                 # tracked since the document was stored: its value then starts the history
                 at_v = ex.get("_v")
-                last = _obs(path, old, at_v if isinstance(at_v, int) else 0,
-                            str(ex.get("_entry") or ""))  # fmt: skip
+                last = _obs(
+                    path, old, at_v if isinstance(at_v, int) else 0, str(ex.get("_entry") or "")
+                )
                 history.append(last)
                 added = True
             if last is not None and last["value"] == new:
@@ -420,8 +426,10 @@ class MongoSink:
             raise SinkError(f"mongo {item_type}: {type(e).__name__}: {e}", self.name) from e
         if doc is None:
             return []
-        obs = [Observation(h["field"], h["value"], int(h["v"]), h.get("entry") or "")
-               for h in _observations(doc)]  # fmt: skip
+        obs = [
+            Observation(h["field"], h["value"], int(h["v"]), h.get("entry") or "")
+            for h in _observations(doc)
+        ]
         return versions(tuple(key), obs)
 
     def _classify(self, coll: str, errors: list[dict[str, Any]]) -> SinkError:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from base_task import Context, Outputs, Params, endpoint
-from sites.demo import need
+from base_task import Context, Outputs, Params, endpoint, need
 from sites.demo.items import FeedEntry
 from sites.demo.js import FEED_SETTLED, render
 from sites.demo.markup import feed_entries

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from base_task import Context, Outputs, Params, ParseError, endpoint
+from base_task import Context, Outputs, Params, ParseError, endpoint, need
 from external_interface.browser import LoadMore
-from sites.demo import need
 from sites.demo.items import FeedEntry
 from sites.demo.js import FEED_SETTLED, render
 
@@ -19,10 +18,12 @@ class MoreParams(Params):
 @endpoint(MoreParams, items=[FeedEntry], resources=["browser", "user_agent"])
 def more(ctx: Context, p: MoreParams) -> Outputs:
     page = render(
-        ctx, "/js/more", FEED_SETTLED,
+        ctx,
+        "/js/more",
+        FEED_SETTLED,
         actions=[LoadMore("button.load-more", item=".feed-item")],
         capture_json=r"/js/api/feed\?",
-    )  # fmt: skip
+    )
     need(page, "p.feed-end::text")  # shown once the last batch is in
     entries: dict[str, dict[str, Any]] = {}
     total = None

@@ -17,7 +17,9 @@ class ScrollParams(Params):
 def scroll(ctx: Context, p: ScrollParams) -> Outputs:
     # `until`: a stall before the end fails the render (a retry), never a partial list
     page = render(
-        ctx, "/js/scroll", FEED_SETTLED,
+        ctx,
+        "/js/scroll",
+        FEED_SETTLED,
         actions=[ScrollToEnd(item=".feed-item", until="p.feed-end")],
-    )  # fmt: skip
+    )
     yield from feed_entries(page)

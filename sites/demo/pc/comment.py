@@ -6,8 +6,8 @@ recognises it from the body and raises LoginRequired (the cookie provider rotate
 
 from __future__ import annotations
 
-from base_task import Context, Outputs, Params, endpoint
-from sites.demo import get_html, need, need_int
+from base_task import Context, Outputs, Params, endpoint, need, need_int
+from sites.demo import get_html
 from sites.demo.items import Comment
 
 

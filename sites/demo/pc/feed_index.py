@@ -3,8 +3,8 @@ requested at once (a sharded index) instead of following "next" links one at a t
 
 from __future__ import annotations
 
-from base_task import Context, Outputs, Params, endpoint
-from sites.demo import get_html, need_int
+from base_task import Context, Outputs, Params, endpoint, need_int
+from sites.demo import get_html
 from sites.demo.items import FeedPage
 
 

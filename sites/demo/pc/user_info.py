@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from base_task import Context, Outputs, Params, endpoint
-from sites.demo import get_html, need, need_int
+from base_task import Context, Outputs, Params, endpoint, need, need_int
+from sites.demo import get_html
 from sites.demo.items import User
 
 

@@ -6,8 +6,8 @@ users and their posts from one request per page (no separate user_info step need
 
 from __future__ import annotations
 
-from base_task import Context, Outputs, Params, endpoint
-from sites.demo import get_html, need, need_int
+from base_task import Context, Outputs, Params, endpoint, need, need_int
+from sites.demo import get_html
 from sites.demo.items import StatusEntry, User
 from sites.demo.pc.user_info import parse_profile
 

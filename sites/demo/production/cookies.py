@@ -88,8 +88,13 @@ def recognize(ch: CaptchaChallenge | RecognizeParams, stats: CaptchaStats | None
     return solve(Challenge(ch.image, ch.format, ch.length or None), SITE, stats=stats) or ""
 
 
-@endpoint(ProduceParams, items=[CaptchaChallenge], name="demo.captcha.download", queue=QUEUE,
-          resources=["user_agent"])  # fmt: skip
+@endpoint(
+    ProduceParams,
+    items=[CaptchaChallenge],
+    name="demo.captcha.download",
+    queue=QUEUE,
+    resources=["user_agent"],
+)
 def captcha_download(ctx: Context, p: ProduceParams) -> Outputs:
     """A fresh login captcha."""
     yield fetch_challenge(ctx)
@@ -179,14 +184,18 @@ COOKIE_CHAIN = chains.define(
     "demo_cookie_production",
     chains.step("demo.captcha.download", _options=_Q).then(
         chains.step(
-            "demo.captcha.recognize", captcha_id="captcha_id", image="image", format="format",
-            length="length", _options=_Q,
+            "demo.captcha.recognize",
+            captcha_id="captcha_id",
+            image="image",
+            format="format",
+            length="length",
+            _options=_Q,
         ).then(
             chains.step("demo.login", captcha_id="captcha_id", answer="answer", _options=_Q).then(
                 chains.step("demo.cookie.add", ticket="ticket", _options=_Q)
             )
         )
     ),
-)  # fmt: skip
+)
 
 register_producer("cookie", SITE, chain_producer(COOKIE_CHAIN))

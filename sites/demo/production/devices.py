@@ -34,8 +34,13 @@ from sites.production import (
 )
 
 
-@endpoint(ProduceParams, items=[Ticket], name="demo.device.register", queue=QUEUE,
-          resources={"sign": "sign"})  # fmt: skip
+@endpoint(
+    ProduceParams,
+    items=[Ticket],
+    name="demo.device.register",
+    queue=QUEUE,
+    resources={"sign": "sign"},
+)
 def device_register(ctx: Context, p: ProduceParams) -> Outputs:
     """Register a new device; its id and UA wait in the vault."""
     model, os_name = random.choice(DEVICE_PROFILES)

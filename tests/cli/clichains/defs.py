@@ -7,3 +7,6 @@ define("cli_probe", step("testsite.local.probe"))
 
 # one listing page per seed: seeds are checked strictly (`{"page": "2"}` is refused)
 define("cli_listing", step("testsite.local.listing"))
+
+# rows (`li.row`) of any page by URL: a page without them is counted empty and warned
+define("cli_rows", step("testsite.local.rows"))

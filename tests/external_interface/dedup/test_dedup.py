@@ -216,7 +216,7 @@ def test_batch_is_one_round_trip(dd: RedisDedup, monkeypatch: pytest.MonkeyPatch
     def spy_send(
         self: redis.connection.Connection, command: object, *a: object, **k: object
     ) -> None:
-        first = command if isinstance(command, bytes) else b"".join(command)  # type: ignore
+        first = command if isinstance(command, bytes) else b"".join(command)  # type: ignore[arg-type]
         events.append("send EVALSHA" if b"EVALSHA" in first[:40] else "send other")
         send(self, command, *a, **k)
 

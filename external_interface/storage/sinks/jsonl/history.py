@@ -54,8 +54,12 @@ class HistoryWriter:
             values[o.field] = o.value
         if not values:
             return
-        rec = {"k": [item.get(k) for k in self.key_fields], "v": line.version, "e": line.entry,
-               "f": values}  # fmt: skip
+        rec = {
+            "k": [item.get(k) for k in self.key_fields],
+            "v": line.version,
+            "e": line.entry,
+            "f": values,
+        }
         self._buf += orjson.dumps(rec, option=DUMPS_OPTS) + b"\n"
         if len(self._buf) >= 1 << 20:
             self._flush()

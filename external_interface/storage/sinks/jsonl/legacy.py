@@ -24,8 +24,9 @@ LEGACY_NAME = re.compile(r"([0-9]+)-[0-9]{8}T[0-9]{6}Z\.jsonl")
 
 def legacy_files(folder: Path) -> list[Path]:
     """The earlier layout's files in a type folder, in the order they were written."""
-    found = [(int(m.group(1)), p) for p in folder.glob("*.jsonl")
-             if (m := LEGACY_NAME.fullmatch(p.name))]  # fmt: skip
+    found = [
+        (int(m.group(1)), p) for p in folder.glob("*.jsonl") if (m := LEGACY_NAME.fullmatch(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -62,8 +63,9 @@ class KeyGuess:
         if self.candidates is None:
             self.candidates = fits
         elif len(fits) == len(self.candidates):
-            self.candidates = [[f for f in old if f in new]
-                               for old, new in zip(self.candidates, fits, strict=True)]  # fmt: skip
+            self.candidates = [
+                [f for f in old if f in new] for old, new in zip(self.candidates, fits, strict=True)
+            ]
 
     def fields(self) -> list[str]:
         if not self.candidates or not all(self.candidates):

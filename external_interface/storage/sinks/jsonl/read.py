@@ -169,8 +169,14 @@ def iter_records(item_type: str, root: Path | str | None = None) -> Iterator[dic
         for line in snap.lines():
             item = line.item()
             key = [item.get(k) for k in snap.key]
-            yield {"item": item, "key": key, "entry": line.entry, "version": line.version,
-                   "run": line.run, "step": line.step}  # fmt: skip
+            yield {
+                "item": item,
+                "key": key,
+                "entry": line.entry,
+                "version": line.version,
+                "run": line.run,
+                "step": line.step,
+            }
 
 
 def read_items(

@@ -181,8 +181,9 @@ class JsonlSink:
         took = time.monotonic() - started
         self._next_compact[st.name] = time.monotonic() + took * (1 - DUTY) / DUTY
         if dropped:
-            log.info("jsonl %s: compacted, %d older version(s) dropped in %.2fs",
-                     st.name, dropped, took)  # fmt: skip
+            log.info(
+                "jsonl %s: compacted, %d older version(s) dropped in %.2fs", st.name, dropped, took
+            )
         return dropped
 
     def _store(self, item_type: str) -> TypeStore:
@@ -190,8 +191,14 @@ class JsonlSink:
         with self._stores_lock:
             st = self._stores.get(name)
             if st is None:
-                st = TypeStore(self.root, item_type, fsync=self.fsync, horizon=self._horizon,
-                               max_bytes=self.max_bytes, max_age=self.max_age)  # fmt: skip
+                st = TypeStore(
+                    self.root,
+                    item_type,
+                    fsync=self.fsync,
+                    horizon=self._horizon,
+                    max_bytes=self.max_bytes,
+                    max_age=self.max_age,
+                )
                 self._stores[name] = st
             return st
 

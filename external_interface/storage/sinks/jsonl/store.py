@@ -294,8 +294,12 @@ class TypeStore:
             self._take_over(legacy)
             return
         if reason:
-            log.warning("jsonl %s: %s; its journal is rebuilt from the files as they are "
-                        "(their lines count as the oldest version)", self.name, reason)  # fmt: skip
+            log.warning(
+                "jsonl %s: %s; its journal is rebuilt from the files as they are "
+                "(their lines count as the oldest version)",
+                self.name,
+                reason,
+            )
         parts: list[Part] = []
         groups: list[Group] = []
         for i in range(1_000_000):
@@ -322,8 +326,12 @@ class TypeStore:
         for rec in legacy_records(files):
             key.add(rec)
             lines.append(orjson.dumps(rec["item"], option=orjson.OPT_NON_STR_KEYS) + b"\n")
-            head = [version_of(rec), rec.get("entry") or "", rec.get("run") or "",
-                    rec.get("step") or ""]  # fmt: skip
+            head = [
+                version_of(rec),
+                rec.get("entry") or "",
+                rec.get("run") or "",
+                rec.get("step") or "",
+            ]
             if groups and groups[-1][:4] == head:
                 groups[-1][4] += 1
             else:
@@ -341,8 +349,13 @@ class TypeStore:
 
     def write_base(self, parts: list[Part], groups: list[Group]) -> None:
         """Replace the journal by a base record (atomically: a new file renamed into place)."""
-        rec = {"base": 1, "key": self.key, "parts": [p.to_json() for p in parts],
-               "groups": groups, "done": sorted(self.done)}  # fmt: skip
+        rec = {
+            "base": 1,
+            "key": self.key,
+            "parts": [p.to_json() for p in parts],
+            "groups": groups,
+            "done": sorted(self.done),
+        }
         tmp = self.dir / f"{TMP_PREFIX}journal"
         data = dumps(rec)
         with open(tmp, "wb") as f:

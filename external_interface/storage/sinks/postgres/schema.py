@@ -37,9 +37,19 @@ if TYPE_CHECKING:
 VERSION_TABLE = "chaincrawl_schema"
 TYPES_TABLE = "chaincrawl_types"
 RESERVED = frozenset(
-    ("doc", "_version", "_entry", "_run", "_step", "_task", "_fetched_at", "_created_at",
-     "_updated_at", "_search")
-)  # fmt: skip
+    (
+        "doc",
+        "_version",
+        "_entry",
+        "_run",
+        "_step",
+        "_task",
+        "_fetched_at",
+        "_created_at",
+        "_updated_at",
+        "_search",
+    )
+)
 MAX_IDENT = 63  # PostgreSQL's identifier length
 
 
@@ -208,9 +218,10 @@ def _sync_search(cur: Cursor[Any], t: Table, config: str, had: bool) -> None:
         cur.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS _search").format(t.items))
     if t.search:
         cur.execute(
-            sql.SQL("ALTER TABLE {} ADD COLUMN _search tsvector GENERATED ALWAYS AS ({}) STORED")
-            .format(t.items, _search_expr(t.search, config))
-        )  # fmt: skip
+            sql.SQL(
+                "ALTER TABLE {} ADD COLUMN _search tsvector GENERATED ALWAYS AS ({}) STORED"
+            ).format(t.items, _search_expr(t.search, config))
+        )
         cur.execute(sql.SQL("CREATE INDEX {} ON {} USING gin (_search)").format(index, t.items))
 
 

@@ -218,10 +218,11 @@ class PostgresSink:
                 sql.SQL("{} = %s").format(sql.Identifier(k)) for k in t.key_fields
             )
             cur.execute(
-                sql.SQL("SELECT field, value, version, entry FROM {} WHERE {} ORDER BY version")
-                .format(t.history, where),
+                sql.SQL(
+                    "SELECT field, value, version, entry FROM {} WHERE {} ORDER BY version"
+                ).format(t.history, where),
                 [key_text(k) for k in key],
-            )  # fmt: skip
+            )
             obs = [Observation(f, v, int(ver), e) for f, v, ver, e in cur.fetchall()]
         return versions(tuple(key), obs)
 
@@ -320,8 +321,16 @@ class PostgresSink:
         with conn.transaction(), conn.cursor() as cur:
             if not self._migrated:
                 schema.migrate_sink(cur, self.schema)
-            t = schema.ensure_type(cur, self.schema, self.table_prefix, item_type, key_fields,
-                                   track, search, self.text_search)  # fmt: skip
+            t = schema.ensure_type(
+                cur,
+                self.schema,
+                self.table_prefix,
+                item_type,
+                key_fields,
+                track,
+                search,
+                self.text_search,
+            )
         with self._lock:
             self._migrated = True
             self._tables[item_type] = (want, t)
@@ -351,10 +360,14 @@ class PostgresSink:
         if t.track:
             self._record_history(cur, t, chunk, list(latest))
         cols = sql.SQL(", ").join(
-            [*(sql.Identifier(k) for k in t.key_fields),
-             *map(sql.Identifier, ("doc", "_version", "_entry", "_run", "_step", "_task",
-                                   "_fetched_at"))]
-        )  # fmt: skip
+            [
+                *(sql.Identifier(k) for k in t.key_fields),
+                *map(
+                    sql.Identifier,
+                    ("doc", "_version", "_entry", "_run", "_step", "_task", "_fetched_at"),
+                ),
+            ]
+        )
         marks = sql.SQL(", ").join(
             [sql.Placeholder()] * len(t.key_fields)
             + [sql.SQL("%s::jsonb")]
@@ -370,11 +383,19 @@ class PostgresSink:
         cur.executemany(
             upsert,
             [
-                (*r.key, r.json, r.version, r.origin.entry, r.origin.run, r.origin.step,
-                 r.origin.task, version_time(r.version))
+                (
+                    *r.key,
+                    r.json,
+                    r.version,
+                    r.origin.entry,
+                    r.origin.run,
+                    r.origin.step,
+                    r.origin.task,
+                    version_time(r.version),
+                )
                 for r in latest.values()
             ],
-        )  # fmt: skip
+        )
 
     def _record_history(
         self, cur: Cursor[Any], t: Table, chunk: list[_Row], keys: list[tuple[str, ...]]
@@ -421,9 +442,11 @@ class PostgresSink:
                 prev[(r.key, f)] = v
         if out:
             cols = sql.SQL(", ").join(
-                [*(sql.Identifier(k) for k in t.key_fields),
-                 *map(sql.Identifier, ("field", "value", "version", "valid_from", "entry"))]
-            )  # fmt: skip
+                [
+                    *(sql.Identifier(k) for k in t.key_fields),
+                    *map(sql.Identifier, ("field", "value", "version", "valid_from", "entry")),
+                ]
+            )
             marks = sql.SQL(", ").join(
                 [sql.Placeholder()] * (n + 1) + [sql.SQL("%s::jsonb")] + [sql.Placeholder()] * 3
             )

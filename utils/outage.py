@@ -1,0 +1,120 @@
+"""A Redis outage in a worker's log: one warning line when it starts, one when Redis answers
+again, nothing in between and no traceback.
+
+Every part of a worker that talks to Redis (Celery's consumer, the outbox drainer, the
+sweeper, the task-set beat, the series sampler, the owner heartbeat) logs its own failure
+each time it retries, some with a traceback: a ten-second outage made dozens of lines. The
+`OutageFilter` on the worker's log handlers recognises those records by the exception they
+carry (a Redis or kombu connection error, as an argument or as `exc_info`): the first of an
+outage becomes one line without its traceback, the others are held back (counted). The first
+success after it (`answered()`, or Celery's "Connected to" line) logs the recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import kombu.exceptions
+import redis
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,  # BusyLoadingError included
+    redis.TimeoutError,
+    kombu.exceptions.OperationalError,
+    ConnectionError,
+)
+_CELERY_NOTICE = "In Celery 5.1 we introduced an optional breaking change"
+_MARK = "_chaincrawl_outage"  # the decision, kept on the record for the process's other handlers
+
+log = logging.getLogger("chaincrawl.redis")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0].rstrip(".")
+
+
+class Outage:
+    """This process's view of Redis: answering, or away since `since`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: float | None = None
+        self.held = 0  # records held back during the current outage
+
+    def failed(self, exc: BaseException) -> bool:
+        """A connection error: True for the first of an outage (to be said), else False."""
+        with self._lock:
+            if self.since is None:
+                self.since, self.held = time.monotonic(), 0
+                return True
+            self.held += 1
+            return False
+
+    def answered(self) -> None:
+        """Redis answered: ends the outage, with one line, if there was one."""
+        if self.since is None:  # the common case, without the lock
+            return
+        with self._lock:
+            if self.since is None:
+                return
+            took, held = time.monotonic() - self.since, self.held
+            self.since = None
+        log.warning(
+            "Redis answers again after %.1fs (%d more error(s) about it not logged)", took, held
+        )
+
+
+OUTAGE = Outage()
+
+
+def connection_error(record: logging.LogRecord) -> BaseException | None:
+    """The connection error a record is about, if any."""
+    if record.exc_info and isinstance(record.exc_info[1], CONNECTION_ERRORS):
+        return record.exc_info[1]
+    args = record.args if isinstance(record.args, tuple) else ()
+    return next((a for a in args if isinstance(a, CONNECTION_ERRORS)), None)
+
+
+class OutageFilter(logging.Filter):
+    """On a log handler: the first record of an outage as one line, the rest held back."""
+
+    def __init__(self, outage: Outage = OUTAGE) -> None:
+        super().__init__()
+        self.outage = outage
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        decided = getattr(record, _MARK, None)
+        if decided is not None:
+            return bool(decided)
+        keep = True
+        if record.name == "py.warnings" and _CELERY_NOTICE in str(record.args or record.msg):
+            setattr(record, _MARK, False)  # Celery's notice at each lost connection that 6.0
+            return False  # will cancel late-ack tasks: 8 lines about a setting left on purpose
+        exc = connection_error(record)
+        consumer = record.name.startswith("celery.worker.consumer")
+        if exc is None and consumer and str(record.msg).startswith("Connection to broker lost"):
+            exc = ConnectionError("the connection to the broker was lost")
+        if exc is not None:
+            keep = self.outage.failed(exc)
+            if keep:  # one line, no traceback
+                record.msg = (
+                    "Redis does not answer (%s: %s); this worker waits and retries, "
+                    "one line when it answers again"
+                )
+                record.args = (type(exc).__name__, _first_line(exc))
+                record.exc_info, record.exc_text, record.stack_info = None, None, None
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        elif consumer and str(record.msg).startswith("Connected to"):
+            self.outage.answered()
+        setattr(record, _MARK, keep)
+        return keep
+
+
+def install(logger: logging.Logger | None = None, outage: Outage = OUTAGE) -> None:
+    """Put the filter on the logger's handlers (the root's: every record passes them)."""
+    target = logger or logging.getLogger()
+    for h in target.handlers:
+        if not any(isinstance(f, OutageFilter) for f in h.filters):
+            h.addFilter(OutageFilter(outage))
