@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -143,6 +144,37 @@ def test_a_killed_embedded_redis_is_started_again_with_its_data(tmp_path: Path) 
     time.sleep(2)  # a restart would have come by now (back-off 1 s)
     assert procs.embedded_redis_state(s) == "stopped"
     assert not procs.port_open("127.0.0.1", s.embedded_redis_port)
+
+
+def test_a_command_started_while_the_embedded_redis_restarts_waits_for_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Between a death and the restart (its supervisor still runs) a command neither starts a
+    second Redis nor calls it stopped: it says it waits, and goes on once Redis is back."""
+    var = tmp_path / "var"
+    s = Settings(var_dir=var, redis_url="", embedded_redis_port=free_port())
+    try:
+        assert procs.ensure_redis(s) == "started"
+        supervisor = procs.alive(var / "run" / "redis.pid")
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGSTOP)  # the restart held back until SIGCONT
+        try:
+            os.kill(int((var / "redis" / "redis.pid").read_text()), signal.SIGKILL)
+            wait_for(lambda: not procs.port_open("127.0.0.1", s.embedded_redis_port))
+            assert procs.embedded_redis_state(s) == "restarting"
+            done: list[str] = []
+            waiting = threading.Thread(target=lambda: done.append(procs.ensure_redis(s)))
+            waiting.start()
+            wait_for(lambda: "restarting, waiting" in capsys.readouterr().err, what="the line")
+            assert not done
+        finally:
+            os.kill(supervisor, signal.SIGCONT)
+        waiting.join(60)
+        assert done == ["running"]
+        assert procs.alive(var / "run" / "redis.pid") == supervisor  # no second one
+        assert answers(s.redis_url)
+    finally:
+        procs.stop_redis(s)
 
 
 def test_an_embedded_redis_that_cannot_start_is_one_error_with_its_log_lines(
