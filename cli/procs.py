@@ -203,7 +203,9 @@ def start_embedded_redis(s: Settings, password: str | None, timeout: float = 30.
     cmd = [*supervisor, *ready, "--", *server.supervised_command()]
     pid = start_bg(EMBEDDED, cmd, s, umask=0o077)  # its files 0600, as RedisServer's own
     deadline = time.monotonic() + timeout
-    while not port_open("127.0.0.1", s.embedded_redis_port):
+    # Redis listens before it loads its data, and may exit after (a file it cannot read): up
+    # is a server that answers, loading or not; its supervisor tries a few times, then gives up
+    while not _answers(server.url):
         if alive(pidfile) is None or time.monotonic() > deadline:
             lines = [
                 f"  {line}"
@@ -218,6 +220,17 @@ def start_embedded_redis(s: Settings, password: str | None, timeout: float = 30.
             )
         time.sleep(0.1)
     return pid
+
+
+def _answers(url: str) -> bool:
+    """One PING, one try: a reply (a `LOADING` one too) means the server is up."""
+    try:
+        redis.Redis.from_url(url, socket_timeout=5, retry=_ONCE).ping()
+    except redis.BusyLoadingError:
+        return True
+    except redis.RedisError:
+        return False
+    return True
 
 
 def embedded_redis_state(s: Settings) -> str:
