@@ -195,7 +195,7 @@ def start_embedded_redis(s: Settings, password: str | None, timeout: float = 30.
     that dies (a `kill -9`, the OOM killer) is started again on the same port, password and
     data dir, its append-only file replayed, and the supervisor logs one line about it to
     var/log/redis.log. A stop (`redis stop`, `stop`: SIGTERM to the supervisor) is passed on
-    and not followed by a restart. -> the supervisor's pid, once Redis listens."""
+    and not followed by a restart. -> the supervisor's pid, once Redis answers."""
     server = RedisServer(s.var_dir / "redis", s.embedded_redis_port, password=password)
     pidfile = run_dir(s) / f"{EMBEDDED}.pid"
     supervisor = [sys.executable, "-m", "cli.supervisor", "--name", EMBEDDED, "--max-backoff", "10"]
@@ -246,16 +246,10 @@ def embedded_redis_state(s: Settings) -> str:
     return "stopped"
 
 
-def embedded_redis_stopped(s: Settings) -> bool:
-    """The embedded Redis is ours and nothing runs it: a command says so at once rather than
-    wait CHAINCRAWL_REDIS_WAIT for a restart that is not coming."""
-    return uses_embedded_redis(s) and embedded_redis_state(s) == "stopped"
-
-
 def require_redis(s: Settings) -> None:
     """For a command that only reads (`status`, `runs`, `report`, `deadletter list`, ...): the
     embedded Redis is never started by it (an operator who stopped it meant it). Stopped: one
-    line, exit 5. Restarting under its supervisor: wait for it (CHAINCRAWL_REDIS_WAIT). A Redis
+    line at once (no CHAINCRAWL_REDIS_WAIT for a restart that is not coming), exit 5. Restarting under its supervisor: wait for it (CHAINCRAWL_REDIS_WAIT). A Redis
     of REDIS_URL: the command's own calls wait for it or fail (exit 5)."""
     if not uses_embedded_redis(s):
         return
