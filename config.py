@@ -101,10 +101,12 @@ class Settings(ChaincrawlSettings):
     redis_wait_replicas: int = Field(
         0,
         ge=0,
-        description="Replicas that must hold a task's commit before its children are sent and "
-        "its message acknowledged (Redis WAIT after the commit script); a commit not confirmed "
-        "within REDIS_WAIT_TIMEOUT requeues the message. 0: no wait. With 1 on a cluster a "
-        "master's failover loses no acknowledged commit (docs/cluster.md).",
+        description="Replicas that must hold a task's change of state before its message is "
+        "acknowledged (Redis WAIT): its commit (before its children are sent), the commit a "
+        "redelivery finds already there, a park, a retry's counters. Not confirmed within "
+        "REDIS_WAIT_TIMEOUT, the message is requeued quietly (one warning line an outage, "
+        "chaincrawl_task_unreplicated_total). 0: no wait. With 1 on a cluster a master's "
+        "failover loses no acknowledged commit (docs/cluster.md).",
     )
     redis_wait_timeout: float = Field(
         1.0, gt=0, description="Seconds a commit waits for REDIS_WAIT_REPLICAS replicas."

@@ -8,6 +8,7 @@ a cluster; the broker never is (config refuses it).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -23,6 +24,7 @@ from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
 
+log = logging.getLogger("chaincrawl.redis")
 _lock = threading.Lock()
 _clients: dict[tuple[str, int], redis.Redis] = {}
 
@@ -225,6 +227,40 @@ class NotReplicated(redis.exceptions.TimeoutError):
     treats it as a timeout of the state store (a task's message is requeued, not acked)."""
 
 
+class ReplicaOutage:
+    """Writes refused for want of replicas, as a worker's log says it: one warning line when
+    the refusals start (`refused`), one when a WAIT is confirmed again, the count between."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.since: float | None = None
+        self.refusals = 0
+
+    def refused(self) -> bool:
+        """A refusal: True for the first of an outage (the caller says it)."""
+        with self.lock:
+            self.refusals += 1
+            if self.since is not None:
+                return False
+            self.since = time.monotonic()
+            return True
+
+    def confirmed(self) -> None:
+        if self.since is None:  # the common case, without the lock
+            return
+        with self.lock:
+            if self.since is None:
+                return
+            took, n = time.monotonic() - self.since, self.refusals
+            self.since, self.refusals = None, 0
+        log.warning(
+            "replicas confirm writes again after %.1fs (%d message(s) requeued meanwhile)", took, n
+        )
+
+
+REPLICAS = ReplicaOutage()
+
+
 def wait_replicas(client: Any, keys: Sequence[str], replicas: int, timeout: float) -> None:
     """Block until `replicas` replicas hold every write made so far to the masters of `keys`
     (once per master on a cluster); raise `NotReplicated` when fewer confirm in `timeout` s.
@@ -252,6 +288,7 @@ def wait_replicas(client: Any, keys: Sequence[str], replicas: int, timeout: floa
         if got < replicas:
             where = f" on {name}" if name else ""
             raise NotReplicated(f"{got} of {replicas} replicas confirmed the write{where}")
+    REPLICAS.confirmed()
 
 
 def is_cluster(client: Any) -> bool:
