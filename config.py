@@ -264,8 +264,9 @@ class Settings(ChaincrawlSettings):
         120.0,
         ge=0,
         description="`control.sh` commands wait this long (s) for a Redis that is restarting "
-        "or loading its data, then fail with one line (exit 5); nothing listening at "
-        "REDIS_URL (a refused first connection) fails at once.",
+        "or loading its data, or for a cluster's failover, then fail with one line naming "
+        "the node (exit 5); nothing listening at REDIS_URL (a refused first connection) "
+        "fails at once.",
     )
     task_log: bool = Field(
         False,

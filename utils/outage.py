@@ -87,7 +87,7 @@ def requeued_quietly(record: logging.LogRecord) -> bool:
     state store did not answer or its replicas did not confirm: the task's own line said so
     already, once an outage (base_task.py, lifecycle/commits.py `requeue_unreplicated`)."""
     exc = record.exc_info[1] if record.exc_info else None
-    return isinstance(exc, Reject) and isinstance(exc.reason, CONNECTION_ERRORS)
+    return isinstance(exc, Reject) and isinstance(getattr(exc, "reason", None), CONNECTION_ERRORS)
 
 
 class OutageFilter(logging.Filter):

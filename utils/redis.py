@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCluster
 from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
@@ -135,11 +136,91 @@ class PatientRetry(Retry):
                 return out
 
 
+def reached() -> bool:
+    """Whether a call of this process's patient clients has worked once: a refused
+    connection after that is a node gone (a restart, a failover), not a wrong address."""
+    return _reached
+
+
+def patiently(do: Callable[[], Any], retry: Callable[[], None] = lambda: None) -> Any:
+    """`do()` through a cluster's failover: redis-py's cluster client reads the slot map again
+    after a node fails but retries a few times at once, within a second, while a replica
+    takes a dead master's slots only after the cluster's node timeout. So each attempt here
+    follows the slot map redis-py refreshed, backing off up to 1 s, until `_patience` runs
+    out (one deadline for the whole outage, said once, as `PatientRetry`); `retry()` readies
+    the next attempt. A node that refuses before anything worked is raised at once."""
+    global _reached
+    backoff = ExponentialBackoff(cap=1.0, base=0.05)
+    failures = 0
+    while True:
+        try:
+            out = do()
+        except RedisCluster.ERRORS_ALLOW_RETRY as error:
+            if isinstance(error, redis.AuthenticationError) or (not _reached and not_there(error)):
+                raise
+            failures += 1
+            deadline = _outage.failed(error) + (_patience or 0.0)
+            now = time.monotonic()
+            if now >= deadline:
+                raise
+            time.sleep(min(backoff.compute(failures), deadline - now))
+            retry()
+        else:
+            _reached = True
+            if failures:
+                _outage.worked()
+            return out
+
+
+class PatientCluster(RedisCluster):
+    """A cluster client that rides out a failover (`patiently`): the CLI's, with
+    CHAINCRAWL_REDIS_WAIT as the deadline."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return patiently(lambda: super(PatientCluster, self).execute_command(*args, **kwargs))
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        pipe.__class__ = PatientPipeline
+        return pipe
+
+
+class PatientPipeline(ClusterPipeline):
+    """A cluster pipeline sent again, whole, after a failed attempt (`patiently`): redis-py
+    empties it on any error. Our pipelines' commands are idempotent or guarded by scripts
+    (what a command refused by a dead node did not apply is applied once)."""
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        strategy: Any = self._execution_strategy  # a PipelineStrategy: its queue is settable
+        queued = [(c.args, dict(c.options)) for c in strategy.command_queue]
+
+        def again() -> None:
+            strategy.command_queue = [
+                PipelineCommand(a, dict(o), n) for n, (a, o) in enumerate(queued)
+            ]
+
+        return cast(
+            list[Any],
+            patiently(lambda: ClusterPipeline.execute(self, raise_on_error), again),
+        )
+
+
+def failed_node(error: BaseException) -> str:
+    """host:port of the node a Redis error came from ("" if it does not say): a cluster
+    client names the node it gave up on, not the startup node of the URL."""
+    conn = getattr(error, "connection", None)
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    if host and port:
+        return f"{host}:{port}"
+    found = re.search(r"connecting to ([\w.\-\[\]:]+:\d+)", str(error))
+    return found.group(1) if found else ""
+
+
 def be_patient(patience: float, notify: Notify | None = None) -> None:
     """Clients made from now on in this process wait out a Redis restart or load for up to
     `patience` seconds (the CLI: CHAINCRAWL_REDIS_WAIT), calling `notify(error)` once when
-    the wait begins and `notify(None)` once Redis answers again. Not a cluster client: its
-    retries are redis-py's own (counted, each after reading the slot map again)."""
+    the wait begins and `notify(None)` once Redis answers again. A cluster client waits out a
+    failover the same way (`PatientCluster`)."""
     global _patience
     _patience = patience
     _outage.notify = notify
@@ -175,6 +256,7 @@ def get_redis(url: str | None = None) -> redis.Redis:
 def cluster_client(url: str, **kw: Any) -> RedisCluster:
     """A `RedisCluster` from `redis[s]+cluster://[user:password@]host:port[,host:port...]`:
     every listed node is a startup node (any one that answers gives the whole slot map)."""
+    global _reached
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
@@ -184,6 +266,7 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
         if not host or not port.isdigit():
             raise ValueError(f"cluster node {hp!r}: host:port expected")
         nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    cls = RedisCluster if _patience is None else PatientCluster
     opts: dict[str, Any] = dict(_TIMEOUTS)
     if user:
         opts["username"] = unquote(user)
@@ -194,7 +277,9 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
     query = parse_qs(parts.query)
     if "read_from_replicas" in query:
         opts["read_from_replicas"] = query["read_from_replicas"][0] in ("1", "true", "yes")
-    client = RedisCluster(startup_nodes=nodes, **{**opts, **kw})
+    client = cls(startup_nodes=nodes, **{**opts, **kw})
+    if cls is PatientCluster:  # a node answered with the slot map: a refusal now is a failure
+        _reached = True
     client.commands_parser = StreamKeys(client.commands_parser)  # type: ignore[assignment]  # its pipelines share it
     return client
 
