@@ -22,7 +22,7 @@ from config import Settings, get_settings
 from external_interface.resources.pool import pool_stats
 from ledger.model import chain_from_dict
 from ledger.state import RunState
-from scheduling.ratelimit import effective_limits
+from scheduling.limits import effective_limits
 from scheduling.shares import TASKS, Fleet, allocate, load_budget
 from scheduling.throttle import Throttle
 from utils.keyspace import Keyspace

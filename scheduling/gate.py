@@ -27,7 +27,8 @@ import os
 from typing import Any, Protocol
 
 from config import Settings, get_settings
-from scheduling.ratelimit import RedisGate, default_limit, effective_limits, render_limit
+from scheduling.limits import default_limit, effective_limits, render_limit
+from scheduling.ratelimit import RedisGate
 from scheduling.shares import fleet_from_settings
 from scheduling.throttle import Throttle
 from settings.scheduling import get_fleet_settings

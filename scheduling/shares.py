@@ -37,7 +37,7 @@ from typing import Any
 
 from config import get_settings
 from exceptions import ConfigError
-from scheduling.ratelimit import parse_rate
+from scheduling.limits import parse_rate
 from settings.scheduling import FleetSettings, get_fleet_settings
 from utils.keyspace import Keyspace
 from utils.lua import load_lua

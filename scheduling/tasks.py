@@ -30,8 +30,8 @@ from chains import Chain, step
 from config import get_settings
 from exceptions import ChainCrawlError
 from ledger.state import RunState
+from scheduling.limits import effective_limits
 from scheduling.periodic import TRIGGER_TASK, ScheduleEntry
-from scheduling.ratelimit import effective_limits
 from scheduling.recrawl import History, Watch, recrawl_clock
 from utils.lua import load_lua
 from utils.redis import as_str, get_redis
