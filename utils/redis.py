@@ -142,13 +142,14 @@ def reached() -> bool:
     return _reached
 
 
-def patiently(do: Callable[[], Any], retry: Callable[[], None] = lambda: None) -> Any:
+def patiently(do: Callable[[], Any], retry: Callable[[Exception], None] | None = None) -> Any:
     """`do()` through a cluster's failover: redis-py's cluster client reads the slot map again
     after a node fails but retries a few times at once, within a second, while a replica
     takes a dead master's slots only after the cluster's node timeout. So each attempt here
     follows the slot map redis-py refreshed, backing off up to 1 s, until `_patience` runs
-    out (one deadline for the whole outage, said once, as `PatientRetry`); `retry()` readies
-    the next attempt. A node that refuses before anything worked is raised at once."""
+    out (one deadline for the whole outage, said once, as `PatientRetry`); `retry(error)`
+    readies the next attempt (or raises). A node that refuses before anything worked is
+    raised at once."""
     global _reached
     backoff = ExponentialBackoff(cap=1.0, base=0.05)
     failures = 0
@@ -164,7 +165,8 @@ def patiently(do: Callable[[], Any], retry: Callable[[], None] = lambda: None) -
             if now >= deadline:
                 raise
             time.sleep(min(backoff.compute(failures), deadline - now))
-            retry()
+            if retry is not None:
+                retry(error)
         else:
             _reached = True
             if failures:
@@ -182,22 +184,30 @@ class PatientCluster(RedisCluster):
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         pipe = super().pipeline(transaction, shard_hint)
         pipe.__class__ = PatientPipeline
+
+        def one(*args: Any, **options: Any) -> Any:  # a command a node failed, sent alone
+            return patiently(lambda: RedisCluster.execute_command(pipe, *args, **options))
+
+        pipe.parent_execute_command = one  # redis-py's per-command retry, made patient
         return pipe
 
 
 class PatientPipeline(ClusterPipeline):
-    """A cluster pipeline sent again, whole, after a failed attempt (`patiently`): redis-py
-    empties it on any error. Our pipelines' commands are idempotent or guarded by scripts
-    (what a command refused by a dead node did not apply is applied once)."""
+    """A cluster pipeline through a failover. The commands a failed node did not answer are
+    sent again one at a time, each patiently, by redis-py's own retry (the others are not
+    sent twice); a pipeline that failed before any command went out (no connection to a
+    node) is sent again whole (redis-py empties it on any error)."""
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         strategy: Any = self._execution_strategy  # a PipelineStrategy: its queue is settable
-        queued = [(c.args, dict(c.options)) for c in strategy.command_queue]
+        sent = list(strategy.command_queue)
+        queued = [(c.args, dict(c.options)) for c in sent]
 
-        def again() -> None:
-            strategy.command_queue = [
-                PipelineCommand(a, dict(o), n) for n, (a, o) in enumerate(queued)
-            ]
+        def again(error: Exception) -> None:
+            if any(c.result is not None for c in sent):  # some went out: never twice
+                raise error
+            sent[:] = [PipelineCommand(a, dict(o), n) for n, (a, o) in enumerate(queued)]
+            strategy.command_queue = list(sent)
 
         return cast(
             list[Any],

@@ -82,6 +82,10 @@ def test_trigger_watches_its_run_through_a_masters_failover(
             assert rc == 0, text[-4000:]
             assert f"run {rid} complete: every task succeeded" in text, text[-4000:]
             assert "Traceback" not in text and "did not answer" not in text, text[-4000:]
+            # the kill was felt, said once, naming the killed node; and the end of the wait
+            assert text.count("does not answer") == 1, text[-4000:]
+            assert f"Redis at {victim.host}:{victim.port} does not answer" in text, text[-4000:]
+            assert "answers again" in text, text[-4000:]
             c = state.counters(rid)
             got = [c.get(k, 0) for k in ("dispatched", "succeeded", "failed", "outstanding")]
             assert got == [PAGES, PAGES, 0, 0], c
