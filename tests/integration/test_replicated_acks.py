@@ -1,7 +1,7 @@
 """The durability rule on every acknowledgement path (docs/cluster.md, "On a failover"): with
 `CHAINCRAWL_REDIS_WAIT_REPLICAS=1` a real worker acknowledges a redelivered task whose commit
 is already there ("duplicate") only once a replica confirms it, like a commit; with no replica
-reachable nothing is acknowledged, the messages are requeued quietly (one warning line, a
+reachable nothing is acknowledged (a duplicate, a fresh page, a paused run's park), the messages are requeued quietly (one warning line, a
 metric, no traceback) and go through once a replica is back.
 
 The state store is a master with one replica (`replicaof`), the broker the session's Redis."""
@@ -87,9 +87,10 @@ def _committed_unconfirmed(tid: str) -> None:
     assert state.commit(rid="", tid=tid, step="s", outcome="succeeded") is not None
 
 
-def _send(tid: str) -> None:
+def _send(tid: str, meta: dict[str, Any] | None = None) -> None:
     params = {"entry_id": "e1", "path": "/flaky/rep?fails=0"}
-    get_endpoint(PROBE).task.apply_async(args=(params, {}), task_id=tid, queue="testsite")
+    get_endpoint(PROBE).task.apply_async(args=(params, meta or {}), task_id=tid,
+                                         queue="testsite")  # fmt: skip
 
 
 def test_a_duplicate_is_acknowledged_only_once_a_replica_confirms(
@@ -105,15 +106,22 @@ def test_a_duplicate_is_acknowledged_only_once_a_replica_confirms(
     # it was acknowledged after a WAIT: the marker write WAIT covers is on its slot's master
     assert master_client(master).exists(f"{state.home_key('', first)}:replicated")
 
+    rid = uuid.uuid4().hex[:16]  # a paused run: its task is parked, not fetched
+    state.create_run(rid, "c", b"{}", 5)
+    state.add_dispatched(rid, "local.probe", 1)
+    assert state.pause(rid).was == "running"
+
     replica.stop()  # no replica reachable: WAIT 1 confirms nothing
     _until(lambda: master_client(master).info("replication")["connected_slaves"] == 0, "gone")
     dup, fresh = uuid.uuid4().hex, uuid.uuid4().hex
     _committed_unconfirmed(dup)
     _send(dup)  # a redelivery of a commit no replica holds
     _send(fresh)  # a page whose own commit no replica confirms
-    _until(lambda: _metrics().get("unreplicated", 0) >= 6, "requeued and redelivered")
+    parked = uuid.uuid4().hex
+    _send(parked, {"run": rid, "step": "local.probe"})  # a park no replica confirms
+    _until(lambda: _metrics().get("unreplicated", 0) >= 9, "requeued and redelivered")
     m = _metrics()
-    assert m.get("duplicate", 0) == 1, m  # neither acknowledged
+    assert m.get("duplicate", 0) == 1 and m.get("paused", 0) == 0, m  # none acknowledged
     text = w.log.read_text()
     assert "Traceback" not in text, text[-3000:]
     refusals = [line for line in text.splitlines() if "not confirmed by 1 replica" in line]
@@ -121,9 +129,18 @@ def test_a_duplicate_is_acknowledged_only_once_a_replica_confirms(
     assert "Reject" not in text
 
     _follow(replica, master)  # a replica back: both go through, acknowledged
-    # each a duplicate now (the fresh page's commit landed before its WAIT was refused)
-    _until(lambda: _metrics().get("duplicate", 0) == 3, "both acknowledged at last")
+
+    # each acknowledged once, counted once: the first duplicate, the second, the fresh page
+    # (a duplicate now: its commit landed before its WAIT was refused) and the parked task
+    # (`paused`, or `duplicate` if a redelivery found it parked)
+    def acked() -> int:
+        m = _metrics()
+        return m.get("duplicate", 0) + m.get("paused", 0)
+
+    _until(lambda: acked() == 4, "all acknowledged at last")
+    assert _metrics().get("duplicate", 0) >= 3, _metrics()
     assert state.begin("", fresh, 0).committed
+    assert state.waiting(rid) == 1  # parked once
     _until(lambda: "replicas confirm writes again" in w.log.read_text(), "recovery said")
     text = w.log.read_text()
     assert "Traceback" not in text, text[-3000:]
