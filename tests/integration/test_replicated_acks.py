@@ -1,8 +1,9 @@
 """The durability rule on every acknowledgement path (docs/cluster.md, "On a failover"): with
 `CHAINCRAWL_REDIS_WAIT_REPLICAS=1` a real worker acknowledges a redelivered task whose commit
 is already there ("duplicate") only once a replica confirms it, like a commit; with no replica
-reachable nothing is acknowledged (a duplicate, a fresh page, a paused run's park), the messages are requeued quietly (one warning line, a
-metric, no traceback) and go through once a replica is back.
+reachable nothing is acknowledged (a duplicate, a fresh page, a paused run's park), the
+messages are requeued quietly (one warning line, a metric, no traceback) and go through once
+a replica is back.
 
 The state store is a master with one replica (`replicaof`), the broker the session's Redis."""
 
