@@ -64,6 +64,7 @@ from ledger.publish import broker_priority
 from ledger.state import Begun
 from lifecycle import hooks, runtime
 from lifecycle.adaptive import auto
+from lifecycle.commits import requeue_unreplicated
 from lifecycle.context import Context
 from lifecycle.endpoints import (
     BROWSER,
@@ -98,6 +99,7 @@ from lifecycle.policy import countdown_cap as countdown_cap
 from monitor.metrics import TaskMetrics
 from settings.sitevars import site_env
 from utils.logsafe import task_argsrepr
+from utils.redis import NotReplicated
 
 log = logging.getLogger("chaincrawl.task")
 
@@ -223,13 +225,15 @@ class SiteTask(Task[Any, Any]):
         with rt.holding(meta):
             try:
                 return self.run_page(params, meta)
+            except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
+                requeue_unreplicated(rt, self.name, exc)
             except (
                 redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError,
                 redis.exceptions.ClusterError,
             ) as exc:
-                # Our state store is unreachable (or a cluster is failing over, or a commit was
-                # not confirmed by its replicas): the message must not be acknowledged.
+                # Our state store is unreachable (or a cluster is failing over): the message
+                # must not be acknowledged.
                 # Requeue it; the commit's idempotency makes a second run harmless.
                 log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
                 runtime.pause_before_requeue()

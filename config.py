@@ -101,10 +101,12 @@ class Settings(ChaincrawlSettings):
     redis_wait_replicas: int = Field(
         0,
         ge=0,
-        description="Replicas that must hold a task's commit before its children are sent and "
-        "its message acknowledged (Redis WAIT after the commit script); a commit not confirmed "
-        "within REDIS_WAIT_TIMEOUT requeues the message. 0: no wait. With 1 on a cluster a "
-        "master's failover loses no acknowledged commit (docs/cluster.md).",
+        description="Replicas that must hold a task's change of state before its message is "
+        "acknowledged (Redis WAIT): its commit (before its children are sent), the commit a "
+        "redelivery finds already there, a park, a retry's counters. Not confirmed within "
+        "REDIS_WAIT_TIMEOUT, the message is requeued quietly (one warning line an outage, "
+        "chaincrawl_task_unreplicated_total). 0: no wait. With 1 on a cluster a master's "
+        "failover loses no acknowledged commit (docs/cluster.md).",
     )
     redis_wait_timeout: float = Field(
         1.0, gt=0, description="Seconds a commit waits for REDIS_WAIT_REPLICAS replicas."
@@ -262,8 +264,9 @@ class Settings(ChaincrawlSettings):
         120.0,
         ge=0,
         description="`control.sh` commands wait this long (s) for a Redis that is restarting "
-        "or loading its data, then fail with one line (exit 5); nothing listening at "
-        "REDIS_URL (a refused first connection) fails at once.",
+        "or loading its data, or for a cluster's failover, then fail with one line naming "
+        "the node (exit 5); nothing listening at REDIS_URL (a refused first connection) "
+        "fails at once.",
     )
     task_log: bool = Field(
         False,

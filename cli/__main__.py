@@ -326,16 +326,22 @@ def _patient_redis() -> None:
     import redis
 
     from config import get_settings
-    from utils.redis import be_patient
+    from utils.redis import be_patient, failed_node
 
     try:
         s = get_settings()
     except Exception:  # invalid settings: the command itself reports them
         return
-    where, wait = _redis_where(), s.redis_wait
+    startup, wait = _redis_where(), s.redis_wait
+    said = [startup]  # a cluster: the node that failed, not the URL's first
 
     def notify(error: Exception | None) -> None:
-        if error is None:
+        if error is not None:
+            said[0] = failed_node(error) or startup
+        where = said[0]
+        if error is None and where != startup:
+            print(f"Redis Cluster answers again ({where} failed over, or back)", file=sys.stderr)
+        elif error is None:
             print(f"Redis at {where} answers again", file=sys.stderr)
         elif isinstance(error, redis.BusyLoadingError):
             print(
@@ -391,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from exceptions import ChainCrawlError
-    from utils.redis import not_there
+    from utils.redis import failed_node, not_there, reached
 
     _patient_redis()
     _module_warnings()
@@ -403,7 +409,7 @@ def run(args: argparse.Namespace) -> int:
                 f"error: Redis at {_redis_url()} refused the password: {_first_line(exc)}",
                 file=sys.stderr,
             )
-        elif not_there(exc):
+        elif not_there(exc) and not reached():
             print(
                 f"error: Redis at {_redis_url()} refused the connection (nothing listens "
                 "there; REDIS_URL)",
@@ -411,7 +417,8 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(
-                f"error: Redis at {_redis_where()} did not answer: {_first_line(exc)}",
+                f"error: Redis at {failed_node(exc) or _redis_where()} did not answer: "
+                f"{_first_line(exc)}",
                 file=sys.stderr,
             )
         return REDIS_UNREACHABLE

@@ -223,16 +223,23 @@ class Commits(Runs):
         )
         if error is not None:
             raise error
-        if self.s.redis_wait_replicas > 0:  # on a replica before anything is sent or acked
-            wait_replicas(
-                self.r,
-                [sc[1] for sc in script_calls],
-                self.s.redis_wait_replicas,
-                self.s.redis_wait_timeout,
-            )
+        self.replicated([sc[1] for sc in script_calls])  # before anything is sent or acked
         if ended:  # idempotent; lost with the process, `active_runs` moves the run later
             self._ended_on_cluster(ended)
         return out
+
+    def replicated(self, keys: Sequence[str]) -> None:
+        """The durability rule of every acknowledgement (`CHAINCRAWL_REDIS_WAIT_REPLICAS`):
+        return once that many replicas hold every write made so far to the masters of `keys`
+        (a commit, a park, a retry's counters, or the earlier delivery's commit a duplicate
+        found), else raise `NotReplicated`, so the message is requeued, not acknowledged."""
+        if self.s.redis_wait_replicas > 0:
+            wait_replicas(self.r, keys, self.s.redis_wait_replicas, self.s.redis_wait_timeout)
+
+    def home_key(self, rid: str, tid: str) -> str:
+        """A key on the slot a task's state lives on (its run's, or its own without a run):
+        what `replicated` waits on for that task."""
+        return self.run_key(rid) if rid else self.done_key("", tid)
 
     def count_retry(self, rid: str, step: str, pipe: Any) -> None:
         if rid:

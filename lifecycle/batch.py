@@ -27,11 +27,12 @@ from ledger.batching import BATCH_TASK
 from ledger.meta import RETRY_BASE, RUN
 from ledger.state import Begun
 from lifecycle import runtime
-from lifecycle.commits import Committer, set_batch
+from lifecycle.commits import Committer, requeue_unreplicated, set_batch
 from lifecycle.endpoints import EndpointSpec, get_endpoint
 from lifecycle.unknown import dead_letter_unknown
 from utils.logsafe import safe_text, task_argsrepr
 from utils.ranked_slots import RankedSlots
+from utils.redis import NotReplicated
 from utils.registry import UnknownNameError
 
 log = logging.getLogger("chaincrawl.task")
@@ -52,6 +53,8 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
     """Several pages in one message (see the module docstring)."""
     try:
         return _run_batch(self, entries)
+    except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
+        requeue_unreplicated(runtime.current(), BATCH_TASK, exc)
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
         runtime.pause_before_requeue()

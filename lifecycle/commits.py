@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from celery.exceptions import Reject
 
 from ledger.state import CommitCall, Committed, RunState, StagedAt
 from lifecycle.endpoints import EndpointSpec
-from lifecycle.runtime import Runtime
+from lifecycle.runtime import Runtime, pause_before_requeue
 from monitor.metrics import TaskMetrics, aggregator
 from utils.logsafe import safe_text
-from utils.redis import get_redis
+from utils.redis import REPLICAS, NotReplicated, get_redis
 
 log = logging.getLogger("chaincrawl.task")
 
@@ -185,3 +185,27 @@ def aggregate(rt: Runtime, metrics: TaskMetrics, spec: EndpointSpec) -> None:
     s = rt.settings
     aggregator().start(get_redis(s.redis_url), s.metrics_flush_interval)
     metrics.aggregate(spec.name, spec.site, s)
+
+
+def requeue_unreplicated(rt: Runtime, task: str, exc: NotReplicated) -> NoReturn:
+    """A message whose state change too few replicas confirmed (`RunState.replicated`):
+    requeued, not acknowledged, and quietly: counted (`unreplicated`, the exporter's
+    `chaincrawl_task_unreplicated_total`), one warning line for the whole outage
+    (`utils.redis.REPLICAS`; one more when replicas confirm again) and no traceback (Celery's
+    own line for the Reject is held back by `utils.outage.OutageFilter`)."""
+    s = rt.settings
+    metrics = TaskMetrics()
+    metrics.counts["unreplicated"] += 1
+    aggregator().start(get_redis(s.redis_url), s.metrics_flush_interval)
+    metrics.aggregate(task, task.split(".", 1)[0], s)
+    if REPLICAS.refused():
+        log.warning(
+            "%s: state change not confirmed by %d replica(s) within %.1fs (%s); messages are "
+            "requeued, not acknowledged, until replicas confirm again (one line when they do)",
+            task,
+            s.redis_wait_replicas,
+            s.redis_wait_timeout,
+            safe_text(exc),
+        )
+    pause_before_requeue()
+    raise Reject(exc, requeue=True) from None

@@ -93,11 +93,15 @@ def run_page(
         msg = TaskEnvelope(tid, task.name, params, meta.to_wire()).encode()
         parked = state.park(rid, tid, msg, attempt, counted=deliveries > 0)
         if parked:
+            state.replicated([state.home_key(rid, tid)])  # parked (or found parked) durably
             outcome = "paused" if parked > 0 else "duplicate"
             metrics.outcome(outcome)
             aggregate(rt, metrics, spec)
             return outcome
     if committed:  # a redelivery of a committed task: send what is still staged
+        # the commit it found may be one its replicas never confirmed (its delivery was
+        # requeued for that): acknowledged under the same rule as a commit
+        state.replicated([state.home_key(rid, tid)])
         metrics.outcome("duplicate")
         aggregate(rt, metrics, spec)
         page = Committer(rt, state, rid, task.name)
@@ -240,6 +244,7 @@ def fail_page(
             pipe.unlink(*forget)
         flush(pipe)
         pipe.execute()
+        state.replicated([state.home_key(rid, tid)])  # the retry's counters, then its message
         if decision.action == "retry":
             log.info(
                 "%s retry %d/%d in %.1fs after %s: %s",

@@ -159,6 +159,12 @@ class ChaincrawlCollector(Collector):
             "Attempts delivered again after their worker died or lost its broker connection",
             labels=TASK_LABELS,
         )
+        unreplicated = CounterMetricFamily(
+            "chaincrawl_task_unreplicated",
+            "Messages requeued because too few replicas confirmed their state change "
+            "(CHAINCRAWL_REDIS_WAIT_REPLICAS)",
+            labels=TASK_LABELS,
+        )
         undecodable_bytes = CounterMetricFamily(
             "chaincrawl_undecodable_bytes",
             "Bytes replaced with U+FFFD in response text",
@@ -204,6 +210,8 @@ class ChaincrawlCollector(Collector):
                 empty.add_metric(lab, summ["empty"])
             if m.get("redelivered"):
                 redelivered.add_metric(lab, m["redelivered"])
+            if m.get("unreplicated"):
+                unreplicated.add_metric(lab, m["unreplicated"])
             if summ["undecodable"]:
                 undecodable.add_metric(lab, summ["undecodable"])
                 undecodable_bytes.add_metric(lab, summ["undecodable_bytes"])
@@ -231,6 +239,7 @@ class ChaincrawlCollector(Collector):
             undecodable_bytes,
             empty,
             redelivered,
+            unreplicated,
             latency,
             hook_calls,
             hook_time,

@@ -18,6 +18,9 @@ import time
 
 import kombu.exceptions
 import redis
+from celery.exceptions import Reject
+
+from utils.redis import NotReplicated
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     redis.ConnectionError,  # BusyLoadingError included
@@ -70,11 +73,21 @@ OUTAGE = Outage()
 
 
 def connection_error(record: logging.LogRecord) -> BaseException | None:
-    """The connection error a record is about, if any."""
+    """The connection error a record is about, if any (a write its replicas did not confirm
+    is none: Redis answers)."""
     if record.exc_info and isinstance(record.exc_info[1], CONNECTION_ERRORS):
-        return record.exc_info[1]
+        return None if isinstance(record.exc_info[1], NotReplicated) else record.exc_info[1]
     args = record.args if isinstance(record.args, tuple) else ()
-    return next((a for a in args if isinstance(a, CONNECTION_ERRORS)), None)
+    found = (a for a in args if isinstance(a, CONNECTION_ERRORS))
+    return next((a for a in found if not isinstance(a, NotReplicated)), None)
+
+
+def requeued_quietly(record: logging.LogRecord) -> bool:
+    """Celery's line (with a traceback) for a task that requeued its message because the
+    state store did not answer or its replicas did not confirm: the task's own line said so
+    already, once an outage (base_task.py, lifecycle/commits.py `requeue_unreplicated`)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return isinstance(exc, Reject) and isinstance(getattr(exc, "reason", None), CONNECTION_ERRORS)
 
 
 class OutageFilter(logging.Filter):
@@ -92,6 +105,9 @@ class OutageFilter(logging.Filter):
         if record.name == "py.warnings" and _CELERY_NOTICE in str(record.args or record.msg):
             setattr(record, _MARK, False)  # Celery's notice at each lost connection that 6.0
             return False  # will cancel late-ack tasks: 8 lines about a setting left on purpose
+        if requeued_quietly(record):
+            setattr(record, _MARK, False)
+            return False
         exc = connection_error(record)
         consumer = record.name.startswith("celery.worker.consumer")
         if exc is None and consumer and str(record.msg).startswith("Connection to broker lost"):

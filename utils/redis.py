@@ -8,7 +8,9 @@ a cluster; the broker never is (config refuses it).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -18,11 +20,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCluster
 from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
 
+log = logging.getLogger("chaincrawl.redis")
 _lock = threading.Lock()
 _clients: dict[tuple[str, int], redis.Redis] = {}
 
@@ -133,11 +136,101 @@ class PatientRetry(Retry):
                 return out
 
 
+def reached() -> bool:
+    """Whether a call of this process's patient clients has worked once: a refused
+    connection after that is a node gone (a restart, a failover), not a wrong address."""
+    return _reached
+
+
+def patiently(do: Callable[[], Any], retry: Callable[[Exception], None] | None = None) -> Any:
+    """`do()` through a cluster's failover: redis-py's cluster client reads the slot map again
+    after a node fails but retries a few times at once, within a second, while a replica
+    takes a dead master's slots only after the cluster's node timeout. So each attempt here
+    follows the slot map redis-py refreshed, backing off up to 1 s, until `_patience` runs
+    out (one deadline for the whole outage, said once, as `PatientRetry`); `retry(error)`
+    readies the next attempt (or raises). A node that refuses before anything worked is
+    raised at once."""
+    global _reached
+    backoff = ExponentialBackoff(cap=1.0, base=0.05)
+    failures = 0
+    while True:
+        try:
+            out = do()
+        except RedisCluster.ERRORS_ALLOW_RETRY as error:
+            if isinstance(error, redis.AuthenticationError) or (not _reached and not_there(error)):
+                raise
+            failures += 1
+            deadline = _outage.failed(error) + (_patience or 0.0)
+            now = time.monotonic()
+            if now >= deadline:
+                raise
+            time.sleep(min(backoff.compute(failures), deadline - now))
+            if retry is not None:
+                retry(error)
+        else:
+            _reached = True
+            if failures:
+                _outage.worked()
+            return out
+
+
+class PatientCluster(RedisCluster):
+    """A cluster client that rides out a failover (`patiently`): the CLI's, with
+    CHAINCRAWL_REDIS_WAIT as the deadline."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return patiently(lambda: super(PatientCluster, self).execute_command(*args, **kwargs))
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        pipe.__class__ = PatientPipeline
+
+        def one(*args: Any, **options: Any) -> Any:  # a command a node failed, sent alone
+            return patiently(lambda: RedisCluster.execute_command(pipe, *args, **options))
+
+        pipe.parent_execute_command = one  # redis-py's per-command retry, made patient
+        return pipe
+
+
+class PatientPipeline(ClusterPipeline):
+    """A cluster pipeline through a failover. The commands a failed node did not answer are
+    sent again one at a time, each patiently, by redis-py's own retry (the others are not
+    sent twice); a pipeline that failed before any command went out (no connection to a
+    node) is sent again whole (redis-py empties it on any error)."""
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        strategy: Any = self._execution_strategy  # a PipelineStrategy: its queue is settable
+        sent = list(strategy.command_queue)
+        queued = [(c.args, dict(c.options)) for c in sent]
+
+        def again(error: Exception) -> None:
+            if any(c.result is not None for c in sent):  # some went out: never twice
+                raise error
+            sent[:] = [PipelineCommand(a, dict(o), n) for n, (a, o) in enumerate(queued)]
+            strategy.command_queue = list(sent)
+
+        return cast(
+            list[Any],
+            patiently(lambda: ClusterPipeline.execute(self, raise_on_error), again),
+        )
+
+
+def failed_node(error: BaseException) -> str:
+    """host:port of the node a Redis error came from ("" if it does not say): a cluster
+    client names the node it gave up on, not the startup node of the URL."""
+    conn = getattr(error, "connection", None)
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    if host and port:
+        return f"{host}:{port}"
+    found = re.search(r"connecting to ([\w.\-\[\]:]+:\d+)", str(error))
+    return found.group(1) if found else ""
+
+
 def be_patient(patience: float, notify: Notify | None = None) -> None:
     """Clients made from now on in this process wait out a Redis restart or load for up to
     `patience` seconds (the CLI: CHAINCRAWL_REDIS_WAIT), calling `notify(error)` once when
-    the wait begins and `notify(None)` once Redis answers again. Not a cluster client: its
-    retries are redis-py's own (counted, each after reading the slot map again)."""
+    the wait begins and `notify(None)` once Redis answers again. A cluster client waits out a
+    failover the same way (`PatientCluster`)."""
     global _patience
     _patience = patience
     _outage.notify = notify
@@ -173,6 +266,7 @@ def get_redis(url: str | None = None) -> redis.Redis:
 def cluster_client(url: str, **kw: Any) -> RedisCluster:
     """A `RedisCluster` from `redis[s]+cluster://[user:password@]host:port[,host:port...]`:
     every listed node is a startup node (any one that answers gives the whole slot map)."""
+    global _reached
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
@@ -182,6 +276,7 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
         if not host or not port.isdigit():
             raise ValueError(f"cluster node {hp!r}: host:port expected")
         nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    cls = RedisCluster if _patience is None else PatientCluster
     opts: dict[str, Any] = dict(_TIMEOUTS)
     if user:
         opts["username"] = unquote(user)
@@ -192,7 +287,9 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
     query = parse_qs(parts.query)
     if "read_from_replicas" in query:
         opts["read_from_replicas"] = query["read_from_replicas"][0] in ("1", "true", "yes")
-    client = RedisCluster(startup_nodes=nodes, **{**opts, **kw})
+    client = cls(startup_nodes=nodes, **{**opts, **kw})
+    if cls is PatientCluster:  # a node answered with the slot map: a refusal now is a failure
+        _reached = True
     client.commands_parser = StreamKeys(client.commands_parser)  # type: ignore[assignment]  # its pipelines share it
     return client
 
@@ -225,6 +322,40 @@ class NotReplicated(redis.exceptions.TimeoutError):
     treats it as a timeout of the state store (a task's message is requeued, not acked)."""
 
 
+class ReplicaOutage:
+    """Writes refused for want of replicas, as a worker's log says it: one warning line when
+    the refusals start (`refused`), one when a WAIT is confirmed again, the count between."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.since: float | None = None
+        self.refusals = 0
+
+    def refused(self) -> bool:
+        """A refusal: True for the first of an outage (the caller says it)."""
+        with self.lock:
+            self.refusals += 1
+            if self.since is not None:
+                return False
+            self.since = time.monotonic()
+            return True
+
+    def confirmed(self) -> None:
+        if self.since is None:  # the common case, without the lock
+            return
+        with self.lock:
+            if self.since is None:
+                return
+            took, n = time.monotonic() - self.since, self.refusals
+            self.since, self.refusals = None, 0
+        log.warning(
+            "replicas confirm writes again after %.1fs (%d message(s) requeued meanwhile)", took, n
+        )
+
+
+REPLICAS = ReplicaOutage()
+
+
 def wait_replicas(client: Any, keys: Sequence[str], replicas: int, timeout: float) -> None:
     """Block until `replicas` replicas hold every write made so far to the masters of `keys`
     (once per master on a cluster); raise `NotReplicated` when fewer confirm in `timeout` s.
@@ -252,6 +383,7 @@ def wait_replicas(client: Any, keys: Sequence[str], replicas: int, timeout: floa
         if got < replicas:
             where = f" on {name}" if name else ""
             raise NotReplicated(f"{got} of {replicas} replicas confirmed the write{where}")
+    REPLICAS.confirmed()
 
 
 def is_cluster(client: Any) -> bool:

@@ -50,7 +50,8 @@ def populated(rds, mon):
            latency=0.03, nbytes=1000, items=24)  # fmt: skip
     record(rds, mon, "shop.web.detail", ok=5, latency=2.0, status=200, nbytes=50, items=5)
     rds.hset(mon.key("metrics", "task", "shop.web.detail"), "stored", 5)
-    rds.hset(mon.key("metrics", "task", "shop.web.listing"), mapping={"paused": 2, "duplicate": 1})
+    listing = {"paused": 2, "duplicate": 1, "unreplicated": 4}
+    rds.hset(mon.key("metrics", "task", "shop.web.listing"), mapping=listing)
     state = RunState(rds, mon)
     state.create_run("r1", "shop_chain", b"{}", 5)
     state.add_dispatched("r1", "web.listing", 10)
@@ -91,6 +92,7 @@ def test_metrics_are_served_in_the_text_format(rds, populated) -> None:
     assert value(f, "chaincrawl_tasks", **lst, outcome="paused") == 2  # parked: run paused
     assert value(f, "chaincrawl_tasks", **lst, outcome="duplicate") == 1
     assert value(f, "chaincrawl_tasks", **lst, outcome="cancelled") == 0
+    assert value(f, "chaincrawl_task_unreplicated", **lst) == 4  # requeued: no replica
     assert value(f, "chaincrawl_retries", **lst, reason="Throttled") == 3
     assert value(f, "chaincrawl_failures", **lst, reason="Throttled") == 2
     assert value(f, "chaincrawl_http_responses", **lst, status="200") == 8
