@@ -173,8 +173,14 @@ def test_a_task_failing_on_a_redis_error_is_not_acknowledged(
         t.redis.stop()  # the state store goes away (cleanly: nothing lost from its log)
         fleet = fleets(t, queues="torture", concurrency=2)
         (w,) = fleet.start(1)
-        wait_for(lambda: "message requeued" in w.text(), timeout=60, what="the task to be requeued")
+        # the worker took the message (it is in kombu's `unacked`), its task failed on the state
+        # store and requeued it, every REQUEUE_PAUSE (1 s): its own line is the worker's one
+        # line about the outage, which another part of the worker may have said first
         b = redis.Redis.from_url(broker.url)
+        wait_for(lambda: "Redis does not answer" in w.text(), timeout=60, what="the outage line")
+        wait_for(lambda: b.hlen(f"{t.prefix}:q:unacked") > 0, timeout=60,
+                 what="the worker to take the message")  # fmt: skip
+        time.sleep(4)  # a few requeues: an acknowledged message would be gone by now
         # Looked at over 2 s: the worker requeues the message every REQUEUE_PAUSE (1 s) and
         # takes it again at once, and for that instant it is in neither the queue nor
         # `unacked` (kombu's pop, then its record: the window in which a dying worker loses it). One look a second after
