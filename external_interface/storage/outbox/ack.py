@@ -37,6 +37,23 @@ ERROR_MAX = 2000  # characters of a sink's error kept with a dead letter or in t
 Dead = tuple[OutboxEntry, str, str]
 
 
+def dead_fields(fields: Mapping[bytes, bytes], orig_id: str, error: str, sink: str) -> list[Any]:
+    """A refused entry's dead-letter fields, flat as XADD takes them: its own entry fields,
+    then where it came from, why and when (one layout for one Redis and for a cluster)."""
+    extra: list[Any] = [x for k, v in fields.items() if k in ENTRY_FIELDS for x in (k, v)]
+    return [
+        *extra,
+        "orig_id",
+        orig_id,
+        "error",
+        error[:ERROR_MAX],
+        "sink",
+        sink,
+        "at",
+        f"{time.time():.3f}",
+    ]
+
+
 def ack_call(
     prefix: str, group: str, stored: Sequence[OutboxEntry], dead: Sequence[Dead]
 ) -> tuple[list[str], list[Any]]:
@@ -67,20 +84,7 @@ def ack_call(
     for e in stored:
         args += [e.id, kidx(e.run), e.step, len(e.items), "stored", *midx(e.task), 0]
     for e, error, sink in dead:
-        extra: list[Any] = []
-        for k, v in e.fields.items():
-            if k in ENTRY_FIELDS:
-                extra += [k, v]
-        extra += [
-            "orig_id",
-            e.id,
-            "error",
-            error[:ERROR_MAX],
-            "sink",
-            sink,
-            "at",
-            f"{time.time():.3f}",
-        ]
+        extra = dead_fields(e.fields, e.id, error, sink)
         args += [
             e.id,
             kidx(e.run),

@@ -42,11 +42,10 @@ from typing import Any
 
 import redis
 
-from external_interface.storage.outbox.ack import ERROR_MAX, Dead, note_errors
+from external_interface.storage.outbox.ack import Dead, dead_fields, note_errors
 from external_interface.storage.outbox.drainer import Drainer
 from external_interface.storage.outbox.entries import (
     DEAD_MAXLEN,
-    ENTRY_FIELDS,
     OutboxEntry,
     counters_ttl,
 )
@@ -340,20 +339,7 @@ class ClusterDrainer(Drainer):
         for e in stored:
             args += [_sid(e), kidx(e), e.step, len(e.items), "stored", 0, 0, 0]
         for e, error, sink in dead:
-            extra: list[Any] = []
-            for k, v in e.fields.items():
-                if k in ENTRY_FIELDS:
-                    extra += [k, v]
-            extra += [
-                "orig_id",
-                _sid(e),
-                "error",
-                error[:ERROR_MAX],
-                "sink",
-                sink,
-                "at",
-                f"{time.time():.3f}",
-            ]
+            extra = dead_fields(e.fields, _sid(e), error, sink)
             args += [
                 _sid(e),
                 kidx(e),
