@@ -228,8 +228,8 @@ class BrowserPool:
                     return  # replaced or gone: its successor has a watcher of its own
                 quiet = time.monotonic() - self._last_used
                 if self._busy == 0 and quiet >= idle:
+                    self.idle_closes += 1  # counted first: whoever sees the driver gone sees it
                     self._stop_driver(graceful=True)
-                    self.idle_closes += 1
                     return
             time.sleep(max(0.05, min(idle - quiet if self._busy == 0 else idle, 5.0)))
 
