@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import redis
 
 from config import get_settings
 from external_interface.storage.outbox.cluster import drainer_class
 from external_interface.storage.outbox.status import backlog, requeue_dead
-from utils.redis import get_redis
+from utils.redis import be_patient, failed_node, get_redis
 
 log = logging.getLogger("external_interface.storage.outbox")
 
@@ -47,18 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.status:
-        r = get_redis(settings.redis_url)
-        sys.stdout.write(
-            orjson.dumps(
-                backlog(r, settings.key_prefix, scan=True), option=orjson.OPT_INDENT_2
-            ).decode()
-            + "\n"
+    if args.status or args.requeue_dead:
+        return _operator_view(
+            args.status, settings.redis_url, settings.key_prefix, settings.redis_wait
         )
-        return 0
-    if args.requeue_dead:
-        print(requeue_dead(get_redis(settings.redis_url), settings.key_prefix))
-        return 0
     kw: dict[str, Any] = {}
     if args.claim_idle is not None:
         kw["claim_idle"] = args.claim_idle
@@ -83,6 +76,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     drainer.run(stop)
+    return 0
+
+
+def _operator_view(status: bool, url: str, prefix: str, wait: float) -> int:
+    """`--status` / `--requeue-dead`: like the CLI's views, through a Redis restart or a
+    cluster failover (CHAINCRAWL_REDIS_WAIT), said in one line each way; past the wait, one
+    line and exit 5, never a traceback."""
+
+    def notify(error: Exception | None) -> None:
+        if error is None:
+            print("Redis answers again", file=sys.stderr)
+        else:
+            where = failed_node(error) or "Redis"
+            print(
+                f"{where} does not answer, waiting… (up to {wait:.0f}s: CHAINCRAWL_REDIS_WAIT)",
+                file=sys.stderr,
+            )
+
+    be_patient(wait, notify)
+    try:
+        r = get_redis(url)
+        if status:
+            out = orjson.dumps(backlog(r, prefix, scan=True), option=orjson.OPT_INDENT_2)
+            sys.stdout.write(out.decode() + "\n")
+        else:
+            print(requeue_dead(r, prefix))
+    except redis.RedisError as exc:
+        where = failed_node(exc)
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(
+            f"error: Redis{' at ' + where if where else ''} did not answer: {line}", file=sys.stderr
+        )
+        return 5
     return 0
 
 

@@ -171,3 +171,33 @@ def test_redis_down_at_start_then_up(tmp_path: Path) -> None:
         d.stop()
         client.close()
     assert len(read_items(T, tmp_path / "items")) == n
+
+
+def outbox_cli(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CHAINCRAWL_REDIS_URL": redis_url, "CHAINCRAWL_KEY_PREFIX": prefix,
+           "CHAINCRAWL_REDIS_WAIT": "600"}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "external_interface.storage.outbox", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_status_and_requeue_dead_answer_and_fail_in_one_line(tmp_path: Path) -> None:
+    """The operator views answer on a live Redis; with nothing listening (not a restart, so
+    no CHAINCRAWL_REDIS_WAIT: 600 s here would hit the timeout) they exit 5 in one line."""
+    from utils.servers import RedisServer
+
+    with RedisServer(tmp_path / "redis", appendonly=False) as server:
+        client = redis.Redis.from_url(server.url)
+        assert add_posts(client, "cc", 3)
+        status = outbox_cli(server.url, "cc", "--status")
+        assert status.returncode == 0, status.stderr
+        shown = orjson.loads(status.stdout)
+        assert shown["length"] == client.xlen(shown["stream"]) > 0, status.stdout
+        requeue = outbox_cli(server.url, "cc", "--requeue-dead")
+        assert requeue.returncode == 0 and requeue.stdout.strip() == "0", requeue.stderr
+        client.close()
+    for args in (("--status",), ("--requeue-dead",)):
+        out = outbox_cli("redis://:s3cret@127.0.0.1:1/0", "cc", *args)
+        assert out.returncode == 5, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr and "s3cret" not in out.stderr, out.stderr
+        assert out.stderr.splitlines() == [out.stderr.strip()], out.stderr
+        assert out.stderr.startswith("error: Redis at 127.0.0.1:1 did not answer"), out.stderr
