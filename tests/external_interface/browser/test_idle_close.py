@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from external_interface.browser import BrowserPool, RenderRequest, Wait
+from tests.conditions import wait_for
 from tests.external_interface import browser_celery as tasks
 from tests.external_interface.browser_fixtures import needs_browser
 from tests.external_interface.jssite import JsSite
@@ -45,15 +46,6 @@ def all_gone(pids: list[int], within: float = 60.0) -> bool:
     return False
 
 
-def eventually(check: Callable[[], bool], within: float = 60.0) -> bool:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def render_static(pool: BrowserPool, site: JsSite) -> str | None:
     return (
         pool.render(RenderRequest(site.url("/static"), wait_for="h1"))
@@ -74,7 +66,7 @@ def test_an_idle_browser_is_closed_and_the_next_render_reopens_it(
     assert browser in procs and len(procs) >= 4  # driver, Node.js, Chromium and its helpers
     assert all_gone(procs), [p for p in procs if psutil.pid_exists(p)]
     # The watcher removes the driver's folder after its processes are gone: wait for it too.
-    assert eventually(lambda: pool.idle_closes == 1 and not folder.exists())
+    wait_for(lambda: pool.idle_closes == 1 and not folder.exists(), 60, "the idle close done")
     assert pool.driver_pid is None
     assert render_static(pool, site) == "static"
     assert pool.driver_starts == 2 and pool.driver_pid not in (None, driver)
