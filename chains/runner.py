@@ -40,6 +40,8 @@ from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.runs")
 
+SAFETY_READ = 5.0  # seconds: `wait()` reads a run again after this long without an event
+
 
 @dataclass
 class Progress:
@@ -167,21 +169,48 @@ class RunHandle:
         """Block until the run is complete (tasks finished, items stored), or cancelled and
         drained (`p.status == "cancelled"`, `p.complete` False); TimeoutError if neither.
 
+        It follows the run by events, not by polling: it blocks on the run's wake list,
+        which the ledger's scripts push to when the run may have ended (its last commit, its
+        last item stored, a cancel), so it returns as soon as the run ends. With
+        `on_progress`, every commit wakes it too, and the callback runs when the run moved,
+        at most once every `poll` seconds. Without any event it reads the run again every
+        `SAFETY_READ` seconds (a wake lost in a failover costs that much, never the run).
+
         A complete run may still have failed tasks (dead letters): check `p.ok` (or
         `p.failed`, `p.ending`) before reading complete as success."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if on_progress is not None:  # commits push to the wake list while it is open
+                self.state.watch(self.run_id, SAFETY_READ + poll)
             p = self.progress()
+            read = time.monotonic()
             if on_progress:
                 on_progress(p)
             if p.ended:
                 return p
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and read > deadline:
                 raise TimeoutError(
                     f"run {self.run_id} ({self.chain.name}) not complete after {timeout}s: "
                     f"{p.outstanding} tasks outstanding, {p.totals['stored']}/{p.totals['items']} items stored"
                 )
-            time.sleep(poll)
+            until = read + SAFETY_READ if deadline is None else min(read + SAFETY_READ, deadline)
+            self._until_woken(until, read + poll)
+
+    def _until_woken(self, until: float, not_before: float) -> None:
+        """Return when the run may have ended (b"e": at once), when it moved (b"p") and
+        `not_before` has passed, or at `until`."""
+        moved = False
+        while True:
+            now = time.monotonic()
+            horizon = min(until, not_before) if moved else until
+            if now >= horizon:
+                return
+            got = self.state.next_wake(self.run_id, horizon - now)
+            if got is None and moved:
+                return
+            if got == b"e" or (got is not None and time.monotonic() >= not_before):
+                return
+            moved = moved or got is not None
 
     def cancel(self, reason: str = "") -> Cancelled:
         """Stop this run (see `cancel`)."""

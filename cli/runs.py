@@ -4,7 +4,6 @@ listing the runs of the last days (`control.sh runs`)."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from rich.console import Console, Group
@@ -18,16 +17,20 @@ from cli.tables import recent_table, run_table
 def watch(
     handle: RunHandle, timeout: float | None = None, console: Console | None = None
 ) -> Progress:
-    """Live view until complete (or timeout); returns the last progress."""
+    """Live view until the run ends (or timeout); returns the last progress. It follows the
+    run's events (`RunHandle.wait`), redrawn at most four times a second."""
     console = console or Console()
-    deadline = None if timeout is None else time.monotonic() + timeout
     with Live(console=console, refresh_per_second=4, transient=False) as live:
-        while True:
-            p = handle.progress()
+
+        def show(p: Progress) -> None:
             live.update(Group(run_table(p.as_dict())))
-            if p.ended or (deadline is not None and time.monotonic() > deadline):
-                return p
-            time.sleep(0.25)
+
+        try:
+            return handle.wait(timeout, poll=0.25, on_progress=show)
+        except TimeoutError:
+            p = handle.progress()
+            show(p)
+            return p
 
 
 def trigger(

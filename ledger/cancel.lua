@@ -1,6 +1,7 @@
 -- KEYS: 1 counters, 2 run hash, 3 active (on a cluster the counters again: the caller updates
 --       the set), 4 pending, 5 ledger; ARGV: 1 run, 2 now, 3 reason
 -- Reply: {status before, children dropped from the waiting list, tasks still outstanding}
+-- include: wake.lua
 local status = redis.call('HGET', KEYS[2], 'status')
 if not status then return {'', 0, 0} end
 if status == 'done' or status == 'cancelled' then return {status, 0, 0} end
@@ -27,4 +28,5 @@ if left <= 0 then
   if KEYS[3] ~= KEYS[1] then redis.call('SREM', KEYS[3], ARGV[1]) end  -- a cluster: the caller's
   redis.call('DEL', KEYS[5])
 end
+wake(KEYS[2], left <= 0 and 'e' or 'p')  -- ended, or cancelling while its tasks drain
 return {status, dropped, left}

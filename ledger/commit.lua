@@ -54,12 +54,14 @@ for g = 1, n_groups do
   groups[g] = {raw = ARGV[i] == 'r', at = i + 2, nf = nf, parts = {}, used = false}
   i = i + 2 + nf
 end
-local cap, cancelled, paused, compacted = 0, false, false, false
+local cap, cancelled, paused, compacted, watched = 0, false, false, false, false
 if run ~= '' then
-  local rh = rcall('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted')
+  local rh = rcall('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted', 'watch')
   cap, cancelled, paused = tonumber(rh[1] or '0'), rh[2] ~= false, rh[3] ~= false
   compacted = rh[4] ~= false  -- finished and its done set dropped: every task of it committed
+  watched = rh[5] ~= false and tonumber(rh[5]) > tonumber(now)  -- a progress view is open
 end
+-- include: wake.lua
 local function chunked(cmd, key, list, step)  -- unpack() has a limit (the Lua C stack)
   for a = 1, #list, step do
     rcall(cmd, key, unpack(list, a, math.min(a + step - 1, #list)))
@@ -256,6 +258,7 @@ if run ~= '' and committed > 0 then
   for field, by in pairs(counts) do rcall('HINCRBY', KEYS[1], field, by) end
   left = rcall('HINCRBY', KEYS[1], 'outstanding', delta)
   if left <= 0 then
+    wake(KEYS[2], 'e')  -- ended, or storing its last items (the outbox's ack wakes it again)
     rcall('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
     if KEYS[4] ~= KEYS[1] then rcall('SREM', KEYS[4], run) end  -- a cluster: the caller's
     rcall('DEL', KEYS[6])
@@ -266,6 +269,8 @@ if run ~= '' and committed > 0 then
         if KEYS[7] ~= KEYS[1] then rcall('SADD', KEYS[7], run) end  -- a cluster: the caller's
       end
     end
+  elseif watched then
+    wake(KEYS[2], 'p')
   end
 end
 reply[1] = left

@@ -43,6 +43,10 @@ class RunKeys:
     def counters_key(self, rid: str) -> str:
         return self.ks.counters(rid)
 
+    def wake_key(self, rid: str) -> str:
+        """What `wait()` blocks on; the scripts name it `<run hash>:wake` (ledger/wake.lua)."""
+        return self.ks.wake(rid)
+
     def done_key(self, rid: str, tid: str) -> str:
         return self.ks.done(rid, tid)
 

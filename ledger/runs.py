@@ -154,6 +154,26 @@ class Runs(RunKeys):
     def counters(self, rid: str) -> dict[str, int]:
         return {as_str(k): int(v) for k, v in self.r.hgetall(self.counters_key(rid)).items()}
 
+    def watch(self, rid: str, seconds: float) -> None:
+        """A progress view follows the run for the next `seconds`: until then the commit
+        script pushes 'p' to its wake list on every commit, not only when it ends. Written
+        only on a run that exists (its hash is never recreated without its expiry)."""
+        until = f"{time.time() + seconds:.3f}"
+        pipe = pipeline(self.r)
+        pipe.exists(self.run_key(rid))
+        pipe.hset(self.run_key(rid), "watch", until)
+        if not pipe.execute()[0]:
+            self.r.delete(self.run_key(rid))  # a run gone meanwhile: no stray hash
+
+    def next_wake(self, rid: str, timeout: float) -> bytes | None:
+        """Block until the run's scripts push to its wake list (ledger/wake.lua) or
+        `timeout` seconds pass: b"e" (it may have ended), b"p" (it moved), None."""
+        got = cast(
+            "tuple[bytes, bytes] | None",
+            self.r.blpop([self.wake_key(rid)], timeout=max(0.01, timeout)),
+        )
+        return got[1] if got else None
+
     def note_resends(self, rid: str, n: int, pipe: Any) -> None:
         """The sweeper re-sent `n` of the run's tasks: counted in the run hash against the
         run's last commit (`resend_mark`), so `stalled_resends` tells re-sends that bring

@@ -6,7 +6,7 @@ Redis Cluster hashes only the part of a key between the first `{` and the next `
 tag) when there is one, and runs a script only when all its keys share a slot. So:
 
 - a run's keys share `{<run id>}`: `cc:run:{r1}`, `cc:run:{r1}:counters`, `...:done`,
-  `...:ledger`, `...:pending`, `...:parked`, `...:uniq:<step>`, and the staging list and
+  `...:ledger`, `...:pending`, `...:parked`, `...:uniq:<step>`, `...:wake`, and the staging list and
   delivery counter of each of its tasks (`...:kids:<tid>`, `...:deliv:<tid>:<attempt>`):
   the commit, cancel, pause, resume and park scripts each stay on one slot;
 - tasks without a run share `{norun}` (`cc:done:{norun}:<tid>`, `cc:kids:{norun}:<tid>`,
@@ -67,6 +67,11 @@ class Keyspace:
 
     def counters(self, rid: str) -> str:
         return self.run(rid, "counters")
+
+    def wake(self, rid: str) -> str:
+        """The list `RunHandle.wait()` blocks on; the scripts write it as `<run hash>:wake`
+        (ledger/wake.lua), so the two namings must agree."""
+        return self.run(rid, "wake")
 
     def done(self, rid: str, tid: str) -> str:
         """The run's set of committed task ids; without a run, the task's own flag."""

@@ -454,7 +454,9 @@ def test_a_complete_stored_run_is_compacted_to_its_counters(
     assert set(rds.scan_iter(match=state.run_key("r1") + "*")) == {
         state.run_key("r1").encode(),
         state.counters_key("r1").encode(),
+        state.wake_key("r1").encode(),  # the end's wake for a waiter: a minute, then gone
     }
+    assert 0 < rds.ttl(state.wake_key("r1")) <= 60
     assert 0 < rds.ttl(state.run_key("r1")) <= state.ttl
     before = state.counters("r1")
     assert before["succeeded"] == 2 and before["items"] == 2

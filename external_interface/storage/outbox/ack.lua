@@ -1,7 +1,11 @@
 -- Acknowledge a stored batch: XACK each entry, and only for the ones this drainer won
 -- (XACK returned 1) XDEL it (one XDEL for all), copy a dead letter, and add its items to
 -- the counters.
--- KEYS: 1 stream, 2 dead-letter stream, 3.. counters hashes
+-- KEYS: 1 stream, 2 dead-letter stream, 3.. counters hashes and metric hashes; a run's
+--       counters are followed by its wake list (ledger/wake.lua), which the script pushes
+--       'e' to once every task of the run has committed and the last item has settled (its
+--       `wait()` returns at once) and 'p' for a batch stored before that, when its tasks are
+--       done (the run is `storing`)
 -- ARGV: 1 group, 2 counters ttl, 3 dead maxlen, then per entry:
 --       id, counters key index (0: no run), step, n items, counter field,
 --       task metrics key index, site metrics key index, n dead fields, fields...
@@ -46,5 +50,15 @@ for _, idx in ipairs(order) do
   local fresh = runs[idx] and redis.call('EXISTS', key) == 0  -- a run's counters outlived
   for field, n in pairs(sums[idx]) do redis.call('HINCRBY', key, field, n) end
   if fresh then redis.call('EXPIRE', key, ttl) end
+  if runs[idx] and not fresh then
+    local c = redis.call('HMGET', key, 'outstanding', 'items', 'stored', 'store_failed')
+    if tonumber(c[1] or '1') <= 0 then  -- its tasks are done: storing, or now settled
+      local settled = tonumber(c[2] or '0') <= tonumber(c[3] or '0') + tonumber(c[4] or '0')
+      local w = KEYS[idx + 1]
+      redis.call('LPUSH', w, settled and 'e' or 'p')
+      redis.call('LTRIM', w, 0, 0)
+      redis.call('EXPIRE', w, 60)
+    end
+  end
 end
 return won

@@ -25,6 +25,7 @@ from external_interface.storage.outbox.entries import (
     dumps,
     errors_key,
     stream_key,
+    wake_key,
 )
 from utils.lua import load_lua
 
@@ -69,7 +70,14 @@ def ack_call(
         return index[key]
 
     def kidx(run: str) -> int:
-        return key_index(counters_key(prefix, run)) if run else 0
+        """The run's counters, followed in KEYS by its wake list (the script's layout)."""
+        if not run:
+            return 0
+        key = counters_key(prefix, run)
+        if key not in index:
+            key_index(key)
+            keys.append(wake_key(prefix, run))
+        return index[key]
 
     def midx(task: str) -> list[int]:
         """Per-task and per-site metric hashes (monitor/metrics.py) count stored items."""

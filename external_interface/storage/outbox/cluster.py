@@ -329,8 +329,8 @@ class ClusterDrainer(Drainer):
         counters of the entries' run (an entry naming another run is counted nowhere)."""
         rid = self._streams.get(stream, "")
         keys = [stream, self.dead_stream(rid)]
-        if rid:
-            keys.append(self.counters(rid))
+        if rid:  # its counters, then its wake list (ack.lua's layout)
+            keys += [self.counters(rid), self.ks.wake(rid)]
         args: list[Any] = [self.group, counters_ttl(), DEAD_MAXLEN]
 
         def kidx(e: OutboxEntry) -> int:

@@ -54,6 +54,11 @@ def counters_key(prefix: str, run: str) -> str:
     return Keyspace(prefix).counters(run)
 
 
+def wake_key(prefix: str, run: str) -> str:
+    """The run's wake list, pushed when its last items settle (`RunHandle.wait()`)."""
+    return Keyspace(prefix).wake(run)
+
+
 # --- the producer side ---------------------------------------------------------------------
 
 
