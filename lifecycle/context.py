@@ -156,48 +156,8 @@ class Context:
         remaining = self.remaining()
         if remaining <= 0:
             raise DeadlineExceeded(f"{self._spec.name}: task deadline passed before {method} {url}")
-        if self._online:  # before_request hooks may change the request (lifecycle/hooks.py)
-            draft = OutgoingRequest(
-                method=method,
-                url=url,
-                params=dict(params or {}),
-                headers=dict(headers or {}),
-                cookies=dict(cookies or {}),
-                data=data,
-                json=json,
-            )
-            hooks.in_page(self, "before_request", self._spec.name, f"{method} {url}", draft)
-            method, url, data, json = draft.method, draft.url, draft.data, draft.json
-            params, headers, cookies = draft.params, draft.headers, draft.cookies
-            remaining = self.remaining()
-        auto = self._auto
-        if auto is not None and method == "GET" and auto.renders(_with_query(url, params)):
-            return self.render(
-                url,
-                params=params,
-                headers=headers,
-                cookies=cookies,
-                ok_statuses=ok_statuses,
-                resources=resources,
-                wait_until=auto.wait_until,
-            )
-        if self._cache is not None:
-            hit = self._cache.lookup(
-                FetchRequest(
-                    method=method,
-                    url=url,
-                    params=dict(params) if params else None,
-                    headers=dict(headers) if headers else None,
-                )
-            )
-            if hit is not None:
-                self._metrics.request(hit.status, len(hit.content))
-                self._watch(hit)
-                self._check_status(hit, url, ok_statuses)
-                self._answered(hit, method, url)
-                return hit
-        if self._robots is not None:
-            self._robots.check(_with_query(url, params), site=self._spec.site)
+        # One request from here on: the before_request hooks change it (lifecycle/hooks.py),
+        # the providers then lend to it, and what they all left is what is sent.
         out = OutgoingRequest(
             method=method,
             url=url,
@@ -207,6 +167,38 @@ class Context:
             data=data,
             json=json,
         )
+        if self._online:
+            hooks.in_page(self, "before_request", self._spec.name, f"{method} {url}", out)
+            remaining = self.remaining()
+        method, url = out.method, out.url
+        auto = self._auto
+        if auto is not None and method == "GET" and auto.renders(_with_query(url, out.params)):
+            return self.render(
+                url,
+                params=out.params,
+                headers=out.headers,
+                cookies=out.cookies,
+                ok_statuses=ok_statuses,
+                resources=resources,
+                wait_until=auto.wait_until,
+            )
+        if self._cache is not None:
+            hit = self._cache.lookup(
+                FetchRequest(
+                    method=method,
+                    url=url,
+                    params=dict(out.params) if out.params else None,
+                    headers=dict(out.headers) if out.headers else None,
+                )
+            )
+            if hit is not None:
+                self._metrics.request(hit.status, len(hit.content))
+                self._watch(hit)
+                self._check_status(hit, url, ok_statuses)
+                self._answered(hit, method, url)
+                return hit
+        if self._robots is not None:
+            self._robots.check(_with_query(url, out.params), site=self._spec.site)
         gate = get_gate() if self._online else None
         if gate is not None:
             gate.before_request(self._spec.site, self._spec.name)
