@@ -56,6 +56,7 @@ import psutil
 from bench.workload import expected_pages, kinds_from
 from config import DEFAULT_POOL, Settings
 from utils import environ
+from utils.worker_cmd import worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "benchsite"
@@ -122,31 +123,20 @@ class Worker:
         unless the wrapper runs the worker in its own process (`in_process`: valgrind)."""
         self.log = log
         self.wrapped = bool(prefix) and not in_process
-        cmd = [
-            *(prefix or []),
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            app,
-            "worker",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "-Q",
-            queue,
-            "-n",
-            f"{name}@%h",
-            "-l",
-            "INFO",
-            "--without-gossip",
-            *(extra or []),
-        ]
         if events is None:  # as control.sh starts workers: -E only with CHAINCRAWL_TASK_EVENTS
             events = Settings.from_environ({**os.environ, **env}).task_events
-        if events:
-            cmd.insert(cmd.index("-l"), "-E")
+        cmd = [
+            *(prefix or []),
+            *worker_argv(
+                app=app,
+                pool=pool,
+                concurrency=concurrency,
+                queues=queue,
+                node=f"{name}@%h",
+                events=events,
+                extra=extra or (),
+            ),
+        ]
         self.fh = open(log, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             cmd,

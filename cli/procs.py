@@ -25,6 +25,7 @@ from cli import REDIS_UNREACHABLE, StartFailed, UserError
 from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
 from utils.redis import cluster_client, get_redis
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
+from utils.worker_cmd import worker_argv
 
 
 def run_dir(s: Settings) -> Path:
@@ -350,27 +351,14 @@ def start_workers(
     started = []
     for i in range(1, workers + 1):
         wname = f"worker-{name}{i}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker",
-            "worker",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "-Q",
-            queues,
-            "-n",
-            f"{name}{i}@%h",
-            "-l",
-            "INFO",
-            "--without-gossip",
-        ]
-        if s.task_events:  # Flower's task list; off by default (CHAINCRAWL_TASK_EVENTS)
-            cmd.insert(cmd.index("-l"), "-E")
+        cmd = worker_argv(
+            app="worker",
+            pool=pool,
+            concurrency=concurrency,
+            queues=queues,
+            node=f"{name}{i}@%h",
+            events=s.task_events,  # Flower's task list; off by default (CHAINCRAWL_TASK_EVENTS)
+        )
         if supervise:
             cmd = [
                 sys.executable,

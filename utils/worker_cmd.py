@@ -1,0 +1,45 @@
+"""The `celery worker` command line, in one place: `control.sh start` (cli/procs.py) and the
+benchmarks (bench/chaincrawl_bench.py) start workers the same way, so a benchmark measures
+the workers operators run."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def worker_argv(
+    *,
+    app: str,
+    pool: str,
+    concurrency: int,
+    queues: str,
+    node: str,
+    events: bool,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`python -m celery -A <app> worker`: `pool` (-P), `concurrency` (-c), `queues` (-Q, comma
+    separated), `node` (-n, "<name>@%h"), task events (-E, for Flower's task list) only when
+    `events`, INFO logs (the readiness wait reads " ready." in them), no gossip between
+    workers; `extra` flags last."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-Q",
+        queues,
+        "-n",
+        node,
+        *(["-E"] if events else []),
+        "-l",
+        "INFO",
+        "--without-gossip",
+        *extra,
+    ]
