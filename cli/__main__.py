@@ -323,43 +323,15 @@ def _redis_url() -> str:
 def _patient_redis() -> None:
     """Every Redis call of this command waits out a restart or a load (CHAINCRAWL_REDIS_WAIT),
     saying so on one line, instead of failing with a traceback."""
-    import redis
-
     from config import get_settings
-    from utils.redis import be_patient, failed_node
+    from utils.outage import stderr_notify
+    from utils.redis import be_patient
 
     try:
         s = get_settings()
     except Exception:  # invalid settings: the command itself reports them
         return
-    startup, wait = _redis_where(), s.redis_wait
-    said = [startup]  # a cluster: the node that failed, not the URL's first
-
-    def notify(error: Exception | None) -> None:
-        if error is not None:
-            said[0] = failed_node(error) or startup
-        where = said[0]
-        if error is None and where != startup:
-            print(f"Redis Cluster answers again ({where} failed over, or back)", file=sys.stderr)
-        elif error is None:
-            print(f"Redis at {where} answers again", file=sys.stderr)
-        elif isinstance(error, redis.BusyLoadingError):
-            print(
-                f"Redis at {where} is loading, waiting… (up to {wait:.0f}s: CHAINCRAWL_REDIS_WAIT)",
-                file=sys.stderr,
-            )
-        else:
-            print(
-                f"Redis at {where} does not answer ({_first_line(error)}), waiting… (up to "
-                f"{wait:.0f}s: CHAINCRAWL_REDIS_WAIT)",
-                file=sys.stderr,
-            )
-
-    be_patient(wait, notify)
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    be_patient(s.redis_wait, stderr_notify(_redis_where(), s.redis_wait))
 
 
 def _module_warnings() -> None:
@@ -397,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
     import redis
 
     from exceptions import ChainCrawlError
+    from utils.outage import first_line
     from utils.redis import failed_node, not_there, reached
 
     _patient_redis()
@@ -406,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included
         if isinstance(exc, redis.AuthenticationError):
             print(
-                f"error: Redis at {_redis_url()} refused the password: {_first_line(exc)}",
+                f"error: Redis at {_redis_url()} refused the password: {first_line(exc)}",
                 file=sys.stderr,
             )
         elif not_there(exc) and not reached():
@@ -418,12 +391,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(
                 f"error: Redis at {failed_node(exc) or _redis_where()} did not answer: "
-                f"{_first_line(exc)}",
+                f"{first_line(exc)}",
                 file=sys.stderr,
             )
         return REDIS_UNREACHABLE
     except kombu.exceptions.OperationalError as exc:  # the broker (Redis or RabbitMQ)
-        print(f"error: the broker did not answer: {_first_line(exc)}", file=sys.stderr)
+        print(f"error: the broker did not answer: {first_line(exc)}", file=sys.stderr)
         return REDIS_UNREACHABLE
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from cli import REDIS_UNREACHABLE, StartFailed, UserError
 from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
-from utils.redis import cluster_client, get_redis
+from utils.redis import cluster_client, get_redis, hostport
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
 from utils.worker_cmd import worker_argv
 
@@ -136,12 +136,7 @@ def uses_embedded_redis(s: Settings) -> bool:
 
 def redis_hostport(s: Settings) -> tuple[str, int]:
     """Where the state store answers (a cluster's first listed node)."""
-    if is_cluster_url(s.redis_url):
-        first = s.redis_url.split("://", 1)[1].rpartition("@")[2].split(",")[0]
-        host, _, port = first.rpartition(":")
-        return host or "127.0.0.1", int(port or 6379)
-    u = urlparse(s.redis_url)
-    return u.hostname or "127.0.0.1", u.port or 6379
+    return hostport(s.redis_url)
 
 
 def port_open(host: str, port: int) -> bool:

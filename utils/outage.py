@@ -8,11 +8,15 @@ each time it retries, some with a traceback: a ten-second outage made dozens of 
 carry (a Redis or kombu connection error, as an argument or as `exc_info`): the first of an
 outage becomes one line without its traceback, the others are held back (counted). The first
 success after it (`answered()`, or Celery's "Connected to" line) logs the recovery.
+
+A command run by hand (the CLI, the outbox's `--status` and `--requeue-dead`) says the same on
+stderr: `stderr_notify` gives `utils.redis.be_patient` its lines, defined here once.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -20,7 +24,7 @@ import kombu.exceptions
 import redis
 from celery.exceptions import Reject
 
-from utils.redis import NotReplicated
+from utils.redis import Notify, NotReplicated, failed_node
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     redis.ConnectionError,  # BusyLoadingError included
@@ -34,8 +38,38 @@ _MARK = "_chaincrawl_outage"  # the decision, kept on the record for the process
 log = logging.getLogger("chaincrawl.redis")
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0].rstrip(".")
+def first_line(error: BaseException) -> str:
+    """An error's first line (its type's name if it says nothing): a server's reply or a
+    cluster's error can run to several lines, and what a user reads of it is one."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def stderr_notify(startup: str, wait: float) -> Notify:
+    """`notify` for `utils.redis.be_patient` in a command run by hand: one line on stderr when
+    Redis stops answering (or loads its data), naming the node (on a cluster the one that
+    failed, not the startup node `startup`) and the wait, and one when it answers again."""
+    said = [startup]
+
+    def notify(error: Exception | None) -> None:
+        if error is not None:
+            said[0] = failed_node(error) or startup
+        where = said[0]
+        if error is None and where != startup:
+            line = f"Redis Cluster answers again ({where} failed over, or back)"
+        elif error is None:
+            line = f"Redis at {where} answers again"
+        elif isinstance(error, redis.BusyLoadingError):
+            line = (
+                f"Redis at {where} is loading, waiting… (up to {wait:.0f}s: CHAINCRAWL_REDIS_WAIT)"
+            )
+        else:
+            line = (
+                f"Redis at {where} does not answer ({first_line(error)}), waiting… (up to "
+                f"{wait:.0f}s: CHAINCRAWL_REDIS_WAIT)"
+            )
+        print(line, file=sys.stderr)
+
+    return notify
 
 
 class Outage:
@@ -119,7 +153,7 @@ class OutageFilter(logging.Filter):
                     "Redis does not answer (%s: %s); this worker waits and retries, "
                     "one line when it answers again"
                 )
-                record.args = (type(exc).__name__, _first_line(exc))
+                record.args = (type(exc).__name__, first_line(exc).rstrip("."))
                 record.exc_info, record.exc_text, record.stack_info = None, None, None
                 record.levelno, record.levelname = logging.WARNING, "WARNING"
         elif consumer and str(record.msg).startswith("Connected to"):

@@ -226,6 +226,16 @@ def failed_node(error: BaseException) -> str:
     return found.group(1) if found else ""
 
 
+def hostport(url: str) -> tuple[str, int]:
+    """Where a Redis URL points (a cluster's: its first listed node, the startup node)."""
+    if is_cluster_url(url):
+        first = url.split("://", 1)[1].rpartition("@")[2].split(",")[0]
+        host, _, port = first.rpartition(":")
+        return host or "127.0.0.1", int(port or 6379)
+    u = urlsplit(url)
+    return u.hostname or "127.0.0.1", u.port or 6379
+
+
 def be_patient(patience: float, notify: Notify | None = None) -> None:
     """Clients made from now on in this process wait out a Redis restart or load for up to
     `patience` seconds (the CLI: CHAINCRAWL_REDIS_WAIT), calling `notify(error)` once when

@@ -16,7 +16,8 @@ import redis
 from config import get_settings
 from external_interface.storage.outbox.cluster import drainer_class
 from external_interface.storage.outbox.status import backlog, requeue_dead
-from utils.redis import be_patient, failed_node, get_redis
+from utils.outage import first_line, stderr_notify
+from utils.redis import be_patient, failed_node, get_redis, hostport
 
 log = logging.getLogger("external_interface.storage.outbox")
 
@@ -83,18 +84,9 @@ def _operator_view(status: bool, url: str, prefix: str, wait: float) -> int:
     """`--status` / `--requeue-dead`: like the CLI's views, through a Redis restart or a
     cluster failover (CHAINCRAWL_REDIS_WAIT), said in one line each way; past the wait, one
     line and exit 5, never a traceback."""
-
-    def notify(error: Exception | None) -> None:
-        if error is None:
-            print("Redis answers again", file=sys.stderr)
-        else:
-            where = failed_node(error) or "Redis"
-            print(
-                f"{where} does not answer, waiting… (up to {wait:.0f}s: CHAINCRAWL_REDIS_WAIT)",
-                file=sys.stderr,
-            )
-
-    be_patient(wait, notify)
+    host, port = hostport(url)
+    startup = f"{host}:{port}"
+    be_patient(wait, stderr_notify(startup, wait))
     try:
         r = get_redis(url)
         if status:
@@ -103,11 +95,8 @@ def _operator_view(status: bool, url: str, prefix: str, wait: float) -> int:
         else:
             print(requeue_dead(r, prefix))
     except redis.RedisError as exc:
-        where = failed_node(exc)
-        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(
-            f"error: Redis{' at ' + where if where else ''} did not answer: {line}", file=sys.stderr
-        )
+        where = failed_node(exc) or startup
+        print(f"error: Redis at {where} did not answer: {first_line(exc)}", file=sys.stderr)
         return 5
     return 0
 
