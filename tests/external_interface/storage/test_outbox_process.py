@@ -23,6 +23,7 @@ from external_interface.storage.sinks.mongo import MongoSink
 from tests.external_interface.mongo_server import MongoServer
 from tests.external_interface.sink_servers import RecordingApi
 from tests.external_interface.storage.test_outbox import add_posts, counters, wait_until
+from utils.servers import RedisServer, free_port
 
 T = "demo.post"
 
@@ -153,8 +154,6 @@ def test_mongo_outage_and_restart(rds: redis.Redis, key_prefix: str, tmp_path: P
 
 def test_redis_down_at_start_then_up(tmp_path: Path) -> None:
     """A worker may start before Redis: the drainer waits for it instead of dying."""
-    from utils.servers import RedisServer, free_port
-
     port = free_port()
     client = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=5)
     jsonl = JsonlSink(tmp_path / "items", fsync=False, mode="append")
@@ -183,8 +182,6 @@ def outbox_cli(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedP
 def test_status_and_requeue_dead_answer_and_fail_in_one_line(tmp_path: Path) -> None:
     """The operator views answer on a live Redis; with nothing listening (not a restart, so
     no CHAINCRAWL_REDIS_WAIT: 600 s here would hit the timeout) they exit 5 in one line."""
-    from utils.servers import RedisServer
-
     with RedisServer(tmp_path / "redis", appendonly=False) as server:
         client = redis.Redis.from_url(server.url)
         assert add_posts(client, "cc", 3)
