@@ -50,7 +50,7 @@ from ledger.publish import send_kid
 from ledger.state import RunState
 from utils.lua import script
 from utils.redis import as_str, get_redis
-from utils.wire import envelope_id
+from utils.wire import TaskEnvelope, envelope_id
 
 log = logging.getLogger("chaincrawl.sweeper")
 
@@ -447,14 +447,14 @@ class Sweeper:
             self.keep_lock()
             steps: Counter[str] = Counter()
             for tid, raw in lost.items():
-                kid = orjson.loads(raw)
-                self.send(kid)
-                steps[kid.get("meta", {}).get("step", "")] += 1
+                kid = TaskEnvelope.decode(raw)
+                self.send(kid.to_dict())
+                steps[kid.meta.get("step", "")] += 1
                 log.warning(
                     "run %s: task %s (%s) lost by the broker; re-sent (%s%s)",
                     rid,
                     tid,
-                    kid.get("task"),
+                    kid.task,
                     why or "the run stalled",
                     "; it sat in unacked past twice the visibility timeout"
                     if tid in self.stale

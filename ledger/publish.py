@@ -133,6 +133,7 @@ class Publisher:
         entries a batch did not start, due already, so on a Redis broker they go to the head
         of their queues (the next BRPOP takes them) instead of behind the whole backlog."""
         ats = [at for staged, at in groups if staged]
+        # orjson, not TaskEnvelope.decode: a batch sends these dicts as they are, no copy each
         kids = [orjson.loads(m) for staged, _ in groups for m in staged]
         if not kids and not front:
             return

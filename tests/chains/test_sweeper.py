@@ -232,6 +232,7 @@ def test_sweeper_resends_only_what_is_nowhere_and_uncommitted_in_a_stalled_run(
     assert sorted(k["id"] for k in sent) == sorted([lost_kid, *stranded])
     lost_msg = next(k for k in sent if k["id"] == lost_kid)
     assert lost_msg["task"] == "demo.h5.user_info" and lost_msg["meta"]["run"] == rid
+    assert list(lost_msg) == ["id", "task", "params", "meta"]  # TaskEnvelope's dict form
     assert done_kid not in state.ledger(rid)  # a committed entry is dropped, not re-sent
     c = state.counters(rid)
     assert c["resent"] == 3 and c["child:resent"] == 3
