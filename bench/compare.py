@@ -15,8 +15,8 @@ Scenarios (`lat250` is the old name of `latency`):
               bound 16 / 0.25 s = 64 pages/s. The one-worker chaincrawl row runs 20 task slots
               with 16 fetch slots (Scrapy's CONCURRENT_REQUESTS counts downloads only).
   small       105 shop pages in 5 sequential hops on warm systems, no latency: wall time of a
-              crawl. chaincrawl: `chains.run()` to `RunHandle.wait()` returning, with wait()'s
-              default polling, on workers already running and warmed; Scrapy: `runner.crawl()`
+              crawl. chaincrawl: `chains.run()` to `RunHandle.wait()` returning (woken by the
+              run's end, as a user calls it), on workers already running and warmed; Scrapy: `runner.crawl()`
               to its deferred firing, in a process whose reactor runs and that has crawled once;
               Crawlee: `crawler.run()` to its return, likewise.
   lat100x256  100 ms latency, 256 in flight, 10,000 light pages: share of the bound

@@ -40,7 +40,7 @@ from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.runs")
 
-SAFETY_READ = 5.0  # seconds: `wait()` reads a run again after this long without an event
+SAFETY_READ = 2.0  # seconds: `wait()` reads a run again after this long without an event
 
 
 @dataclass
