@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+HEARTBEAT_INTERVAL = 10  # seconds between two worker-heartbeat events (Celery's default: 2)
+
 
 def worker_argv(
     *,
@@ -21,7 +23,7 @@ def worker_argv(
     """`python -m celery -A <app> worker`: `pool` (-P), `concurrency` (-c), `queues` (-Q, comma
     separated), `node` (-n, "<name>@%h"), task events (-E, for Flower's task list) only when
     `events`, INFO logs (the readiness wait reads " ready." in them), no gossip between
-    workers; `extra` flags last."""
+    workers, a heartbeat event every `HEARTBEAT_INTERVAL` s; `extra` flags last."""
     return [
         sys.executable,
         "-m",
@@ -41,5 +43,9 @@ def worker_argv(
         "-l",
         "INFO",
         "--without-gossip",
+        # Flower's worker list reads these events; an idle worker published one every 2 s
+        # (Celery's default), Flower counts a worker offline after two intervals without one
+        "--heartbeat-interval",
+        str(HEARTBEAT_INTERVAL),
         *extra,
     ]

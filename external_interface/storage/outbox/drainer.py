@@ -35,7 +35,11 @@ from utils.redis import as_str, get_redis
 log = logging.getLogger("external_interface.storage.outbox")
 
 AUTOCLAIM = load_lua(__file__, "autoclaim.lua")
-MAX_BLOCK = 0.5  # seconds one XREADGROUP may block
+MAX_BLOCK = 0.5  # seconds one XREADGROUP may block while entries come
+# while the stream stays empty the blocks double up to this: an idle worker's drainer reads
+# every 2 s, not twice a second (a new entry still returns the blocked read at once), and a
+# stop is noticed within that
+MAX_IDLE_BLOCK = 2.0
 SETTLE_EVERY = 0.5  # seconds between two `settle` calls while the drainer holds nothing
 
 StoredHook = Callable[[str, list[dict[str, Any]]], None]
@@ -153,6 +157,7 @@ class Drainer:
         errors = 0  # consecutive other errors (Redis down, bugs)
         started = False
         next_claim = next_horizon = next_settle = 0.0
+        idle_block = MAX_BLOCK  # the next block while nothing comes (see MAX_IDLE_BLOCK)
         log.info("outbox drainer %s started on %s", self.consumer, self.stream)
         try:
             while not stop.is_set():
@@ -177,9 +182,13 @@ class Drainer:
                         merge_new(buffer, claimed)
                     quiet = False
                     if not retrying and len(buffer) < self.batch:
-                        # short blocks: stop() is noticed quickly, socket timeouts never hit
-                        wait = self.interval - (now - first_at) if buffer else self.interval
-                        wait = min(wait, MAX_BLOCK)
+                        # short blocks: stop() is noticed quickly, socket timeouts never hit;
+                        # an empty buffer has no flush to wait for: the idle block
+                        wait = (
+                            min(self.interval - (now - first_at), MAX_BLOCK)
+                            if buffer
+                            else idle_block
+                        )
                         if buffer and self.idle_flush:
                             wait = min(wait, self.idle_flush)
                         new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))
@@ -188,6 +197,9 @@ class Drainer:
                         quiet = bool(buffer) and not new and self.idle_flush > 0
                         if new and not buffer:
                             first_at = time.monotonic()
+                        idle_block = (
+                            MAX_BLOCK if new or buffer else min(MAX_IDLE_BLOCK, 2 * idle_block)
+                        )
                         merge_new(buffer, new)
                     due = quiet or time.monotonic() - first_at >= self.interval
                     if buffer and (len(buffer) >= self.batch or due or retrying):

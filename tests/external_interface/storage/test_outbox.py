@@ -23,6 +23,7 @@ from external_interface.storage.outbox import (
     stream_key,
     xadd_entry,
 )
+from external_interface.storage.outbox.drainer import MAX_IDLE_BLOCK
 from external_interface.storage.sinks.base import PermanentSinkError, SinkError, entry_version
 from external_interface.storage.sinks.jsonl import JsonlSink, iter_records, read_items, type_files
 
@@ -271,6 +272,30 @@ def test_a_quiet_stream_flushes_a_partial_batch_at_once(
     assert backlog(rds, key_prefix)["pending"] == 0
 
 
+def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """On an empty stream the drainer's blocking reads double up to MAX_IDLE_BLOCK (an idle
+    worker's drainer asks Redis every 2 s, not twice a second); an entry returns the blocked
+    read at once, whatever the block."""
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=0.1)
+    blocks: list[int] = []
+    read = d.read
+
+    def counted(count: int, block_ms: int) -> list[OutboxEntry]:
+        blocks.append(block_ms)
+        return read(count, block_ms)
+
+    d.read = counted  # type: ignore[method-assign]
+    d.start_thread()
+    drainers.append(d)
+    wait_until(lambda: blocks.count(int(MAX_IDLE_BLOCK * 1000)) >= 2, 30, "two idle blocks")
+    assert blocks[:3] == [500, 1000, 2000]  # from MAX_BLOCK, doubling, not at interval
+    n = add_posts(rds, key_prefix, 2)  # while a 2 s block is under way: read and stored
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
+    wait_until(lambda: blocks[-1] == 500, 10, "the short block back after entries came")
+
+
 def test_poison_entries_are_isolated_and_dead_lettered(rds: redis.Redis, key_prefix: str) -> None:
     flaky = FlakySink()
     add_posts(rds, key_prefix, 2)
@@ -343,8 +368,6 @@ def test_horizon_reaches_the_jsonl_sink(
     d = Drainer(rds, key_prefix, [jsonl])
     d.update_horizon()
     assert jsonl._horizon is not None
-    from external_interface.storage.sinks.base import entry_version
-
     assert jsonl._horizon == entry_version(first)
     d.drain_once()
     d.update_horizon()  # empty stream: everything up to the last id is gone
