@@ -93,7 +93,9 @@ def main() -> None:
             save(s, demo.url, "/h5/api/post/p3/comments", "h5/fixtures/login_required.json", (401,))
             save(s, demo.url, "/app/api/comments?post_id=p3", "app/fixtures/login_required.json",
                  (401,))  # fmt: skip
-        ban = dict(features=["rate_limit"], rate_limit_requests=1, rate_limit_ban_after=1)
+        ban: dict[str, Any] = dict(
+            features=["rate_limit"], rate_limit_requests=1, rate_limit_ban_after=1
+        )
         with DemoServer(size="tiny", **ban) as demo:
             s.get(demo.url + "/pc/feed", timeout=10)  # the one allowed request
             save(s, demo.url, "/pc/feed", "pc/fixtures/banned.html", (403,))

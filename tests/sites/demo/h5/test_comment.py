@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 
 from exceptions import BannedError, LoginRequired
+from sites.demo.items import Comment
 from tests.sites.demo import truth
 from tests.sites.demo.truth import run
 
@@ -14,7 +16,7 @@ from tests.sites.demo.truth import run
 def test_first_page_follows_the_cursor() -> None:
     items, follows, _ = run("demo.h5.comment", {"post_id": "p3"}, "h5", "comments_p3_first.json")
     assert items == [truth.comment(c) for c in ("c9", "c10", "c11")]
-    assert items[2].text.startswith("<not a tag>")
+    assert cast(Comment, items[2]).text.startswith("<not a tag>")
     body = json.loads(truth.fixture("h5", "comments_p3_first.json").read_bytes())
     assert [f.params for f in follows] == [{"post_id": "p3", "cursor": body["data"]["next_cursor"]}]
 

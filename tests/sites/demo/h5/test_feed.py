@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 
 from exceptions import BannedError, ParseError
+from sites.demo.items import FeedEntry
 from tests.sites.demo import truth
 from tests.sites.demo.truth import run
 
@@ -14,7 +16,8 @@ from tests.sites.demo.truth import run
 def test_first_page_follows_the_cursor() -> None:
     items, follows, fetcher = run("demo.h5.feed", {}, "h5", "feed_first.json")
     assert items == [truth.feed_entry(pid) for pid in truth.feed_ids(0, 2)]
-    assert (items[0].post_id, items[0].user_name) == ("p6", "Min Yang 杨敏")
+    first = cast(FeedEntry, items[0])
+    assert (first.post_id, first.user_name) == ("p6", "Min Yang 杨敏")
     cursor = json.loads(truth.fixture("h5", "feed_first.json").read_bytes())["data"]["next_cursor"]
     assert cursor and [f.params for f in follows] == [{"cursor": cursor}]
     req = fetcher.requests[0]
@@ -24,7 +27,7 @@ def test_first_page_follows_the_cursor() -> None:
 def test_last_page_ends_and_sends_its_cursor() -> None:
     items, follows, fetcher = run("demo.h5.feed", {"cursor": "ZmVlZHw0"}, "h5", "feed_last.json")
     assert items == [truth.feed_entry(pid) for pid in truth.feed_ids(4, 2)]
-    assert items[0].title == "【游戏】Late river wins & more"
+    assert cast(FeedEntry, items[0]).title == "【游戏】Late river wins & more"
     assert follows == []
     assert fetcher.requests[0].params == {"cursor": "ZmVlZHw0"}
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from exceptions import BannedError, LoginRequired
+from sites.demo.items import Comment
 from tests.sites.demo import truth
 from tests.sites.demo.truth import run
 
@@ -13,8 +16,9 @@ def test_first_page_and_next_page() -> None:
     params = {"post_id": "p3", "page": 1}
     items, follows, fetcher = run("demo.pc.comment", params, "pc", "comments_p3_page1.html")
     assert items == [truth.comment(c) for c in ("c9", "c10", "c11")]
-    assert items[2].text.startswith("<not a tag>")  # &lt; &gt; in the HTML
-    assert (items[1].user_id, items[1].user_name, items[1].likes) == ("u2", "Min Yang 杨敏", 303)
+    assert cast(Comment, items[2]).text.startswith("<not a tag>")  # &lt; &gt; in the HTML
+    second = cast(Comment, items[1])
+    assert (second.user_id, second.user_name, second.likes) == ("u2", "Min Yang 杨敏", 303)
     assert [f.params for f in follows] == [{"post_id": "p3", "page": 2}]
     assert fetcher.requests[0].url.endswith("/pc/post/p3/comments")
     assert fetcher.requests[0].params == {"page": 1}

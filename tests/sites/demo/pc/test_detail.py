@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from exceptions import ParseError
+from sites.demo.items import Post
 from tests.sites.demo import truth
 from tests.sites.demo.truth import run
 
@@ -12,7 +15,7 @@ from tests.sites.demo.truth import run
 def test_post_fields() -> None:
     items, follows, fetcher = run("demo.pc.detail", {"post_id": "p3"}, "pc", "post_p3.html")
     assert items == [truth.post("p3")]
-    post = items[0]
+    post = cast(Post, items[0])
     assert post.content.count("\n") == 1 and post.summary == post.content.split("\n")[0]
     assert (post.user_id, post.user_name, post.comments_count) == ("u1", "Ning Zhang 张宁", 4)
     assert follows == []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from exceptions import BannedError, ParseError
-from sites.demo.items import FeedPage
+from sites.demo.items import FeedEntry, FeedPage
 from tests.sites.demo import truth
 from tests.sites.demo.truth import run
 
@@ -13,7 +15,7 @@ from tests.sites.demo.truth import run
 def test_first_page_entries_and_next_page() -> None:
     items, follows, fetcher = run("demo.pc.feed", {"page": 1}, "pc", "feed_page1.html")
     assert items == [truth.feed_entry(pid) for pid in truth.feed_ids(0, 2)]
-    first = items[0]
+    first = cast(FeedEntry, items[0])
     assert (first.post_id, first.user_id, first.user_name) == ("p6", "u2", "Min Yang 杨敏")
     assert (first.title, first.created_at, first.likes) == (
         "【天气】Late team celebrates",
@@ -28,7 +30,7 @@ def test_first_page_entries_and_next_page() -> None:
 def test_last_page_has_no_follow_up_and_unescapes_titles() -> None:
     items, follows, _ = run("demo.pc.feed", {"page": 3}, "pc", "feed_page3.html")
     assert items == [truth.feed_entry(pid) for pid in truth.feed_ids(4, 2)]
-    assert items[0].title == "【游戏】Late river wins & more"  # &amp; in the HTML
+    assert cast(FeedEntry, items[0]).title == "【游戏】Late river wins & more"  # &amp; in the HTML
     assert follows == []
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from exceptions import ParseError
+from sites.demo.items import User
 from tests.sites.demo import truth
 from tests.sites.demo.truth import run
 
@@ -18,7 +21,7 @@ def test_gbk_profile_is_decoded() -> None:
         "demo.pc.user_info", {"user_id": "u1"}, "pc", "user_u1_page1.html"
     )
     assert items == [truth.user("u1")]
-    u = items[0]
+    u = cast(User, items[0])
     assert (u.name, u.location, u.bio) == (
         "Ning Zhang 张宁",
         "南京 Nanjing",
@@ -32,7 +35,7 @@ def test_gbk_profile_is_decoded() -> None:
 def test_verified_user() -> None:
     items, _, _ = run("demo.pc.user_info", {"user_id": "u6"}, "pc", "user_u6_verified.html")
     assert items == [truth.user("u6", truth.SMALL)]
-    assert items[0].verified is True
+    assert cast(User, items[0]).verified is True
 
 
 def test_not_a_user_page_raises_parse_error() -> None:
