@@ -28,7 +28,9 @@ def _get(s: requests.Session, url: str, **kw: object) -> requests.Response:
 def crawl_pc(s: requests.Session, base: str) -> Crawl:
     out = Crawl()
     first = Selector(_get(s, f"{base}/pc/feed?page=1").text)
-    total = int(first.css(".pager .total-pages::text").get())
+    total_text = first.css(".pager .total-pages::text").get()
+    assert total_text is not None
+    total = int(total_text)
     pages = [first] + [
         Selector(_get(s, f"{base}/pc/feed?page={n}").text) for n in range(2, total + 1)
     ]
@@ -36,7 +38,9 @@ def crawl_pc(s: requests.Session, base: str) -> Crawl:
     for page in pages:
         for item in page.css(".feed-item"):
             out.feed_entries.append(item.attrib["data-pid"])
-            out.users.add(item.css("a.user-link::attr(href)").get().rsplit("/", 1)[1])
+            href = item.css("a.user-link::attr(href)").get()
+            assert href is not None
+            out.users.add(href.rsplit("/", 1)[1])
     post_ids: list[str] = []
     for uid in sorted(out.users):
         url: str | None = f"{base}/pc/user/{uid}?page=1"
@@ -54,8 +58,12 @@ def crawl_pc(s: requests.Session, base: str) -> Crawl:
     for pid in post_ids:
         sel = Selector(_get(s, f"{base}/pc/post/{pid}").text)
         out.requests["post"] += 1
-        out.posts.add(sel.css("article.post-detail::attr(data-pid)").get())
-        url = base + sel.css("a.comments-link::attr(href)").get()
+        detail_pid = sel.css("article.post-detail::attr(data-pid)").get()
+        assert detail_pid is not None
+        out.posts.add(detail_pid)
+        comments_href = sel.css("a.comments-link::attr(href)").get()
+        assert comments_href is not None
+        url = base + comments_href
         while url:
             sel = Selector(_get(s, url).text)
             assert not sel.css(".login-wall"), "hit the login wall"

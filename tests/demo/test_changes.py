@@ -82,7 +82,8 @@ def test_the_server_moves_likes_with_its_manual_clock() -> None:
         s.post(f"{demo.url}/admin/clock", json={"advance": 2 * DAY}).raise_for_status()
         truth = s.get(f"{demo.url}/admin/changes", params={"post": "p1"}).json()
         assert likes() == before + len(truth["events"]) > before  # about 48 events
-        listed = s.get(f"{demo.url}/app/api/user_statuses", params={"user_id": "u1", "size": 50},
+        query: dict[str, str | int] = {"user_id": "u1", "size": 50}
+        listed = s.get(f"{demo.url}/app/api/user_statuses", params=query,
                        headers={"User-Agent": "DemoApp/1.0 (Android 14; Pixel 8)"}).json()  # fmt: skip
         [row] = [p for p in listed["data"]["list"] if p["id"] == "p1"]
         assert row["likes"] == likes()  # list views show the same moved counts

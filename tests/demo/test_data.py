@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import pytest
 
@@ -64,6 +65,11 @@ def test_huge_dataset_is_lazy() -> None:
     assert time.perf_counter() - start < 1.0
 
 
+def _front(counts: dict[str, object], name: str) -> dict[str, int]:
+    """One front end's page counts: `expected_counts` types its values as object."""
+    return cast(dict[str, int], counts[name])
+
+
 def test_expected_counts_formulas() -> None:
     e = expected_counts(5, 3, 4)
     assert (e["users"], e["posts"], e["comments"], e["feed_entries"]) == (5, 15, 60, 5)
@@ -75,20 +81,21 @@ def test_expected_counts_formulas() -> None:
         h5_feed_page_size=21, h5_statuses_page_size=5, h5_comments_page_size=3,
         app_page_size=100, app_max_size=4,
     )  # fmt: skip
-    assert e["pc"]["feed_pages"] == 3 and e["pc"]["user_pages"] == 21 * 3
-    assert e["pc"]["comment_pages"] == 105 * 1
-    assert e["h5"]["feed_pages"] == 1 and e["h5"]["status_pages"] == 21
-    assert e["h5"]["comment_pages"] == 105 * 3
-    assert e["app"]["feed_pages"] == 6  # size clamped to 4
-    assert e["app"]["status_pages"] == 21 * 2 and e["app"]["comment_pages"] == 105 * 2
-    assert e["app"]["profile_requests"] == 21 and e["app"]["detail_requests"] == 105
+    pc, h5, app = (_front(e, name) for name in ("pc", "h5", "app"))
+    assert pc["feed_pages"] == 3 and pc["user_pages"] == 21 * 3
+    assert pc["comment_pages"] == 105 * 1
+    assert h5["feed_pages"] == 1 and h5["status_pages"] == 21
+    assert h5["comment_pages"] == 105 * 3
+    assert app["feed_pages"] == 6  # size clamped to 4
+    assert app["status_pages"] == 21 * 2 and app["comment_pages"] == 105 * 2
+    assert app["profile_requests"] == 21 and app["detail_requests"] == 105
 
 
 def test_empty_lists_are_one_page() -> None:
     e = expected_counts(0, 1, 0)
-    assert e["pc"]["feed_pages"] == 1 and e["posts"] == 0
+    assert _front(e, "pc")["feed_pages"] == 1 and e["posts"] == 0
     e = expected_counts(3, 2, 0)
-    assert e["comments"] == 0 and e["h5"]["comment_pages"] == 6
+    assert e["comments"] == 0 and _front(e, "h5")["comment_pages"] == 6
     assert page_count(0, 10) == 1 and page_count(10, 10) == 1 and page_count(11, 10) == 2
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -14,7 +15,7 @@ from tests.demo.crawl import Crawl, crawl_app, crawl_h5, crawl_pc
 pytestmark = pytest.mark.integration
 
 # Odd page sizes so every list spans several pages and the last one is partial.
-PAGED = dict(
+PAGED: dict[str, Any] = dict(
     size="small", pc_feed_page_size=7, pc_user_page_size=2, pc_comments_page_size=2,
     h5_feed_page_size=6, h5_statuses_page_size=3, h5_comments_page_size=4,
 )  # fmt: skip

@@ -53,11 +53,11 @@ def test_a_handshake_that_contradicts_the_user_agent_is_refused_and_ours_follows
     ca = str(guarded.guard_ca)
     # Chrome's handshake under a Firefox user agent (curl_cffi's target, the agent swapped in)
     r = curl_requests.get(guarded.guard_url + "/pc/feed", impersonate="chrome131",
-                          headers={"User-Agent": FIREFOX}, verify=ca)  # fmt: skip
+                          headers={"User-Agent": FIREFOX}, verify=ca)  # type: ignore[arg-type]  # fmt: skip
     assert r.status_code == 403 and reason(r) == "the TLS handshake is not Firefox's"
     # curl_cffi's own Android target says sec-ch-ua-mobile: ?0 under a Mobile user agent
     r = curl_requests.get(guarded.guard_url + "/pc/feed", impersonate="chrome131_android",
-                          verify=ca)  # fmt: skip
+                          verify=ca)  # type: ignore[arg-type]  # fmt: skip
     assert r.status_code == 403 and reason(r) == "sec-ch-ua-mobile contradicts the user agent"
     # the impersonating fetcher, asked for Chrome but lent a Firefox agent, sends as Firefox
     f = ImpersonateFetcher(ca_bundle=ca)

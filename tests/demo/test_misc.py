@@ -40,7 +40,7 @@ def test_proxies_pages_and_file(
     extra.write_text("# comment\n127.0.0.3:3128\n\n")
     with DemoServer(size="tiny", proxies=listed, proxies_file=str(extra)) as server:
 
-        def rows(page: int) -> list[tuple[str, str, str]]:
+        def rows(page: int) -> list[tuple[str | None, str | None, str | None]]:
             sel = Selector(http.get(server.url + f"/proxies?page={page}").text)
             assert sel.css(".total-pages::text").get() == "2"
             return [
