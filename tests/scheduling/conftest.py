@@ -70,7 +70,7 @@ def _reload() -> None:
     # session loaded our site); a fresh process computes it anew, so do what it would do
     for attr in ("queues", "default_queue", "router"):
         worker.app.amqp.__dict__.pop(attr, None)
-    worker.app.amqp._rtable = None
+    worker.app.amqp._rtable = None  # type: ignore[attr-defined]
     if "tests.scheduling.schedsite" in get_settings().extra_site_packages:
         # chains register once per process: other test packages may have loaded them already
         importlib.import_module("tests.scheduling.schedchains.defs")

@@ -21,7 +21,8 @@ from tests.scheduling.test_limits_workers import wait_done
 def test_the_default_is_the_star_entry() -> None:
     s = Settings(limits="", default_limits="4/s,8")
     assert effective_limits(s)["*"].describe() == "4/s, max 8 in flight"
-    assert default_limit(Settings(default_limits="4/s,8")).rate == 4.0
+    default = default_limit(Settings(default_limits="4/s,8"))
+    assert default is not None and default.rate == 4.0
     for off in ("off", "", "none", " OFF "):
         assert default_limit(Settings(default_limits=off)) is None
         assert effective_limits(Settings(limits="", default_limits=off)) == {}
@@ -59,15 +60,18 @@ def test_the_gate_is_the_redis_one_while_the_default_is_on(monkeypatch) -> None:
     monkeypatch.delenv("CHAINCRAWL_GATE", raising=False)
     try:
         monkeypatch.setenv("CHAINCRAWL_DEFAULT_LIMITS", "off")
-        reset_settings(), reset_gate()
+        reset_settings()
+        reset_gate()
         assert isinstance(get_gate(), NoopGate)
         monkeypatch.setenv("CHAINCRAWL_DEFAULT_LIMITS", "4/s,8")
-        reset_settings(), reset_gate()
+        reset_settings()
+        reset_gate()
         gate = get_gate()
         assert isinstance(gate, RedisGate) and gate.limits["*"].max == 8
     finally:
         monkeypatch.undo()
-        reset_settings(), reset_gate()
+        reset_settings()
+        reset_gate()
 
 
 @pytest.mark.integration

@@ -64,6 +64,10 @@ def test_an_idle_sites_share_goes_to_the_busy_one_and_comes_back(
         t = time.monotonic()
         return in_flight(sched_site, a_tag, t), in_flight(sched_site, b_tag, t)
 
+    def alpha_back() -> bool:  # alpha has its share back and beta dropped to its own
+        a, b = now_both()
+        return a >= 3 and b <= 5
+
     # beta alone: it uses alpha's idle share too (8 in flight, twice its nominal 4)
     beta = chains.run(Chain("beta", step("beta.local.work")),
                       [{"tag": b_tag, "n": i, "s": 0.5} for i in range(120)])  # fmt: skip
@@ -75,8 +79,7 @@ def test_an_idle_sites_share_goes_to_the_busy_one_and_comes_back(
     woke = time.monotonic()
     alpha = chains.run(Chain("alpha", step("alpha.local.work")),
                        [{"tag": a_tag, "n": i, "s": 0.5} for i in range(60)])  # fmt: skip
-    took = wait_until(lambda: (lambda a, b: a >= 3 and b <= 5)(*now_both()), DEADLINE,
-                      "alpha getting its share back")  # fmt: skip
+    took = wait_until(alpha_back, DEADLINE, "alpha getting its share back")
     print(f"alpha got its share back {took:.1f}s after waking: {now_both()} in flight")
     view = share.view()
     assert view["alpha"]["share"] == pytest.approx(4, abs=0.01)  # both busy: 4 and 4

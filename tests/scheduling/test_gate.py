@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import cast
 
 import pytest
 from redis.crc import key_slot
@@ -37,7 +38,7 @@ def make_gate(redis_url: str, key_prefix: str, new_client):
 def let_time_pass(g: RedisGate, scope: str, seconds: float) -> None:
     """As if `seconds` had gone by on Redis's clock for the leases of `scope` (scores in µs)."""
     key = g.key(scope, "leases")
-    leases = g.r.zrange(key, 0, -1, withscores=True)
+    leases = cast(list[tuple[bytes, float]], g.r.zrange(key, 0, -1, withscores=True))
     if leases:
         g.r.zadd(key, {m: score - seconds * 1e6 for m, score in leases}, xx=True)
 

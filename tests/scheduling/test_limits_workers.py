@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import cast
 
 import pytest
 
@@ -99,7 +100,8 @@ def test_lease_of_a_killed_worker_expires(start_workers, sched_site: SchedSite) 
     t_before = time.monotonic()
     sec, usec = r.time()  # read at t_before or later, so the leases end at t_before + 2 or later
     now_us = sec * 1_000_000 + usec
-    r.zadd(key, {m: now_us + 2_000_000 for m, _ in r.zrange(key, 0, -1, withscores=True)}, xx=True)
+    leases = cast(list[tuple[bytes, float]], r.zrange(key, 0, -1, withscores=True))
+    r.zadd(key, {m: now_us + 2_000_000 for m, _ in leases}, xx=True)
     expires_at = t_before + 2.0  # our clock
     fresh = uuid.uuid4().hex[:8]
     run = chains.run(

@@ -6,6 +6,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 from celery.schedules import crontab
@@ -168,8 +169,8 @@ def test_a_running_run_is_not_started_twice(sched_env) -> None:
     again = trigger(e)
     assert again.status == "running" and again.run_id == first.run_id
     r = get_redis()
-    assert r.hget(entry_key(e.name), "run").decode() == first.run_id
-    assert b"running" in r.hget(entry_key(e.name), "last_outcome")
+    assert cast(bytes, r.hget(entry_key(e.name), "run")).decode() == first.run_id
+    assert b"running" in cast(bytes, r.hget(entry_key(e.name), "last_outcome"))
     # once the run is done, the next tick starts a new one
     state = RunState(r)
     r.hset(state.run_key(first.run_id), "status", "done")
@@ -228,7 +229,7 @@ def test_trigger_task_on_a_worker_never_doubles_a_run(start_workers, sched_site:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     time.sleep(0.5)
-    first_run = r.hget(entry_key(name), "run").decode()
+    first_run = cast(bytes, r.hget(entry_key(name), "run")).decode()
     assert len(sched_site.tagged(name)) == 1
     while RunState(r).info(first_run).get("status") != "done":
         assert time.monotonic() < deadline
@@ -237,7 +238,7 @@ def test_trigger_task_on_a_worker_never_doubles_a_run(start_workers, sched_site:
     while len(sched_site.tagged(name)) < 2:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert r.hget(entry_key(name), "run").decode() != first_run
+    assert cast(bytes, r.hget(entry_key(name), "run")).decode() != first_run
     assert sched_site.max_in_flight[name] == 1
 
 

@@ -46,8 +46,8 @@ def test_places_are_shared_by_every_gate_and_given_back(make_gate, monkeypatch) 
     asks: list[int] = []
     sleeps: list[float] = []
     admit, sleep = a._admit, time.sleep
-    monkeypatch.setattr(a, "_admit", lambda **kw: asks.append(1) or admit(**kw))
-    monkeypatch.setattr(time, "sleep", lambda s: sleeps.append(s) or sleep(s))
+    monkeypatch.setattr(a, "_admit", lambda **kw: asks.append(1) or admit(**kw))  # type: ignore[func-returns-value]
+    monkeypatch.setattr(time, "sleep", lambda s: sleeps.append(s) or sleep(s))  # type: ignore[func-returns-value]
     with pytest.raises(Throttled, match=r"demo\.render: 2 in flight") as exc:
         a.enter("demo", RENDER, ttl=30)
     # asked again while the waits fit in max_sleep (0.3 s), then re-queued, never slept past it
@@ -116,7 +116,9 @@ def test_the_render_cap_alone_picks_the_redis_gate_and_shows_in_the_report(
     reset_gate()
     try:
         gate = get_gate()
-        assert isinstance(gate, RedisGate) and gate.work_scope("x", RENDER).max == 3
+        assert isinstance(gate, RedisGate)
+        scope = gate.work_scope("x", RENDER)
+        assert scope is not None and scope.max == 3
         assert politeness_report()["render"] == {"default": "max 3 in flight", "scopes": []}
         monkeypatch.setenv("CHAINCRAWL_BROWSER_SITE_LIMIT", "off")
         reset_settings()

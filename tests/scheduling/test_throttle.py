@@ -33,7 +33,7 @@ class CountingRedis(redis.Redis):
             CountingRedis.trips += 1
             return run(raise_on_error)
 
-        pipe.execute = execute
+        pipe.execute = execute  # type: ignore[method-assign]
         return pipe
 
 
@@ -194,7 +194,8 @@ def test_the_gate_takes_tokens_and_the_throttle_slot_in_one_round_trip(
     throttle.feedback("s", 0.01, 429)
     assert CountingRedis.trips == 1  # a backoff is sent at once
     print(f"\ngate tokens + throttle slot + feedback: {per_request * 1e6:.0f} us per request")
-    assert throttle.state("s")["samples"] >= n - 1
+    state = throttle.state("s")
+    assert state is not None and state["samples"] >= n - 1
     client.close()
 
 

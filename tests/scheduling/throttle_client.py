@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 from config import Settings
 from exceptions import Throttled
@@ -25,7 +26,7 @@ SITE = "polite"
 
 def main(argv: list[str]) -> None:
     redis_url, prefix, url, pages, threads = argv[:5]
-    extra = dict(a.split("=", 1) for a in argv[5:])
+    extra: dict[str, Any] = dict(a.split("=", 1) for a in argv[5:])  # Settings parses them
     s = Settings(redis_url=redis_url, key_prefix=prefix, throttle=True, **extra)
     client = get_redis(redis_url)
     throttle = Throttle(client, s)

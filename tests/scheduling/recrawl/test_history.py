@@ -106,7 +106,7 @@ def test_a_key_sent_again_and_again_without_being_stored_is_dropped(hist: Histor
 def test_a_batch_whose_key_moved_meanwhile_is_computed_again(hist: History, rds) -> None:
     hist.observe([("p1", False)], T0)
     real = rds.hmget
-    calls = []
+    calls: list[int] = []
 
     def racing(key, keys):  # another drainer observes p1 between our read and our write
         got = real(key, keys)
