@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -110,7 +111,7 @@ def test_proxy_parts_split_credentials_out_of_the_server() -> None:
 
 def test_result_from_wire_gives_fetch_responses() -> None:
     dom = '<html><body><div class="x">渲染</div></body></html>'.encode()
-    header = {
+    header: dict[str, Any] = {
         "ok": True,
         "page": {
             "url": "http://h/p",

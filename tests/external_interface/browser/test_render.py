@@ -44,6 +44,7 @@ def test_list_pages_fill_by_script_and_the_pager_walks_them_all(
     browser: BrowserPool, js_demo: DemoServer
 ) -> None:
     exp = js_demo.expected()["js"]
+    pids: list[str]
     url, pids, pages = js_demo.url_for("/js/feed"), [], 0
     while url:
         res = browser.render(RenderRequest(url, wait_for=READY, capture_json=r"/js/api/feed"))
