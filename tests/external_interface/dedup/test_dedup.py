@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -365,7 +365,7 @@ def check_buckets(d: RedisDedup, rds: redis.Redis, model: Reference) -> None:
     lay = d.layout
     found: dict[tuple[int, int, int], tuple[int, int]] = {}
     for b in range(lay.buckets):
-        raw = rds.get(d.bucket_key(b))
+        raw = cast("bytes | None", rds.get(d.bucket_key(b)))
         if raw is None:
             continue
         assert len(raw) == lay.fixed_bytes() + 9 * sum(decode_bucket(raw, lay).counts)
@@ -455,7 +455,7 @@ def test_under_ten_bytes_per_record(rds: redis.Redis, key_prefix: str) -> None:
     d.mark_many(ids, ids)
     keys = d._scan_buckets()
     assert len(keys) == d.layout.buckets
-    used = sum(rds.memory_usage(k) for k in keys)  # value + key + dict entry, per key
+    used = sum(cast(int, rds.memory_usage(k)) for k in keys)  # value + key + dict entry, per key
     assert used / n < 10
     d.clear()
 
@@ -521,14 +521,14 @@ def test_merge_applies_updates_and_inserts_of_one_call(
     d.mark_many(first[:4], ["v"] * 4)
     d.mark_many(first[4:8], ["v"] * 4)
     d.mark_many(first[8:], ["v"])
-    bucket = decode_bucket(rds.get(d.bucket_key(0)), lay)
+    bucket = decode_bucket(cast(bytes, rds.get(d.bucket_key(0))), lay)
     assert (len(bucket.main), len(bucket.pending)) == (8, 1)
     clock.advance(hours=2)
     ids = ["m0", "m8", "n1", "n2", "n3", "n4"]  # main update, pending update, 4 inserts
-    vals = ["w", "w", "x", "x", "x", "x"]
+    vals: list[str | None] = ["w", "w", "x", "x", "x", "x"]
     want = model.apply(2, ids, vals, now + 2)
     assert d.mark_many(ids, vals, refresh=True) == want
-    bucket = decode_bucket(rds.get(d.bucket_key(0)), lay)
+    bucket = decode_bucket(cast(bytes, rds.get(d.bucket_key(0))), lay)
     assert (len(bucket.main), len(bucket.pending)) == (13, 0)
     check_buckets(d, rds, model)
     d.clear()
