@@ -26,7 +26,8 @@ from utils.servers import free_port
 
 @pytest.fixture(scope="module")
 def site() -> Iterator[TestSite]:
-    s = TestSite().start()
+    s = TestSite()
+    s.start()
     yield s
     s.stop()
 
