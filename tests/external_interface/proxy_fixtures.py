@@ -61,7 +61,8 @@ def fetch(
     try:
         with requests.Session() as s:
             s.trust_env = False
-            r = s.get(req.url, proxies={"http": req.proxy, "https": req.proxy}, timeout=timeout)
+            proxies = {"http": req.proxy, "https": req.proxy}  # None: direct
+            r = s.get(req.url, proxies=proxies, timeout=timeout)  # type: ignore[arg-type]
         outcome = Outcome(time.monotonic() - t0, status=r.status_code, text_sample=r.text[:100])
     except requests.RequestException as exc:
         outcome = Outcome(time.monotonic() - t0, error=exc)

@@ -5,6 +5,7 @@ detected from the login wall. The steps run in-process with the real providers."
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -14,6 +15,8 @@ from demo.testing import DemoServer
 from exceptions import ConfigError, LoginRequired
 from external_interface.resources.captcha import captcha_stats
 from external_interface.resources.pool import Pool
+from sites.demo.production.cookies import CaptchaChallenge
+from sites.production import PoolEntry
 from tests.resources_site.helpers import fetcher, private_env, run_online
 
 NO_PRODUCTION = '{"low_water": 0}'  # these tests produce by hand; no chain runs
@@ -42,6 +45,7 @@ def produce_cookie() -> str:
     (solution,), _ = run_online("demo.captcha.recognize", challenge.model_dump())
     (ticket,), _ = run_online("demo.login", solution.model_dump())
     (entry,), _ = run_online("demo.cookie.add", ticket.model_dump())
+    assert isinstance(entry, PoolEntry)
     assert entry.pool == "cookie:demo"
     return entry.member
 
@@ -53,7 +57,7 @@ def test_production_steps_put_a_working_session_into_the_pool(
     member = produce_cookie()
     pool = Pool("cookie", "demo")
     assert pool.ids() == [member]
-    raw = rds.hget(pool.k_secret, member)
+    raw = cast(bytes, rds.hget(pool.k_secret, member))
     assert b"session" not in raw  # sealed at rest
     assert '"session"' in pool.sealer.open(raw)
     assert demo.stats()["logins"]["ok"] == before + 1
@@ -87,6 +91,7 @@ def test_a_rejected_captcha_is_replaced_by_a_fresh_one(
     env: None, demo: DemoServer, rds: redis.Redis, key_prefix: str
 ) -> None:
     (challenge,), _ = run_online("demo.captcha.download", {"slot": 0})
+    assert isinstance(challenge, CaptchaChallenge)
     before = demo.stats()["logins"]
     (ticket,), _ = run_online("demo.login", {"captcha_id": challenge.captcha_id, "answer": "x"})
     after = demo.stats()["logins"]
@@ -94,6 +99,7 @@ def test_a_rejected_captcha_is_replaced_by_a_fresh_one(
     assert after["ok"] == before["ok"] + 1
     assert captcha_stats(rds, key_prefix, "demo") == {"rejected": 1, "solved": 1, "accepted": 1}
     (entry,), _ = run_online("demo.cookie.add", ticket.model_dump())
+    assert isinstance(entry, PoolEntry)
     assert entry.member in Pool("cookie", "demo")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -75,6 +75,7 @@ def test_prepare_puts_the_cookie_on_the_request_and_only_its_id_in_leases(
 ) -> None:
     p = cookies(rds, key_prefix)
     mid = p.pool.add({"cookies": {"session": "s3cr3t-value"}})
+    assert mid is not None
     req = lend(p)
     assert req.cookies == {"session": "s3cr3t-value"}
     assert req.leases == {"cookie": mid}
@@ -94,6 +95,7 @@ def test_login_wall_bans_the_session_and_asks_to_rotate(
 ) -> None:
     p = cookies(rds, key_prefix)
     mid = p.pool.add({"cookies": {"session": "x"}})
+    assert mid is not None
     task = Task()
     req = lend(p, task)
     with pytest.raises(LoginRequired) as ei:
@@ -120,6 +122,7 @@ def test_other_failures_are_not_the_sessions_fault(
 ) -> None:
     p = cookies(rds, key_prefix)
     mid = p.pool.add({"cookies": {"session": "x"}})
+    assert mid is not None
     p.feedback(lend(p), outcome, Task())
     assert mid in p.pool and p.pool.score(mid) == 5 and p.pool.uses(mid) == 1
 
@@ -133,7 +136,7 @@ def test_empty_pool_waits_and_starts_one_production_run(rds: redis.Redis, key_pr
     assert len(runs.started) == 1
     name, seeds, rid = runs.started[0]
     assert name == "demo_cookie_production" and len(seeds) == 5
-    assert rds.get(p.pool.k_producing).decode().split()[0] == rid
+    assert cast(bytes, rds.get(p.pool.k_producing)).decode().split()[0] == rid
     # many other workers asking meanwhile start nothing while that run is going
     for _ in range(5):
         with pytest.raises(ResourceUnavailable):
@@ -207,6 +210,7 @@ def test_waiting_for_a_cookie_gives_the_device_back(rds: redis.Redis, key_prefix
     d = devices(rds, key_prefix, cooldown=60)
     c = cookies(rds, key_prefix)
     mid = d.pool.add({"device_id": "dev-1"})
+    assert mid is not None
     req = OutgoingRequest("GET", "http://127.0.0.1:1/app/api/comments")
     task = Task(platform="app")
     d.prepare(req, task)  # PROVIDER_ORDER: device_id before cookie

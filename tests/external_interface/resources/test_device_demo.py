@@ -16,6 +16,7 @@ from exceptions import BannedError
 from external_interface.resources.base import OutgoingRequest
 from external_interface.resources.device_id import DeviceProvider
 from external_interface.resources.pool import Pool
+from sites.production import PoolEntry
 from tests.resources_site.helpers import private_env, run_online
 
 
@@ -41,6 +42,7 @@ def env(demo: DemoServer, redis_url: str, key_prefix: str) -> Iterator[None]:
 def produce_device() -> str:
     (ticket,), _ = run_online("demo.device.register", {"slot": 0})  # signed, with the app UA
     (entry,), _ = run_online("demo.device.add", ticket.model_dump())
+    assert isinstance(entry, PoolEntry)
     assert entry.pool == "device_id:demo"
     return entry.member
 

@@ -5,6 +5,7 @@ that cookies, devices and proxies share; on one Redis and on a Redis Cluster (`[
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import redis
@@ -70,7 +71,9 @@ def test_uses_order_lends_the_least_used_and_keeps_its_count_in_idle(
         lease = pool.take(["m2"], 10).lease
         assert lease is not None and lease.id in ("m0", "m1")
         pool.give_back(lease, rest=30)  # no cool-down in this order
-    scores = dict(rds.zrange(pool.k_idle, 0, -1, withscores=True))
+    scores = dict(
+        cast("list[tuple[bytes, float]]", rds.zrange(pool.k_idle, 0, -1, withscores=True))
+    )
     assert scores == {b"m0": 1.0, b"m1": 1.0, b"m2": 0.0}
     lease = pool.take((), 10).lease
     assert lease is not None and lease.id == "m2"  # the least used goes first

@@ -172,7 +172,7 @@ def test_concurrent_checkouts_never_share_a_member(rds: redis.Redis, key_prefix:
     held: set[str] = set()
     lock = threading.Lock()
     errors: list[str] = []
-    got = Counter()
+    got: Counter[str] = Counter()
 
     def worker() -> None:
         for _ in range(60):

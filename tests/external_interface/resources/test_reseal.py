@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import redis
 
@@ -57,8 +58,10 @@ def test_reseal_moves_every_secret_to_the_new_key_and_adopts_clear_values(
                                     "changed_meanwhile": 0, "keys": 1}  # fmt: skip
 
     after = Sealer([new])  # the old key can go now
-    assert json.loads(after.open(rds.hget(cookies.k_secret, "co-1"))) == {"cookies": {"sid": "s-1"}}
-    assert "s-clear" in after.open(rds.hget(cookies.k_secret, "co-clear"))
+    assert json.loads(after.open(cast(bytes, rds.hget(cookies.k_secret, "co-1")))) == {
+        "cookies": {"sid": "s-1"}
+    }
+    assert "s-clear" in after.open(cast(bytes, rds.hget(cookies.k_secret, "co-clear")))
     assert GlobalPool(rds, key_prefix, sealer=after).urls(["127.0.0.1:3128"]) == {
         "127.0.0.1:3128": "http://u:pw@127.0.0.1:3128"
     }
@@ -67,4 +70,4 @@ def test_reseal_moves_every_secret_to_the_new_key_and_adopts_clear_values(
     assert lease is not None and lease.url == "http://u:pw@127.0.0.1:3128"
     vkey = f"{key_prefix}:vault:device_id:shop:{ticket}"
     assert 0 < rds.ttl(vkey) <= 300  # the ticket keeps its expiry
-    assert json.loads(after.open(rds.get(vkey))) == {"device_id": "d-1"}
+    assert json.loads(after.open(cast(bytes, rds.get(vkey)))) == {"device_id": "d-1"}

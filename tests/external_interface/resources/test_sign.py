@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -81,7 +82,7 @@ def test_demo_server_accepts_our_signatures(
 ) -> None:
     monkeypatch.setenv("CHAINCRAWL_SIGN_KEY_DEMO", "a-custom-key")
     prov = SignProvider("demo", "app", demo_signer())
-    cases = [
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("/app/api/feed", {"page": 1, "size": 3}),
         ("/app/api/user_info?user_id=u2", {}),
         ("/app/api/user_statuses", {"user_id": "u3", "page": "1"}),

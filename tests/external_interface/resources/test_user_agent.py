@@ -37,7 +37,7 @@ def test_every_demo_agent_passes_the_demo_rules(front: str) -> None:
 def test_rotation_cycles_through_all_agents() -> None:
     prov = UserAgentProvider("demo", "h5")
     n = len(agents_for("demo", "h5"))
-    seen = Counter()
+    seen: Counter[str] = Counter()
     for _ in range(3 * n):
         req = OutgoingRequest("GET", "http://x/")
         prov.prepare(req, None)  # type: ignore[arg-type]

@@ -203,7 +203,9 @@ def test_avoiding_every_proxy_of_the_channel_still_lends_one(pool: GlobalPool) -
     a preference (tests/integration/test_avoid_starvation.py)."""
     x, y = fill(pool, 2)
     ch = ChannelPool("a", pool)
-    ch.release(ch.checkout(avoid={y}))  # type: ignore[arg-type]  - x used once
+    used = ch.checkout(avoid={y})  # x, used once
+    assert used is not None
+    ch.release(used)
     lease = ch.checkout(avoid={x, y, "gone:1"})
     assert lease is not None and lease.id == y  # the least used of the avoided
 

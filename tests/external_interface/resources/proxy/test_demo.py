@@ -24,7 +24,11 @@ BUDGET = 4  # requests per IP per window before the demo answers 429
 
 @pytest.fixture
 def demo_with_proxies(proxies: ProxyFactory) -> Iterator[tuple[object, dict[str, list]]]:
-    kinds = {"good": proxies.healthy(3), "leaky": [proxies.transparent()], "dead": [proxies.dead()]}
+    kinds: dict[str, list] = {
+        "good": proxies.healthy(3),
+        "leaky": [proxies.transparent()],
+        "dead": [proxies.dead()],
+    }
     listed = [p.id for group in kinds.values() for p in group]
     server = demo_testing.DemoServer(
         size="tiny",

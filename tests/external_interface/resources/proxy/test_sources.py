@@ -12,6 +12,7 @@ from external_interface.resources.proxy.sources import (
     ApiSource,
     FileSource,
     PageSource,
+    ProxySource,
     harvest,
     source_from_spec,
 )
@@ -106,7 +107,7 @@ def test_harvest_then_first_validation(
     ]
     f = tmp_path / "list.txt"
     f.write_text(f"{good[1].id}\n{good[0].id}\n")
-    srcs = [
+    srcs: list[ProxySource] = [
         PageSource(listing.url("/proxies?page={page}")),
         FileSource(f),
         FileSource(tmp_path / "missing.txt"),  # a broken source is skipped, not fatal

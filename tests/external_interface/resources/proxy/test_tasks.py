@@ -6,19 +6,21 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from celery import Celery, current_app
 from celery.beat import Scheduler
 from celery.contrib.testing.worker import start_worker
+from celery.local import Proxy
 
 from config import reset_settings
 from external_interface.resources.proxy import tasks as proxy_tasks
 from external_interface.resources.proxy.channel import ChannelPool
 from external_interface.resources.proxy.pool import GlobalPool
 from settings.proxy import reset_proxy_settings
-from tests.external_interface.proxy_fixtures import ProxyFactory
-from tests.external_interface.proxy_servers import TargetSite
+from tests.external_interface.proxy_fixtures import DeadProxy, ProxyFactory
+from tests.external_interface.proxy_servers import ForwardProxy, TargetSite
 from utils.redis import get_redis, reset_clients
 
 RESETS = (reset_settings, reset_clients, reset_proxy_settings)
@@ -61,7 +63,7 @@ def test_tasks_are_named_and_routed() -> None:
         (proxy_tasks.validate_sites, "validate_sites"),
     ):
         assert t.name == f"resources.proxy.{name}"
-        assert t.queue == "resources"
+        assert cast(Any, t).queue == "resources"  # a decorator option; the stubs lack it
 
 
 def test_beat_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,7 +96,8 @@ def test_pool_lifecycle_through_the_tasks(
     good = proxies.healthy(2)
     leaky = proxies.transparent()
     dead = proxies.dead()
-    env.write_text("\n".join(p.url for p in (*good, leaky, dead)))
+    every: list[ForwardProxy | DeadProxy] = [*good, leaky, dead]
+    env.write_text("\n".join(p.url for p in every))
     site = f"shop-{key_prefix}"
     target_site.ban(site, good[1].host)
 
@@ -132,7 +135,7 @@ def test_a_worker_on_the_resources_queue_runs_them(
     good = proxies.healthy(1)[0]
     env.write_text(good.url)
     url = redis_server.url.rsplit("/", 1)[0] + "/7"  # type: ignore[attr-defined]
-    previous = current_app._get_current_object()
+    previous = cast("Proxy[Celery]", current_app)._get_current_object()
     app = Celery("proxy-tasks-test", broker=url, backend=url, set_as_current=True)
     app.conf.update(task_default_queue="default", broker_connection_retry_on_startup=True)
     # an in-process worker sets up logging, and the worker module's signal handler then puts

@@ -17,8 +17,8 @@ from external_interface.resources.proxy.validate import (
     SiteValidator,
     leaks,
 )
-from tests.external_interface.proxy_fixtures import ProxyFactory
-from tests.external_interface.proxy_servers import TargetSite
+from tests.external_interface.proxy_fixtures import DeadProxy, ProxyFactory
+from tests.external_interface.proxy_servers import ForwardProxy, TargetSite
 from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
 
 
@@ -31,7 +31,8 @@ def test_first_validation_keeps_only_anonymous_live_proxies(
     slow = proxies.slow(delay=3.0)  # slower than check_timeout (1.5 s)
     leaky = proxies.transparent()
     dead = proxies.dead()
-    assert pool.add_raw([p.url for p in (*good, secret, slow, leaky, dead)]) == 6
+    every: list[ForwardProxy | DeadProxy] = [*good, secret, slow, leaky, dead]
+    assert pool.add_raw([p.url for p in every]) == 6
     assert pool.add_raw([good[0].url]) == 0  # already queued
 
     counts = ProxyValidator(pool).validate_new()
