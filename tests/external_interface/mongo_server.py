@@ -64,7 +64,9 @@ class MongoServer:
         )
         try:
             wait_for_port(self.port, timeout=timeout)
-            client = pymongo.MongoClient(self.url, serverSelectionTimeoutMS=int(timeout * 1000))
+            client: pymongo.MongoClient = pymongo.MongoClient(
+                self.url, serverSelectionTimeoutMS=int(timeout * 1000)
+            )
             try:
                 client.admin.command("ping")
             finally:
@@ -118,7 +120,7 @@ def mongo_db(mongo_url: str) -> Iterator[str]:
     """A database name unique to this test, dropped afterwards."""
     name = f"cc_test_{uuid.uuid4().hex[:10]}"
     yield name
-    client = pymongo.MongoClient(mongo_url, serverSelectionTimeoutMS=5000)
+    client: pymongo.MongoClient = pymongo.MongoClient(mongo_url, serverSelectionTimeoutMS=5000)
     try:
         client.drop_database(name)
     except pymongo.errors.PyMongoError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -41,7 +41,8 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
 
 
 def counters(rds: redis.Redis, prefix: str, run: str) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in rds.hgetall(counters_key(prefix, run)).items()}
+    fields = cast("dict[bytes, bytes]", rds.hgetall(counters_key(prefix, run)))
+    return {k.decode(): int(v) for k, v in fields.items()}
 
 
 def add_posts(rds: redis.Redis, prefix: str, n: int, per_entry: int = 2, run: str = "r1") -> int:
@@ -279,10 +280,10 @@ def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
     worker's drainer asks Redis every 2 s, not twice a second); an entry returns the blocked
     read at once, whatever the block."""
     d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=0.1)
-    blocks: list[int] = []
+    blocks: list[int | None] = []
     read = d.read
 
-    def counted(count: int, block_ms: int) -> list[OutboxEntry]:
+    def counted(count: int, block_ms: int | None) -> list[OutboxEntry]:
         blocks.append(block_ms)
         return read(count, block_ms)
 
@@ -320,7 +321,7 @@ def test_poison_entries_are_isolated_and_dead_lettered(rds: redis.Redis, key_pre
         "store_failed": 2,
     }
     assert counters(rds, key_prefix, "r2") == {"feed:stored": 2, "stored": 2}
-    dead = rds.xrange(dead_key(key_prefix))
+    dead = cast("list[tuple[bytes, dict[bytes, bytes]]]", rds.xrange(dead_key(key_prefix)))
     refused = [f for _, f in dead if b"refuses bad items" in f[b"error"]]
     malformed = [f for _, f in dead if f[b"error"].startswith(b"malformed")]
     assert len(dead) == 2 and len(refused) == len(malformed) == 1
@@ -331,7 +332,7 @@ def test_poison_entries_are_isolated_and_dead_lettered(rds: redis.Redis, key_pre
     assert counters(rds, key_prefix, "r1")["store_failed"] == 0
     assert rds.xlen(dead_key(key_prefix)) == 0
     accepting = FlakySink()
-    accepting.write = lambda t, k, items, origins=None: accepting.writes.append((t, items))  # type: ignore[method-assign]
+    accepting.write = lambda t, k, items, origins=None: accepting.writes.append((t, items))  # type: ignore[method-assign, misc]
     assert Drainer(rds, key_prefix, [accepting], batch=100).drain_once() == 2
     assert counters(rds, key_prefix, "r1") == {
         "feed:stored": 6,
@@ -364,7 +365,10 @@ def test_horizon_reaches_the_jsonl_sink(
     rds: redis.Redis, key_prefix: str, jsonl: JsonlSink
 ) -> None:
     add_posts(rds, key_prefix, 2)
-    first = rds.xrange(stream_key(key_prefix), count=1)[0][0].decode()
+    entries = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]", rds.xrange(stream_key(key_prefix), count=1)
+    )
+    first = entries[0][0].decode()
     d = Drainer(rds, key_prefix, [jsonl])
     d.update_horizon()
     assert jsonl._horizon is not None

@@ -139,7 +139,7 @@ def test_mongo_outage_and_restart(rds: redis.Redis, key_prefix: str, tmp_path: P
         server.stop()
     assert counters(rds, key_prefix, "r1") == {"feed:stored": first, "stored": first}
     assert counters(rds, key_prefix, "r2") == {"feed:stored": more, "stored": more}
-    client = pymongo.MongoClient(server.url, serverSelectionTimeoutMS=5000)
+    client: pymongo.MongoClient = pymongo.MongoClient(server.url, serverSelectionTimeoutMS=5000)
     server.start()
     try:
         coll = client["outage"]["demo_post"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pymongo
 import pytest
@@ -39,6 +40,12 @@ def o(entry: str) -> Origin:
     return Origin(entry, "r1", "feed", "demo.h5.feed")
 
 
+def found(doc: dict[str, Any] | None) -> dict[str, Any]:
+    """A document find_one is expected to find."""
+    assert doc is not None
+    return doc
+
+
 def docs(sink: MongoSink, item_type: str = T) -> list[dict]:
     return list(sink.collection(item_type).find({}, {"_id": 0}).sort("post_id", 1))
 
@@ -57,7 +64,7 @@ def test_upsert_by_key_never_duplicates(sink: MongoSink) -> None:
     # the same key twice inside one batch: the later entry wins
     sink.write(T, ["post_id"], [{"post_id": 9, "likes": 2}, {"post_id": 9, "likes": 1}],
                origins=[o("300-0"), o("200-0")])  # fmt: skip
-    assert sink.collection(T).find_one({"post_id": 9})["likes"] == 2
+    assert found(sink.collection(T).find_one({"post_id": 9}))["likes"] == 2
     assert sink.collection(T).count_documents({}) == 6
 
 
@@ -89,7 +96,7 @@ def test_hostile_field_names_are_sanitised(sink: MongoSink) -> None:
     with pytest.raises(PermanentSinkError):
         sink.write(T, ["post_id"], [{"post_id": {"$ne": None}, "likes": 0}], origins=[o("101-0")])
     assert sink.collection(T).count_documents({}) == 1
-    assert sink.collection(T).find_one({"post_id": 1})["＄where"] == "sleep(10000)"  # noqa: RUF001
+    assert found(sink.collection(T).find_one({"post_id": 1}))["＄where"] == "sleep(10000)"  # noqa: RUF001
 
 
 def test_history_of_tracked_fields(sink: MongoSink) -> None:
@@ -104,7 +111,7 @@ def test_history_of_tracked_fields(sink: MongoSink) -> None:
     write("200-0", 5, 10)  # redelivery: no new history
     write("150-0", 3, 99)  # older entry arriving late: ignored
     write("300-0", 5, 11)
-    doc = sink.collection(T).find_one({"post_id": 7})
+    doc = found(sink.collection(T).find_one({"post_id": 7}))
     assert doc["likes"] == 5 and doc["stats"] == {"views": 11}
     seen = [(h["field"], h["value"], h["entry"]) for h in doc["_history"]]
     assert seen == [("likes", 1, "100-0"), ("stats.views", 10, "100-0"), ("likes", 5, "200-0"),
@@ -112,7 +119,7 @@ def test_history_of_tracked_fields(sink: MongoSink) -> None:
     assert doc["_history"][2]["at"] == version_time(entry_version("200-0"))  # the entry's time
     for i in range(5):  # history keeps the newest `history_limit` observations of each field
         write(f"{400 + i}-0", 10 + i)
-    doc = sink.collection(T).find_one({"post_id": 7})
+    doc = found(sink.collection(T).find_one({"post_id": 7}))
     assert [h["value"] for h in doc["_history"] if h["field"] == "likes"] == [12, 13, 14]
     assert [h["value"] for h in doc["_history"] if h["field"] == "stats.views"] == [10, 11]
     assert doc["_rev"] == 8 and isinstance(doc["_created_at"].year, int)
@@ -165,7 +172,7 @@ def test_concurrent_writers_record_each_change_once(mongo_url: str, mongo_db: st
         t.start()
     for t in threads:
         t.join()
-    doc = sinks[0].collection(T).find_one({"post_id": 1})
+    doc = found(sinks[0].collection(T).find_one({"post_id": 1}))
     assert doc["likes"] == 29
     news = [h["value"] for h in doc["_history"]]
     assert news == sorted(set(news))  # every change recorded once, in order
