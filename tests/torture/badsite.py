@@ -12,6 +12,7 @@ import random
 from collections import Counter
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from tests.threaded_site import ThreadedSite
 
@@ -60,11 +61,11 @@ class BadSite(ThreadedSite):
         return app
 
     @web.middleware
-    async def _count(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         self.hits[request.path] += 1
         return await handler(request)
 
-    def _fixed(self, html: str):  # type: ignore[no-untyped-def]
+    def _fixed(self, html: str) -> Handler:
         async def handler(request: web.Request) -> web.Response:
             return self._text(html)
 

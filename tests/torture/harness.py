@@ -19,9 +19,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from config import DEFAULT_POOL, ROOT, get_settings, reset_settings
 from settings.suite import get_suite_settings
@@ -298,8 +299,8 @@ def restart_redis(server: RedisServer, how: str = "term", down_for: float = 2.0)
 # --- watching a run -----------------------------------------------------------------------------
 
 
-def counters(r: redis.Redis, prefix: str, rid: str) -> dict[str, int]:
-    raw = r.hgetall(Keyspace(prefix).counters(rid))
+def counters(r: redis.Redis | RedisCluster, prefix: str, rid: str) -> dict[str, int]:
+    raw = cast("dict[bytes, bytes]", r.hgetall(Keyspace(prefix).counters(rid)))
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
@@ -455,34 +456,36 @@ def check_store(
     return StoreReport(out)
 
 
-def scan_values(r: redis.Redis, match: str) -> Iterable[tuple[str, bytes]]:
+def scan_values(r: redis.Redis | RedisCluster, match: str) -> Iterable[tuple[str, bytes]]:
     """(key, value) for every string/list/hash/stream value under `match` (for secret scans)."""
     for key in r.scan_iter(match=match, count=500):
         kind = r.type(key)
         name = key.decode(errors="replace")
         if kind == b"string":
-            v = r.get(key)
+            v = cast("bytes | None", r.get(key))
             if v is not None:
                 yield name, v
         elif kind == b"list":
-            for v in r.lrange(key, 0, -1):
+            for v in cast("list[bytes]", r.lrange(key, 0, -1)):
                 yield name, v
         elif kind == b"hash":
-            for f, v in r.hgetall(key).items():
+            for f, v in cast("dict[bytes, bytes]", r.hgetall(key)).items():
                 yield name, f + b"=" + v
         elif kind == b"set":
-            for v in r.smembers(key):
+            for v in cast("set[bytes]", r.smembers(key)):
                 yield name, v
         elif kind == b"zset":
-            for v in r.zrange(key, 0, -1):
+            for v in cast("list[bytes]", r.zrange(key, 0, -1)):
                 yield name, v
         elif kind == b"stream":
-            for _id, fields in r.xrange(key, "-", "+"):
+            for _id, fields in cast(
+                "list[tuple[bytes, dict[bytes, bytes]]]", r.xrange(key, "-", "+")
+            ):
                 for f, v in fields.items():
                     yield name, f + b"=" + v
 
 
-def redelivered(r: redis.Redis, prefix: str, settle: float = 3.0) -> int:
+def redelivered(r: redis.Redis | RedisCluster, prefix: str, settle: float = 3.0) -> int:
     """Task attempts that were delivered more than once (their first worker died), from the
     endpoints' `redelivered` metric (delivery counters go with their commits); `settle`: time
     for the live workers' metric aggregators to flush."""

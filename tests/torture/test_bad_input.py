@@ -364,7 +364,7 @@ def test_raw_task_with_bad_params_is_dead_lettered(alive: World) -> None:
     from worker import app
 
     r = get_redis()
-    ids = {
+    ids: dict[str, tuple[Any, dict[str, Any]]] = {
         "not-an-object": ("just a string", {}),
         "wrong-type": ({"path": ["/html/ok"]}, {}),
         "unknown-field": ({"path": "/html/ok", "evil": "$where"}, {}),
@@ -429,7 +429,9 @@ def test_hostile_field_names_are_stored_safely(alive: World) -> None:
     assert set(raw) == set(hids)
     assert all(i["attrs"] == HOSTILE_ATTRS and i["tags"] == HOSTILE_TAGS for i in raw.values())
     # MongoDB: nothing read as an operator or a path; the names come back with restore_keys
-    client = pymongo.MongoClient(alive.mongo_url, serverSelectionTimeoutMS=5000)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        alive.mongo_url, serverSelectionTimeoutMS=5000
+    )
     try:
         coll = client[DB]["torture_hostile"]
         docs = {d["hid"]: d for d in coll.find({})}

@@ -297,12 +297,13 @@ def test_a_proxy_lease_is_returned_when_a_later_provider_refuses(torture_factory
     stays lent until its lease expires: the secrets torture, whose comment tasks wait for
     the first logins, saw every proxy stranded and ~2,000 "no proxy free" waits, 2 minutes
     lost in a 14 s crawl."""
-    from base_task import Context, get_endpoint, runtime
+    from base_task import Context, get_endpoint
     from exceptions import ResourceUnavailable
     from external_interface.resources.proxy.channel import ChannelPool
     from external_interface.resources.proxy.models import ProxyAddress
     from external_interface.resources.proxy.pool import GlobalPool
     from ledger.meta import TaskMeta
+    from lifecycle import runtime
     from monitor.metrics import TaskMetrics
 
     torture_factory(

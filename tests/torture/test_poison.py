@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from kombu.transport import pyamqp
 
 import chains
 from chains import Chain, step
@@ -104,7 +105,10 @@ def _messages_left(prefix: str, broker: str) -> int:
     from worker import app
 
     with app.connection_for_write() as conn:  # passive: the count of ready messages
-        _name, count, _consumers = conn.default_channel.queue_declare("torture", passive=True)
+        channel = cast(pyamqp.Channel, conn.default_channel)
+        declared = channel.queue_declare("torture", passive=True)
+        assert declared is not None  # passive, not nowait: the broker answers
+        _name, count, _consumers = declared
     return int(count)
 
 

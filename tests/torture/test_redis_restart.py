@@ -81,10 +81,14 @@ def test_redis_restart_mid_crawl_loses_nothing(
         downs = []
         try:
             for share in size.at:
-                wait_for(
-                    lambda s=share: (
+
+                def reached(s: float = share) -> bool:
+                    return (
                         counters(get_redis(), t.prefix, run.run_id).get("succeeded", 0) >= s * pages
-                    ),
+                    )
+
+                wait_for(
+                    reached,
                     timeout=size.timeout,
                     what=f"{share:.0%} of the pages",
                 )

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -95,16 +95,17 @@ class BrokerTap(threading.Thread):
         while not self.stop_event.is_set():
             for key in self.r.scan_iter(match=f"{self.prefix}:q:*", count=500):
                 kind = self.r.type(key)
-                values = (
+                values = cast("list[bytes]", (
                     self.r.lrange(key, 0, -1) if kind == b"list"
                     else self.r.hvals(key) if kind == b"hash" else []
-                )  # fmt: skip
+                ))  # fmt: skip
                 for v in values:
                     self.messages.setdefault(hash(v), decode(v))
-            for v in self.r.hvals(cookies.k_secret):  # sealed: opened with the workers' key
+            sealed = cast("list[bytes]", self.r.hvals(cookies.k_secret))
+            for v in sealed:  # sealed: opened with the workers' key
                 jar = json.loads(cookies.sealer.open(v)).get("cookies", {})
                 self.sessions.update(str(c) for c in jar.values())
-            for v in self.r.hvals(devices.k_secret):
+            for v in cast("list[bytes]", self.r.hvals(devices.k_secret)):
                 self.devices.add(str(json.loads(devices.sealer.open(v))["device_id"]))
             deadline = time.monotonic() + 0.1
             while (m := ps.get_message(timeout=max(0.0, deadline - time.monotonic()))) is not None:

@@ -135,7 +135,9 @@ def _crawl_through_outage(
         ledger.stop()
 
     store = check_store(t.items, demo_expected_ids(exp), run.run_id)
-    client = pymongo.MongoClient(mongo.url, serverSelectionTimeoutMS=5000)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        mongo.url, serverSelectionTimeoutMS=5000
+    )
     try:
         in_mongo = {}
         for item_type, (key, ids) in demo_expected_ids(exp).items():

@@ -40,7 +40,7 @@ def page(ctx: Context, p: PageParams) -> Outputs:
             raise ParseError(f"{p.path}: no p.t on the page")
         text = found
     elif p.kind == "badout":
-        yield Page(path=p.path, text=None, encoding=resp.encoding)  # type: ignore[arg-type]
+        yield Page(path=p.path, text=None, encoding=resp.encoding)
         return
     else:
         text = resp.text
