@@ -15,7 +15,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -107,7 +107,7 @@ def _check_complete(state: RunState, rid: str) -> None:
     assert state.r.scard(state.ks.run(rid, "done")) == TOTAL  # every task committed once
     assert rid not in state.active_runs() and rid in state.storing_runs()
     stream = state.ks.run_outbox(rid)
-    entries = state.r.xrange(stream, "-", "+")
+    entries = cast("list[tuple[bytes, dict[bytes, bytes]]]", state.r.xrange(stream, "-", "+"))
     tids = [orjson.loads(fields[b"items"])[0]["tid"] for _, fields in entries]
     assert len(tids) == TOTAL and len(set(tids)) == TOTAL  # none missing, none twice
 
@@ -136,8 +136,8 @@ def test_new_runs_are_placed_on_the_master_with_the_fewest_active_runs(
     redis_cluster, key_prefix
 ) -> None:
     client = cluster_client(redis_cluster.url)
-    state = RunState(client, _settings(redis_cluster.url, key_prefix))
-    masters = Counter()
+    state = RunState(cast(redis.Redis, client), _settings(redis_cluster.url, key_prefix))
+    masters: Counter[str] = Counter()
     for _ in range(12):
         rid = state.new_run_id()
         state.create_run(rid, "c", b"{}", 5)
@@ -152,7 +152,10 @@ def test_new_runs_are_placed_on_the_master_with_the_fewest_active_runs(
 
 
 def test_a_crawl_on_the_cluster_has_exact_counts(redis_cluster, key_prefix) -> None:
-    state = RunState(cluster_client(redis_cluster.url), _settings(redis_cluster.url, key_prefix))
+    state = RunState(
+        cast(redis.Redis, cluster_client(redis_cluster.url)),
+        _settings(redis_cluster.url, key_prefix),
+    )
     crawl = Crawl(state, cap=7)  # the cap sends children through the waiting list too
     while crawl.step():
         pass
@@ -163,7 +166,10 @@ def test_a_crawl_on_the_cluster_has_exact_counts(redis_cluster, key_prefix) -> N
 def test_a_finished_run_is_compacted_on_the_cluster(redis_cluster, key_prefix) -> None:
     """A run with nothing to store (no items) is complete when its tasks are: compaction drops
     its done set, `unique` set and delivery counters by their tagged names, in its slot."""
-    state = RunState(cluster_client(redis_cluster.url), _settings(redis_cluster.url, key_prefix))
+    state = RunState(
+        cast(redis.Redis, cluster_client(redis_cluster.url)),
+        _settings(redis_cluster.url, key_prefix),
+    )
     rid = uuid.uuid4().hex[:12]
     chain = {"root": {"id": "s", "task": "t", "then": [{"id": "k", "task": "t"}]}}
     state.create_run(rid, "c", orjson.dumps(chain), 5)
@@ -204,12 +210,15 @@ def test_the_cluster_drainer_stores_a_crawl_once_and_the_run_ends_done(
     run leaves `storing` for `done` and is compacted (its stream with it)."""
     client = cluster_client(redis_cluster.url)
     settings = _settings(redis_cluster.url, key_prefix)
-    state = RunState(client, settings)
+    state = RunState(cast(redis.Redis, client), settings)
     crawl = Crawl(state)
     while crawl.step():
         pass
     _check_complete(state, crawl.rid)
-    assert drainer_class(client) is ClusterDrainer and drainer_class(redis.Redis()) is Drainer
+    assert (
+        drainer_class(cast(redis.Redis, client)) is ClusterDrainer
+        and drainer_class(redis.Redis()) is Drainer
+    )
 
     def drainer(consumer: str, **kw: Any) -> ClusterDrainer:
         sink = JsonlSink(tmp_path / "items", mode="append", fsync=False)
@@ -271,8 +280,8 @@ def test_equal_entry_ids_of_two_runs_streams_are_both_stored(
     )
     entries = sorted(r["entry"] for r in iter_records("thing", tmp_path))
     assert entries == sorted(["/5-1", *(f"{rid}/5-1" for rid in rids)])
-    assert [RunState(client, _settings(redis_cluster.url, key_prefix)).counters(r)["stored"]
-            for r in rids] == [1, 1]  # fmt: skip
+    assert [RunState(cast(redis.Redis, client), _settings(redis_cluster.url, key_prefix))
+            .counters(r)["stored"] for r in rids] == [1, 1]  # fmt: skip
     assert [client.xlen(ks.run_outbox(r)) for r in [*rids, ""]] == [0, 0, 0]
 
 
@@ -299,7 +308,10 @@ def test_a_stream_seen_is_drained_after_its_run_leaves_the_sets(
 
 
 def test_pause_cancel_and_runless_commits_on_the_cluster(redis_cluster, key_prefix) -> None:
-    state = RunState(cluster_client(redis_cluster.url), _settings(redis_cluster.url, key_prefix))
+    state = RunState(
+        cast(redis.Redis, cluster_client(redis_cluster.url)),
+        _settings(redis_cluster.url, key_prefix),
+    )
     crawl = Crawl(state)
     crawl.step()  # the root: three children queued
     assert state.pause(crawl.rid).was == "running"
@@ -333,7 +345,7 @@ def test_a_master_killed_mid_crawl_loses_no_acknowledged_commit(tmp_path, key_pr
         settings = _settings(cluster.url, key_prefix, redis_wait_replicas=1,
                              redis_wait_timeout=0.5)  # fmt: skip
         client = cluster_client(cluster.url)
-        state = RunState(client, settings)
+        state = RunState(cast(redis.Redis, client), settings)
         crawl = Crawl(state)
         victim = cluster.node_for_port(client.get_node_from_key(state.run_key(crawl.rid)).port)
         for _ in range(TOTAL // 3):
@@ -371,7 +383,7 @@ def test_dedup_buckets_spread_over_the_masters_with_exact_answers(
     redis_cluster, key_prefix
 ) -> None:
     client = cluster_client(redis_cluster.url)
-    store = RedisDedup("shop:item", client, prefix=key_prefix, capacity=100_000)
+    store = RedisDedup("shop:item", cast(redis.Redis, client), prefix=key_prefix, capacity=100_000)
     twin = MemoryDedup()
     ids = [f"item-{i}" for i in range(20_000)]
     assert store.mark_many(ids) == twin.mark_many(ids)
@@ -394,7 +406,7 @@ def test_the_sweeper_reads_ledgers_on_the_cluster_and_queues_on_the_broker(
     staged by a task still in the broker are left to its redelivery."""
     settings = Settings(redis_url=redis_cluster.url, broker_url=redis_server.url,
                         key_prefix=key_prefix)  # fmt: skip
-    state = RunState(cluster_client(redis_cluster.url), settings)
+    state = RunState(cast(redis.Redis, cluster_client(redis_cluster.url)), settings)
     broker = redis.Redis.from_url(redis_server.url)
     crawl = Crawl(state)
     seed = crawl.queue.popleft()

@@ -14,9 +14,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import redis
 
 from config import ROOT, Settings
 from ledger.state import RunState
@@ -66,7 +67,7 @@ def test_trigger_watches_its_run_through_a_masters_failover(
                 time.sleep(0.1)
             rid = m.group(1)
             client = cluster_client(cluster.url)
-            state = RunState(client, _settings(env))
+            state = RunState(cast(redis.Redis, client), _settings(env))
             while state.counters(rid).get("succeeded", 0) < 4:  # mid-run
                 assert trigger.poll() is None and time.monotonic() < deadline, out_file.read_text()
                 time.sleep(0.1)

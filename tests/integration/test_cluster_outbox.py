@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
+import redis
 from rich.console import Console
 
 from cli import status as cli_status
@@ -67,7 +68,7 @@ def test_status_sums_every_runs_stream_and_dead_letters(redis_cluster, key_prefi
     """Entries wait in two active runs' streams (some read by a drainer that died: pending,
     claimable), tasks without a run have one, and a run in neither set has only dead
     letters: the backlog sums them all and shows a row per run."""
-    client = cluster_client(redis_cluster.url)
+    client = cast(redis.Redis, cluster_client(redis_cluster.url))
     ks = Keyspace(key_prefix)
     a, b, gone = _rid(), _rid(), _rid()
     for rid, n in ((a, 3), (b, 2)):
@@ -75,8 +76,8 @@ def test_status_sums_every_runs_stream_and_dead_letters(redis_cluster, key_prefi
         for i in range(n):
             client.xadd(ks.run_outbox(rid), _entry(rid, i))  # type: ignore[arg-type]
     client.xadd(ks.run_outbox(""), _entry("", 0))  # type: ignore[arg-type]
-    client.xadd(ks.run_outbox_dead(gone), {**_entry(gone, 0), "error": "x"})  # type: ignore[arg-type]
-    client.xadd(ks.run_outbox_dead(gone), {**_entry(gone, 1), "error": "x"})  # type: ignore[arg-type]
+    client.xadd(ks.run_outbox_dead(gone), {**_entry(gone, 0), "error": "x"})  # type: ignore[dict-item]
+    client.xadd(ks.run_outbox_dead(gone), {**_entry(gone, 1), "error": "x"})  # type: ignore[dict-item]
     found = {s.rid: s for s in outbox_streams(client, key_prefix)}
     assert {None, "", a, b} <= set(found) and gone not in found  # the sets alone: no SCAN
     found = {s.rid: s for s in outbox_streams(client, key_prefix, scan=True)}
@@ -102,7 +103,7 @@ def test_status_sums_every_runs_stream_and_dead_letters(redis_cluster, key_prefi
 def test_the_status_command_prints_the_cluster_backlog(
     redis_cluster, redis_url, key_prefix, monkeypatch, capsys
 ) -> None:
-    client = cluster_client(redis_cluster.url)
+    client = cast(redis.Redis, cluster_client(redis_cluster.url))
     ks = Keyspace(key_prefix)
     rid = _rid()
     client.sadd(ks.storing_runs, rid)
@@ -123,7 +124,7 @@ def test_requeue_dead_puts_each_runs_dead_letters_back_into_its_own_stream(
     `store_failed`; the runs end (out of the active set). `requeue_dead` moves them back to
     each run's stream, takes them off `store_failed` and puts the runs in `runs:storing`, so
     a drainer stores them all once the sink is fixed."""
-    client = cluster_client(redis_cluster.url)
+    client = cast(redis.Redis, cluster_client(redis_cluster.url))
     ks = Keyspace(key_prefix)
     state = RunState(client, _settings(redis_cluster.url, key_prefix))
     rids = [_rid(), _rid()]
@@ -138,14 +139,15 @@ def test_requeue_dead_puts_each_runs_dead_letters_back_into_its_own_stream(
     assert [client.xlen(ks.run_outbox_dead(r)) for r in rids] == [2, 2]
     assert [state.counters(r)["store_failed"] for r in rids] == [2, 2]
     client.srem(ks.active_runs, *rids)  # the runs ended: the drainer noted their dead letters
-    assert {m.decode() for m in client.smembers(ks.outbox_dead_runs)} == set(rids)
+    dead_runs = cast("set[bytes]", client.smembers(ks.outbox_dead_runs))
+    assert {m.decode() for m in dead_runs} == set(rids)
     assert backlog(client, key_prefix)["dead"] == 4  # found without a SCAN
     assert requeue_dead(client, key_prefix, count=3) == 3
     assert requeue_dead(client, key_prefix) == 1
     assert [client.xlen(ks.run_outbox_dead(r)) for r in rids] == [0, 0]
     assert [client.xlen(ks.run_outbox(r)) for r in rids] == [2, 2]
     assert [state.counters(r)["store_failed"] for r in rids] == [0, 0]
-    assert set(rids) <= {m.decode() for m in client.smembers(ks.storing_runs)}
+    assert set(rids) <= {m.decode() for m in cast("set[bytes]", client.smembers(ks.storing_runs))}
     sink = JsonlSink(tmp_path, fsync=False)
     fixed = ClusterDrainer(client, key_prefix, [sink], hooks=[], runs_hooks=[], consumer="d")
     assert fixed.drain_once() == 4
@@ -162,7 +164,7 @@ def test_a_cancelled_runs_items_are_all_stored(redis_cluster, key_prefix, tmp_pa
     ends it (nothing in flight). Its items wait in its own stream, which no drainer has
     seen yet; a reader of the storing runs (`control.sh runs`) comes first. A new drainer
     still finds the run in `runs:storing` and stores every item; the run is compacted."""
-    client = cluster_client(redis_cluster.url)
+    client = cast(redis.Redis, cluster_client(redis_cluster.url))
     state = RunState(client, _settings(redis_cluster.url, key_prefix))
     rid = _rid()
     state.create_run(rid, "c", b"{}", 5)
@@ -202,7 +204,7 @@ def test_a_cancelled_runs_items_are_all_stored(redis_cluster, key_prefix, tmp_pa
 def test_the_alert_rules_and_the_exporter_see_every_runs_stream(
     redis_cluster, redis_url, key_prefix, tmp_path
 ) -> None:
-    client = cluster_client(redis_cluster.url)
+    client = cast(redis.Redis, cluster_client(redis_cluster.url))
     ks = Keyspace(key_prefix)
     s = _settings(redis_cluster.url, key_prefix, broker=redis_url)
     for n in (2, 3):
@@ -216,6 +218,7 @@ def test_the_alert_rules_and_the_exporter_see_every_runs_stream(
     ]})  # fmt: skip
     ev = Evaluator(client, cfg, s)
     fired = ev.tick(now=1000.0, force=True)
+    assert fired is not None
     assert sorted((t.action, t.rule) for t in fired) == [("fire", "age"), ("fire", "backlog")]
     fams = {m.name: m for m in ChaincrawlCollector(client, s).collect()}
     assert fams["chaincrawl_outbox_backlog"].samples[0].value == 5
@@ -228,7 +231,7 @@ def test_an_idle_cluster_drainer_polls_less_and_a_read_with_entries_resets_it(
     """Empty reads space the next ones out (0.2 s doubling to 1 s); a call before the next
     read is due waits without reading; a read that returns entries makes the next one
     immediate."""
-    client = cluster_client(redis_cluster.url)
+    client = cast(redis.Redis, cluster_client(redis_cluster.url))
     ks = Keyspace(key_prefix)
     rid = _rid()
     client.sadd(ks.active_runs, rid)
@@ -277,7 +280,7 @@ def test_status_runs_and_the_exporter_on_a_cluster_state_store(
     exporter on a cluster: a running run, a run storing its items, a cancelled run whose
     items wait and one of whose items a sink refused; task metrics and a pool. Every run is
     listed, and the outbox line counts every run's stream and dead letters."""
-    client = cluster_client(redis_cluster.url)
+    client = cast(redis.Redis, cluster_client(redis_cluster.url))
     s = _settings(redis_cluster.url, key_prefix, broker=redis_url)
     state = RunState(client, s)
     ks = state.ks
@@ -293,7 +296,7 @@ def test_status_runs_and_the_exporter_on_a_cluster_state_store(
         state.commit(rid=rid, tid="t", step="web.listing", outcome="succeeded", n_items=1,
                      entries=[entry], kids=())  # fmt: skip
     client.hset(state.run_key(cancelled), "status", "cancelled")
-    client.xadd(ks.run_outbox_dead(cancelled), {**_entry(cancelled, 1), "error": "refused"})  # type: ignore[arg-type]
+    client.xadd(ks.run_outbox_dead(cancelled), {**_entry(cancelled, 1), "error": "refused"})  # type: ignore[dict-item]
     record(client, s, "shop.web.listing", ok=2, items=2)
     health.report(client, health.PoolHealth("cookie:shop", size=1), s)
     snap = msnap.snapshot(s, client, workers_timeout=None)

@@ -26,7 +26,7 @@ import base64
 import json
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -210,14 +210,15 @@ def stuck_tasks(run_id: str) -> str:
     what its live message says (a task re-queueing itself shows its `waits` growing and what
     it `avoid`s once looked like a message stuck in `unacked`), and the pools' state."""
     r, st = get_redis(), get_settings()
-    tids = [k.decode() for k in r.hkeys(Keyspace(st.key_prefix).run(run_id, "ledger"))]
+    ledger = Keyspace(st.key_prefix).run(run_id, "ledger")
+    tids = [k.decode() for k in cast("list[bytes]", r.hkeys(ledger))]
     found: dict[str, list[tuple[str, dict[str, Any]]]] = {tid: [] for tid in tids}
     for key in r.scan_iter(match=st.key_prefix + ":q:*", count=1000):
         kind = r.type(key)
         if kind == b"list":
-            vals = r.lrange(key, 0, -1)
+            vals = cast("list[bytes]", r.lrange(key, 0, -1))
         elif kind == b"hash" and key.endswith(b"unacked"):
-            vals = list(r.hvals(key))
+            vals = list(cast("list[bytes]", r.hvals(key)))
         else:
             continue
         for v in vals:

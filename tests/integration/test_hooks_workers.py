@@ -8,7 +8,7 @@ served, the items stored, the run's counters, the endpoint's metrics and the dea
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -123,7 +123,8 @@ def test_every_signal_at_every_hook_point(start_worker: Any, test_site: TestSite
     wait_for(lambda: after(f"after:{cases['after_store-retry']}") >= 1, 30, "the retried hook")
     # fail: the entry goes to the outbox's dead letters with the reason; the run counts it
     dead = [
-        {as_str(k): as_str(v) for k, v in f.items()} for _, f in r.xrange(dead_key(s.key_prefix))
+        {as_str(k): as_str(v) for k, v in f.items()}
+        for _, f in cast("list[tuple[bytes, dict[bytes, bytes]]]", r.xrange(dead_key(s.key_prefix)))
     ]
     mine = [d for d in dead if d.get("run") == run.run_id]
     assert len(mine) == 1 and mine[0]["sink"] == "after_store"

@@ -47,7 +47,8 @@ def proxy() -> Iterator[Tinyproxy]:
 
 def newest_posts(demo: DemoServer) -> list[str]:
     """Every user's newest post, read from the unguarded pc feed: what the chain must store."""
-    f, out, page = Urllib3Fetcher(), [], 1
+    f, page = Urllib3Fetcher(), 1
+    out: list[str] = []
     while True:
         resp = f.fetch(FetchRequest("GET", f"{demo.url}/pc/feed?page={page}"))
         if resp.status == 404:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -71,7 +71,7 @@ def consumer(conn: Connection, got: list[Any], ack: bool = True) -> Any:
 def holding_consumer(conn: Connection, got: list[Any], held: list[Any]) -> Any:
     """A channel with one prefetch slot consuming `g`: each body goes to `got`, its message to
     `held`, unacknowledged (the slot stays taken until the test settles it)."""
-    ch = conn.channel()
+    ch = cast(kredis.Channel, conn.channel())
     ch.basic_qos(0, 1, False)
 
     def on_message(body: Any, message: Any) -> None:
@@ -179,7 +179,8 @@ def test_a_saturated_consumer_waits_for_an_ack_not_for_its_poll_timeout(
     for n in (1, 2, 3):
         producer.publish({"n": n}, routing_key="g", serializer="json")
     drain_until(broker, lambda: got)
-    poller = broker.transport.cycle
+    poller = cast(kredis.Transport, broker.transport).cycle
+    assert poller is not None
     timeouts: list[float | None] = []
     real_poll = poller.poller.poll
 
@@ -286,7 +287,7 @@ def test_a_busy_synloop_consumer_still_restores_messages_past_the_visibility_tim
             time.sleep(0.02)  # ~3 s of work in all: every poll finds a message
             message.ack()
 
-        bch = busy.channel()
+        bch = cast(kredis.Channel, busy.channel())
         bch.basic_qos(0, 1, False)
         Consumer(bch, [Queue("g", routing_key="g")], callbacks=[work], accept=["json"]).consume()
         before = kombu_guard.counts["restore_sweeps"]
@@ -308,7 +309,7 @@ def test_acks_share_one_redis_client_per_channel(broker: Connection) -> None:
     for n in range(100):
         Producer(ch).publish({"n": n}, routing_key="g", serializer="json")
     built: list[Any] = []
-    original = kombu_guard.inspect.unwrap(kredis.Channel._create_client)
+    original = kombu_guard.inspect.unwrap(cast(Any, kredis.Channel)._create_client)
 
     def counting(self: Any, asynchronous: bool = False) -> Any:
         built.append(asynchronous)

@@ -15,9 +15,10 @@ import itertools
 import statistics
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import redis
 import requests
 
 import chains
@@ -28,7 +29,7 @@ from demo.testing import DemoServer
 from external_interface.storage.sinks.jsonl import iter_records
 from monitor.status import recrawl_watches
 from scheduling.periodic import TRIGGER_TASK, ScheduleEntry
-from scheduling.recrawl import CLOCK_KEY, History
+from scheduling.recrawl import CLOCK_KEY, History, KeyRecord
 from scheduling.tasks import entry_key, trigger, watch_of
 from settings.scheduling import RecrawlSettings
 from tests.conditions import wait_for
@@ -92,7 +93,7 @@ def test_recrawls_follow_change_on_real_workers(
     })  # fmt: skip
     history = History(get_redis(), get_settings().key_prefix, watch_of(entry))
     pids = [f"p{n}" for n in range(1, 41)]
-    t = BASE_TS
+    t: float = BASE_TS
     move(t)
     first = trigger(entry)  # publishes the watch; nothing is enrolled yet
     assert (first.status, first.reason) == ("skipped", "no key due")
@@ -111,9 +112,12 @@ def test_recrawls_follow_change_on_real_workers(
             before = r.hget(entry_key(name), "last_check")
             spec = entry.model_dump(mode="json", exclude={"name"})
             app.send_task(TRIGGER_TASK, args=(name, spec), queue="resources")
-            wait_for(lambda r=r, b=before: r.hget(entry_key(name), "last_check") != b, 60,
-                     "the worker's trigger")  # fmt: skip
-            outcome = (r.hget(entry_key(name), "last_outcome") or b"").decode()
+
+            def triggered(r: redis.Redis = r, b: Any = before) -> bool:
+                return r.hget(entry_key(name), "last_check") != b
+
+            wait_for(triggered, 60, "the worker's trigger")
+            outcome = cast(bytes, r.hget(entry_key(name), "last_outcome") or b"").decode()
             assert outcome.startswith("started"), outcome  # the enrolled keys' first visits
             run_id = outcome.split()[1]
         else:
@@ -136,7 +140,7 @@ def test_recrawls_follow_change_on_real_workers(
         rec = history.record(pid)
         assert rec is not None and (rec.n, rec.x) == (len(times) - 1, x), pid
     bought = sum(len(v) - 1 for v in visits.values())
-    found = sum(history.record(p).x for p in pids)  # type: ignore[union-attr]
+    found = sum(cast(KeyRecord, history.record(p)).x for p in pids)  # each asserted above
     assert 0 < bought <= BUDGET * TICKS * HALF_HOUR / 86400  # the allowance starts empty
     assert found > 0
 

@@ -4,6 +4,8 @@ view, and `done` only once the last item is stored."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -27,7 +29,7 @@ def listing() -> Chain:
     return Chain("testsite_listing_only", step("testsite.local.listing", options={"max_pages": 1}))
 
 
-def wait_for(pred, timeout: float, what: str):  # type: ignore[no-untyped-def]
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := pred():

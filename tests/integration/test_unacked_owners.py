@@ -11,11 +11,12 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from kombu import Connection, Consumer, Producer, Queue
+from kombu.transport import redis as kredis
 
 import chains
 from broker import kombu_guard, owners
@@ -60,7 +61,7 @@ class _App:
 
 def _take(conn: Connection, n: int) -> tuple[list[Any], list[Any]]:
     """Consume `n` messages of queue `o` without acknowledging them: (bodies, messages)."""
-    ch = conn.channel()
+    ch = cast(kredis.Channel, conn.channel())
     ch.basic_qos(0, n, False)
     got: list[Any] = []
     held: list[Any] = []
@@ -91,7 +92,7 @@ def test_a_dead_owners_messages_are_restored_and_a_live_ones_are_not(
         producer.publish({"n": i}, routing_key="o", serializer="json")
     _, held = _take(conn, 3)
     tags = {m.delivery_tag for m in held}
-    assert {k.decode() for k in rds.hkeys(owner_hash)} == tags
+    assert {k.decode() for k in cast("list[bytes]", rds.hkeys(owner_hash))} == tags
     assert set(owners.held(rds, prefix)) == {who}
     held[0].ack()  # kombu's ack removes the tag too
     assert rds.hlen(owner_hash) == 2 and rds.hlen(f"{prefix}unacked") == 2
@@ -153,9 +154,8 @@ def test_a_killed_workers_pages_are_run_by_another_within_seconds(
     assert "is gone (no heartbeat for 3s): 4 of its 4 unacknowledged messages restored" in log, log[
         -3000:
     ]
-    assert (
-        int(get_redis().hget(get_settings().key("metrics", "broker"), "dead_worker_restored")) >= 4
-    )
+    restored = get_redis().hget(get_settings().key("metrics", "broker"), "dead_worker_restored")
+    assert int(cast(bytes, restored)) >= 4
     print(f"\nrun complete {took:.1f}s after the kill (visibility timeout 600 s)")
     assert took < 300  # seconds, where the visibility timeout alone would take 600
 
