@@ -1,6 +1,7 @@
 """The fetch layer's cost per request: the project's fetcher against other HTTP clients.
 
     .venv/bin/python -m bench.fetch_clients [--requests 3000] [--repeat 3] [--gevent 16]
+    .venv/bin/python -m bench.fetch_clients --callgrind --requests 200 --repeat 1
 
 Why: a worker's CPU profile puts about a quarter of it in the HTTP fetch (urllib3's pool
 handling, header parsing, the dropped-connection check before each reuse, send, body read).
@@ -25,7 +26,10 @@ opens its connections; the repeats interleave the clients (a different order eac
 CPU is `time.process_time()` of this process (every thread: libcurl under gevent runs in the
 hub's thread pool), wall is `time.perf_counter()`, both per request in µs. `--gevent N` runs
 the same requests from N greenlets (monkey-patching at the top of this module, before any
-other import, only when the flag is given): a gevent worker's 16 slots.
+other import, only when the flag is given): a gevent worker's 16 slots. `--callgrind` reruns
+the benchmark under valgrind and adds each run's user-space instructions per request, the same
+for the same work whatever the machine's neighbours do (its CPU columns then measure
+callgrind, not the client; the kernel's share, system calls, is not counted).
 """
 
 from __future__ import annotations
@@ -39,16 +43,21 @@ if GEVENT and __name__ == "__main__":
     monkey.patch_all()
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any, Protocol  # noqa: E402
 
 import certifi  # noqa: E402
 import urllib3  # noqa: E402
 
+from bench.callgrind import VALGRIND, callgrind, totals  # noqa: E402
 from bench.pagesets import PAGESETS  # noqa: E402
 from bench.replay_site import Page, ReplayServer  # noqa: E402
 from config import Settings  # noqa: E402
@@ -366,6 +375,11 @@ class Sample:
     chars: int
     cpu: float  # seconds
     wall: float
+    instructions: int = 0  # under `--callgrind`: user-space instructions of the run
+
+    @property
+    def instr_per_req(self) -> float:
+        return self.instructions / self.requests
 
     @property
     def cpu_us(self) -> float:
@@ -388,8 +402,22 @@ def _urls(base: str, targets: list[str], n: int) -> Iterator[str]:
         yield base + targets[i % len(targets)]
 
 
-def run_once(client: Client, urls: list[str], concurrency: int) -> Sample:
-    """`urls` fetched by `client` from `concurrency` greenlets (1: this thread), timed."""
+def _instructions(label: str) -> int:
+    """Under `--callgrind`: the instructions since the last zeroing, dumped as `label` (the
+    newest `<out>.<n>` file), the counter zeroed again; else 0."""
+    out = os.environ.get("BENCH_CALLGRIND_OUT")
+    if not out:
+        return 0
+    callgrind("-d", label)
+    dumps = Path(out).parent.glob(Path(out).name + ".*")
+    newest = max(dumps, key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else -1)
+    callgrind("-z")
+    return totals(newest)
+
+
+def run_once(client: Client, urls: list[str], concurrency: int, label: str = "") -> Sample:
+    """`urls` fetched by `client` from `concurrency` greenlets (1: this thread), timed (and
+    its instructions counted under `--callgrind`)."""
     counts = [0, 0, 0]  # pages, bytes, chars
     it = iter(urls)
     lock = threading.Lock()
@@ -406,13 +434,15 @@ def run_once(client: Client, urls: list[str], concurrency: int) -> Sample:
             counts[1] += size
             counts[2] += chars
 
+    callgrind("-z")  # a no-op unless under --callgrind
     c0, w0 = time.process_time(), time.perf_counter()
     if concurrency > 1:
         gevent.joinall([gevent.spawn(loop) for _ in range(concurrency)], raise_error=True)
     else:
         loop()
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    return Sample(len(urls), counts[0], counts[1], counts[2], cpu, wall)
+    instructions = _instructions(label or client.name)
+    return Sample(len(urls), counts[0], counts[1], counts[2], cpu, wall, instructions)
 
 
 def measure(
@@ -432,11 +462,13 @@ def measure(
     try:
         for c in clients.values():  # connections opened before any timing
             run_once(c, list(_urls(base, list(sets[SETS[0]]), warmup)), concurrency)
+        callgrind("-i", "on")  # under --callgrind: counted from here on
         for r in range(repeat):
             order = names[r % len(names) :] + names[: r % len(names)]
             for s in sets:
                 for n in order:
-                    results[(n, s)].samples.append(run_once(clients[n], urls[s], concurrency))
+                    sample = run_once(clients[n], urls[s], concurrency, f"{s}-{n}-{r}")
+                    results[(n, s)].samples.append(sample)
     finally:
         for c in clients.values():
             c.close()
@@ -456,10 +488,18 @@ def table(results: list[Result], skipped: list[str]) -> str:
         f"{'set':6} {'client':12} {'cpu us/req min':>14} {'median':>8} {'max':>8} "
         f"{'wall us/req':>11} {'cpu vs project':>14} {'pages':>6} {'KB/page':>8}"
     ]
+    counted = any(s.instructions for r in results for s in r.samples)
+    if counted:
+        lines[0] += f" {'instr/req':>10} {'vs project':>10}"
     base = {
         r.pageset: statistics.median(s.cpu_us for s in r.samples)
         for r in results
         if r.client == "project"
+    }
+    ibase = {
+        r.pageset: statistics.median(s.instr_per_req for s in r.samples)
+        for r in results
+        if r.client == "project" and counted
     }
     for r in results:
         cpu = sorted(s.cpu_us for s in r.samples)
@@ -468,10 +508,15 @@ def table(results: list[Result], skipped: list[str]) -> str:
         ratio = f"{med / base[r.pageset]:.2f}x" if base.get(r.pageset) else "-"
         last = r.samples[-1]
         kb = last.bytes / max(1, last.pages) / 1024
-        lines.append(
+        line = (
             f"{r.pageset:6} {r.client:12} {cpu[0]:14.1f} {med:8.1f} {cpu[-1]:8.1f} "
             f"{wall:11.1f} {ratio:>14} {last.pages:6d} {kb:8.1f}"
         )
+        if counted:
+            ins = statistics.median(s.instr_per_req for s in r.samples)
+            iratio = f"{ins / ibase[r.pageset]:.2f}x" if ibase.get(r.pageset) else "-"
+            line += f" {ins / 1000:9.0f}k {iratio:>10}"
+        lines.append(line)
     lines += [f"{'-':6} {n:12} skipped: not installed" for n in skipped]
     return "\n".join(lines)
 
@@ -492,7 +537,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--full", action="store_true", help="the page sets at full size")
     ap.add_argument("--pages", type=int, default=None, help="pages per set (default: quick size)")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="rerun under valgrind's callgrind and add user-space instructions per request "
+        "(50-100x slower: pass --requests 300)",
+    )
     a = ap.parse_args(argv)
+    if a.callgrind and not os.environ.get("BENCH_CALLGRIND"):
+        return _under_callgrind(sys.argv[1:] if argv is None else argv)
     if a.gevent > 1 and not gevent_patched():
         ap.error("--gevent needs its own process: python -m bench.fetch_clients --gevent N")
     wanted = [n.strip() for n in a.clients.split(",") if n.strip()]
@@ -520,6 +573,23 @@ def main(argv: list[str] | None = None) -> int:
                 )
     print(table(results, skipped))
     return 0
+
+
+def _under_callgrind(argv: list[str]) -> int:
+    """This benchmark again under callgrind, counting from the timed runs on (the replay
+    server, a child process, runs uninstrumented)."""
+    with tempfile.TemporaryDirectory(prefix="fetch-clients-cg-") as tmp:
+        out = str(Path(tmp) / "callgrind.out")
+        env = {**os.environ, "BENCH_CALLGRIND": "1", "BENCH_CALLGRIND_OUT": out}
+        cmd = [
+            *VALGRIND,
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-m",
+            "bench.fetch_clients",
+        ]
+        done = subprocess.run([*cmd, *argv], env=env, stderr=subprocess.DEVNULL, check=False)
+    return done.returncode
 
 
 if __name__ == "__main__":

@@ -94,3 +94,18 @@ def test_gevent_runs_in_its_own_process() -> None:
 def test_gevent_refused_in_an_unpatched_process() -> None:
     with pytest.raises(SystemExit):
         fc.main(["--gevent", "4", "--requests", "1"])
+
+
+def test_instructions_are_columns_only_when_counted() -> None:
+    """`--callgrind` samples carry instructions: the table adds them, and their ratio."""
+    sample = fc.Sample(10, 10, 1000, 1000, cpu=0.01, wall=0.02)
+    plain = [fc.Result("project", "shop", [sample])]
+    assert "instr/req" not in fc.table(plain, [])
+    counted = [
+        fc.Result("project", "shop", [fc.Sample(10, 10, 1000, 1000, 0.01, 0.02, 9_000_000)]),
+        fc.Result("pycurl", "shop", [fc.Sample(10, 10, 1000, 1000, 0.01, 0.02, 1_800_000)]),
+    ]
+    lines = fc.table(counted, []).splitlines()
+    assert "instr/req" in lines[0]
+    assert lines[1].split()[-2:] == ["900k", "1.00x"]
+    assert lines[2].split()[-2:] == ["180k", "0.20x"]
