@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grimp
 from importlinter.application import output
@@ -99,7 +99,7 @@ class AcyclicContract(Contract):
     modules = fields.ListField(subfield=fields.StringField())
 
     def check(self, graph: grimp.ImportGraph, verbose: bool) -> ContractCheck:
-        roots = tuple(self.modules)  # type: ignore[arg-type]
+        roots = tuple(cast("list[str]", self.modules))
         mine = {m for m in graph.modules if m.split(".")[0] in roots}
         cycles = [sorted(c) for c in _strongly_connected(graph, mine) if len(c) > 1]
         return ContractCheck(kept=not cycles, metadata={"cycles": cycles})

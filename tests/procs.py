@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Self
 
 from config import ROOT
 
@@ -24,7 +25,7 @@ class LoggedProc:
             start_new_session=True,
         )  # fmt: skip
 
-    def wait_ready(self, timeout: float = 60) -> LoggedProc:
+    def wait_ready(self, timeout: float = 60) -> Self:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.ready_marker in self.log.read_bytes():

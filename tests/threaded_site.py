@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Self
 
 from aiohttp import web
 
@@ -24,7 +25,7 @@ class ThreadedSite:
     def app(self) -> web.Application:
         raise NotImplementedError
 
-    def start(self) -> ThreadedSite:
+    def start(self) -> Self:
         ready = threading.Event()
 
         def serve() -> None:
