@@ -15,6 +15,7 @@ from monitor.alerts import (
     AlertConfig,
     Evaluator,
     Rule,
+    Transition,
     duration,
     firing,
     history,
@@ -36,6 +37,13 @@ def evaluator(rds, mon, receiver, *rules: dict, ping=None, interval: float = 10.
     return Evaluator(rds, cfg, mon, ping=ping)
 
 
+def forced(ev: Evaluator, now: float) -> list[Transition]:
+    """`ev.tick(now=now, force=True)`: a forced tick takes no lock, so it never returns None."""
+    got = ev.tick(now=now, force=True)
+    assert got is not None
+    return got
+
+
 FAIL_RULE = {"name": "failing", "kind": "failure_rate", "window": "60s", "above": 0.2,
              "min_events": 5, "severity": "critical"}  # fmt: skip
 
@@ -46,7 +54,7 @@ def test_failure_rate_fires_once_and_recovers_once(rds, mon, receiver, caplog) -
     assert ev.tick(now=1000.0, force=True) == []  # first sample: no window yet
     record(rds, mon, TASK, ok=2, failed=10)
     record(rds, mon, "shop.web.detail", ok=50)
-    [t] = ev.tick(now=1010.0, force=True)
+    [t] = forced(ev, 1010.0)
     assert (t.rule, t.subject, t.action) == ("failing", TASK, "fire")
     assert [b["status"] for b in receiver.bodies] == ["firing"]
     fired = receiver.bodies[0]
@@ -64,7 +72,7 @@ def test_failure_rate_fires_once_and_recovers_once(rds, mon, receiver, caplog) -
     assert len(receiver.bodies) == 1
 
     record(rds, mon, TASK, ok=100)
-    [t] = ev.tick(now=1100.0, force=True)
+    [t] = forced(ev, 1100.0)
     assert t.action == "resolve"
     assert [b["status"] for b in receiver.bodies] == ["firing", "resolved"]
     resolved = receiver.bodies[1]
@@ -91,7 +99,7 @@ def test_by_site_sums_the_sites_tasks(rds, mon, receiver) -> None:
     record(rds, mon, "shop.web.a", ok=3, failed=2)
     record(rds, mon, "shop.web.b", ok=3, failed=2)
     record(rds, mon, "other.web.a", ok=10)
-    [t] = ev.tick(now=1010.0, force=True)
+    [t] = forced(ev, 1010.0)
     assert t.subject == "shop" and t.value == pytest.approx(0.4)
 
 
@@ -103,11 +111,11 @@ def test_pool_empty_must_hold_for_its_duration(rds, mon, receiver) -> None:
     assert ev.tick(now=1000.0, force=True) == []
     assert firing(rds, mon, include_pending=True)[0]["state"] == "pending"
     assert ev.tick(now=1020.0, force=True) == []
-    [t] = ev.tick(now=1031.0, force=True)
+    [t] = forced(ev, 1031.0)
     assert (t.subject, t.action) == ("cookie:shop", "fire")
     assert receiver.bodies[0]["started_at"] == 1000.0 and receiver.bodies[0]["fired_at"] == 1031.0
     health.report(rds, health.PoolHealth("cookie:shop", size=4, produced=24), mon)
-    [t] = ev.tick(now=1040.0, force=True)
+    [t] = forced(ev, 1040.0)
     assert t.action == "resolve"
     assert [b["status"] for b in receiver.bodies] == ["firing", "resolved"]
 
@@ -159,10 +167,10 @@ def test_on_a_cluster_two_monitors_fire_and_resolve_once(
         rule = {"name": "pool_empty", "kind": "pool_size", "below": 1}
         a, b = evaluator(r, s, receiver, rule), evaluator(r, s, receiver, rule)
         health.report(r, health.PoolHealth("cookie:shop", size=0), s)
-        assert [t.action for t in a.tick(now=1000.0, force=True)] == ["fire"]
+        assert [t.action for t in forced(a, 1000.0)] == ["fire"]
         assert b.tick(now=1000.0, force=True) == []  # already firing: nothing new
         health.report(r, health.PoolHealth("cookie:shop", size=2), s)
-        assert [t.action for t in b.tick(now=1010.0, force=True)] == ["resolve"]
+        assert [t.action for t in forced(b, 1010.0)] == ["resolve"]
         assert [x["status"] for x in receiver.bodies] == ["firing", "resolved"]
         assert [h["status"] for h in history(r, s)] == ["resolved", "firing"]
         assert firing(r, s) == []
@@ -222,11 +230,11 @@ def test_workers_queue_growth_and_dead_letters(rds, mon, receiver) -> None:
     store = DeadLetterStore(rds, mon)
     for i in range(3):
         store.add(DeadLetter(f"t{i}", TASK, {}, {}, "ServerError", "500", "", 3))
-    fired = {(t.rule, t.subject) for t in ev.tick(now=1010.0, force=True)}
+    fired = {(t.rule, t.subject) for t in forced(ev, 1010.0)}
     assert fired == {("no_workers", "workers"), ("growing", "shop"), ("dead", "deadletter")}
     pinged[0] = ["w1@host"]
     # a worker answers, the queue stopped growing, no new dead letters since 1010
-    resolved = {t.rule for t in ev.tick(now=1100.0, force=True) if t.action == "resolve"}
+    resolved = {t.rule for t in forced(ev, 1100.0) if t.action == "resolve"}
     assert resolved == {"no_workers", "growing", "dead"}
 
 
@@ -243,14 +251,14 @@ def test_a_run_that_finishes_no_task_for_too_long_fires_unless_paused(rds, mon, 
     ev = evaluator(rds, mon, receiver, {"name": "run_stuck", "kind": "run_idle", "above": 900,
                                         "match": "shop_chain/*"})  # fmt: skip
     assert ev.tick(now=900.0, force=True) == []  # 850 s
-    [t] = ev.tick(now=1000.0, force=True)
+    [t] = forced(ev, 1000.0)
     assert (t.rule, t.subject, t.action) == ("run_stuck", "shop_chain/stuck", "fire")
     assert (
         "time since run shop_chain/stuck last finished a task (s) is 950"
         in (receiver.bodies[0]["summary"])
     )
     rds.hset(state.run_key("stuck"), "last", "1005")  # it finished a task again
-    [t] = ev.tick(now=1010.0, force=True)
+    [t] = forced(ev, 1010.0)
     assert (t.subject, t.action) == ("shop_chain/stuck", "resolve")
 
 
@@ -277,14 +285,14 @@ def test_a_run_the_sweeper_keeps_re_sending_without_progress_is_named(rds, mon, 
     assert rec["resending"] == 6
     ev = evaluator(rds, mon, receiver, {"name": "run_resending", "kind": "run_resending",
                                         "above": 5})  # fmt: skip
-    [t] = ev.tick(now=1000.0, force=True)
+    [t] = forced(ev, 1000.0)
     assert (t.rule, t.subject, t.action) == ("run_resending", "shop_chain/looping", "fire")
     assert (
         "tasks of run shop_chain/looping re-sent since it last finished one is 6"
         in (receiver.bodies[0]["summary"])
     )
     rds.hset(state.run_key("looping"), "last", "70")  # it made progress
-    [t] = ev.tick(now=1010.0, force=True)
+    [t] = forced(ev, 1010.0)
     assert (t.subject, t.action) == ("shop_chain/looping", "resolve")
 
 

@@ -55,10 +55,12 @@ def test_no_capture_without_one_or_with_captures_off(tmp_path: Path) -> None:
 def test_sizes_are_capped(tmp_path: Path) -> None:
     b = BrowserSettings(capture_max_kb=1)
     cap = keep_capture(failed_render("x" * 5000), "t1", tmp_path, b)
+    assert cap is not None
     assert cap["files"]["dom.html"] == 1024 and cap["dom_cut_from"] == 5000
     exc = failed_render()
     exc.screenshot = b"\x89PNG" + b"\x00" * 2000
     cap = keep_capture(exc, "t2", tmp_path, b)
+    assert cap is not None
     assert "screenshot.png" not in cap["files"] and cap["screenshot_left_out"] == 2004
 
 
@@ -83,7 +85,9 @@ def test_removing_the_letter_removes_its_capture(
     client = redis.Redis.from_url(redis_url)
     store = DeadLetterStore(client, Settings(redis_url=redis_url, key_prefix=key_prefix))
     store.add(letter("t1", keep_capture(failed_render(), "t1", tmp_path)))
-    assert store.get("t1").capture["files"]["screenshot.png"] == len(PNG)  # round trip
+    dl = store.get("t1")
+    assert dl is not None and dl.capture is not None
+    assert dl.capture["files"]["screenshot.png"] == len(PNG)  # round trip
     assert (tmp_path / "captures" / "t1").is_dir()
     assert store.remove("t1")
     assert not (tmp_path / "captures" / "t1").exists()

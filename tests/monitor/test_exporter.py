@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,8 +28,8 @@ def scrape(url: str, auth: str | None = None) -> tuple[int, str, str]:
         return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
 
 
-def families(text: str) -> dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
-    """{family: {(sample name, sorted labels): value}} via the official parser."""
+def families(text: str) -> dict[str, dict[Any, Any]]:
+    """{family: {(sample name, sorted labels): value, "_type": type}} via the official parser."""
     out: dict[str, dict] = {}
     for fam in text_string_to_metric_families(text):
         d = out.setdefault(fam.name, {"_type": fam.type})

@@ -54,6 +54,7 @@ def test_a_site_starved_by_its_empty_cookie_pool_is_short_with_that_cause(
         assert share.take("shop", f"t{i}", 60).ok  # only 3 run: the rest wait on cookies
     cookies = Pool("cookie", "shop", rds=rds, prefix=mon.key_prefix)
     mid = cookies.add({"cookies": {"s": "1"}})
+    assert mid is not None
     cookies.retire_members([mid], "banned")  # the pool is empty now
     [news, shop] = fleet_view(rds, mon)
     assert news["shortage"] is None and news["backlog"] == 0
@@ -61,7 +62,9 @@ def test_a_site_starved_by_its_empty_cookie_pool_is_short_with_that_cause(
     assert shop["shortage"] == "the cookie pool is exhausted (0 of 0 ready)"
     ev = alerts.Evaluator(rds, alerts.parse_config({"rules": [
         {"name": "fleet_shortage", "kind": "fleet_shortage", "below": 0.5}]}), mon)  # fmt: skip
-    [t] = ev.tick(force=True)
+    ticked = ev.tick(force=True)
+    assert ticked is not None  # forced: no lock to lose
+    [t] = ticked
     assert (t.rule, t.subject, t.action) == ("fleet_shortage", "shop", "fire")
     note = alerts.history(rds, mon)[0]
     assert "shop runs at 30% of its share (3 of 10 in flight, backlog 40): the cookie pool is " \

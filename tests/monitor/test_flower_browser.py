@@ -102,7 +102,7 @@ def browser() -> Iterator[Any]:
     profile = tempfile.mkdtemp(prefix="cc-chromium-")
     opts.add_argument(f"--user-data-dir={profile}")
     opts.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))  # type: ignore[arg-type]
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
     driver.set_page_load_timeout(30)
     try:
         yield driver

@@ -7,9 +7,10 @@ import json
 import re
 
 import orjson
+import redis
 from prometheus_client.exposition import generate_latest
 
-from config import ROOT
+from config import ROOT, Settings
 from monitor.alerts import Keys
 from monitor.exporter import make_registry
 from tests.monitor.test_exporter import populated  # noqa: F401 - fixture
@@ -18,10 +19,10 @@ DASHBOARD = ROOT / "monitor" / "grafana" / "chaincrawl.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
 
-def exported(rds, s) -> set[str]:  # type: ignore[no-untyped-def]
+def exported(rds: redis.Redis, s: Settings) -> set[str]:
     """Every series name a scrape can hold (each family's name with its type's suffixes)."""
     text = generate_latest(make_registry(rds, s)).decode()
-    names = set()
+    names: set[str] = set()
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
         base = name.removesuffix("_total") if kind == "counter" else name
         names.update(base + suffix for suffix in SUFFIXES.get(kind, ("",)))
