@@ -182,7 +182,7 @@ def test_fan_out_maps_fields_and_adds_constants() -> None:
 
 def test_fan_out_skips_items_without_the_fields_and_honours_on() -> None:
     s = step("testsite.local.detail", entry_id="entry_id", options={"on": "testsite.entry"})
-    items = [
+    items: list[tuple[str, dict[str, Any]]] = [
         ("testsite.entry", {"entry_id": "e1"}),
         ("other", {"entry_id": "x"}),
         ("testsite.entry", {"n": 1}),

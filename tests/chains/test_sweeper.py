@@ -7,7 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -48,7 +48,9 @@ def app(settings: Settings) -> Iterator[Celery]:
 
 def queued(rds: redis.Redis, prefix: str) -> list[bytes]:
     return [
-        m for k in rds.scan_iter(match=f"{prefix}:q:*", _type="list") for m in rds.lrange(k, 0, -1)
+        m
+        for k in rds.scan_iter(match=f"{prefix}:q:*", _type="list")
+        for m in cast("list[bytes]", rds.lrange(k, 0, -1))
     ]
 
 
@@ -57,7 +59,7 @@ def deliver(rds: redis.Redis, prefix: str, tid: str) -> None:
     for k in rds.scan_iter(match=f"{prefix}:q:*", _type="list"):
         for raw in rds.lrange(k, 0, -1):
             if tid in message_ids(raw):
-                rds.lrem(k, 1, raw)
+                rds.lrem(k, 1, raw)  # type: ignore[arg-type]  # bytes: redis-py's hint says str
                 rds.hset(
                     f"{prefix}:q:unacked", uuid.uuid4().hex, json.dumps([json.loads(raw), "", "x"])
                 )
@@ -84,7 +86,7 @@ def test_message_ids_reads_plain_and_batch_messages_in_queues_and_unacked(
     send_kid(
         app, {"id": plain, "task": "demo.h5.feed", "params": {}, "meta": {"prio": 7}}, queue_for
     )
-    entries = [
+    entries: list[dict[str, Any]] = [
         {"id": uuid.uuid4().hex, "task": "demo.h5.user_info", "params": {"user_id": f"u{i}"},
          "meta": {"run": "r", "step": "s"}}
         for i in range(3)
@@ -296,7 +298,8 @@ def test_a_second_look_spares_a_message_that_moved_meanwhile(
     stall(state, rid)
     raw = queued(rds, p)[0]
     rds.delete(*rds.scan_iter(match=f"{p}:q:*", _type="list"))  # popped ...
-    sw = sweeper(rds, settings, sent := [])
+    sent: list[dict[str, Any]] = []
+    sw = sweeper(rds, settings, sent)
     real = sw._present
     looks = {"n": 0}
 
@@ -421,19 +424,20 @@ def test_a_stalled_run_found_whole_is_looked_at_again_later_and_later(
     sent: list[dict[str, Any]] = []
     sw = sweeper(rds, settings, sent, stall=30)
     assert sw.sweep_once() == 0  # queued: whole
-    mark = rds.get(sw.clean_key(rid))
+    mark = cast("bytes | None", rds.get(sw.clean_key(rid)))
     assert mark is not None and mark.split(b"|")[2] == b"30"
     pop_and_lose(rds, p, seed)
     assert sw.sweep_once() == 0 and sent == [], "in its back-off: not read again yet"
     assert sw.runs_to_check() == []
 
-    stamp, _, wait = rds.get(sw.clean_key(rid)).split(b"|")
+    stamp, _, wait = cast(bytes, rds.get(sw.clean_key(rid))).split(b"|")
     rds.set(sw.clean_key(rid), b"|".join([stamp, b"0", wait]))  # as if 30 s had passed
     sw.mark_clean([rid])  # a second clean look would double the wait...
-    assert rds.get(sw.clean_key(rid)).split(b"|")[2] == b"60"
+    assert cast(bytes, rds.get(sw.clean_key(rid))).split(b"|")[2] == b"60"
     for _ in range(10):
         sw.mark_clean([rid])
-    assert float(rds.get(sw.clean_key(rid)).split(b"|")[2]) == CLEAN_MAX  # ...up to a cap
+    capped = cast(bytes, rds.get(sw.clean_key(rid)))
+    assert float(capped.split(b"|")[2]) == CLEAN_MAX  # ...up to a cap
 
     sw.check_all = "a worker died"  # a death checks it at once, back-off or not
     assert sw.sweep_once() == 1 and [k["id"] for k in sent] == [seed]
@@ -630,7 +634,12 @@ def test_messages_taken_before_a_connection_drop_are_given_back(
     rds.hset(f"{prefix}{owners.OWNER_HASH}", "other", "host:2:def")
     rds.zadd(f"{prefix}unacked_index", {"other": 1000.0})
     restored: list[list[str]] = []
-    sw = sweeper(rds, settings, [], interval=5, restore=lambda tags: restored.append(tags) or 1)
+
+    def restore(tags: list[str]) -> int:
+        restored.append(tags)
+        return 1
+
+    sw = sweeper(rds, settings, [], interval=5, restore=restore)
     drops.note("host: the broker connection dropped (ConnectionError)", at=2000.0)
     assert sw.restore_held_before_drop(now=2005.0) == 0  # too soon: running tasks may ack
     assert sw.restore_held_before_drop(now=2011.0) == 1 and restored == [["old"]]
