@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_the_password_check_connects_once_per_probe(tmp_path: Path) -> None:
         assert received() - before == 2  # the probe without the password, the one with it
 
 
-def wait_for(cond, timeout: float = 60, what: str = "") -> None:  # type: ignore[no-untyped-def]
+def wait_for(cond: Callable[[], object], timeout: float = 60, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

@@ -43,10 +43,10 @@ def test_history_and_parquet_from_the_jsonl_store(tmp_path: Path) -> None:
     out = cli(env, T, "--key", "p1", "--history")
     assert out.returncode == 0, out.stderr
     versions = [orjson.loads(x) for x in out.stdout.splitlines()]
-    likes = [
+    likes_history = [
         (v["value"], v["valid_from"], v["valid_to"]) for v in versions if v["field"] == "likes"
     ]
-    assert likes == [
+    assert likes_history == [
         (3, "2023-11-14T22:13:20+00:00", "2023-11-14T22:14:20+00:00"),
         (5, "2023-11-14T22:14:20+00:00", "2023-11-14T22:15:20+00:00"),
         (8, "2023-11-14T22:15:20+00:00", None),

@@ -46,7 +46,7 @@ def test_run_table_keeps_run_id_steps_and_task_names() -> None:
 
 
 def test_recent_runs_keep_run_ids() -> None:
-    recs = [{"run_id": f"{i:x}" * 16, "chain": "a_chain_with_a_long_name", "status": "done",
+    recs: list[dict[str, Any]] = [{"run_id": f"{i:x}" * 16, "chain": "a_chain_with_a_long_name", "status": "done",
              "created": time.time(), "elapsed": 100.0, "totals": counters(),
              "reason": "cancelled by the operator because the site was down"}
             for i in range(10, 13)]  # fmt: skip
