@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import cast
 
 import pytest
 
@@ -55,7 +56,8 @@ def test_chaincrawl_rows_are_divided_by_each_peer_familys_best() -> None:
         _row("crawlee", [1.5, 1.1]),
         _row("floor", [1.0, 1.1]),
     ]
-    assert best_of(rows, "scrapy", "cpu").system == "scrapy:broad-lean"
+    best = best_of(rows, "scrapy", "cpu")
+    assert best is not None and best.system == "scrapy:broad-lean"
     got = {
         (p["num"], p["den"]): [round(x, 9) for x in p["per_repeat"]] for p in ratio_lines(sc, rows)
     }
@@ -65,7 +67,8 @@ def test_chaincrawl_rows_are_divided_by_each_peer_familys_best() -> None:
         ("chaincrawl", "floor"): [3.0, 3.0],
     }
     rate = [_row("scrapy:a", [50.0], "pages_per_s"), _row("scrapy:b", [60.0], "pages_per_s")]
-    assert best_of(rate, "scrapy", "rate").system == "scrapy:b"  # more pages/s is better
+    best = best_of(rate, "scrapy", "rate")
+    assert best is not None and best.system == "scrapy:b"  # more pages/s is better
 
 
 def test_scale_pairs_two_workers_with_one() -> None:
@@ -97,12 +100,15 @@ def test_a_run_that_misses_or_repeats_a_page_is_an_error() -> None:
 
     ok = {"total": 105, "distinct": 105, "unknown": 0}
     assert check(ps, res(), ok) is None
-    assert "requests 106, distinct pages 104" in check(
-        ps, res(), {**ok, "total": 106, "distinct": 104}
+    # a run with something wrong: `check` says what (a str)
+    assert "requests 106, distinct pages 104" in cast(
+        str, check(ps, res(), {**ok, "total": 106, "distinct": 104})
     )
-    assert "items 104" in check(ps, res(items=104), ok)
-    assert "unknown requests 1" in check(ps, res(), {**ok, "unknown": 1, "unknown_paths": ["/x"]})
-    assert "failed tasks 2" in check(ps, res(failed=2), ok)
+    assert "items 104" in cast(str, check(ps, res(items=104), ok))
+    assert "unknown requests 1" in cast(
+        str, check(ps, res(), {**ok, "unknown": 1, "unknown_paths": ["/x"]})
+    )
+    assert "failed tasks 2" in cast(str, check(ps, res(failed=2), ok))
 
 
 @pytest.mark.skipif(not pinning.supported(), reason="no sched_setaffinity here")

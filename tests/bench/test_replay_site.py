@@ -128,6 +128,7 @@ def test_record_and_fixed_latency() -> None:
     every response by latency_ms, pipelined ones too."""
     srv = ReplayServer.record(users=2, posts_per_user=2, comments_per_post=1, latency_ms=200)
     assert len(srv.pages) == expected_pages(2, 2, 1)
+    assert srv.config is not None
     assert srv.config.latency_ms == 200 and srv.config.users == 2
     with srv, requests.Session() as s:
         t0 = time.monotonic()

@@ -74,7 +74,7 @@ def test_links_and_fields(cfg: ShopConfig) -> None:
         assert (nxt is None) if last else urljoin(target, nxt) == cfg.category_seed(2, n + 1)
     fields, links, nxt = parse("product", Selector(text=pages["/shop/p/61"].body.decode()))
     assert fields["f1"] == "SKU-000061" and fields["f2"] and links == [] and nxt is None
-    assert float(fields["f3"]) > 0
+    assert fields["f3"] is not None and float(fields["f3"]) > 0
     if cfg.heavy:  # the decoys: related products carry prices and product links of their own
         sel = Selector(text=pages["/shop/p/61"].body.decode())
         assert len(sel.css(".price .amount::text").getall()) > 1
@@ -92,6 +92,7 @@ def test_every_page_is_reachable_from_home_once(cfg: ShopConfig) -> None:
         for url, k in kids:
             assert url in pages, url
             if url not in seen:
+                assert k is not None  # a page with links has a link kind
                 seen.add(url)
                 todo.append((url, k))
     assert seen == set(pages) and len(pages) == cfg.expected_pages == 1 + 2 * 3 * 21
