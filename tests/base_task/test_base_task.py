@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import pytest
 
@@ -12,6 +12,9 @@ from external_interface.fetch import Response
 from external_interface.fetch.mock import MockFetcher
 from ledger.publish import broker_priority
 from utils.registry import UnknownNameError
+
+if TYPE_CHECKING:
+    from tests.testsite.local.text import TextResult
 
 
 def test_bad_parameter_is_rejected_naming_the_field() -> None:
@@ -58,7 +61,7 @@ def test_params_forbid_unknown_fields() -> None:
         a: int
 
     with pytest.raises(ValueError):
-        P(a=1, b=2)
+        P(a=1, b=2)  # type: ignore[call-arg]
 
 
 def test_backoff_grows_with_jitter_and_stays_under_visibility_timeout() -> None:
@@ -114,7 +117,7 @@ def _latin1_page(req: Any) -> Response:
 def test_undecodable_text_is_counted_and_warned_of(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         items, _ = run_endpoint("testsite.local.text", {"path": "/x"}, MockFetcher(_latin1_page))
-    assert items[0].title == "caf\ufffd"
+    assert cast("TextResult", items[0]).title == "caf\ufffd"
     assert "1 bytes are not valid utf-8" in caplog.text and 'decode_errors="strict"' in caplog.text
 
 

@@ -3,7 +3,9 @@ are not declared dead while their heartbeats cannot have come back yet."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+
+import redis
 
 from broker import owners
 
@@ -19,14 +21,15 @@ class FakeInfo:
 def test_seconds_spent_loading_do_not_count_as_serving() -> None:
     r, now = FakeInfo(), [100.0]
     clock = lambda: now[0]  # noqa: E731
+    client = cast(redis.Redis, r)  # a fake with the one method serving_for calls
     r.info_.update(run_id="restarted-1", uptime_in_seconds=8, loading=1)
-    assert owners.serving_for(r, clock) == 0.0  # loading: nobody can beat yet
+    assert owners.serving_for(client, clock) == 0.0  # loading: nobody can beat yet
     r.info_["loading"] = 0  # done loading after 8 s of uptime
-    assert owners.serving_for(r, clock) == 0.0  # first seen serving now, not 8 s ago
+    assert owners.serving_for(client, clock) == 0.0  # first seen serving now, not 8 s ago
     now[0] += 2.5
-    assert owners.serving_for(r, clock) == 2.5
+    assert owners.serving_for(client, clock) == 2.5
     r.info_.update(run_id="restarted-2", uptime_in_seconds=1)  # another restart
-    assert owners.serving_for(r, clock) == 0.0
+    assert owners.serving_for(client, clock) == 0.0
     now[0] += 5
     r.info_["uptime_in_seconds"] = 2  # a process that saw it late: its uptime is the bound
-    assert owners.serving_for(r, clock) == 2.0
+    assert owners.serving_for(client, clock) == 2.0
