@@ -4,7 +4,7 @@ task still commits at most once, whatever else the call holds."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -84,7 +84,8 @@ def test_a_batchs_entries_of_one_type_and_step_become_one_entry_of_all_their_ite
     commit(state, calls, "c", [], entries=[entry([]), entry([4], step="t")])
     commit(state, calls, "d", [], entries=[entry([5]), {"run": "r1", "type": "x", "items": "{"}])
     state.run_commits(calls)
-    got = [(f[b"type"], f.get(b"step"), f[b"items"]) for _, f in rds.xrange(state.outbox_key)]
+    stream = cast("list[tuple[bytes, dict[bytes, bytes]]]", rds.xrange(state.outbox_key))
+    got = [(f[b"type"], f.get(b"step"), f[b"items"]) for _, f in stream]
     assert got == [
         (b"post", b"s", orjson.dumps([{"n": n} for n in (1, 2, 3, 5)])),  # in commit order
         (b"user", b"s", b'[{"n":7}]'),

@@ -4,6 +4,7 @@ while a progress view watches it, on every commit ('p'); `RunHandle.wait()` bloc
 from __future__ import annotations
 
 import uuid
+from typing import cast
 
 import pytest
 import redis
@@ -36,7 +37,7 @@ def commit(state: RunState, rid: str, n_items: int = 0) -> None:
 
 
 def wakes(rds: redis.Redis, state: RunState, rid: str) -> list[bytes]:
-    return list(rds.lrange(state.wake_key(rid), 0, -1))
+    return list(cast("list[bytes]", rds.lrange(state.wake_key(rid), 0, -1)))
 
 
 def test_the_scripts_name_the_wake_list_as_the_keyspace_does(state: RunState) -> None:

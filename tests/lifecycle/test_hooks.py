@@ -165,7 +165,7 @@ def test_after_store_sets_entries_apart_for_now_or_for_good(registry, monkeypatc
         ])  # fmt: skip
     assert got.value.again == {"2-0"}
     assert list(got.value.dead) == ["3-0"] and "said fail (rule)" in got.value.dead["3-0"]
-    counts = Counter()
+    counts: Counter[str] = Counter()
     for c in flushed:
         counts.update(c.metrics.counts)
     assert counts["after_store_skipped:quiet"] == 1

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from base_task import Params, runtime
+from base_task import Params
 from config import ROOT
 from exceptions import (
     BannedError,
@@ -33,6 +33,7 @@ from external_interface.browser.pool import PoolConfig
 from external_interface.fetch import Response
 from external_interface.resources.base import Outcome, OutgoingRequest, providers
 from ledger.meta import TaskMeta
+from lifecycle import runtime
 from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec
 from monitor.metrics import TaskMetrics
@@ -165,7 +166,7 @@ def test_the_lent_resources_go_to_the_browser_context_and_hear_the_answer(pool: 
 
 def test_a_render_never_outlives_the_task(pool: FakePool) -> None:
     context(deadline=4.0).render("http://127.0.0.1:1/x", timeout=60)
-    assert pool.requests[0].timeout <= 4.0
+    assert pool.requests[0].timeout is not None and pool.requests[0].timeout <= 4.0
     context().render("http://127.0.0.1:1/x", timeout=7)
     assert pool.requests[1].timeout == 7
     context().render("http://127.0.0.1:1/x")

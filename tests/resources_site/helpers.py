@@ -7,11 +7,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import sites.demo.production  # noqa: F401 - registers the production endpoints
-from base_task import Context, Follow, Item, get_endpoint, runtime
+from base_task import Context, Follow, Item, get_endpoint
 from config import reset_settings
 from external_interface.fetch import RequestsFetcher
 from external_interface.resources.pool import reset_pool_config
 from ledger.meta import TaskMeta
+from lifecycle import runtime
 from monitor.metrics import TaskMetrics
 from utils import environ
 from utils.redis import reset_clients
