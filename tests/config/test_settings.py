@@ -13,8 +13,8 @@ from settings.proxy import ProxySettings, get_proxy_settings
 from settings.storage import StorageSettings, get_storage_settings
 
 
-def _subclasses(cls: type) -> set[type]:
-    out = set()
+def _subclasses(cls: type[object]) -> set[type]:
+    out: set[type] = set()
     for sub in cls.__subclasses__():
         if sub.__module__ == "config" or sub.__module__.startswith("settings."):
             out |= {sub} | _subclasses(sub)

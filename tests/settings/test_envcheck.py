@@ -153,6 +153,7 @@ def _direct_reads(path: Path, root: Path = ROOT) -> list[str]:
         ):
             name = _chaincrawl_name(node.left)
         if name:
+            assert isinstance(node, ast.expr)  # a call, a subscript or a comparison
             found.append((node.lineno, name))
     return [f"{path.relative_to(root)}:{line}: {name}" for line, name in sorted(found)]
 

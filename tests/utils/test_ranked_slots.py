@@ -4,14 +4,19 @@ gevent's greenlets and events work without monkey-patching, so these run in the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from gevent import Greenlet
 
 gevent = pytest.importorskip("gevent")
 
 from utils.ranked_slots import RankedSlots  # noqa: E402
 
 
-def _waiter(slots: RankedSlots, rank: int, name: str, served: list[str]) -> gevent.Greenlet:
+def _waiter(slots: RankedSlots, rank: int, name: str, served: list[str]) -> Greenlet:
     def run() -> None:
         with slots.slot(rank):
             served.append(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis
@@ -130,7 +131,10 @@ def test_stream_reads_are_routed_without_asking_a_node_for_their_keys(
         pipe.xreadgroup("g", "c", {s: ">"}, count=10)
     got = pipe.execute()
     assert [r[0][1][0][1][b"n"].decode() for r in got] == streams  # each from its own master
-    assert client.xread({streams[0]: "0"}, count=1)[0][0] == streams[0].encode()
+    assert (
+        cast("list[list[Any]]", client.xread({streams[0]: "0"}, count=1))[0][0]
+        == streams[0].encode()
+    )
     asked = sum(int(m.info("commandstats").get("cmdstat_command", {}).get("calls", 0))
                 for m in masters)  # fmt: skip
     assert asked == 0  # redis-py alone sends COMMAND GETKEYS for each of these

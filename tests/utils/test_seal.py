@@ -82,7 +82,7 @@ def test_the_embedded_redis_password_is_derived_from_a_0600_file(tmp_path: Path)
     assert not (tmp_path / "v2" / "redis.secret").exists()
 
 
-def _make(path: str, q: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _make(path: str, q: multiprocessing.Queue) -> None:
     q.put(read_or_create(Path(path)))
 
 
