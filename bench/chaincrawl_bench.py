@@ -56,7 +56,7 @@ import psutil
 from bench.workload import expected_pages, kinds_from
 from config import DEFAULT_POOL, Settings
 from utils import environ
-from utils.worker_cmd import worker_argv
+from utils.worker_cmd import READY_MARKER, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "benchsite"
@@ -162,7 +162,7 @@ class Worker:
     def wait_ready(self, timeout: float = 90) -> Worker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if b" ready." in self.log.read_bytes():
+            if READY_MARKER.encode() in self.log.read_bytes():
                 return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.text()[-3000:]}")

@@ -25,7 +25,7 @@ from cli import REDIS_UNREACHABLE, StartFailed, UserError
 from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
 from utils.redis import cluster_client, get_redis, hostport
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
-from utils.worker_cmd import worker_argv
+from utils.worker_cmd import READY_MARKER, worker_argv
 
 
 def run_dir(s: Settings) -> Path:
@@ -316,8 +316,6 @@ def stop_redis(s: Settings) -> bool:
 
 
 # --- workers and friends -----------------------------------------------------------------
-
-READY_MARKER = " ready."  # what a Celery worker logs once it consumes
 
 
 def start_workers(

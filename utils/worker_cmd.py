@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 HEARTBEAT_INTERVAL = 10  # seconds between two worker-heartbeat events (Celery's default: 2)
+READY_MARKER = " ready."  # what a Celery worker logs at INFO once it consumes
 
 
 def worker_argv(
