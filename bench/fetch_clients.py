@@ -232,13 +232,41 @@ class _Capture:
         return len(line)
 
 
-class PycurlClient:
-    """pycurl: a reused Curl handle per request in flight."""
+class _CurlClient:
+    """A reused Curl handle per request in flight: the loop pycurl's and curl_cffi's clients
+    share; each sets up a handle (`_make`) and runs one transfer into a `_Capture`."""
 
-    name = "pycurl"
+    name = ""
 
     def __init__(self, concurrency: int) -> None:
         self.handles = _Handles(self._make)
+
+    @staticmethod
+    def _make() -> Any:
+        raise NotImplementedError
+
+    def _transfer(self, c: Any, url: str, cap: _Capture) -> None:
+        raise NotImplementedError
+
+    def get(self, url: str) -> tuple[int, str]:
+        c = self.handles.take()
+        cap = _Capture()
+        try:
+            self._transfer(c, url, cap)
+        finally:
+            self.handles.idle.append(c)
+        body = b"".join(cap.chunks)
+        return len(body), decode(body, cap.ctype)
+
+    def close(self) -> None:
+        for c in self.handles.all:
+            c.close()
+
+
+class PycurlClient(_CurlClient):
+    """pycurl: a reused Curl handle per request in flight."""
+
+    name = "pycurl"
 
     @staticmethod
     def _make() -> Any:
@@ -252,31 +280,17 @@ class PycurlClient:
         c.setopt(pycurl.CAINFO, certifi.where())
         return c
 
-    def get(self, url: str) -> tuple[int, str]:
-        c = self.handles.take()
-        cap = _Capture()
-        try:
-            c.setopt(pycurl.URL, url)
-            c.setopt(pycurl.WRITEFUNCTION, cap.chunks.append)
-            c.setopt(pycurl.HEADERFUNCTION, cap.header)
-            _blocking(c.perform)
-        finally:
-            self.handles.idle.append(c)
-        body = b"".join(cap.chunks)
-        return len(body), decode(body, cap.ctype)
-
-    def close(self) -> None:
-        for c in self.handles.all:
-            c.close()
+    def _transfer(self, c: Any, url: str, cap: _Capture) -> None:
+        c.setopt(pycurl.URL, url)
+        c.setopt(pycurl.WRITEFUNCTION, cap.chunks.append)
+        c.setopt(pycurl.HEADERFUNCTION, cap.header)
+        _blocking(c.perform)
 
 
-class CurlCffiClient:
+class CurlCffiClient(_CurlClient):
     """curl_cffi's Curl handle without impersonation, reused as pycurl's."""
 
     name = "curl_cffi"
-
-    def __init__(self, concurrency: int) -> None:
-        self.handles = _Handles(self._make)
 
     @staticmethod
     def _make() -> Any:
@@ -288,26 +302,15 @@ class CurlCffiClient:
         c.setopt(CurlOpt.ACCEPT_ENCODING, ACCEPT_ENCODING.encode())
         return c
 
-    def get(self, url: str) -> tuple[int, str]:
-        c = self.handles.take()
-        cap = _Capture()
-        try:
-            c.setopt(CurlOpt.URL, url.encode())
-            # perform() frees the header list it was given: a list for every transfer
-            c.setopt(CurlOpt.HTTPHEADER, [b"Accept: */*"])
-            c.setopt(CurlOpt.WRITEFUNCTION, cap.write)
-            c.setopt(CurlOpt.HEADERFUNCTION, cap.header)
-            _blocking(c.perform)
-            if int(c.getinfo(CurlInfo.RESPONSE_CODE)) != 200:
-                raise RuntimeError(f"{url}: HTTP {c.getinfo(CurlInfo.RESPONSE_CODE)!r}")
-        finally:
-            self.handles.idle.append(c)
-        body = b"".join(cap.chunks)
-        return len(body), decode(body, cap.ctype)
-
-    def close(self) -> None:
-        for c in self.handles.all:
-            c.close()
+    def _transfer(self, c: Any, url: str, cap: _Capture) -> None:
+        c.setopt(CurlOpt.URL, url.encode())
+        # perform() frees the header list it was given: a list for every transfer
+        c.setopt(CurlOpt.HTTPHEADER, [b"Accept: */*"])
+        c.setopt(CurlOpt.WRITEFUNCTION, cap.write)
+        c.setopt(CurlOpt.HEADERFUNCTION, cap.header)
+        _blocking(c.perform)
+        if int(c.getinfo(CurlInfo.RESPONSE_CODE)) != 200:
+            raise RuntimeError(f"{url}: HTTP {c.getinfo(CurlInfo.RESPONSE_CODE)!r}")
 
 
 class ImpersonateClient:
