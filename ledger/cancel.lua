@@ -1,7 +1,7 @@
 -- KEYS: 1 counters, 2 run hash, 3 active (on a cluster the counters again: the caller updates
 --       the set), 4 pending, 5 ledger; ARGV: 1 run, 2 now, 3 reason
 -- Reply: {status before, children dropped from the waiting list, tasks still outstanding}
--- include: wake.lua
+-- include: ../utils/wake.lua
 local status = redis.call('HGET', KEYS[2], 'status')
 if not status then return {'', 0, 0} end
 if status == 'done' or status == 'cancelled' then return {status, 0, 0} end

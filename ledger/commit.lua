@@ -61,7 +61,7 @@ if run ~= '' then
   compacted = rh[4] ~= false  -- finished and its done set dropped: every task of it committed
   watched = rh[5] ~= false and tonumber(rh[5]) > tonumber(now)  -- a progress view is open
 end
--- include: wake.lua
+-- include: ../utils/wake.lua
 local function chunked(cmd, key, list, step)  -- unpack() has a limit (the Lua C stack)
   for a = 1, #list, step do
     rcall(cmd, key, unpack(list, a, math.min(a + step - 1, #list)))

@@ -44,7 +44,7 @@ class RunKeys:
         return self.ks.counters(rid)
 
     def wake_key(self, rid: str) -> str:
-        """What `wait()` blocks on; the scripts name it `<run hash>:wake` (ledger/wake.lua)."""
+        """What `wait()` blocks on; the scripts name it `<run hash>:wake` (utils/wake.lua)."""
         return self.ks.wake(rid)
 
     def done_key(self, rid: str, tid: str) -> str:

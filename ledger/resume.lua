@@ -1,7 +1,7 @@
 -- KEYS: 1 counters, 2 run hash, 3 pending, 4 staging, 5 parked set; ARGV: 1 now
 -- Reply: {status before ('' = no such run), was paused (0|1), cancelled (0|1), tasks released
 -- into staging}; a cancelled run is left as it is (its waiting list was dropped)
--- include: wake.lua
+-- include: ../utils/wake.lua
 local rh = redis.call('HMGET', KEYS[2], 'status', 'paused', 'cap', 'cancelled')
 if not rh[1] then return {'', 0, 0, 0} end
 if not rh[2] or rh[4] then return {rh[1], rh[2] and 1 or 0, rh[4] and 1 or 0, 0} end

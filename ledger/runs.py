@@ -166,7 +166,7 @@ class Runs(RunKeys):
             self.r.delete(self.run_key(rid))  # a run gone meanwhile: no stray hash
 
     def next_wake(self, rid: str, timeout: float) -> bytes | None:
-        """Block until the run's scripts push to its wake list (ledger/wake.lua) or
+        """Block until the run's scripts push to its wake list (utils/wake.lua) or
         `timeout` seconds pass: b"e" (it may have ended), b"p" (it moved), None."""
         got = cast(
             "tuple[bytes, bytes] | None",

@@ -70,7 +70,7 @@ class Keyspace:
 
     def wake(self, rid: str) -> str:
         """The list `RunHandle.wait()` blocks on; the scripts write it as `<run hash>:wake`
-        (ledger/wake.lua), so the two namings must agree."""
+        (utils/wake.lua), so the two namings must agree."""
         return self.run(rid, "wake")
 
     def done(self, rid: str, tid: str) -> str:

@@ -1,7 +1,8 @@
 """Lua scripts live in `.lua` files beside the Python module that runs them (readable,
 highlighted, diffable). `script()` reads one, with `-- include: other.lua` lines replaced by
-that file; `load_lua()` joins several in order. Either way a fragment two scripts share (a
-prologue, a loop) is written once."""
+that file (a path from the including script's folder: `../utils/wake.lua` for a fragment
+scripts of several packages share); `load_lua()` joins several in order. Either way a fragment
+two scripts share (a prologue, a loop) is written once."""
 
 from __future__ import annotations
 

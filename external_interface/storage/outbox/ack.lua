@@ -2,13 +2,14 @@
 -- (XACK returned 1) XDEL it (one XDEL for all), copy a dead letter, and add its items to
 -- the counters.
 -- KEYS: 1 stream, 2 dead-letter stream, 3.. counters hashes and metric hashes; a run's
---       counters are followed by its wake list (ledger/wake.lua), which the script pushes
+--       counters are followed by its wake list (utils/wake.lua), which the script pushes
 --       'e' to once every task of the run has committed and the last item has settled (its
 --       `wait()` returns at once) and 'p' for a batch stored before that, when its tasks are
 --       done (the run is `storing`)
 -- ARGV: 1 group, 2 counters ttl, 3 dead maxlen, then per entry:
 --       id, counters key index (0: no run), step, n items, counter field,
 --       task metrics key index, site metrics key index, n dead fields, fields...
+-- include: ../../../utils/wake.lua
 local group, ttl, maxlen = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local i, won = 4, 0
 -- counts are summed per key and field and written once per call (a drain's entries share a
@@ -54,10 +55,7 @@ for _, idx in ipairs(order) do
     local c = redis.call('HMGET', key, 'outstanding', 'items', 'stored', 'store_failed')
     if tonumber(c[1] or '1') <= 0 then  -- its tasks are done: storing, or now settled
       local settled = tonumber(c[2] or '0') <= tonumber(c[3] or '0') + tonumber(c[4] or '0')
-      local w = KEYS[idx + 1]
-      redis.call('LPUSH', w, settled and 'e' or 'p')
-      redis.call('LTRIM', w, 0, 0)
-      redis.call('EXPIRE', w, 60)
+      wake_list(KEYS[idx + 1], settled and 'e' or 'p')
     end
   end
 end
