@@ -115,12 +115,6 @@ def cmd_status(a: argparse.Namespace) -> None:
     status.main(a)
 
 
-def _redis_hostport(s: Any) -> tuple[str, int]:
-    from cli import procs
-
-    return procs.redis_hostport(s)
-
-
 def cmd_flower(a: argparse.Namespace) -> None:
     from cli import procs
 
@@ -307,9 +301,9 @@ def handler(name: str | Callable[[argparse.Namespace], Any]) -> Callable[[argpar
 
 def _redis_where() -> str:
     from config import get_settings
+    from utils.redis import address
 
-    host, port = _redis_hostport(get_settings())
-    return f"{host}:{port}"
+    return address(get_settings().redis_url)
 
 
 def _redis_url() -> str:

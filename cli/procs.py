@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from cli import REDIS_UNREACHABLE, StartFailed, UserError
 from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
-from utils.redis import cluster_client, get_redis, hostport
+from utils.redis import cluster_client, get_redis
 from utils.servers import RedisServer, stop_pidfile, wait_for_port
 from utils.worker_cmd import READY_MARKER, worker_argv
 
@@ -132,11 +132,6 @@ def uses_embedded_redis(s: Settings) -> bool:
         return False
     u = urlparse(s.redis_url)
     return u.hostname in ("127.0.0.1", "localhost") and u.port == s.embedded_redis_port
-
-
-def redis_hostport(s: Settings) -> tuple[str, int]:
-    """Where the state store answers (a cluster's first listed node)."""
-    return hostport(s.redis_url)
 
 
 def port_open(host: str, port: int) -> bool:

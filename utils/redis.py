@@ -236,6 +236,12 @@ def hostport(url: str) -> tuple[str, int]:
     return u.hostname or "127.0.0.1", u.port or 6379
 
 
+def address(url: str) -> str:
+    """`host:port` of `hostport(url)`: how a message names the Redis it could not reach."""
+    host, port = hostport(url)
+    return f"{host}:{port}"
+
+
 def be_patient(patience: float, notify: Notify | None = None) -> None:
     """Clients made from now on in this process wait out a Redis restart or load for up to
     `patience` seconds (the CLI: CHAINCRAWL_REDIS_WAIT), calling `notify(error)` once when

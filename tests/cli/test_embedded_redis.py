@@ -23,6 +23,7 @@ from cli import StartFailed, UserError, procs
 from cli.parser import READ_ONLY
 from config import ROOT, Settings
 from tests.cli.test_demo_smoke import own_env
+from utils.redis import hostport
 from utils.servers import RedisServer, free_port
 
 
@@ -70,7 +71,7 @@ def test_a_cluster_state_store_is_checked_not_started(tmp_path: Path, redis_clus
     broker = "redis://127.0.0.1:1/0"
     s = Settings(var_dir=tmp_path / "var", redis_url=redis_cluster.url, broker_url=broker)
     assert not procs.uses_embedded_redis(s)
-    assert procs.redis_hostport(s) == ("127.0.0.1", redis_cluster.nodes[0].port)
+    assert hostport(s.redis_url) == ("127.0.0.1", redis_cluster.nodes[0].port)
     assert procs.ensure_redis(s) == "running"
     gone = f"redis+cluster://127.0.0.1:{free_port()}"
     with pytest.raises(UserError, match=r"^the Redis Cluster of REDIS_URL is not reachable"):

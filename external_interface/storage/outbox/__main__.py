@@ -17,7 +17,7 @@ from config import get_settings
 from external_interface.storage.outbox.cluster import drainer_class
 from external_interface.storage.outbox.status import backlog, requeue_dead
 from utils.outage import first_line, stderr_notify
-from utils.redis import be_patient, failed_node, get_redis, hostport
+from utils.redis import address, be_patient, failed_node, get_redis
 
 log = logging.getLogger("external_interface.storage.outbox")
 
@@ -84,8 +84,7 @@ def _operator_view(status: bool, url: str, prefix: str, wait: float) -> int:
     """`--status` / `--requeue-dead`: like the CLI's views, through a Redis restart or a
     cluster failover (CHAINCRAWL_REDIS_WAIT), said in one line each way; past the wait, one
     line and exit 5, never a traceback."""
-    host, port = hostport(url)
-    startup = f"{host}:{port}"
+    startup = address(url)
     be_patient(wait, stderr_notify(startup, wait))
     try:
         r = get_redis(url)
