@@ -4,6 +4,9 @@
     response.py  Response (text, json, css, xpath on demand), charset decoding that counts
     http.py      Urllib3Fetcher (the default), RequestsFetcher
     impersonate.py  ImpersonateFetcher: a browser's TLS handshake, HTTP/2 and headers (curl_cffi)
+    curl.py      CurlFetcher: the same contract on pycurl, the least CPU per request
+    curl_gevent.py  pycurl's transfers on a gevent hub: one CurlMulti driven by its loop
+    libcurl.py   what the two libcurl fetchers share: options, callbacks, error codes
     profiles.py  browser identities: the user agent's browser, its target and headers in order
     body.py      the URL's query, the body's encoding, error text without credentials
     select.py    fetchers by name, the per-process set, the per-endpoint/site choice,
@@ -14,8 +17,8 @@
     sitemap.py   URLs from a site's sitemaps
     mock.py      test doubles: fixture fetchers and recorded cases for parser tests
 
-`Urllib3Fetcher` (the default), `RequestsFetcher` and `ImpersonateFetcher` keep the same
-contract and raise the same typed errors; urllib3 directly costs about a third less CPU per
+`Urllib3Fetcher` (the default), `RequestsFetcher`, `ImpersonateFetcher` and `CurlFetcher`
+keep the same contract and raise the same typed errors; urllib3 directly costs about a third less CPU per
 request than requests on top of it (docs/performance.md). `CHAINCRAWL_FETCHER=requests`
 switches back; an endpoint's `fetcher="impersonate"` (or `CHAINCRAWL_FETCHER_<SITE>`) sends
 as a browser (docs/browser.md).
@@ -30,6 +33,7 @@ enforces the response size limit.
 
 from external_interface.fetch.base import Fetcher, FetchRequest
 from external_interface.fetch.cache import CachingFetcher
+from external_interface.fetch.curl import CurlFetcher
 from external_interface.fetch.http import RequestsFetcher, Urllib3Fetcher
 from external_interface.fetch.impersonate import ImpersonateFetcher
 from external_interface.fetch.limits import LimitedFetcher
@@ -38,6 +42,7 @@ from external_interface.fetch.select import FetcherSet, choose, default_fetcher
 
 __all__ = [
     "CachingFetcher",
+    "CurlFetcher",
     "FetchRequest",
     "Fetcher",
     "FetcherSet",

@@ -5,6 +5,8 @@ site chose (`choose`), and `default_fetcher`, the stack workers fetch through.
     urllib3      Urllib3Fetcher, the default: the least CPU per request
     requests     RequestsFetcher: the same contract on requests
     impersonate  ImpersonateFetcher: a browser's TLS, HTTP/2 and headers (curl_cffi)
+    pycurl       CurlFetcher: the same contract on libcurl through pycurl, the least CPU
+                 (the `pycurl` extra; without it, choosing it is a ConfigError saying so)
 
 An endpoint declares `fetcher="impersonate"` (or `impersonate:firefox`, `impersonate:safari`);
 a deployment sets `CHAINCRAWL_FETCHER_<SITE>` the same way, which wins over the declaration
@@ -24,6 +26,7 @@ from config import SITE_VARS, site_env
 from exceptions import ConfigError
 from external_interface.fetch.base import Fetcher, FetchRequest
 from external_interface.fetch.cache import CachingFetcher, HttpCache
+from external_interface.fetch.curl import MISSING, CurlFetcher, installed
 from external_interface.fetch.http import RequestsFetcher, Urllib3Fetcher
 from external_interface.fetch.impersonate import ImpersonateFetcher
 from external_interface.fetch.limits import LimitedFetcher
@@ -33,6 +36,7 @@ from external_interface.resources.user_agent import family as platform_family
 from utils.registry import Registry, UnknownNameError
 
 IMPERSONATE = "impersonate"
+PYCURL = "pycurl"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ FETCHERS: Registry[Callable[[FetcherOptions], Fetcher]] = Registry("fetcher")
 FETCHERS.add("urllib3", lambda o: Urllib3Fetcher(o.max_redirects, ca_bundle=o.ca_bundle))
 FETCHERS.add("requests", lambda o: RequestsFetcher(o.max_redirects, ca_bundle=o.ca_bundle))
 FETCHERS.add(IMPERSONATE, lambda o: ImpersonateFetcher(o.max_redirects, ca_bundle=o.ca_bundle))
+FETCHERS.add(PYCURL, lambda o: CurlFetcher(o.max_redirects, ca_bundle=o.ca_bundle))
 
 
 @dataclass(frozen=True)
@@ -58,11 +63,13 @@ class Choice:
 
 
 def parse_spec(spec: str, platform: str = "pc") -> Choice:
-    """`urllib3`, `requests`, `impersonate` or `impersonate:<browser>[/<form>]` as a Choice
+    """`urllib3`, `requests`, `pycurl`, `impersonate` or `impersonate:<browser>[/<form>]` as a Choice
     for an endpoint of `platform`; a clear ValueError names what is wrong."""
     name, _, browser = spec.strip().partition(":")
     name = name.strip().lower()
     FETCHERS.get(name)  # UnknownNameError (a KeyError) with a "did you mean"
+    if name == PYCURL and not installed():
+        raise ValueError(MISSING)
     if name != IMPERSONATE:
         if browser:
             raise ValueError(f"fetcher {name!r} takes no browser profile (got {spec!r})")
@@ -98,6 +105,8 @@ class FetcherSet:
             )
         self._built: dict[str, Fetcher] = {}
         self._lock = threading.Lock()
+        if default == PYCURL and not installed():  # at the worker's start, not on a page
+            raise ConfigError(f"CHAINCRAWL_FETCHER: {MISSING}")
 
     def get(self, name: str = "") -> Fetcher:
         """The fetcher called `name` ("": the default), built once."""
@@ -122,7 +131,7 @@ def default_fetcher(
     ca_bundle: str = "",
 ) -> Fetcher:
     """The fetchers workers use (`CHAINCRAWL_FETCHER` names the default one: urllib3,
-    requests or impersonate), limited to `slots` requests in flight when that is set
+    requests, impersonate or pycurl), limited to `slots` requests in flight when that is set
     (`CHAINCRAWL_FETCH_SLOTS`), behind the development HTTP cache when one is given
     (`HttpCache.from_settings()`)."""
     inner: Fetcher = FetcherSet(kind, FetcherOptions(max_redirects, ca_bundle))

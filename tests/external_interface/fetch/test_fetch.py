@@ -1,6 +1,6 @@
-"""The fetch layer against a real local HTTP server; every test runs against the three
-fetchers (urllib3, the default, requests, and the impersonating one): same contract, same
-typed errors."""
+"""The fetch layer against a real local HTTP server; every test runs against the four
+fetchers (urllib3, the default, requests, the impersonating one and pycurl's): same contract,
+same typed errors."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from exceptions import (
     UndecodableText,
 )
 from external_interface.fetch import (
+    CurlFetcher,
     Fetcher,
     FetchRequest,
     ImpersonateFetcher,
@@ -42,8 +43,11 @@ def site() -> Iterator[TestSite]:
     s.stop()
 
 
-@pytest.fixture(params=["urllib3", "requests", "impersonate"])
+@pytest.fixture(params=["urllib3", "requests", "impersonate", "pycurl"])
 def fetcher(request: pytest.FixtureRequest) -> Fetcher:
+    if request.param == "pycurl":
+        pytest.importorskip("pycurl", reason="the pycurl extra (requirements/pycurl.txt)")
+        return CurlFetcher(max_redirects=5)
     if request.param == "requests":
         return RequestsFetcher(max_redirects=5)
     if request.param == "impersonate":
@@ -175,7 +179,9 @@ def test_connections_are_reused(site, fetcher) -> None:
         fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))
         assert fetcher.session() is s1
         return
-    if isinstance(fetcher, ImpersonateFetcher):  # one handle reused, its connection with it
+    if isinstance(
+        fetcher, ImpersonateFetcher | CurlFetcher
+    ):  # one handle reused, and its connection
         for _ in range(3):
             fetcher.fetch(FetchRequest("GET", f"{site.url}/detail/x"))
         assert fetcher.connections == 1

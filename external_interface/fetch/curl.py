@@ -1,0 +1,125 @@
+"""`CurlFetcher`: the fetch contract on libcurl through pycurl, the least CPU per request.
+
+libcurl reads the answer, parses its head and decodes its body in C, where urllib3 and
+http.client do it in Python: a fifth to a third of `Urllib3Fetcher`'s CPU per request on the
+benchmark's pages (docs/performance.md, "Fetch clients"). `CHAINCRAWL_FETCHER=pycurl` makes it
+every request's, `CHAINCRAWL_FETCHER_<SITE>=pycurl` or an endpoint's `fetcher="pycurl"` a
+site's. It needs the `pycurl` extra (`pip install -r requirements/pycurl.txt`); without it,
+choosing it is a ConfigError that says so, and the other fetchers work as ever.
+
+The contract is `Urllib3Fetcher`'s, set by `libcurl.py` as for `ImpersonateFetcher` (the
+same library through curl_cffi): the whole-request deadline, the size limit, proxies with
+credentials, the request's cookies and nothing kept, redirects with their history, charset
+detection by `Response` and the same typed errors; the headers are the default fetcher's
+(`chaincrawl/VERSION` unless one is lent, `Accept-Encoding: gzip, deflate`).
+
+One easy handle per request in flight, reused: the connection (keep-alive) and libcurl's
+parsed state stay warm. Threads (and a process without gevent) run the transfer on the
+calling thread, libcurl releasing the GIL. On the gevent pool the transfers of a hub go
+through one `CurlMulti` whose sockets and timer the hub's loop watches (`curl_gevent.py`):
+no thread hand-off, and the multi's connection cache shared by every handle.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from exceptions import ConfigError
+from external_interface.fetch import libcurl
+from external_interface.fetch.base import FetchRequest
+from external_interface.fetch.body import encode_body, full_url, short_error
+from external_interface.fetch.identity import default_user_agent
+from external_interface.fetch.libcurl import Handles, HubThreadpool, Transfer
+from external_interface.fetch.response import Response
+from utils.greenlets import gevent_patched
+
+try:  # the optional `pycurl` extra
+    import pycurl
+except ImportError:  # pragma: no cover - exercised by test_curl's subprocess
+    pycurl = None
+
+MISSING = "the pycurl fetcher needs pycurl: pip install -r requirements/pycurl.txt"
+
+
+def installed() -> bool:
+    return pycurl is not None
+
+
+class CurlFetcher:
+    """The `Fetcher` on pycurl (module docstring). `gevent="multi"` drives a gevent worker's
+    transfers from the hub's loop; `"threadpool"` runs each in the hub's thread pool, as
+    `ImpersonateFetcher` does (measured against each other by bench.fetch_clients)."""
+
+    name = "pycurl"
+
+    def __init__(self, max_redirects: int = 10, ca_bundle: str = "", gevent: str = "multi") -> None:
+        if pycurl is None:
+            raise ConfigError(MISSING)
+        if gevent not in ("multi", "threadpool"):
+            raise ValueError(f"gevent must be 'multi' or 'threadpool', got {gevent!r}")
+        self.max_redirects = max_redirects
+        self.cacert = libcurl.cacert(ca_bundle)
+        self.gevent = gevent
+        self.base_headers = {
+            "user-agent": ("User-Agent", default_user_agent()),
+            "accept": ("Accept", "*/*"),
+        }
+        self.handles = Handles(pycurl.Curl)
+        self.connections = 0  # connections opened, for tests and the benchmark
+        self._threadpool = HubThreadpool()
+
+    def fetch(self, req: FetchRequest) -> Response:
+        start = time.monotonic()
+        url = full_url(req.url, req.params)
+        body, content_type = encode_body(req.data, req.json)
+        given = dict(self.base_headers)
+        cookies, encoding = [], "gzip, deflate"
+        for k, v in (req.headers or {}).items():
+            low = k.lower()
+            if low == "cookie":
+                cookies.append(v)
+            elif low == "accept-encoding":
+                encoding = v
+            else:
+                given[low] = (k, v)
+        if content_type and "content-type" not in given:
+            given["content-type"] = ("Content-Type", content_type)
+        if body is not None:
+            given.setdefault("expect", ("Expect", ""))  # no 100-continue round trip
+        lines = [
+            f"{k}: {v}".encode("latin-1") if v else f"{k}:".encode() for k, v in given.values()
+        ]
+        if req.cookies:
+            cookies += [f"{k}={v}" for k, v in req.cookies.items()]
+        t = Transfer(req, 0, url, body, lines, "; ".join(cookies), encoding)  # 0: abort
+        status, final = self.handles.lend(lambda c: self._send(c, t))
+        return t.response(final or url, status, start)
+
+    def _send(self, c: Any, t: Transfer) -> tuple[int, str]:
+        """One transfer on handle `c`: its status and the last hop's URL."""
+        libcurl.configure(c.setopt, t, self.max_redirects, self.cacert)
+        c.setopt(libcurl.WRITEFUNCTION, t.body)
+        c.setopt(libcurl.HEADERFUNCTION, t.lines.append)  # None: every byte taken
+        self._perform(c, t)
+        self.connections += c.getinfo(pycurl.NUM_CONNECTS)
+        return c.getinfo(pycurl.RESPONSE_CODE), c.getinfo(pycurl.EFFECTIVE_URL)
+
+    def _perform(self, c: Any, t: Transfer) -> None:
+        try:
+            if not gevent_patched():
+                c.perform()
+            elif self.gevent == "multi":
+                hub_multi().perform(c)
+            else:
+                self._threadpool.run(c.perform)
+        except pycurl.error as exc:
+            code, text = exc.args[0], short_error(exc.args[-1])
+            raise t.error or libcurl.map_error(code, text, t.req, self.max_redirects) from None
+
+
+def hub_multi() -> Any:
+    """This hub's CurlMulti driver, made on first use."""
+    from external_interface.fetch.curl_gevent import for_hub
+
+    return for_hub()
