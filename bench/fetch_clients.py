@@ -11,6 +11,10 @@ CPU is not counted): the shop's 8 KB and the heavy shop's 8-50 KB pages (`bench.
 
     project      the worker's stack: `default_fetcher()` (Urllib3Fetcher) with a worker's
                  FetchRequest (deadline, size limit, user agent), the body as `Response.text`
+    curlfetcher  the same stack on the pycurl fetcher (`default_fetcher(kind="pycurl")`,
+                 CurlFetcher; under gevent its transfers go through the hub's CurlMulti)
+    curlfetcher-tp  CurlFetcher with its gevent transfers in the hub's thread pool instead
+                 (`gevent="threadpool"`, as ImpersonateFetcher): what the hand-off costs
     urllib3      a PoolManager tuned as the floor of that library: no retries, no redirects,
                  the body preloaded
     httpcore     a sync ConnectionPool
@@ -62,6 +66,8 @@ from bench.pagesets import PAGESETS  # noqa: E402
 from bench.replay_site import Page, ReplayServer  # noqa: E402
 from config import Settings  # noqa: E402
 from external_interface.fetch import (  # noqa: E402
+    CurlFetcher,
+    Fetcher,
     FetchRequest,
     ImpersonateFetcher,
     Response,
@@ -131,11 +137,15 @@ class ProjectClient:
     """The worker's fetch stack, built and called as `lifecycle.runtime`/`context` do."""
 
     name = "project"
+    kind = "urllib3"  # CHAINCRAWL_FETCHER
 
     def __init__(self, concurrency: int, slots: int = 0) -> None:
         s = Settings()
         self.settings = s
-        self.fetcher = default_fetcher(s.max_redirects, "urllib3", slots, None, s.ca_bundle)
+        self.fetcher = self._fetcher(s, slots)
+
+    def _fetcher(self, s: Settings, slots: int) -> Fetcher:
+        return default_fetcher(s.max_redirects, self.kind, slots, None, s.ca_bundle)
 
     def get(self, url: str) -> tuple[int, str]:
         s = self.settings
@@ -152,6 +162,22 @@ class ProjectClient:
 
     def close(self) -> None:
         pass
+
+
+class CurlFetcherClient(ProjectClient):
+    """The worker's stack on the pycurl fetcher (`CHAINCRAWL_FETCHER=pycurl`)."""
+
+    name = "curlfetcher"
+    kind = "pycurl"
+
+
+class CurlThreadpoolClient(ProjectClient):
+    """CurlFetcher with a gevent worker's transfers in the hub's thread pool."""
+
+    name = "curlfetcher-tp"
+
+    def _fetcher(self, s: Settings, slots: int) -> Fetcher:
+        return CurlFetcher(s.max_redirects, ca_bundle=s.ca_bundle, gevent="threadpool")
 
 
 class Urllib3Client:
@@ -342,6 +368,8 @@ class ImpersonateClient:
 # name -> (class, whether the package it needs imported)
 CLIENTS: dict[str, tuple[Callable[[int], Client], bool]] = {
     "project": (ProjectClient, True),
+    "curlfetcher": (CurlFetcherClient, HAVE_PYCURL),
+    "curlfetcher-tp": (CurlThreadpoolClient, HAVE_PYCURL),
     "urllib3": (Urllib3Client, True),
     "httpcore": (HttpcoreClient, HAVE_HTTPCORE),
     "pycurl": (PycurlClient, HAVE_PYCURL),
@@ -488,7 +516,7 @@ def table(results: list[Result], skipped: list[str]) -> str:
     """The figures: per page set and client, CPU µs per request (min/median/max), wall µs per
     request (median), and the CPU median's ratio to the project's fetcher."""
     lines = [
-        f"{'set':6} {'client':12} {'cpu us/req min':>14} {'median':>8} {'max':>8} "
+        f"{'set':6} {'client':14} {'cpu us/req min':>14} {'median':>8} {'max':>8} "
         f"{'wall us/req':>11} {'cpu vs project':>14} {'pages':>6} {'KB/page':>8}"
     ]
     counted = any(s.instructions for r in results for s in r.samples)
@@ -512,7 +540,7 @@ def table(results: list[Result], skipped: list[str]) -> str:
         last = r.samples[-1]
         kb = last.bytes / max(1, last.pages) / 1024
         line = (
-            f"{r.pageset:6} {r.client:12} {cpu[0]:14.1f} {med:8.1f} {cpu[-1]:8.1f} "
+            f"{r.pageset:6} {r.client:14} {cpu[0]:14.1f} {med:8.1f} {cpu[-1]:8.1f} "
             f"{wall:11.1f} {ratio:>14} {last.pages:6d} {kb:8.1f}"
         )
         if counted:
@@ -520,7 +548,7 @@ def table(results: list[Result], skipped: list[str]) -> str:
             iratio = f"{ins / ibase[r.pageset]:.2f}x" if ibase.get(r.pageset) else "-"
             line += f" {ins / 1000:9.0f}k {iratio:>10}"
         lines.append(line)
-    lines += [f"{'-':6} {n:12} skipped: not installed" for n in skipped]
+    lines += [f"{'-':6} {n:14} skipped: not installed" for n in skipped]
     return "\n".join(lines)
 
 

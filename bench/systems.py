@@ -246,6 +246,10 @@ def _crawlee() -> list[str]:
     return [str(crawlee_env.python()), "-m", "bench.crawlee_crawl"]
 
 
+# the one-worker rows of another fetcher than the default: key -> CHAINCRAWL_FETCHER
+FETCHER_ROWS = {"chaincrawl-impersonate": "impersonate", "chaincrawl-pycurl": "pycurl"}
+
+
 def build(
     key: str,
     concurrency: int,
@@ -263,11 +267,10 @@ def build(
         return ChaincrawlSystem(
             key, f"chaincrawl 1x{DEFAULT_POOL}({c})", 1, DEFAULT_POOL, slots, one_env
         )
-    if key == "chaincrawl-impersonate":  # every request through the impersonating fetcher
-        env = {**one_env, "CHAINCRAWL_FETCHER": "impersonate"}
-        return ChaincrawlSystem(
-            key, f"chaincrawl 1x{DEFAULT_POOL}({c}) impersonate", 1, DEFAULT_POOL, slots, env
-        )
+    if key in FETCHER_ROWS:  # every request through another fetcher (CHAINCRAWL_FETCHER)
+        env = {**one_env, "CHAINCRAWL_FETCHER": FETCHER_ROWS[key]}
+        label = f"chaincrawl 1x{DEFAULT_POOL}({c}) {FETCHER_ROWS[key]}"
+        return ChaincrawlSystem(key, label, 1, DEFAULT_POOL, slots, env)
     if key == "chaincrawl-threads":
         return ChaincrawlSystem(key, f"chaincrawl 1xthreads({c})", 1, "threads", slots, one_env)
     if key == "chaincrawl-start":
@@ -323,5 +326,5 @@ def build(
     raise ValueError(f"unknown system {key!r}; known: {', '.join(KEYS)}")
 
 
-KEYS = ("chaincrawl", "chaincrawl@REV", "chaincrawl-impersonate", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
+KEYS = ("chaincrawl", "chaincrawl@REV", "chaincrawl-impersonate", "chaincrawl-pycurl", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
         "chaincrawl+PROTO", "scrapy-best", "scrapy:CONFIG", "crawlee", "floor", "floor-threadsN")  # fmt: skip

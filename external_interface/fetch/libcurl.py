@@ -106,17 +106,16 @@ class Handles:
     def lend(self, use: Callable[[Any], T]) -> T:
         """`use(handle)` on an idle handle (a new one if none is), then the handle back."""
         c = self.idle.pop() if self.idle else self.make()
-        ok = False
         try:
             out = use(c)
-            ok = True
-            return out
-        finally:
-            c.reset()  # every option back to its default; connections and caches kept
-            if ok:
-                self.idle.append(c)
-            else:
-                c.close()
+        except Exception:
+            c.close()  # a failed transfer's connection is not trusted again
+            raise
+        # an interruption (a killed greenlet, gevent.Timeout) skips both: the transfer may
+        # still run in a pool thread, so the handle is dropped untouched, freed when unused
+        c.reset()  # every option back to its default; connections and caches kept
+        self.idle.append(c)
+        return out
 
 
 class Transfer:
@@ -250,4 +249,14 @@ class HubThreadpool:
             with self._lock:
                 pool.maxsize = max(pool.maxsize, THREADPOOL_SIZE)
                 self._sized = True
-        return pool.apply(fn)
+        out, error = pool.apply(_outcome, (fn,))
+        if error is not None:  # raised here: the pool would print each one as a failure
+            raise error
+        return out
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    try:
+        return fn(), None
+    except Exception as exc:
+        return None, exc
