@@ -145,8 +145,9 @@ class Settings(ChaincrawlSettings):
     max_redirects: int = Field(10, description="More fail with `TooManyRedirects`.")
     fetcher: str = Field(
         "urllib3",
-        description="HTTP client of the fetch layer: urllib3 (default, leaner), requests "
-        "(same contract and errors) or impersonate (a browser's TLS, HTTP/2 and headers); "
+        description="HTTP client of the fetch layer: urllib3 (default), requests (same "
+        "contract and errors), impersonate (a browser's TLS, HTTP/2 and headers) or pycurl "
+        "(the same contract on libcurl, the least CPU; the `pycurl` extra); "
         "an endpoint's `fetcher=` and `CHAINCRAWL_FETCHER_<SITE>` choose per endpoint and site.",
     )
     ca_bundle: str = Field(

@@ -255,3 +255,80 @@ def test_proxy_with_credentials_in_its_url(echo, fetcher) -> None:
 def test_slow_headers_hit_the_read_timeout(site, fetcher) -> None:
     with pytest.raises(FetchTimeout):
         fetcher.fetch(FetchRequest("GET", f"{site.url}/slow?s=3", timeout=0.5))
+
+
+class Stream(BaseHTTPRequestHandler):
+    """`/chunked?n=N`: N bytes with no Content-Length (chunked); `/gzip?n=N`: N bytes gzipped,
+    a few hundred on the wire; `/declared`: a Content-Length of 1 GB, then nothing."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        import gzip
+
+        path, _, query = self.path.partition("?")
+        n = int(query.removeprefix("n=") or 0)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        if path == "/declared":
+            self.send_header("Content-Length", str(1 << 30))
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(2)  # the body never comes: a fetcher must refuse it on the header
+            self.close_connection = True
+            return
+        if path == "/gzip":
+            body = gzip.compress(b"a" * n)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(0, n, 16384):
+            part = b"b" * min(16384, n - i)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def stream() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stream)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_size_limit_holds_on_streamed_and_decoded_bodies(stream, fetcher) -> None:
+    # no Content-Length: only the count of what is read stops it
+    with pytest.raises(ResponseTooLarge):
+        fetcher.fetch(FetchRequest("GET", f"{stream}/chunked?n=300000", max_bytes=100_000))
+    # 300 KB of text in a few hundred gzipped bytes: the limit counts the decoded body
+    with pytest.raises(ResponseTooLarge):
+        fetcher.fetch(FetchRequest("GET", f"{stream}/gzip?n=300000", max_bytes=100_000))
+    start = time.monotonic()
+    with pytest.raises(ResponseTooLarge):  # refused on the header, not after a 2 s wait
+        fetcher.fetch(FetchRequest("GET", f"{stream}/declared", max_bytes=100_000))
+    assert time.monotonic() - start < 1.5
+    ok = fetcher.fetch(FetchRequest("GET", f"{stream}/gzip?n=50000", max_bytes=100_000))
+    assert ok.content == b"a" * 50000
+    assert len(fetcher.fetch(FetchRequest("GET", f"{stream}/chunked?n=50000")).content) == 50000
+
+
+def test_the_environment_s_proxy_is_never_used(
+    echo, fetcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, dead)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    r = fetcher.fetch(FetchRequest("GET", f"{echo}/echo"))
+    assert r.status == 200 and r.json()["path"] == "/echo"  # direct, not an absolute URI

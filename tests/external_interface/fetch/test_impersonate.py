@@ -1,5 +1,5 @@
-"""What the impersonating fetcher shares with the default beyond the contract tests
-(test_fetch.py runs those on it): proxy failures, the HTTP cache, the fetch slots."""
+"""What the impersonating fetcher (and pycurl's) shares with the default beyond the contract
+tests (test_fetch.py runs those on it): proxy failures, the HTTP cache, the fetch slots."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from exceptions import ProxyError
 from external_interface.fetch import (
     CachingFetcher,
+    CurlFetcher,
     FetcherSet,
     FetchRequest,
     ImpersonateFetcher,
@@ -20,8 +21,12 @@ from external_interface.fetch import (
     default_fetcher,
 )
 from external_interface.fetch.cache import HttpCache
+from external_interface.fetch.curl import installed
 from tests.testsite.server import TestSite
 from utils.servers import free_port
+
+# the pycurl fetcher where its extra is installed
+CURL = pytest.param(CurlFetcher, marks=pytest.mark.skipif(not installed(), reason="no pycurl"))
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +37,17 @@ def site() -> Iterator[TestSite]:
     s.stop()
 
 
-@pytest.mark.parametrize("fetcher", [Urllib3Fetcher, RequestsFetcher, ImpersonateFetcher])
+@pytest.mark.parametrize("fetcher", [Urllib3Fetcher, RequestsFetcher, ImpersonateFetcher, CURL])
 def test_a_proxy_that_refuses_is_the_proxy_s_failure(site: TestSite, fetcher: type) -> None:
     with pytest.raises(ProxyError, match="proxy failed"):
         fetcher().fetch(FetchRequest("GET", f"{site.url}/detail/x",
                                      proxy=f"http://u:secret@127.0.0.1:{free_port()}"))  # fmt: skip
 
 
-def test_no_credentials_in_a_proxy_error(site: TestSite) -> None:
+@pytest.mark.parametrize("fetcher", [ImpersonateFetcher, CURL])
+def test_no_credentials_in_a_proxy_error(site: TestSite, fetcher: type) -> None:
     with pytest.raises(ProxyError) as err:
-        ImpersonateFetcher().fetch(FetchRequest("GET", f"{site.url}/detail/x",
+        fetcher().fetch(FetchRequest("GET", f"{site.url}/detail/x",
                                    proxy=f"http://u:secret@127.0.0.1:{free_port()}"))  # fmt: skip
     assert "secret" not in str(err.value)
 

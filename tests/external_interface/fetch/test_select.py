@@ -24,10 +24,13 @@ def test_a_spec_names_a_fetcher_and_for_impersonation_a_profile_of_the_platform(
         "impersonate", "firefox/desktop"
     )
     assert parse_spec("requests") == Choice("requests")
+    assert parse_spec("pycurl", "h5") == Choice("pycurl")
     with pytest.raises(UnknownNameError, match="did you mean 'impersonate'"):
         parse_spec("impersonat")
     with pytest.raises(ValueError, match="takes no browser profile"):
         parse_spec("urllib3:chrome")
+    with pytest.raises(ValueError, match="takes no browser profile"):
+        parse_spec("pycurl:chrome")
 
 
 def test_the_site_variable_wins_over_the_endpoint_s_declaration(
