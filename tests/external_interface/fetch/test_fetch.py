@@ -259,7 +259,8 @@ def test_slow_headers_hit_the_read_timeout(site, fetcher) -> None:
 
 class Stream(BaseHTTPRequestHandler):
     """`/chunked?n=N`: N bytes with no Content-Length (chunked); `/gzip?n=N`: N bytes gzipped,
-    a few hundred on the wire; `/declared`: a Content-Length of 1 GB, then nothing."""
+    a few hundred on the wire; `/declared`: a Content-Length of 1 GB, then nothing;
+    `/charset`: GBK text whose charset only its Content-Type names."""
 
     protocol_version = "HTTP/1.1"
 
@@ -269,6 +270,13 @@ class Stream(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         n = int(query.removeprefix("n=") or 0)
         self.send_response(200)
+        if path == "/charset":
+            body = "<p>中文标题</p>".encode("gbk")
+            self.send_header("Content-Type", "text/html; charset=GBK")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_header("Content-Type", "text/plain")
         if path == "/declared":
             self.send_header("Content-Length", str(1 << 30))
@@ -320,6 +328,11 @@ def test_the_size_limit_holds_on_streamed_and_decoded_bodies(stream, fetcher) ->
     ok = fetcher.fetch(FetchRequest("GET", f"{stream}/gzip?n=50000", max_bytes=100_000))
     assert ok.content == b"a" * 50000
     assert len(fetcher.fetch(FetchRequest("GET", f"{stream}/chunked?n=50000")).content) == 50000
+
+
+def test_the_content_type_s_charset_decodes_the_text(stream, fetcher) -> None:
+    r = fetcher.fetch(FetchRequest("GET", f"{stream}/charset"))
+    assert r.encoding == "gb18030" and r.text == "<p>中文标题</p>" and r.undecodable == 0
 
 
 def test_the_environment_s_proxy_is_never_used(
