@@ -13,6 +13,7 @@ PY=${PYTHON:-python3}
 # pyproject.toml's ranges): the same versions on every machine, every time.
 LOCK=requirements/dev.txt          # runtime + demo + test: what this checkout needs
 BROWSER_LOCK=requirements/browser.txt
+PYCURL_LOCK=requirements/pycurl.txt  # the pycurl fetcher (`setup --pycurl`, remembered)
 
 # sha1 of the lock files (coreutils' sha1sum, else Python: the same digest): no interpreter
 # start on every command where sha1sum is there
@@ -33,6 +34,7 @@ need_python() {
 setup() {
   need_python
   local locks=("$LOCK"); [[ -f $VENV/.with-browser ]] && locks+=("$BROWSER_LOCK")
+  [[ -f $VENV/.with-pycurl ]] && locks+=("$PYCURL_LOCK")
   local stamp; stamp=$(deps_stamp "${locks[@]}")
   if [[ -x $VENV/bin/python && -f $VENV/.deps-$stamp ]]; then return 0; fi
   echo "setting up $VENV from ${locks[*]} (first run or dependencies changed)..." >&2
@@ -52,7 +54,7 @@ lock() {
   local spec name extras
   for spec in "runtime:" "dev:--extra demo --extra test" \
       "bench:--extra demo --extra test --extra bench" "browser:--extra browser" "kafka:--extra kafka" \
-      "postgres:--extra postgres" "parquet:--extra parquet"; do
+      "postgres:--extra postgres" "parquet:--extra parquet" "pycurl:--extra pycurl"; do
     name=${spec%%:*}; extras=${spec#*:}
     # shellcheck disable=SC2086
     "$VENV/bin/uv" pip compile pyproject.toml $extras --universal --python-version 3.11 -q \
@@ -97,6 +99,8 @@ case "$cmd" in
     case "${1:-}" in
       "") setup ;;
       --browser) setup_browser ;;
+      --pycurl) touch "$VENV/.with-pycurl" 2>/dev/null || { setup; touch "$VENV/.with-pycurl"; }
+                setup ;;
     esac
     echo "ready: $VENV" ;;
   lock) shift; lock ;;

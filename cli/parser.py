@@ -175,6 +175,11 @@ def _shell_commands(sub: Any) -> None:
         action="store_true",
         help="add Playwright for rendered pages and check for Chromium",
     )
+    se.add_argument(
+        "--pycurl",
+        action="store_true",
+        help="add pycurl for the pycurl fetcher (CHAINCRAWL_FETCHER=pycurl)",
+    )
     sub.add_parser("lock", help="regenerate the lock files (requirements/*.txt) from pyproject")
     te = sub.add_parser("test", help="run the test suite (arguments go to pytest)")
     te.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS")
