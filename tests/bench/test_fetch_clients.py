@@ -82,13 +82,14 @@ def test_main_prints_a_row_per_client_and_checks_its_counts(
 def test_gevent_runs_in_its_own_process() -> None:
     """`--gevent N` patches its process at start: the same counts from N greenlets."""
     cmd = [sys.executable, "-m", "bench.fetch_clients", "--gevent", "4", "--requests", str(N)]
-    cmd += ["--repeat", "1", "--pages", "50", "--clients", "project,urllib3,pycurl"]
+    clients = ["project", "urllib3", "pycurl", "curlfetcher", "curlfetcher-tp"]
+    cmd += ["--repeat", "1", "--pages", "50", "--clients", ",".join(clients)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "gevent, 4 greenlets" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines()[2:]]
-    assert {r[1] for r in rows} <= {"project", "urllib3", "pycurl"}
-    assert len(rows) == 3 * len(SETS) or any("skipped:" in r for r in rows)
+    assert {r[1] for r in rows} <= set(clients)
+    assert len(rows) == len(clients) * len(SETS) or any("skipped:" in r for r in rows)
 
 
 def test_gevent_refused_in_an_unpatched_process() -> None:

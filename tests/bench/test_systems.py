@@ -77,6 +77,15 @@ def test_chaincrawl_counts_workers_and_redis(small: PageSet, site: object, tmp_p
     assert runs[0]["cpu_ms_per_page"] == pytest.approx(sum(parts.values()))
 
 
+@pytest.mark.parametrize("key", ["chaincrawl-impersonate", "chaincrawl-pycurl"])
+def test_a_fetcher_row_sets_its_workers_fetcher(key: str, tmp_path: Path) -> None:
+    system = build(key, 16, tmp_path, task_slots=20)
+    assert isinstance(system, ChaincrawlSystem)
+    name = key.removeprefix("chaincrawl-")
+    assert system.env == {"CHAINCRAWL_FETCH_SLOTS": "16", "CHAINCRAWL_FETCHER": name}
+    assert system.label.endswith(f" {name}")
+
+
 def test_another_revisions_workers_crawl_from_its_own_tree(
     small: PageSet, site: object, tmp_path: Path
 ) -> None:
