@@ -48,13 +48,11 @@ if GEVENT and __name__ == "__main__":
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Protocol  # noqa: E402
 
@@ -62,6 +60,7 @@ import certifi  # noqa: E402
 import urllib3  # noqa: E402
 
 from bench.callgrind import VALGRIND, callgrind, totals  # noqa: E402
+from bench.fetch_results import Result, Sample, table  # noqa: E402
 from bench.pagesets import PAGESETS  # noqa: E402
 from bench.replay_site import Page, ReplayServer  # noqa: E402
 from config import Settings  # noqa: E402
@@ -396,38 +395,6 @@ def site_pages(quick: bool = True, size: int | None = None) -> dict[str, dict[st
     return out
 
 
-@dataclass
-class Sample:
-    """One timed run of one client on one page set."""
-
-    requests: int
-    pages: int
-    bytes: int
-    chars: int
-    cpu: float  # seconds
-    wall: float
-    instructions: int = 0  # under `--callgrind`: user-space instructions of the run
-
-    @property
-    def instr_per_req(self) -> float:
-        return self.instructions / self.requests
-
-    @property
-    def cpu_us(self) -> float:
-        return self.cpu / self.requests * 1e6
-
-    @property
-    def wall_us(self) -> float:
-        return self.wall / self.requests * 1e6
-
-
-@dataclass
-class Result:
-    client: str
-    pageset: str
-    samples: list[Sample] = field(default_factory=list)
-
-
 def _urls(base: str, targets: list[str], n: int) -> Iterator[str]:
     for i in range(n):
         yield base + targets[i % len(targets)]
@@ -510,46 +477,6 @@ def expected_bytes(pages: dict[str, Page], requests: int) -> int:
     """The bytes `requests` requests of the set's pages in order (cycled) must read."""
     bodies = [len(p.body) for p in pages.values()]
     return sum(bodies[i % len(bodies)] for i in range(requests))
-
-
-def table(results: list[Result], skipped: list[str]) -> str:
-    """The figures: per page set and client, CPU µs per request (min/median/max), wall µs per
-    request (median), and the CPU median's ratio to the project's fetcher."""
-    lines = [
-        f"{'set':6} {'client':14} {'cpu us/req min':>14} {'median':>8} {'max':>8} "
-        f"{'wall us/req':>11} {'cpu vs project':>14} {'pages':>6} {'KB/page':>8}"
-    ]
-    counted = any(s.instructions for r in results for s in r.samples)
-    if counted:
-        lines[0] += f" {'instr/req':>10} {'vs project':>10}"
-    base = {
-        r.pageset: statistics.median(s.cpu_us for s in r.samples)
-        for r in results
-        if r.client == "project"
-    }
-    ibase = {
-        r.pageset: statistics.median(s.instr_per_req for s in r.samples)
-        for r in results
-        if r.client == "project" and counted
-    }
-    for r in results:
-        cpu = sorted(s.cpu_us for s in r.samples)
-        wall = statistics.median(s.wall_us for s in r.samples)
-        med = statistics.median(cpu)
-        ratio = f"{med / base[r.pageset]:.2f}x" if base.get(r.pageset) else "-"
-        last = r.samples[-1]
-        kb = last.bytes / max(1, last.pages) / 1024
-        line = (
-            f"{r.pageset:6} {r.client:14} {cpu[0]:14.1f} {med:8.1f} {cpu[-1]:8.1f} "
-            f"{wall:11.1f} {ratio:>14} {last.pages:6d} {kb:8.1f}"
-        )
-        if counted:
-            ins = statistics.median(s.instr_per_req for s in r.samples)
-            iratio = f"{ins / ibase[r.pageset]:.2f}x" if ibase.get(r.pageset) else "-"
-            line += f" {ins / 1000:9.0f}k {iratio:>10}"
-        lines.append(line)
-    lines += [f"{'-':6} {n:14} skipped: not installed" for n in skipped]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,9 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,6 +24,7 @@ from external_interface.fetch import (
     ImpersonateFetcher,
     LimitedFetcher,
 )
+from tests.external_interface.fetch.servers import Echo, serving
 from tests.external_interface.tinyproxy import Tinyproxy, needs_tinyproxy
 from tests.testsite.server import TestSite
 
@@ -33,41 +32,13 @@ pytest.importorskip("pycurl", reason="the pycurl extra (requirements/pycurl.txt)
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[TestSite]:
-    s = TestSite()
-    s.start()
-    yield s
-    s.stop()
-
-
-class Hello(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        body = f"<p>tunnelled {self.path}</p>".encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
 def tls_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """An https site on 127.0.0.1 with a certificate of a CA made on the spot: (url, ca)."""
     made = make_certificates(tmp_path_factory.mktemp("tls"))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    server.daemon_threads = True
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(made.cert, made.key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{server.server_address[1]}", made.ca
-    server.shutdown()
-    server.server_close()
+    with serving(Echo, ctx) as url:
+        yield url, made.ca
 
 
 @needs_tinyproxy
@@ -79,7 +50,7 @@ def test_https_goes_through_a_connect_tunnel_with_the_proxy_s_credentials(
     with Tinyproxy("crawler", "s3cret") as proxy:
         f = kind(ca_bundle=str(ca))
         r = f.fetch(FetchRequest("GET", f"{url}/page?x=1", proxy=proxy.url))
-        assert r.status == 200 and r.text == "<p>tunnelled /page?x=1</p>"
+        assert r.status == 200 and r.json()["path"] == "/page?x=1"  # in the tunnel
         assert proxy.tunnels() == 1
         bad = proxy.url.replace("s3cret", "wrong")
         with pytest.raises(ProxyError, match="CONNECT tunnel failed") as err:  # refused

@@ -5,11 +5,8 @@ same typed errors."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
@@ -31,16 +28,8 @@ from external_interface.fetch import (
     Urllib3Fetcher,
     decode_counting,
 )
-from tests.testsite.server import TestSite
+from tests.external_interface.fetch.servers import Echo, serving
 from utils.servers import free_port
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[TestSite]:
-    s = TestSite()
-    s.start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(params=["urllib3", "requests", "impersonate", "pycurl"])
@@ -55,48 +44,10 @@ def fetcher(request: pytest.FixtureRequest) -> Fetcher:
     return Urllib3Fetcher(max_redirects=5)
 
 
-class Echo(BaseHTTPRequestHandler):
-    """Answers with what it received (request line, headers, body) as JSON; `/hop/N` redirects
-    N more times before landing on `/echo`; also serves as an HTTP proxy (absolute URIs)."""
-
-    def _answer(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        path = (
-            self.path.split("://", 1)[-1].partition("/")[2] if "://" in self.path else self.path[1:]
-        )
-        if path.startswith("hop/"):
-            n = int(path.split("/")[1].split("?")[0])
-            self.send_response(302)
-            self.send_header("Location", f"/hop/{n - 1}" if n > 1 else "/echo")
-            self.send_header("Set-Cookie", "stored=never; Path=/")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        out = json.dumps({
-            "method": self.command, "path": self.path,
-            "headers": {k.lower(): v for k, v in self.headers.items()},
-            "body": body.decode("latin-1"),
-        }).encode()  # fmt: skip
-        self.send_response(int(self.headers.get("X-Status") or 200))
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def echo() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(Echo) as url:
+        yield url
 
 
 def test_whole_request_deadline_holds_against_a_dripping_server(site, fetcher) -> None:
@@ -257,81 +208,24 @@ def test_slow_headers_hit_the_read_timeout(site, fetcher) -> None:
         fetcher.fetch(FetchRequest("GET", f"{site.url}/slow?s=3", timeout=0.5))
 
 
-class Stream(BaseHTTPRequestHandler):
-    """`/chunked?n=N`: N bytes with no Content-Length (chunked); `/gzip?n=N`: N bytes gzipped,
-    a few hundred on the wire; `/declared`: a Content-Length of 1 GB, then nothing;
-    `/charset`: GBK text whose charset only its Content-Type names."""
-
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        import gzip
-
-        path, _, query = self.path.partition("?")
-        n = int(query.removeprefix("n=") or 0)
-        self.send_response(200)
-        if path == "/charset":
-            body = "<p>中文标题</p>".encode("gbk")
-            self.send_header("Content-Type", "text/html; charset=GBK")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_header("Content-Type", "text/plain")
-        if path == "/declared":
-            self.send_header("Content-Length", str(1 << 30))
-            self.end_headers()
-            self.wfile.flush()
-            time.sleep(2)  # the body never comes: a fetcher must refuse it on the header
-            self.close_connection = True
-            return
-        if path == "/gzip":
-            body = gzip.compress(b"a" * n)
-            self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for i in range(0, n, 16384):
-            part = b"b" * min(16384, n - i)
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-        self.wfile.write(b"0\r\n\r\n")
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def stream() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Stream)
-    server.daemon_threads = True
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def test_the_size_limit_holds_on_streamed_and_decoded_bodies(stream, fetcher) -> None:
+def test_the_size_limit_holds_on_streamed_and_decoded_bodies(echo, fetcher) -> None:
     # no Content-Length: only the count of what is read stops it
     with pytest.raises(ResponseTooLarge):
-        fetcher.fetch(FetchRequest("GET", f"{stream}/chunked?n=300000", max_bytes=100_000))
+        fetcher.fetch(FetchRequest("GET", f"{echo}/chunked?n=300000", max_bytes=100_000))
     # 300 KB of text in a few hundred gzipped bytes: the limit counts the decoded body
     with pytest.raises(ResponseTooLarge):
-        fetcher.fetch(FetchRequest("GET", f"{stream}/gzip?n=300000", max_bytes=100_000))
+        fetcher.fetch(FetchRequest("GET", f"{echo}/gzip?n=300000", max_bytes=100_000))
     start = time.monotonic()
-    with pytest.raises(ResponseTooLarge):  # refused on the header, not after a 2 s wait
-        fetcher.fetch(FetchRequest("GET", f"{stream}/declared", max_bytes=100_000))
-    assert time.monotonic() - start < 1.5
-    ok = fetcher.fetch(FetchRequest("GET", f"{stream}/gzip?n=50000", max_bytes=100_000))
+    with pytest.raises(ResponseTooLarge):  # refused on the header, not after a 5 s wait
+        fetcher.fetch(FetchRequest("GET", f"{echo}/declared", max_bytes=100_000))
+    assert time.monotonic() - start < 4
+    ok = fetcher.fetch(FetchRequest("GET", f"{echo}/gzip?n=50000", max_bytes=100_000))
     assert ok.content == b"a" * 50000
-    assert len(fetcher.fetch(FetchRequest("GET", f"{stream}/chunked?n=50000")).content) == 50000
+    assert len(fetcher.fetch(FetchRequest("GET", f"{echo}/chunked?n=50000")).content) == 50000
 
 
-def test_the_content_type_s_charset_decodes_the_text(stream, fetcher) -> None:
-    r = fetcher.fetch(FetchRequest("GET", f"{stream}/charset"))
+def test_the_content_type_s_charset_decodes_the_text(echo, fetcher) -> None:
+    r = fetcher.fetch(FetchRequest("GET", f"{echo}/charset"))
     assert r.encoding == "gb18030" and r.text == "<p>中文标题</p>" and r.undecodable == 0
 
 

@@ -3,7 +3,6 @@ tests (test_fetch.py runs those on it): proxy failures, the HTTP cache, the fetc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,6 @@ from utils.servers import free_port
 
 # the pycurl fetcher where its extra is installed
 CURL = pytest.param(CurlFetcher, marks=pytest.mark.skipif(not installed(), reason="no pycurl"))
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[TestSite]:
-    s = TestSite()
-    s.start()
-    yield s
-    s.stop()
 
 
 @pytest.mark.parametrize("fetcher", [Urllib3Fetcher, RequestsFetcher, ImpersonateFetcher, CURL])

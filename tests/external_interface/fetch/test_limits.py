@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from external_interface.fetch import (
     Urllib3Fetcher,
     default_fetcher,
 )
+from tests.external_interface.fetch.servers import serving
 from utils.servers import free_port
 
 
@@ -57,13 +58,8 @@ class Counting(BaseHTTPRequestHandler):
 @pytest.fixture
 def counting() -> Iterator[str]:
     Counting.now = Counting.peak = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
-    server.daemon_threads = True
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(Counting) as url:
+        yield url
 
 
 def crawl(fetcher: Any, url: str, n: int = 24, threads: int = 12) -> list[int]:
