@@ -89,7 +89,10 @@ class HubMulti:
         """Let libcurl move on `fd` (or its timeouts), then wake the finished transfers'
         greenlets (from the hub, as a socket's readiness wakes a greenlet)."""
         m = self.multi
-        while m.socket_action(fd, action)[0] == pycurl.E_CALL_MULTI_PERFORM:
+        try:
+            while m.socket_action(fd, action)[0] == pycurl.E_CALL_MULTI_PERFORM:
+                pass
+        except pycurl.error:  # a socket libcurl already let go of: the finished still count
             pass
         while True:
             queued, ok, failed = m.info_read()
