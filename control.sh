@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # chaincrawl's one command line. Every command sets the project up first if needed.
 #   ./control.sh demo                 the demo crawl on the embedded defaults
-#   ./control.sh test [pytest args]   the quick test suite (-m extended: the rest; docs/testing.md)
+#   ./control.sh test [pytest args]   the quick test suite, 3 wide (-m extended: the rest; docs/testing.md)
 #   ./control.sh --help               every command (the help comes from cli/parser.py)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
@@ -74,6 +74,21 @@ setup_browser() {
   "$VENV/bin/python" -m external_interface.browser
 }
 
+# `./control.sh test`: the quick run goes CHAINCRAWL_TEST_WIDTH wide (3; pytest-xdist, one
+# private Redis and set of sites per pytest worker): its tests mostly wait on their servers and
+# workers, so 3 at a time share 2 cores. As given, one at a time: a run choosing a mark (`-m
+# extended`, `-m slow`: long tests that load the machine or time it), naming tests (`::`), or
+# choosing its own width (`-n`, `-p no:xdist`) or a debugger.
+test_width() {
+  local a
+  for a in "$@"; do
+    case $a in
+      -m | -m* | --markexpr* | -n | -n* | --numprocesses* | no:xdist | --pdb | --trace | *::*) return ;;
+    esac
+  done
+  echo "-n ${CHAINCRAWL_TEST_WIDTH:-3}"
+}
+
 # The command line is checked first, by the system Python and the standard library alone
 # (cli/parser.py): help, --version and usage errors are answered before a venv is made, Redis
 # started or a worker stopped. Its exit status: 0 valid, 3 help or version printed, 2 usage error,
@@ -106,7 +121,8 @@ case "$cmd" in
   lock) shift; lock ;;
   test)
     shift; setup
-    exec "$VENV/bin/python" -m pytest "$@" ;;
+    # shellcheck disable=SC2046
+    exec "$VENV/bin/python" -m pytest $(test_width "$@") "$@" ;;
   lint)
     shift; setup
     "$VENV/bin/ruff" check . && "$VENV/bin/ruff" format --check . \
