@@ -74,11 +74,11 @@ setup_browser() {
   "$VENV/bin/python" -m external_interface.browser
 }
 
-# `./control.sh test`: the quick run goes CHAINCRAWL_TEST_WIDTH wide (3; pytest-xdist, one
-# private Redis and set of sites per pytest worker): its tests mostly wait on their servers and
-# workers, so 3 at a time share 2 cores. As given, one at a time: a run choosing a mark (`-m
-# extended`, `-m slow`: long tests that load the machine or time it), naming tests (`::`), or
-# choosing its own width (`-n`, `-p no:xdist`) or a debugger.
+# `./control.sh test`: the quick run goes 3 wide (pytest-xdist; each pytest worker has its own
+# Redis, sites and temporary directories): its tests mostly wait on their servers and workers,
+# so 3 at a time share 2 cores. One at a time, as given: a run choosing a mark (`-m extended`,
+# `-m slow`: long tests that kill servers, time crawls or measure the machine), naming tests
+# (`::`), choosing its own width (`-n 4`, `-n 0`, `-p no:xdist`) or a debugger.
 test_width() {
   local a
   for a in "$@"; do
@@ -86,7 +86,7 @@ test_width() {
       -m | -m* | --markexpr* | -n | -n* | --numprocesses* | no:xdist | --pdb | --trace | *::*) return ;;
     esac
   done
-  echo "-n ${CHAINCRAWL_TEST_WIDTH:-3}"
+  echo "-n 3"
 }
 
 # The command line is checked first, by the system Python and the standard library alone
