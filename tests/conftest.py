@@ -3,6 +3,7 @@ and the `extended` mark on the tests `tests/extended.txt` lists (out of the quic
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 import redis
 
 import sites
-from config import get_settings, reset_settings
+from config import ROOT, get_settings, reset_settings
 from tests.polite_site import PoliteSite
 from utils.servers import RedisClusterServer, RedisServer
 
@@ -136,3 +137,16 @@ def polite_site() -> Iterator[PoliteSite]:
         yield site
     finally:
         site.stop()
+
+
+@pytest.fixture
+def checkout_files() -> Iterator[None]:
+    """The checkout's own files to themselves: the new-site tests write a site into `sites/`
+    and remove it, the tests that read every file of the checkout (the line limit, the import
+    graph, the environment scans, the packaging's copy) would meet it half written or gone.
+    One holder at a time across every pytest worker of the checkout (`./control.sh test` runs 3)."""
+    path = ROOT / "var" / "checkout-files.lock"
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        yield

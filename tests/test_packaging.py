@@ -51,6 +51,7 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return src
 
 
+@pytest.mark.usefixtures("checkout_files")  # copies the checkout (the module's fixture)
 def test_pip_install_gives_the_chaincrawl_command_and_the_lua_scripts(
     checkout: Path, tmp_path: Path
 ) -> None:

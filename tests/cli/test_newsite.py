@@ -49,7 +49,8 @@ class KindsSite(ThreadedSite):
 
 
 @pytest.fixture
-def site_name() -> Iterator[str]:
+def site_name(checkout_files: None) -> Iterator[str]:
+    """A new site's name; the site is written into the checkout and removed after the test."""
     name = f"zzgen{uuid.uuid4().hex[:6]}"
     try:
         yield name

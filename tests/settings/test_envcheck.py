@@ -108,6 +108,7 @@ def _sources() -> list[Path]:
     ]
 
 
+@pytest.mark.usefixtures("checkout_files")  # reads every file of the checkout
 def test_every_name_the_code_or_readme_uses_is_known() -> None:
     """A variable read by code but missing from the catalogue would be reported as a typo."""
     files = [*_sources(), ROOT / "README.md", ROOT / "control.sh", *ROOT.glob("docs/*.md")]
@@ -158,6 +159,7 @@ def _direct_reads(path: Path, root: Path = ROOT) -> list[str]:
     return [f"{path.relative_to(root)}:{line}: {name}" for line, name in sorted(found)]
 
 
+@pytest.mark.usefixtures("checkout_files")  # reads every file of the checkout
 def test_no_module_outside_config_reads_a_chaincrawl_variable() -> None:
     """Every CHAINCRAWL_* setting is a field of a settings class in `config` (or a per-site
     family read through `config.site_env`), so the unknown-variable check and the reference
