@@ -26,6 +26,7 @@ from broker.workers import Beat, TaskSets
 from chains.sweeper import Sweeper
 from config import Settings, get_settings
 from external_interface.resources.base import load_providers
+from external_interface.resources import holding
 from external_interface.resources.lease import set_lease_guard
 from external_interface.resources.pool import known_kinds
 from external_interface.storage.outbox import Drainer, drainer_class, on_stored
@@ -286,6 +287,14 @@ def _stop_drainer(**kw: Any) -> None:
         if _drainer is not None:
             _drainer.stop()
             _drainer = None
+
+
+@signals.worker_shutdown.connect
+@signals.worker_process_shutdown.connect
+def _return_held(**kw: Any) -> None:
+    """Warm shutdown gives back every cookie, device and proxy this process holds
+    (external_interface/resources/holding.py); one in flight goes back with its feedback."""
+    holding.return_all()
 
 
 @signals.worker_shutdown.connect

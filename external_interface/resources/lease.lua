@@ -122,10 +122,11 @@ if op == 'checkout' then
 
 elseif op == 'release' then
   -- ARGV: id token action, then by action:
-  --   use     [rest_ms [max_uses [delta [max_score]]]] (each 0 when left out): a request
-  --           was sent: counts a use, the score moves by delta (0: left alone, else capped at
-  --           max_score), then rest_ms of cool-down (lru), retired at max_uses (0: never) or at
-  --           a score <= 0
+  --   use     [rest_ms [max_uses [delta [max_score [uses]]]]] (each 0 when left out, uses
+  --           1): requests were sent: counts `uses` uses (a process's held member returns
+  --           its sum: holding.py), the score moves by delta (0: left alone, else capped at
+  --           max_score), then rest_ms of cool-down (lru), retired at max_uses (0: never) or
+  --           at a score <= 0
   --   cancel  the request was never sent: back at once, nothing counted
   --   ban | retire   reason hold_ms: forget it, its id benched for hold_ms
   --   renew   lease_ms: extend the lease
@@ -143,7 +144,7 @@ elseif op == 'release' then
     -- the lease expired and was reclaimed (maybe lent again): it is not touched, but a use
     -- still counts when LOST
     if LOST and action == 'use' and redis.call('HEXISTS', KEYS[6], id) == 1 then
-      local uses = redis.call('HINCRBY', KEYS[4], id, 1)
+      local uses = redis.call('HINCRBY', KEYS[4], id, tonumber(ARGV[9] or 1))
       if ORDER == 'uses' and redis.call('ZSCORE', KEYS[1], id) then
         redis.call('ZADD', KEYS[1], uses, id)
       end
@@ -161,7 +162,7 @@ elseif op == 'release' then
       redis.call('ZADD', KEYS[1], rank, id)
       redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
     else
-      local uses = redis.call('HINCRBY', KEYS[4], id, 1)
+      local uses = redis.call('HINCRBY', KEYS[4], id, tonumber(ARGV[9] or 1))
       local max_uses, delta = tonumber(ARGV[6] or 0), tonumber(ARGV[7] or 0)
       local score = nil
       if delta ~= 0 then

@@ -107,6 +107,7 @@ class Checkout:
     shared: bool = (
         False  # refused by the lease guard: the site is at its share, the pool is not empty
     )
+    local: bool = False  # lent from this process's holding (holding.py): no Redis call
 
 
 class LeaseGuard(Protocol):
@@ -235,16 +236,19 @@ class LeasePool:
         max_score: int = 0,
         reason: str = "",
         hold: float = 0.0,
+        uses: int = 1,
     ) -> tuple[str, int]:
         """End a lease; -> (state, pool size: -1 unless `produced`), state "returned", "retired"
         or "stale" (the lease had expired and was reclaimed). Actions: "use" (the request was sent: a use, the score
         moves by `delta`, then `rest` seconds of cool-down, retired at `max_uses`), "cancel"
         (never sent: back at once), "ban" / "retire" (forget it with `reason`; `hold` seconds
-        before its id may be added again)."""
+        before its id may be added again). `uses`: requests the
+        use stands for (a holding's sum, holding.py)."""
         args: list[Any] = [lease.id, lease.token, action]
         if action == "use":
-            extra = [int(rest * 1000), max_uses, delta, max_score]
-            while extra and not extra[-1]:  # trailing zeros are the script's defaults
+            extra = [int(rest * 1000), max_uses, delta, max_score, uses]
+            defaults = [0, 0, 0, 0, 1]
+            while extra and extra[-1] == defaults[len(extra) - 1]:  # the script's defaults
                 extra.pop()
             args += extra
         elif action in ("ban", "retire"):

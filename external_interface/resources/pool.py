@@ -41,6 +41,7 @@ from config import SITE_VARS, get_settings
 from exceptions import BannedError, ConfigError, ResourceUnavailable
 from external_interface.resources.base import Outcome, OutgoingRequest
 from external_interface.resources.health import PoolHealth
+from external_interface.resources.holding import Holding, HoldRule, holding_for
 from external_interface.resources.lease import (
     IN_FLIGHT,
     Checkout,
@@ -80,6 +81,16 @@ class PoolConfig:
     wait: float = 1.0  # longest retry_after when nothing is free
     produce_ttl: float = 180.0  # a production run older than this stops blocking the next one
     produce_gap: float = 1.0  # least seconds between the starts of two production runs
+    # holding (holding.py): a worker process keeps a member for up to hold_requests requests
+    # or hold_seconds (below half of lease_ttl), giving it back after hold_idle unused;
+    # hold_requests 1: a checkout and a return per request
+    hold_requests: int = 8
+    hold_seconds: float = 5.0
+    hold_idle: float = 0.5
+
+    @property
+    def hold(self) -> HoldRule:
+        return HoldRule(self.hold_requests, self.hold_seconds, self.hold_idle)
 
 
 _KIND_DEFAULTS: dict[str, dict[str, Any]] = {}
@@ -180,7 +191,15 @@ def get_producer(kind: str, site: str) -> Producer | None:
 
 def known_kinds() -> set[str]:
     """Pool kinds this process knows of: produced, or configured in code."""
-    return {k for k, _ in _PRODUCERS} | set(_KIND_DEFAULTS) | {k for k, _ in _SITE_DEFAULTS}
+    produced = {k for k, _ in _PRODUCERS}
+    # "proxy": the channels read their hold_* settings from CHAINCRAWL_POOL_PROXY[_<SITE>]
+    return produced | {"proxy"} | set(_KIND_DEFAULTS) | {k for k, _ in _SITE_DEFAULTS}
+
+
+def pool_holding(pool: LeasePool, cfg: PoolConfig, held: bool = True) -> Holding | None:
+    """This process's holding of `pool` when it lends `held` and `cfg` holds members
+    (hold_requests > 1); else None: a checkout and a return per request."""
+    return holding_for(pool, cfg.hold) if held and cfg.hold_requests > 1 else None
 
 
 # --- the pool -----------------------------------------------------------------------------
@@ -198,8 +217,10 @@ class Pool(LeasePool):
         prefix: str | None = None,
         config: PoolConfig | None = None,
         sealer: Sealer | None = None,
+        held: bool = False,
     ) -> None:
         self.prefix = prefix if prefix is not None else get_settings().key_prefix
+        self.held = held  # lend through this process's holding (the providers' pools)
         ks = Keyspace(self.prefix)
         super().__init__(kind, site, ks.pool(kind, site), rds=rds, sealer=sealer)
         self._config = config
@@ -225,22 +246,32 @@ class Pool(LeasePool):
         `avoid` is a preference: when every member of the pool is in it, waiting could never
         end (nothing comes back, a pool at its low-water mark produces nothing), so the
         avoided member idle longest is lent after all (test_avoid_starvation.py)."""
-        return self.take(avoid, self.config.lease_ttl)
+        cfg = self.config
+        held = pool_holding(self, cfg, self.held)
+        return (held or self).take(avoid, cfg.lease_ttl)
 
     def release(self, lease: Lease, verdict: str) -> tuple[str, int]:
         """Return a lease with the request's verdict; -> (state, pool size), state one of
-        "returned", "retired", "stale" (the lease had expired and was reclaimed)."""
+        "returned" (or kept by this process's holding), "retired", "stale" (the lease had
+        expired and was reclaimed). A ban is written at once, held or not."""
         cfg = self.config
+        held = pool_holding(self, cfg, self.held)
+        give = held.give if held is not None else self.give_back
         if verdict == Verdict.BANNED:
-            return self.give_back(lease, "ban", reason="banned")
+            return give(lease, "ban", reason="banned")
         delta = {Verdict.OK: 1, Verdict.FAILED: -cfg.fail_penalty, Verdict.NEUTRAL: 0}[verdict]
-        return self.give_back(
+        return give(
             lease,
             rest=cfg.cooldown,
             max_uses=cfg.max_uses,
             delta=delta,
             max_score=cfg.max_score,
         )
+
+    def cancel(self, lease: Lease) -> None:
+        """Give a lease back unused: to this process's holding when it holds members."""
+        held = pool_holding(self, self.config, self.held)
+        (held.give if held is not None else self.give_back)(lease, "cancel")
 
     # --- membership ----------------------------------------------------------------------
     def add(self, secret: Mapping[str, Any], member_id: str | None = None) -> str | None:
@@ -403,7 +434,7 @@ class PoolProvider:
         finished: Finished | None = None,
     ) -> None:
         self.site, self.platform = site, platform
-        self.pool = Pool(self.kind, site, rds=rds, prefix=prefix, config=config)
+        self.pool = Pool(self.kind, site, rds=rds, prefix=prefix, config=config, held=True)
         self._start, self._finished = start, finished
         self._last_check = 0.0
 
@@ -413,7 +444,8 @@ class PoolProvider:
 
     def prepare(self, req: OutgoingRequest, task: Any) -> None:
         co = self.pool.checkout(avoided(task, self.kind))
-        self._supply(co.size)
+        if not co.local:  # a member lent from this process's holding says nothing new
+            self._supply(co.size)
         if co.lease is None and co.shared:
             cancel_leases(req)
             raise ResourceUnavailable(

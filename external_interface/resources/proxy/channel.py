@@ -29,7 +29,9 @@ import time
 from collections.abc import Collection
 from typing import cast
 
+from external_interface.resources.holding import Holding
 from external_interface.resources.lease import Lease, LeasePool, Profile
+from external_interface.resources.pool import pool_config, pool_holding
 from external_interface.resources.proxy.models import Event
 from external_interface.resources.proxy.pool import GlobalPool
 from external_interface.resources.proxy.select import Selector
@@ -59,6 +61,7 @@ class ChannelPool(LeasePool):
         site: str,
         pool: GlobalPool,
         selector: Selector | None = None,
+        held: bool = False,
     ) -> None:
         super().__init__(
             KIND,
@@ -73,6 +76,7 @@ class ChannelPool(LeasePool):
         self.settings = pool.settings
         self.selector = selector or Selector(pool)
         self.k_url = self.k_secret
+        self.held = held  # lend through this process's holding (the provider's channel)
         self._last_refill = 0.0
         self._refill_lock = threading.Lock()
 
@@ -88,7 +92,11 @@ class ChannelPool(LeasePool):
         preference: when every proxy of the channel is in it, the least used is lent anyway.
         None when nothing is free, or the site is at its share of the fleet's proxy leases."""
         ttl = self.settings.lease_ttl if lease_ttl is None else lease_ttl
-        co = self.take(avoid, ttl, fallback=False)
+        held = self.holding()
+        take = held.take if held is not None else self.take
+        co = take(avoid, ttl, fallback=False)
+        if co.local:  # lent from this process's holding: the channel was not touched
+            return cast("ProxyLease", co.lease)
         if co.shared:  # the site is at its share of the fleet's proxies: a refill cannot help
             return None
         low = co.lease is None or co.available < self.settings.refill_below
@@ -96,9 +104,9 @@ class ChannelPool(LeasePool):
         if low and due:
             self.refill()
             if co.lease is None:  # this refill, or another thread's just before it, filled it
-                co = self.take(avoid, ttl, fallback=False)
+                co = take(avoid, ttl, fallback=False)
         if co.lease is None and avoid:  # every proxy here avoided? then one of them
-            co = self.take(avoid, ttl, fallback=True)
+            co = take(avoid, ttl, fallback=True)
         return cast("ProxyLease | None", co.lease)  # built by _lease
 
     def release(
@@ -108,19 +116,31 @@ class ChannelPool(LeasePool):
         drops it and keeps it out of this channel for `ban_ttl` (default: the setting; a site
         that says how long, e.g. a 429's retry-after, passes that). Returns "returned",
         "dropped" or "stale" (the lease had expired; the use still counts)."""
+        held = self.holding()
+        give = held.give if held is not None else self.give_back
         if event is Event.BANNED:
             cap = self.settings.ban_ttl
             hold = max(cap if ban_ttl is None else min(ban_ttl, cap), 0.001)
-            state, _ = self.give_back(lease, "ban", reason="banned", hold=hold)
+            state, _ = give(lease, "ban", reason="banned", hold=hold)
         elif event is Event.DEAD:
-            state, _ = self.give_back(lease, "retire", reason="dead")
+            state, _ = give(lease, "retire", reason="dead")
         else:
-            state, _ = self.give_back(lease)
+            state, _ = give(lease)
         if state == "stale":
             log.warning(
                 "proxy %s: lease for site %s had expired before release", lease.id, self.site
             )
         return "dropped" if state == "retired" else state
+
+    def cancel(self, lease: Lease) -> None:
+        """Give a lease back unused: to this process's holding when it holds proxies."""
+        held = self.holding()
+        (held.give if held is not None else self.give_back)(lease, "cancel")
+
+    def holding(self) -> Holding | None:
+        """This process's holding of the channel, by `CHAINCRAWL_POOL_PROXY[_<SITE>]`'s
+        `hold_*` settings (holding.py); None with `hold_requests` 1 or unless `held`."""
+        return pool_holding(self, pool_config(KIND, self.site), self.held)
 
     def renew(self, lease: Lease, lease_ttl: float | None = None) -> bool:
         """Extend a lease for a long request; False if it had already expired and gone back."""

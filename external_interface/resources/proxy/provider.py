@@ -62,7 +62,7 @@ class ChannelProxyProvider:
         self.site = site
         self.platform = platform
         self.pool = GlobalPool(rds, prefix, settings)
-        self.channel = ChannelPool(site, self.pool)
+        self.channel = ChannelPool(site, self.pool, held=True)
 
     def prepare(self, req: OutgoingRequest, task: TaskState) -> None:
         lease = self.channel.checkout(avoid=avoided_proxies(task))

@@ -1,0 +1,330 @@
+"""Holding: a worker process keeps a pool member's Redis lease for a few requests and lends
+the member locally, so a page costs no Redis round trip per resource.
+
+Without holding every request checks a member out of its pool (one `lease.lua` call) and
+returns it (another). With holding (`HoldRule.requests` > 1) the process takes the Redis
+lease once and lends the member to its own requests, one at a time:
+
+* **exclusive**: a held member serves one request at a time (`busy`); the Redis lease, held by
+  the process, keeps every other process away;
+* **bounded**: the member goes back to the pool after `requests` requests or `seconds` since
+  its checkout, whichever comes first; `seconds` is kept below half the lease TTL, so a
+  request lent locally always has at least half a TTL before the Redis lease could expire and
+  a crashed process's members come back by expiry, as before;
+* **summed**: uses and score changes are summed here and written with the return (one call:
+  `LeasePool.give_back(..., uses=n)`); the score is tracked as the script would (capped at
+  `max_score`), so the write is the exact net change. A use limit or a score at 0 returns the
+  member at once (the script retires it); a ban or a retirement is applied at once and the
+  member leaves the holding, so it never serves another request after the site banned it;
+* **rotation**: a member rests `rest` seconds after each use here too (cool-down), the one
+  idle longest (or least used, for channels ordered by use) goes first, and a member not in
+  use for `idle` seconds goes back (`Reaper`, a thread per process), so an idle process
+  hoards nothing;
+* **shutdown**: `return_all` gives everything back (the worker's shutdown signals); a member
+  in flight then goes back with its request's feedback.
+
+The fleet share guard (`lease.set_lease_guard`) counts Redis leases: a held member holds its
+place until it goes back. A crash loses the summed uses and score changes of the members it
+held (their leases expire; a pool whose profile counts lost leases counts one use).
+`requests` = 1 is no holding: every call goes straight to the pool, as without this module.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import redis
+
+from external_interface.resources.lease import Checkout, Lease, LeasePool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HoldRule:
+    """How long a process may keep a member: `requests` requests, `seconds` since checkout
+    (capped below half the lease TTL by `Holding`), `idle` seconds unused."""
+
+    requests: int = 1
+    seconds: float = 5.0
+    idle: float = 1.0
+
+    @property
+    def holds(self) -> bool:
+        return self.requests > 1
+
+
+@dataclass
+class _Held:
+    lease: Lease  # the Redis lease (its token, its uses and score at checkout)
+    taken: float  # monotonic, read before the checkout call (conservative)
+    deadline: float  # no local lending from then on
+    score: int  # the member's score now, as the script would have it
+    busy: bool = True
+    served: int = 0  # requests sent under this Redis lease (uses not written yet)
+    ready: float = 0.0  # monotonic: cool-down over
+    idle_since: float = 0.0
+    last_rest: float = 0.0
+    args: dict[str, Any] = field(default_factory=dict)  # the last use's max_uses/max_score
+
+
+class Holding:
+    """The members this process holds of one pool; thread- and greenlet-safe."""
+
+    def __init__(self, pool: LeasePool, rule: HoldRule) -> None:
+        self.pool = pool
+        self.rule = rule
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+        self.size = -1  # the pool's size, as the last Redis call said
+        self.available = 0
+        self.closing = False
+        self.calls = 0  # Redis calls made (checkouts and returns), for tests and benchmarks
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
+
+    # --- lending -------------------------------------------------------------------------
+    def take(self, avoid: Collection[str], lease_ttl: float, fallback: bool = True) -> Checkout:
+        """A held member free, rested and within its bounds (not in `avoid`), else one more
+        from the pool (`LeasePool.take`, the guard's share included)."""
+        now = time.monotonic()
+        with self._lock:
+            pick = self._pick(avoid, now)
+            if pick is not None:
+                pick.busy = True
+                lease = replace(pick.lease, uses=pick.lease.uses + pick.served, score=pick.score)
+                return Checkout(lease, self.available, self.size, 0.0, local=True)
+            soonest = min(
+                (h.ready for h in self._held.values() if not h.busy and h.lease.id not in avoid),
+                default=None,
+            )
+        co = self.pool.take(avoid, lease_ttl, fallback)
+        self.calls += 1
+        self.size, self.available = co.size, co.available
+        if co.lease is None:
+            if soonest is not None:  # a member held here rests: it is ready sooner
+                wait = max(0.0, soonest - time.monotonic())
+                co = replace(co, wait=wait if co.wait is None else min(co.wait, wait))
+            return co
+        span = min(self.rule.seconds, lease_ttl / 2)
+        if self.closing:
+            span = 0.0
+        with self._lock:
+            self._held[co.lease.id] = _Held(co.lease, now, now + span, co.lease.score)
+        return co
+
+    def _pick(self, avoid: Collection[str], now: float) -> _Held | None:
+        best: _Held | None = None
+        for h in self._held.values():
+            if h.busy or h.lease.id in avoid or h.ready > now or now >= h.deadline:
+                continue
+            if h.served >= self.rule.requests:
+                continue
+            if self.pool.profile.order == "uses":
+                if best is None or h.lease.uses + h.served < best.lease.uses + best.served:
+                    best = h
+            elif best is None or h.idle_since < best.idle_since:
+                best = h
+        return best
+
+    # --- returns -------------------------------------------------------------------------
+    def give(
+        self,
+        lease: Lease,
+        action: str = "use",
+        *,
+        rest: float = 0.0,
+        max_uses: int = 0,
+        delta: int = 0,
+        max_score: int = 0,
+        reason: str = "",
+        hold: float = 0.0,
+    ) -> tuple[str, int]:
+        """`LeasePool.give_back` for a member lent from here: a use is summed and the member
+        stays held unless a bound, its use limit or a score at 0 says it goes back now; a ban
+        or a retirement goes to the pool at once; a cancel frees it unused."""
+        now = time.monotonic()
+        with self._lock:
+            h = self._held.get(lease.id)
+            if h is None or h.lease.token != lease.token:
+                h = None
+            elif action in ("ban", "retire"):
+                del self._held[lease.id]
+            elif action == "cancel":
+                h.busy, h.idle_since = False, now
+                if not self._due(h, now):
+                    return "returned", self.size
+                del self._held[lease.id]
+            else:
+                h.served += 1
+                if delta:
+                    h.score = min(h.score + delta, max_score)
+                h.ready, h.last_rest = now + rest, rest
+                h.args = {"max_uses": max_uses, "max_score": max_score}
+                h.busy, h.idle_since = False, now
+                used_up = max_uses > 0 and h.lease.uses + h.served >= max_uses
+                unhealthy = self.pool.profile.scored and delta != 0 and h.score <= 0
+                if not (used_up or unhealthy or self._due(h, now)):
+                    return "returned", self.size
+                del self._held[lease.id]
+        if h is None:  # not held here (taken before holding, or the lease went back)
+            return self._call(lease, action, rest, max_uses, delta, max_score, reason, hold)
+        if action in ("ban", "retire"):
+            return self._call(h.lease, action, 0.0, 0, 0, 0, reason, hold)
+        return self._flush(h, now)
+
+    def _due(self, h: _Held, now: float) -> bool:
+        return self.closing or now >= h.deadline or h.served >= self.rule.requests
+
+    def _flush(self, h: _Held, now: float) -> tuple[str, int]:
+        """Give a member no longer held back to the pool with what it did here, one call."""
+        if h.served == 0:
+            return self._call(h.lease, "cancel", 0.0, 0, 0, 0, "", 0.0)
+        rest = max(0.0, h.ready - now)
+        delta = h.score - h.lease.score
+        return self._call(
+            h.lease,
+            "use",
+            rest,
+            int(h.args.get("max_uses", 0)),
+            delta,
+            int(h.args.get("max_score", 0)),
+            "",
+            0.0,
+            uses=h.served,
+        )
+
+    def _call(
+        self,
+        lease: Lease,
+        action: str,
+        rest: float,
+        max_uses: int,
+        delta: int,
+        max_score: int,
+        reason: str,
+        hold: float,
+        uses: int = 1,
+    ) -> tuple[str, int]:
+        self.calls += 1
+        state, size = self.pool.give_back(
+            lease,
+            action,
+            rest=rest,
+            max_uses=max_uses,
+            delta=delta,
+            max_score=max_score,
+            reason=reason,
+            hold=hold,
+            uses=uses,
+        )
+        self.size = size
+        return state, size
+
+    def release_idle(self, now: float | None = None) -> int:
+        """Give back every member not in use for `idle` seconds or past its time bound (and,
+        when closing, every member not in use); returns how many went back."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            gone = [
+                h
+                for h in self._held.values()
+                if not h.busy
+                and (self.closing or now - h.idle_since >= self.rule.idle or now >= h.deadline)
+            ]
+            for h in gone:
+                del self._held[h.lease.id]
+        for h in gone:
+            try:
+                self._flush(h, now)
+            except redis.RedisError:
+                log.warning(
+                    "%s %s: return failed; it returns when its lease expires",
+                    self.pool.kind,
+                    h.lease.id,
+                )
+        return len(gone)
+
+    def return_all(self) -> int:
+        """Shutdown: everything not in use goes back now, the rest with its feedback."""
+        self.closing = True
+        return self.release_idle()
+
+
+# --- the process's holdings -------------------------------------------------------------------
+
+_holdings: dict[tuple[str, int], Holding] = {}
+_lock = threading.Lock()
+_reaper: Reaper | None = None
+
+
+def holding_for(pool: LeasePool, rule: HoldRule) -> Holding:
+    """This process's holding of `pool` (one per pool and client, shared by every provider
+    instance), with `rule` from now on; starts the reaper."""
+    key = (pool.base, id(pool._rds))
+    with _lock:
+        h = _holdings.get(key)
+        if h is None:
+            h = _holdings[key] = Holding(pool, rule)
+        h.rule = rule
+        _start_reaper()
+    return h
+
+
+def holdings() -> list[Holding]:
+    with _lock:
+        return list(_holdings.values())
+
+
+def return_all() -> int:
+    """Give back every member this process holds and is not using (worker shutdown)."""
+    n = sum(h.return_all() for h in holdings())
+    if n:
+        log.info("returned %d held resources", n)
+    return n
+
+
+def forget() -> None:
+    """Drop every holding without returning anything (tests that switch servers)."""
+    with _lock:
+        _holdings.clear()
+
+
+class Reaper(threading.Thread):
+    """Gives idle and overdue members back, every `interval` seconds; one per process."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        super().__init__(name="chaincrawl-holding", daemon=True)
+        self.interval = interval
+        self.pid = os.getpid()
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            for h in holdings():
+                try:
+                    h.release_idle()
+                except Exception:  # never end the thread: the next round tries again
+                    log.exception("holding of %s: idle return failed", h.pool.name)
+
+
+def _start_reaper() -> None:
+    global _reaper
+    if _reaper is None or _reaper.pid != os.getpid() or not _reaper.is_alive():
+        _reaper = Reaper()
+        _reaper.start()
+
+
+atexit.register(return_all)
