@@ -248,7 +248,7 @@ class Pool(LeasePool):
         avoided member idle longest is lent after all (test_avoid_starvation.py)."""
         cfg = self.config
         held = pool_holding(self, cfg, self.held)
-        return (held or self).take(avoid, cfg.lease_ttl)
+        return (held if held is not None else self).take(avoid, cfg.lease_ttl)
 
     def release(self, lease: Lease, verdict: str) -> tuple[str, int]:
         """Return a lease with the request's verdict; -> (state, pool size), state one of
