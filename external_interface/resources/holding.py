@@ -268,6 +268,17 @@ class Holding:
 _holdings: dict[tuple[str, int], Holding] = {}
 _lock = threading.Lock()
 _reaper: Reaper | None = None
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    """Off: every pool lends per request whatever its hold_* settings (tests of the engine)."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
 
 
 def holding_for(pool: LeasePool, rule: HoldRule) -> Holding:

@@ -42,6 +42,7 @@ from exceptions import BannedError, ConfigError, ResourceUnavailable
 from external_interface.resources.base import Outcome, OutgoingRequest
 from external_interface.resources.health import PoolHealth
 from external_interface.resources.holding import Holding, HoldRule, holding_for
+from external_interface.resources.holding import enabled as holding_enabled
 from external_interface.resources.lease import (
     IN_FLIGHT,
     Checkout,
@@ -199,7 +200,9 @@ def known_kinds() -> set[str]:
 def pool_holding(pool: LeasePool, cfg: PoolConfig, held: bool = True) -> Holding | None:
     """This process's holding of `pool` when it lends `held` and `cfg` holds members
     (hold_requests > 1); else None: a checkout and a return per request."""
-    return holding_for(pool, cfg.hold) if held and cfg.hold_requests > 1 else None
+    if not (held and cfg.hold_requests > 1 and holding_enabled()):
+        return None
+    return holding_for(pool, cfg.hold)
 
 
 # --- the pool -----------------------------------------------------------------------------

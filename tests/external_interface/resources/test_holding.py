@@ -29,6 +29,7 @@ from tests.conditions import wait_for
 
 @pytest.fixture(autouse=True)
 def _fresh_holdings() -> Any:
+    holding.set_enabled(True)  # the directory's conftest turns it off for the engine's tests
     holding.forget()
     yield
     holding.forget()
