@@ -25,8 +25,8 @@ from broker import drops, kombu_guard, owners
 from broker.workers import Beat, TaskSets
 from chains.sweeper import Sweeper
 from config import Settings, get_settings
-from external_interface.resources.base import load_providers
 from external_interface.resources import holding
+from external_interface.resources.base import load_providers
 from external_interface.resources.lease import set_lease_guard
 from external_interface.resources.pool import known_kinds
 from external_interface.storage.outbox import Drainer, drainer_class, on_stored

@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +45,8 @@ import redis
 from external_interface.resources.lease import Checkout, Lease, LeasePool
 
 log = logging.getLogger(__name__)
+
+EMPTY_FOR = 0.2  # longest a pool's "nothing ready" answer is believed without asking again
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class _Held:
     idle_since: float = 0.0
     last_rest: float = 0.0
     args: dict[str, Any] = field(default_factory=dict)  # the last use's max_uses/max_score
+    notes: dict[str, Any] = field(default_factory=dict)  # the pool's own sums (`note`)
 
 
 class Holding:
@@ -87,6 +90,10 @@ class Holding:
         self.available = 0
         self.closing = False
         self.calls = 0  # Redis calls made (checkouts and returns), for tests and benchmarks
+        # nothing was ready in the pool for anyone: no need to ask again before then
+        self._empty_until = 0.0
+        # called with a member's notes when it goes back (the proxy channel: global scores)
+        self.on_return: Callable[[Lease, dict[str, Any]], None] | None = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -110,10 +117,14 @@ class Holding:
                 (h.ready for h in self._held.values() if not h.busy and h.lease.id not in avoid),
                 default=None,
             )
+        if now < self._empty_until:  # the pool said nothing is ready, a moment ago
+            return Checkout(None, 0, self.size, max(self._empty_until - now, 0.0))
         co = self.pool.take(avoid, lease_ttl, fallback)
         self.calls += 1
         self.size, self.available = co.size, co.available
         if co.lease is None:
+            if co.available == 0 and not co.shared:
+                self._empty_until = time.monotonic() + min(co.wait or EMPTY_FOR, EMPTY_FOR)
             if soonest is not None:  # a member held here rests: it is ready sooner
                 wait = max(0.0, soonest - time.monotonic())
                 co = replace(co, wait=wait if co.wait is None else min(co.wait, wait))
@@ -138,6 +149,17 @@ class Holding:
             elif best is None or h.idle_since < best.idle_since:
                 best = h
         return best
+
+    def note(self, lease: Lease, **sums: float) -> bool:
+        """Add to the pool's own sums for a member lent from here (the channel's successes);
+        False if it is not held here (the caller writes them itself)."""
+        with self._lock:
+            h = self._held.get(lease.id)
+            if h is None or h.lease.token != lease.token or self.closing:
+                return False
+            for k, v in sums.items():
+                h.notes[k] = v if k.startswith("last_") else h.notes.get(k, 0) + v
+        return True
 
     # --- returns -------------------------------------------------------------------------
     def give(
@@ -182,7 +204,7 @@ class Holding:
         if h is None:  # not held here (taken before holding, or the lease went back)
             return self._call(lease, action, rest, max_uses, delta, max_score, reason, hold)
         if action in ("ban", "retire"):
-            return self._call(h.lease, action, 0.0, 0, 0, 0, reason, hold)
+            return self._call(h.lease, action, 0.0, 0, 0, 0, reason, hold, notes=h.notes)
         return self._flush(h, now)
 
     def _due(self, h: _Held, now: float) -> bool:
@@ -191,7 +213,7 @@ class Holding:
     def _flush(self, h: _Held, now: float) -> tuple[str, int]:
         """Give a member no longer held back to the pool with what it did here, one call."""
         if h.served == 0:
-            return self._call(h.lease, "cancel", 0.0, 0, 0, 0, "", 0.0)
+            return self._call(h.lease, "cancel", 0.0, 0, 0, 0, "", 0.0, notes=h.notes)
         rest = max(0.0, h.ready - now)
         delta = h.score - h.lease.score
         return self._call(
@@ -204,6 +226,7 @@ class Holding:
             "",
             0.0,
             uses=h.served,
+            notes=h.notes,
         )
 
     def _call(
@@ -217,8 +240,15 @@ class Holding:
         reason: str,
         hold: float,
         uses: int = 1,
+        notes: dict[str, Any] | None = None,
     ) -> tuple[str, int]:
+        if notes and self.on_return is not None:
+            try:
+                self.on_return(lease, notes)
+            except redis.RedisError:
+                log.warning("%s %s: its sums were not written", self.pool.kind, lease.id)
         self.calls += 1
+        self._empty_until = 0.0  # a member goes back: the pool has one ready again
         state, size = self.pool.give_back(
             lease,
             action,

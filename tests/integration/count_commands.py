@@ -47,6 +47,21 @@ def family(command: str) -> str:
     return "rest"
 
 
+def name(command: str) -> str:
+    """The command's name; a script call's with its operation (`evalsha:checkout`,
+    `evalsha:release:use`: the lease engine's first arguments)."""
+    words = command.split(" ")
+    head = words[0].lower()
+    if head not in ("evalsha", "eval") or len(words) < 4 or not words[2].strip("'\"").isdigit():
+        return head
+    at = 3 + int(words[2].strip("'\""))
+    args = [w.strip("'\"") for w in words[at : at + 4]]
+    op = args[0] if args else ""
+    if op == "release" and len(args) > 3:
+        op += ":" + args[3]
+    return f"{head}:{op}"
+
+
 class Counting(threading.Thread):
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
@@ -66,7 +81,7 @@ class Counting(threading.Thread):
                     text = str(cmd["command"])
                     fam = family(text)
                     self.by[fam] += 1
-                    self.names[f"{fam}/{text.split(' ', 1)[0].lower()}"] += 1
+                    self.names[f"{fam}/{name(text)}"] += 1
             except (redis.ConnectionError, OSError, ValueError, AttributeError):
                 return
 
@@ -94,7 +109,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         line += f", {total / pages:.1f} a page: " + ", ".join(
             f"{k} {v / pages:.1f}" for k, v in sorted(mon.by.items())
         )
-        top = [(k, v / pages) for k, v in mon.names.most_common(25)]
+        top = [(k, v / pages) for k, v in mon.names.most_common(40)]
         line += "\n[commands] top: " + ", ".join(f"{k} {v:.2f}" for k, v in top)
     print(line)
     with open(os.environ.get("COUNT_COMMANDS_OUT", "/dev/null"), "a") as fh:

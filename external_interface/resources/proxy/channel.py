@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection
-from typing import cast
+from typing import Any, cast
 
 from external_interface.resources.holding import Holding
 from external_interface.resources.lease import Lease, LeasePool, Profile
@@ -140,7 +140,16 @@ class ChannelPool(LeasePool):
     def holding(self) -> Holding | None:
         """This process's holding of the channel, by `CHAINCRAWL_POOL_PROXY[_<SITE>]`'s
         `hold_*` settings (holding.py); None with `hold_requests` 1 or unless `held`."""
-        return pool_holding(self, pool_config(KIND, self.site), self.held)
+        held = pool_holding(self, pool_config(KIND, self.site), self.held)
+        if held is not None and held.on_return is None:
+            held.on_return = self._record_held
+        return held
+
+    def _record_held(self, lease: Lease, notes: dict[str, Any]) -> None:
+        """A held proxy goes back: its successes into the global score, one call."""
+        n = int(notes.get("successes", 0))
+        if n:
+            self.pool.record(lease.id, Event.SUCCESS, notes.get("last_elapsed"), times=n)
 
     def renew(self, lease: Lease, lease_ttl: float | None = None) -> bool:
         """Extend a lease for a long request; False if it had already expired and gone back."""

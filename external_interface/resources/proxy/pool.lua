@@ -2,8 +2,9 @@
 
 ARGV[1] is the operation:
 
-record    KEYS score checked speed url stats ; ARGV id event elapsed|'' now smooth_above
-          haipproxy's score rule (models.next_score is its specification) on the current score.
+record    KEYS score checked speed url stats ; ARGV id event elapsed|'' now smooth_above [times]
+          haipproxy's score rule (models.next_score is its specification) on the current score,
+          `times` times for successes (a held proxy's sum: holding.py; default 1).
           -> {state, score}: state 0 = not in the pool, 1 = updated, 2 = removed
 take_raw  KEYS raw url ; ARGV n
           -> flat list id, url, id, url ... (each popped for one validator only)
@@ -19,8 +20,11 @@ if op == 'record' then
   s = tonumber(s)
   local new
   if ev == 'success' then
-    if s < tonumber(ARGV[6]) then new = s + 1
-    else new = s + tonumber(string.format('%.2f', 10 / s)) end
+    new = s
+    for _ = 1, tonumber(ARGV[7] or 1) do
+      if new < tonumber(ARGV[6]) then new = new + 1
+      else new = new + tonumber(string.format('%.2f', 10 / new)) end
+    end
   elseif ev == 'timeout' then
     new = s - 1
     if new <= 0 then new = nil end

@@ -153,22 +153,28 @@ class GlobalPool:
 
     # --- scoring -------------------------------------------------------------------------
     def record(
-        self, proxy_id: str, event: Event, elapsed: float | None = None, now: float | None = None
+        self,
+        proxy_id: str,
+        event: Event,
+        elapsed: float | None = None,
+        now: float | None = None,
+        times: int = 1,
     ) -> RecordResult:
-        """Apply one outcome with haipproxy's rule, atomically. Absent proxies stay absent."""
+        """Apply one outcome with haipproxy's rule, atomically (a success `times` times: a
+        held proxy's sum). Absent proxies stay absent."""
         now = time.time() if now is None else now
         k = self.keys
-        state, score = self._script(
-            keys=[k.score, k.checked, k.speed, k.url, k.stats],
-            args=[
-                "record",
-                proxy_id,
-                event.value,
-                "" if elapsed is None else repr(float(elapsed)),
-                repr(float(now)),
-                repr(float(self.settings.smooth_above)),
-            ],
-        )
+        args: list[Any] = [
+            "record",
+            proxy_id,
+            event.value,
+            "" if elapsed is None else repr(float(elapsed)),
+            repr(float(now)),
+            repr(float(self.settings.smooth_above)),
+        ]
+        if times != 1:
+            args.append(times)
+        state, score = self._script(keys=[k.score, k.checked, k.speed, k.url, k.stats], args=args)
         state = {0: "absent", 1: "updated", 2: "removed"}[int(state)]
         if state == "removed":
             log.info("proxy %s removed from the global pool (%s)", proxy_id, event.value)

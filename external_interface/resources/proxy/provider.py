@@ -82,6 +82,17 @@ class ChannelProxyProvider:
         lease = held[1] if held is not None else None
         event = judge_outcome(self.site, outcome)
         note_failure(task, proxy_id, event)
+        held = self.channel.holding()
+        if (
+            lease is not None
+            and held is not None
+            and event in (Event.SUCCESS, Event.NEUTRAL)
+            and held.note(
+                lease, successes=int(event is Event.SUCCESS), last_elapsed=outcome.elapsed
+            )
+        ):  # summed while held: written with the proxy's return (a neutral changes nothing)
+            self.channel.release(lease, event)
+            return
         hold = ban_hold(outcome, self.pool.settings) if event is Event.BANNED else None
         settle(self.pool, self.channel, lease, proxy_id, event, outcome.elapsed, hold)
         if lease is None:

@@ -23,6 +23,9 @@ from external_interface.resources import holding
 from external_interface.resources.base import Outcome, OutgoingRequest
 from external_interface.resources.cookie import CookieProvider
 from external_interface.resources.pool import Pool, PoolConfig
+from external_interface.resources.proxy.channel import ChannelPool
+from external_interface.resources.proxy.models import Event, ProxyAddress
+from external_interface.resources.proxy.pool import GlobalPool
 from external_interface.resources.rules import Verdict
 from tests.conditions import wait_for
 
@@ -178,6 +181,9 @@ CRASH = """
 import sys, time
 import redis
 from external_interface.resources.pool import Pool, PoolConfig
+from external_interface.resources.proxy.channel import ChannelPool
+from external_interface.resources.proxy.models import Event, ProxyAddress
+from external_interface.resources.proxy.pool import GlobalPool
 from external_interface.resources.rules import Verdict
 cfg = PoolConfig(hold_requests=8, hold_seconds=10, hold_idle=10, lease_ttl=1.0)
 pool = Pool("cookie", "shop", rds=redis.Redis.from_url(sys.argv[1]), prefix=sys.argv[2],
@@ -215,7 +221,7 @@ def test_hold_requests_1_is_a_checkout_and_a_return_per_request(
     rds: redis.Redis, key_prefix: str
 ) -> None:
     pool = make(rds, key_prefix, 2, hold_requests=1)
-    for i in range(4):
+    for _ in range(4):
         co = pool.checkout()
         assert co.lease is not None and not co.local
         pool.release(co.lease, Verdict.OK)
@@ -240,3 +246,32 @@ def test_holding_cuts_the_redis_commands_a_request(rds: redis.Redis, key_prefix:
         holding.return_all()
         spent[n] = calls(rds) - before
     assert spent[8] * 4 < spent[1], spent
+
+
+def test_a_held_proxy_s_successes_reach_the_global_score_in_one_call(
+    rds: redis.Redis, key_prefix: str
+) -> None:
+    """`record(times=n)` is n successes (haipproxy's rule applied n times), and the channel's
+    holding writes them with the proxy's return."""
+    one, many = GlobalPool(rds, key_prefix), GlobalPool(rds, key_prefix + "m")
+    for gp in (one, many):
+        gp.admit(ProxyAddress.parse("http://127.0.0.1:9"), 0.05)
+    for _ in range(12):
+        one.record("127.0.0.1:9", Event.SUCCESS, 0.1)
+    many.record("127.0.0.1:9", Event.SUCCESS, 0.1, times=12)
+    assert one.score("127.0.0.1:9") == many.score("127.0.0.1:9") > 15
+
+    gp = GlobalPool(rds, key_prefix + "h")
+    gp.admit(ProxyAddress.parse("http://127.0.0.1:9"), 0.05)
+    ch = ChannelPool("shop", gp, held=True)
+    ch.refill()
+    held = ch.holding()
+    assert held is not None
+    for _ in range(3):
+        lease = ch.checkout()
+        assert lease is not None
+        assert held.note(lease, successes=1, last_elapsed=0.1)
+        ch.release(lease, Event.SUCCESS)
+    assert gp.score("127.0.0.1:9") == 5  # still held: nothing written yet
+    held.return_all()
+    assert gp.score("127.0.0.1:9") == 8 and ch.idle() == [("127.0.0.1:9", 3)]
