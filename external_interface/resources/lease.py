@@ -26,7 +26,8 @@ Cluster slot:
 
 Every operation is one call of one Lua script (`lease.lua`; a pool's `Profile` — its order,
 whether lost leases count, whether it scores and is produced — is compiled into its copy), so
-each is atomic and a page's checkout and its release are one round trip each: a member is in `:idle` or in `:lease`, never
+each is atomic and a checkout and its release are one round trip each (a process holding a
+member makes them serve several requests: holding.py): a member is in `:idle` or in `:lease`, never
 both, only the holder of the current token returns it, and a ban retires the member even when
 its lease had already been reclaimed. `LeasesInFlight` keeps this process's leases of requests in flight,
 for every kind, so the provider that hears the outcome (or cancels) finds the lease.
