@@ -82,12 +82,12 @@ class ChannelProxyProvider:
         lease = held[1] if held is not None else None
         event = judge_outcome(self.site, outcome)
         note_failure(task, proxy_id, event)
-        held = self.channel.holding()
+        holding = self.channel.holding()
         if (
             lease is not None
-            and held is not None
+            and holding is not None
             and event in (Event.SUCCESS, Event.NEUTRAL)
-            and held.note(
+            and holding.note(
                 lease, successes=int(event is Event.SUCCESS), last_elapsed=outcome.elapsed
             )
         ):  # summed while held: written with the proxy's return (a neutral changes nothing)
