@@ -150,6 +150,10 @@ class Holding:
                 best = h
         return best
 
+    def refreshed(self) -> None:
+        """The pool may have members again (a refill added some): ask it at the next take."""
+        self._empty_until = 0.0
+
     def note(self, lease: Lease, **sums: float) -> bool:
         """Add to the pool's own sums for a member lent from here (the channel's successes);
         False if it is not held here (the caller writes them itself)."""

@@ -102,7 +102,8 @@ class ChannelPool(LeasePool):
         low = co.lease is None or co.available < self.settings.refill_below
         due = time.monotonic() - self._last_refill >= self.settings.refill_interval
         if low and due:
-            self.refill()
+            if self.refill() and held is not None:
+                held.refreshed()
             if co.lease is None:  # this refill, or another thread's just before it, filled it
                 co = take(avoid, ttl, fallback=False)
         if co.lease is None and avoid:  # every proxy here avoided? then one of them

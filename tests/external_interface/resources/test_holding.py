@@ -276,3 +276,20 @@ def test_a_held_proxy_s_successes_reach_the_global_score_in_one_call(
     assert gp.score("127.0.0.1:9") == 5  # still held: nothing written yet
     held.return_all()
     assert gp.score("127.0.0.1:9") == 8 and ch.idle() == [("127.0.0.1:9", 3)]
+
+
+def test_an_empty_pool_is_asked_once_in_a_moment(rds: redis.Redis, key_prefix: str) -> None:
+    """Tasks waiting for an empty pool: the first asks Redis, the next ones within
+    `EMPTY_FOR` are told to wait without a call; a member back in the pool ends that."""
+    pool = make(rds, key_prefix, 1, hold_requests=2)
+    a = pool.checkout()
+    assert a.lease is not None
+    h = held_of(pool)
+    assert pool.checkout().lease is None and h.calls == 2
+    nothing = pool.checkout()
+    assert nothing.lease is None and nothing.wait is not None and h.calls == 2
+    pool.release(a.lease, Verdict.OK)  # held: the one member is lent from here again
+    again = pool.checkout()
+    assert again.lease is not None and again.local and h.calls == 2
+    pool.release(again.lease, Verdict.OK)  # its second request: back to the pool
+    assert h.calls == 3 and pool.checkout().lease is not None
