@@ -180,7 +180,8 @@ class Holding:
     ) -> tuple[str, int]:
         """`LeasePool.give_back` for a member lent from here: a use is summed and the member
         stays held unless a bound, its use limit or a score at 0 says it goes back now; a ban
-        or a retirement goes to the pool at once; a cancel frees it unused."""
+        or a retirement goes to the pool at once; a cancel frees it unused (back to the pool
+        unless it served a request here already)."""
         now = time.monotonic()
         with self._lock:
             h = self._held.get(lease.id)
@@ -190,8 +191,10 @@ class Holding:
                 del self._held[lease.id]
             elif action == "cancel":
                 h.busy, h.idle_since = False, now
-                if not self._due(h, now):
+                if h.served > 0 and not self._due(h, now):
                     return "returned", self.size
+                # taken for a request that never went out (a later provider made the task
+                # wait): straight back, so no other worker waits for it meanwhile
                 del self._held[lease.id]
             else:
                 h.served += 1
