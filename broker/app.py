@@ -64,6 +64,12 @@ def configure(
     forget_connections(app)
 
 
+# an idle consumer's BRPOP waits this long on the server: one command per 10 s, not per second;
+# a close unblocks the one in flight (broker/kombu_guard.py). A half-open connection is found
+# BRPOP_TIMEOUT + 2 * kombu's health_check_interval (25 s) after its last reply at most
+BRPOP_TIMEOUT = 10
+
+
 def transport_options(s: Settings) -> dict[str, Any]:
     """kombu's transport options; the publisher builds Redis envelopes from the same ones."""
     return {
@@ -74,12 +80,15 @@ def transport_options(s: Settings) -> dict[str, Any]:
         # site whose refused tasks keep coming back to its queue (its share of a fleet budget
         # spent) cannot starve the queues after it ("priority" would read them in -Q order)
         "queue_order_strategy": "round_robin",
-        # sweep for messages abandoned by a killed worker a few times per visibility timeout
-        "unacked_restore_interval": max(1, min(10, s.visibility_timeout // 4)),
+        # sweep for messages past the visibility timeout a few times per timeout, at most
+        # once a minute (a sweep is 4 commands; a dead worker's messages come back sooner
+        # through broker/owners.py, and an hour's timeout gains at most a minute)
+        "unacked_restore_interval": max(1, min(60, s.visibility_timeout // 4)),
         "unacked_restore_throttle": 1,
         # a worker killed inside a sweep leaves kombu's restore lock behind: let it expire
         # within the visibility timeout, not after kombu's default 300 s
         "unacked_mutex_expire": max(5, min(300, s.visibility_timeout // 2)),
+        "brpop_timeout": BRPOP_TIMEOUT,
         "socket_timeout": 30,
         "socket_connect_timeout": 5,
         # kombu's default pool (10) starves gevent pools: acks fail, messages strand

@@ -13,6 +13,7 @@ import functools
 import inspect
 import json
 import logging
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -37,6 +38,9 @@ MALFORMED_MAX_BYTES = 64 * 1024  # per payload kept; the rest is cut off
 BROKER_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)  # what a failed ack raises
 SATURATED_WAIT = 0.5  # most seconds a saturated synloop consumer waits for an ack before polling
 LOG_PREVIEW = 200  # payloads up to this size are shown in the log, longer ones only measured
+BRPOP_OPTION = "brpop_timeout"  # the transport option read by the long-BRPOP patch
+BRPOP_SHORT = 1  # kombu's own BRPOP timeout: used while the BRPOP's client id is unknown
+UNBLOCK_TRIES = 20  # CLIENT UNBLOCKs at close, 0.1 s apart, while the BRPOP has not returned
 
 _stage = threading.local()  # what the current _brpop_read of this thread has reached
 counts = {
@@ -46,6 +50,7 @@ counts = {
     "ack_reconnect": 0,
     "restore_sweeps": 0,
     "clients_built": 0,
+    "unblocked": 0,
 }  # this process, for tests and status
 
 
@@ -91,11 +96,17 @@ def _check() -> None:
         (kredis.QoS.ack, "_remove_from_indices(delivery_tag).execute()"),
         (kredis.QoS.reject, "super().ack(delivery_tag)"),
         (kredis.MultiChannelPoller.maybe_restore_messages, "restore_visible("),
+        (kredis.MultiChannelPoller.get, "self.maybe_restore_messages()"),
         (virtual.Channel.basic_ack, "self.qos.ack(delivery_tag)"),
         (virtual.Channel.basic_reject, "self.qos.reject(delivery_tag"),
         # a client kombu builds is a plain one on the channel's pool (no per-call state)
         (kredis.Channel._create_client, "'connection_pool': self.pool"),
         (kredis.Channel.conn_or_acquire, "yield self._create_client()"),
+        # the BRPOP's timeout: the transport's, copied by each channel; close reads the reply
+        (kredis.Channel.__init__, "self.brpop_timeout = self.connection.brpop_timeout"),
+        (kredis.Channel._brpop_start, "timeout = self.brpop_timeout"),
+        (kredis.Channel._brpop_start, "self._in_poll = self.client.connection"),
+        (kredis.Channel.close, "self._brpop_read()"),
     ]
     require_source(expectations)
     if not issubclass(kredis.Channel.Message, vbase.Message):
@@ -141,6 +152,7 @@ def apply() -> None:
     _patch_connparams()
     _patch_saturated_poll()
     _patch_client_reuse()
+    _patch_long_brpop()
     log.debug("kombu %s: consumer guard installed", kombu.__version__)
 
 
@@ -325,11 +337,17 @@ def _patch_saturated_poll() -> None:
     the poller's next `on_poll_start` (the synloop's `get` and the event loop's tick both call
     it) raises a connection error while that channel is still consuming: Celery reconnects, and
     closing the channel restores its unacknowledged messages (a finished task's repeat is
-    skipped by the chain's commit ledger)."""
+    skipped by the chain's commit ledger).
+
+    kombu's `get` also sweeps `unacked` (`maybe_restore_messages`: a lock, a read) after every
+    poll that found nothing: with a long BRPOP (below) an idle consumer's 2 s polls would sweep
+    every 2 s. The guard's own schedule (`_restore_when_due`, every `unacked_restore_interval`)
+    is the synloop's one sweep; the event loop's timer calls it outside `get`, unchanged."""
     get = kredis.MultiChannelPoller.get
     poll_start = kredis.MultiChannelPoller.on_poll_start
     basic_ack = virtual.Channel.basic_ack
     basic_reject = virtual.Channel.basic_reject
+    restore = kredis.MultiChannelPoller.maybe_restore_messages
 
     def settled(fn: Any) -> Any:
         """Wake a saturated consumer after an ack or reject; mark the channel when one failed
@@ -367,9 +385,22 @@ def _patch_saturated_poll() -> None:
                 )
         return poll_start(self)
 
+    @functools.wraps(restore)
+    def scheduled_restore(self: Any) -> Any:
+        if getattr(self, "_chaincrawl_in_get", False):  # `get`'s own: _restore_when_due's
+            return None
+        return restore(self)
+
     @functools.wraps(get)
     def guarded_get(self: Any, callback: Any, timeout: float | None = None) -> Any:
         _restore_when_due(self)
+        self._chaincrawl_in_get = True
+        try:
+            return _guarded_get(self, callback, timeout)
+        finally:
+            self._chaincrawl_in_get = False
+
+    def _guarded_get(self: Any, callback: Any, timeout: float | None) -> Any:
         if _saturated(self):
             ev = _freed[0]
             if ev is None:
@@ -386,6 +417,7 @@ def _patch_saturated_poll() -> None:
     kredis.Channel.basic_reject = settled(basic_reject)
     kredis.MultiChannelPoller.on_poll_start = checked_poll_start
     kredis.MultiChannelPoller.get = guarded_get
+    kredis.MultiChannelPoller.maybe_restore_messages = scheduled_restore
 
 
 _freed: list[threading.Event | None] = [None]  # set by every ack (a slot's credit returned)
@@ -444,3 +476,91 @@ def _patch_client_reuse() -> None:
         return client
 
     kredis.Channel._create_client = reused_client
+
+
+# --- a long BRPOP that a close does not wait out ---------------------------------------------
+
+
+def _patch_long_brpop() -> None:
+    """An idle consumer's BRPOP every second: kombu sends it with a 1 s server-side timeout
+    (`Transport.brpop_timeout`, no option sets it without also making `drain_events` sleep
+    between polls), and `Channel.close` reads the BRPOP in flight, so a longer timeout would
+    make every warm shutdown and reconnect wait that long. The guard takes the timeout from the
+    transport option `brpop_timeout` (broker/app.py) and, when a channel closes with a BRPOP
+    in flight, unblocks it from another connection (`CLIENT UNBLOCK <id>`): Redis answers it as
+    a timeout, so nothing is popped and nothing is lost, and close goes on at once. The BRPOP
+    connection's id is asked once per socket (`CLIENT ID`, before its first BRPOP); where it
+    cannot be (a server refusing the command), that BRPOP keeps kombu's 1 s."""
+    transport_init = kredis.Transport.__init__
+    brpop_start = kredis.Channel._brpop_start
+    close = kredis.Channel.close
+
+    @functools.wraps(transport_init)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        transport_init(self, *args, **kwargs)
+        timeout = (self.client.transport_options or {}).get(BRPOP_OPTION)
+        if timeout:
+            self.brpop_timeout = timeout
+
+    @functools.wraps(brpop_start)
+    def long_brpop_start(self: Any, timeout: Any = None) -> Any:
+        if timeout is None:
+            timeout = self.brpop_timeout
+            if timeout > BRPOP_SHORT and _brpop_client_id(self) is None:
+                timeout = BRPOP_SHORT
+        return brpop_start(self, timeout)
+
+    @functools.wraps(close)
+    def unblocking_close(self: Any) -> Any:
+        if self._in_poll and not self.closed:
+            unblock(self)
+        return close(self)
+
+    kredis.Transport.__init__ = init
+    kredis.Channel._brpop_start = long_brpop_start
+    kredis.Channel.close = unblocking_close
+
+
+def _brpop_client_id(channel: Any) -> int | None:
+    """The Redis client id of the channel's BRPOP connection, asked once per socket; None when
+    the server does not say (nothing is in flight on it: called before a BRPOP is sent)."""
+    conn = getattr(channel.client, "connection", None)
+    if conn is None:
+        return None
+    if conn._sock is None:
+        conn.connect()
+    known = getattr(conn, "_chaincrawl_id", None)
+    if known is not None and known[0] is conn._sock:
+        return known[1]
+    cid: int | None = None
+    try:
+        conn.send_command("CLIENT", "ID")
+        cid = int(conn.read_response())
+    except redis.ResponseError as exc:  # e.g. an ACL without CLIENT: kombu's short BRPOP
+        log.warning("kombu: CLIENT ID refused (%s); the BRPOP keeps a 1 s timeout", exc)
+    conn._chaincrawl_id = (conn._sock, cid)
+    return cid
+
+
+def unblock(channel: Any) -> bool:
+    """End the channel's BRPOP in flight as a timeout (`CLIENT UNBLOCK`, from another
+    connection of its pool), so that close need not wait for it; -> whether it returned. A
+    BRPOP not blocking yet (sent an instant ago) is unblocked again until its reply is there;
+    a broker that does not answer leaves close to read the reply as kombu does."""
+    conn = channel._in_poll
+    sock = getattr(conn, "_sock", None)
+    known = getattr(conn, "_chaincrawl_id", None)
+    if sock is None or known is None or known[0] is not sock or known[1] is None:
+        return False
+    try:
+        client = channel._create_client()
+        for _ in range(UNBLOCK_TRIES):
+            if (
+                client.execute_command("CLIENT", "UNBLOCK", known[1])
+                or select.select([sock], [], [], 0.1)[0]
+            ):
+                counts["unblocked"] += 1
+                return True
+    except Exception as exc:  # Redis down: close reads the reply (or the error) itself
+        log.debug("kombu: the BRPOP in flight not unblocked: %s", exc)
+    return False

@@ -20,6 +20,7 @@ from kombu.transport import redis as kredis
 
 from broker import kombu_guard
 from config import reset_settings
+from tests.conditions import wait_for
 from utils.redis import reset_clients
 from utils.servers import RedisServer
 
@@ -323,3 +324,70 @@ def test_acks_share_one_redis_client_per_channel(broker: Connection) -> None:
     assert sorted(x["n"] for x in got) == list(range(100))
     assert built.count(False) <= 1, f"{built.count(False)} clients built for 100 acks"
     assert not ch.client.hlen(ch.unacked_key)  # every ack reached Redis
+
+
+def test_a_long_brpop_is_unblocked_at_close_and_loses_nothing(
+    redis_url: str, key_prefix: str, rds: redis.Redis
+) -> None:
+    """An idle consumer's BRPOP waits `brpop_timeout` (here 60 s) on the server, and closing
+    its channel (a warm shutdown, a reconnect) unblocks it (`CLIENT UNBLOCK`) instead of
+    waiting it out: the close takes seconds at most. Unblocked, the BRPOP returns as a
+    timeout: a message sent afterwards is still in the queue for the next consumer."""
+    kombu_guard.apply()
+    opts = {"global_keyprefix": f"{key_prefix}:q:", "brpop_timeout": 60}
+    conn = Connection(redis_url, transport_options=opts)
+    got: list[Any] = []
+    try:
+        ch = cast(kredis.Channel, consumer(conn, got))
+        assert ch.brpop_timeout == 60
+        with contextlib.suppress(TimeoutError):  # the BRPOP is sent and stays in flight
+            conn.drain_events(timeout=0.3)
+        assert ch._in_poll
+        blocked = [c for c in rds.client_list() if c.get("cmd") == "brpop"]
+        assert len(blocked) == 1
+        before = kombu_guard.counts["unblocked"]
+        started = time.monotonic()
+        conn.release()  # closes the channel
+        assert time.monotonic() - started < 5  # kombu alone: the BRPOP's 60 s
+        assert kombu_guard.counts["unblocked"] == before + 1
+        wait_for(
+            lambda: not [c for c in rds.client_list() if c.get("cmd") == "brpop"],
+            timeout=10,
+            what="no BRPOP left blocked",
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            conn.release()
+    assert got == []
+    sender = Connection(redis_url, transport_options=opts)
+    try:
+        Producer(sender.channel()).publish({"n": 1}, routing_key="g", serializer="json")
+        assert rds.llen(f"{key_prefix}:q:g") == 1  # not popped by the unblocked BRPOP
+        consumer(sender, got)
+        drain_until(sender, lambda: got)
+        assert got == [{"n": 1}]
+    finally:
+        sender.release()
+
+
+def test_a_brpop_whose_client_id_is_unknown_keeps_kombus_short_timeout(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that refuses `CLIENT ID` (an ACL): close could not unblock the BRPOP, so it
+    is sent with kombu's 1 s, and close waits that, not the 60 s asked for."""
+    kombu_guard.apply()
+    monkeypatch.setattr(kombu_guard, "_brpop_client_id", lambda channel: None)
+    opts = {"global_keyprefix": f"{key_prefix}:q:", "brpop_timeout": 60}
+    conn = Connection(redis_url, transport_options=opts)
+    try:
+        consumer(conn, [])
+        with contextlib.suppress(TimeoutError):
+            conn.drain_events(timeout=0.2)
+        before = kombu_guard.counts["unblocked"]
+        started = time.monotonic()
+        conn.release()
+        assert time.monotonic() - started < 5
+        assert kombu_guard.counts["unblocked"] == before  # nothing to unblock with
+    finally:
+        with contextlib.suppress(Exception):
+            conn.release()
