@@ -6,7 +6,6 @@ import argparse
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,15 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             drainer.router.close()
         print(n)
         return 0
-    stop = threading.Event()
 
     def _on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: flushing and stopping", signum)
-        stop.set()
+        drainer.request_stop()
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    drainer.run(stop)
+    drainer.run()
     return 0
 
 

@@ -24,6 +24,7 @@ from external_interface.storage.outbox.entries import (
     merge_new,
     stream_key,
 )
+from external_interface.storage.outbox.reader import BlockingReader
 from external_interface.storage.outbox.status import backlog
 from external_interface.storage.routing import SinkRouter, build_sinks
 from external_interface.storage.sinks.base import Origin, PermanentSinkError, Sink, entry_version
@@ -37,9 +38,12 @@ log = logging.getLogger("external_interface.storage.outbox")
 AUTOCLAIM = load_lua(__file__, "autoclaim.lua")
 MAX_BLOCK = 0.5  # seconds one XREADGROUP may block while entries come
 # while the stream stays empty the blocks double up to this: an idle worker's drainer reads
-# every 2 s, not twice a second (a new entry still returns the blocked read at once), and a
-# stop is noticed within that
-MAX_IDLE_BLOCK = 2.0
+# every 10 s, not twice a second (a new entry still returns the blocked read at once); a stop
+# ends the block in flight (reader.py), or where it cannot, blocks stay under SHORT_IDLE_BLOCK
+MAX_IDLE_BLOCK = 10.0
+SHORT_IDLE_BLOCK = 2.0
+HORIZON_EVERY = 5.0  # seconds between two horizon updates while entries come
+HORIZON_IDLE = 60.0  # ... and while none came since the last one (an older horizon is safe)
 SETTLE_EVERY = 0.5  # seconds between two `settle` calls while the drainer holds nothing
 
 StoredHook = Callable[[str, list[dict[str, Any]]], None]
@@ -89,8 +93,11 @@ class Drainer:
         hooks: Iterable[StoredHook] | None = None,
         own_sinks: bool = False,
         runs_hooks: Iterable[RunsHook] | None = None,
+        max_idle_block: float = MAX_IDLE_BLOCK,
     ) -> None:
         self.r = redis_client
+        self.reader = BlockingReader(redis_client)
+        self.max_idle_block = max_idle_block
         self.prefix = prefix
         self.router = sinks if isinstance(sinks, SinkRouter) else SinkRouter(list(sinks))
         self.batch = max(1, batch)
@@ -141,8 +148,13 @@ class Drainer:
         self._thread.start()
         return self._thread
 
-    def stop(self, timeout: float | None = None) -> None:
+    def request_stop(self) -> None:
+        """Ask `run()` (on its own event) to flush and return, ending its blocked read now."""
         self._stop.set()
+        self.reader.unblock()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else self.shutdown_timeout + 30)
             self._thread = None
@@ -158,6 +170,8 @@ class Drainer:
         started = False
         next_claim = next_horizon = next_settle = 0.0
         idle_block = MAX_BLOCK  # the next block while nothing comes (see MAX_IDLE_BLOCK)
+        moved = True  # entries read, claimed or held since the last horizon update
+        self.reader.stopping = False
         log.info("outbox drainer %s started on %s", self.consumer, self.stream)
         try:
             while not stop.is_set():
@@ -169,8 +183,11 @@ class Drainer:
                         started = True
                     now = time.monotonic()
                     if now >= next_horizon:
-                        self.update_horizon(buffer)
-                        next_horizon = now + 5.0
+                        moved = moved or bool(buffer)
+                        if moved:  # unchanged while idle: the sink has it already
+                            self.update_horizon(buffer)
+                        next_horizon = now + (HORIZON_EVERY if moved else HORIZON_IDLE)
+                        moved = False
                     if not retrying and now >= next_claim and len(buffer) < self.batch:
                         claimed = self.claim(self.batch - len(buffer))
                         next_claim = now + self.claim_every
@@ -180,6 +197,7 @@ class Drainer:
                         # the ones we already hold come back; keep each id once
                         # (test_entries_claimed_back_after_a_redis_error_are_held_once)
                         merge_new(buffer, claimed)
+                        moved = moved or bool(claimed)
                     quiet = False
                     if not retrying and len(buffer) < self.batch:
                         # short blocks: stop() is noticed quickly, socket timeouts never hit;
@@ -197,9 +215,11 @@ class Drainer:
                         quiet = bool(buffer) and not new and self.idle_flush > 0
                         if new and not buffer:
                             first_at = time.monotonic()
-                        idle_block = (
-                            MAX_BLOCK if new or buffer else min(MAX_IDLE_BLOCK, 2 * idle_block)
-                        )
+                        longest = self.reader.longest(self.max_idle_block, SHORT_IDLE_BLOCK)
+                        idle_block = MAX_BLOCK if new or buffer else min(longest, 2 * idle_block)
+                        if new and next_horizon - now > HORIZON_EVERY:
+                            next_horizon = now + HORIZON_EVERY  # entries again: soon
+                        moved = moved or bool(new)
                         merge_new(buffer, new)
                     due = quiet or time.monotonic() - first_at >= self.interval
                     if buffer and (len(buffer) >= self.batch or due or retrying):
@@ -227,6 +247,7 @@ class Drainer:
             if started:
                 self._shutdown_flush(buffer)
         finally:
+            self.reader.close()
             if self.own_sinks:
                 self.router.close()
             log.info("outbox drainer %s stopped", self.consumer)
@@ -290,8 +311,10 @@ class Drainer:
                 raise
 
     def read(self, count: int, block_ms: int | None) -> list[OutboxEntry]:
+        """New entries; a blocking read goes through the reader a stop can unblock."""
+        client: Any = self.reader if block_ms else self.r
         try:
-            resp = self.r.xreadgroup(
+            resp = client.xreadgroup(
                 self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
             )
         except redis.ResponseError as e:

@@ -276,10 +276,10 @@ def test_a_quiet_stream_flushes_a_partial_batch_at_once(
 def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
     rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
 ) -> None:
-    """On an empty stream the drainer's blocking reads double up to MAX_IDLE_BLOCK (an idle
-    worker's drainer asks Redis every 2 s, not twice a second); an entry returns the blocked
-    read at once, whatever the block."""
-    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=0.1)
+    """On an empty stream the drainer's blocking reads double up to `max_idle_block` (by
+    default MAX_IDLE_BLOCK: an idle worker's drainer asks Redis every 10 s, not twice a
+    second; 2 s here); an entry returns the blocked read at once, whatever the block."""
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=0.1, max_idle_block=2.0)
     blocks: list[int | None] = []
     read = d.read
 
@@ -290,11 +290,84 @@ def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
     d.read = counted  # type: ignore[method-assign]
     d.start_thread()
     drainers.append(d)
-    wait_until(lambda: blocks.count(int(MAX_IDLE_BLOCK * 1000)) >= 2, 30, "two idle blocks")
+    wait_until(lambda: blocks.count(2000) >= 2, 30, "two idle blocks")
     assert blocks[:3] == [500, 1000, 2000]  # from MAX_BLOCK, doubling, not at interval
     n = add_posts(rds, key_prefix, 2)  # while a 2 s block is under way: read and stored
     wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
     wait_until(lambda: blocks[-1] == 500, 10, "the short block back after entries came")
+
+
+def test_a_stop_ends_an_idle_drainers_long_block_at_once(
+    rds: redis.Redis, redis_url: str, key_prefix: str, jsonl: JsonlSink
+) -> None:
+    """An idle drainer blocks up to MAX_IDLE_BLOCK (10 s) in one XREADGROUP; a stop unblocks
+    it (CLIENT UNBLOCK: answered as a timeout) rather than waiting it out, and an entry
+    written just before the stop is stored, not left pending. (The client's socket timeout
+    is the workers' 30 s: a block stays under two thirds of it.)"""
+    assert MAX_IDLE_BLOCK >= 10
+    client = redis.Redis.from_url(redis_url, socket_timeout=30)
+    d = Drainer(client, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0)
+    blocks: list[int | None] = []
+    read = d.read
+
+    def counted(count: int, block_ms: int | None) -> list[OutboxEntry]:
+        blocks.append(block_ms)
+        return read(count, block_ms)
+
+    d.read = counted  # type: ignore[method-assign]
+    d.start_thread()
+    wait_until(lambda: int(MAX_IDLE_BLOCK * 1000) in blocks, 60, "a long idle block")
+    wait_until(
+        lambda: [
+            c
+            for c in rds.client_list()
+            if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
+        ],
+        10,
+        "blocked",
+    )
+    started = time.monotonic()
+    d.stop(timeout=30)
+    assert time.monotonic() - started < 5  # not the block's 10 s
+    assert not [
+        c for c in rds.client_list() if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
+    ]
+    d = Drainer(client, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0)
+    d.start_thread()
+    wait_until(lambda: d.reader.unblockable, 10, "the reader's client id")
+    n = add_posts(rds, key_prefix, 2)
+    wait_until(lambda: backlog(rds, key_prefix)["pending"] == 2, 10, "read")
+    d.stop(timeout=30)
+    client.close()
+    assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}
+
+
+def test_an_idle_drainer_does_not_update_the_horizon_every_5_s(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """Nothing read, claimed or held since the last horizon update: the sink already has it
+    (an older horizon is safe), so an idle drainer asks for it once a minute, not every 5 s;
+    entries coming again update it again."""
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=0.05, max_idle_block=0.5)
+    updates: list[float] = []
+    update = d.update_horizon
+
+    def counted(held: Any = ()) -> None:
+        updates.append(time.monotonic())
+        update(held)
+
+    d.update_horizon = counted  # type: ignore[method-assign]
+    d.start_thread()
+    drainers.append(d)
+    n = add_posts(rds, key_prefix, 2)
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
+    wait_until(lambda: len(updates) >= 2, 15, "the update after the entries")
+    settled = len(updates)
+    time.sleep(12)  # two 5 s rounds with nothing read
+    assert len(updates) == settled
+    m = add_posts(rds, key_prefix, 1, run="r2")
+    wait_until(lambda: counters(rds, key_prefix, "r2").get("stored") == m, 10, "stored again")
+    wait_until(lambda: len(updates) > settled, 15, "an update after the new entries")
 
 
 def test_poison_entries_are_isolated_and_dead_lettered(rds: redis.Redis, key_prefix: str) -> None:
