@@ -496,19 +496,19 @@ def lost_seed(rds: redis.Redis, settings: Settings, app: Celery) -> str:
 def slow_pass(rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: Any) -> str:
     """A stalled run whose seed the broker lost, behind 10,000 other messages that take 0.25 ms
     each to read: a pass of about 2.5 s against a sweep lock of 1 s."""
-    import chains.sweeper as sweeper_mod
+    import chains.broker_scan as scan_mod
 
     p = settings.key_prefix
     seed = lost_seed(rds, settings, app)
     filler = [orjson.dumps({"headers": {"id": f"f{i}", "task": "t"}}) for i in range(10_000)]
     rds.lpush(f"{p}:q:filler", *filler)
-    read = sweeper_mod.message_ids
+    read = scan_mod.message_ids
 
     def slow(raw: Any) -> list[str]:
         time.sleep(0.00025)
         return read(raw)
 
-    monkeypatch.setattr(sweeper_mod, "message_ids", slow)
+    monkeypatch.setattr(scan_mod, "message_ids", slow)
     return seed
 
 
