@@ -221,6 +221,13 @@ def _start_sweeper(**kw: Any) -> None:
                 _sweeper.start_thread()
 
 
+@signals.task_prerun.connect
+def _sweep_while_busy(**kw: Any) -> None:
+    """A task runs here: the sweeper keeps (or goes back to) its base interval (no command)."""
+    if _sweeper is not None:
+        _sweeper.busy()
+
+
 @signals.worker_ready.connect
 def _publish_task_set(sender: Any = None, **kw: Any) -> None:
     """Say which tasks this worker knows, which queues it consumes and which site modules it

@@ -50,6 +50,12 @@ def put_back_drop(at: float) -> None:
             _dropped_at.append(at)
 
 
+def noted() -> bool:
+    """A drop not yet handed on, or whose held messages are not given back yet."""
+    with _lock:
+        return bool(_pending or _dropped_at)
+
+
 def take() -> list[str]:
     """The drops noted since the last call (and forget them)."""
     with _lock:

@@ -257,15 +257,20 @@ def orphans(
     ttl: float,
     confirm: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
+    held_out: dict[str, list[str]] | None = None,
 ) -> dict[str, list[str]]:
     """owner -> tags it still holds, for every owner (holding messages or registered) without
     a heartbeat at two looks `confirm` s apart (waited with `sleep`: the sweeper's keeps its
     lock); a dead owner holding nothing maps to []. Nothing while the broker's Redis has been
     serving for less than `ttl` (`serving_for`: heartbeats may just be coming back from a
-    restart)."""
+    restart). `held_out` gets what every owner held at the first look (the sweeper's sign of
+    work)."""
     if ttl > 0 and serving_for(client) < ttl:
         return {}
-    dead = dead_owners(client, prefix, set(held(client, prefix)) | registered(client, prefix))
+    holding = held(client, prefix)
+    if held_out is not None:
+        held_out.update(holding)
+    dead = dead_owners(client, prefix, set(holding) | registered(client, prefix))
     if not dead:
         return {}
     if confirm > 0:

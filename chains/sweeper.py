@@ -22,7 +22,14 @@ of every active run at once, stalled or not, rather than letting a run finish it
 and then wait `sweep_stall` seconds for its lost task.
 
 Every worker process runs a sweeper thread; a Redis lock (SET NX EX) lets one of them sweep per
-interval. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
+interval. While the fleet is idle the interval backs off: a pass that finds no active run, no
+unacknowledged message, no dead worker, no restart and nothing to compact (or a lock attempt
+another process won) doubles this process's wait, up to `SWEEP_IDLE_MAX` (60 s); with nothing
+active and nothing unacknowledged there is nothing to lose or restore. The wait is back to
+`CHAINCRAWL_SWEEP_INTERVAL` after a pass that finds any of those, as soon as this process runs
+a task (`busy()`, from the worker's task_prerun signal: no command) and while it has a dropped
+broker connection to report. So a pass comes every interval while work exists, and within
+`SWEEP_IDLE_MAX` of work appearing where no task of it runs in this process. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
 gives it back when its consumer's connection dies, so it cannot lose a message this way (and
 its queues cannot be listed without consuming them, so lost and queued could not be told apart).
 """
@@ -55,6 +62,7 @@ log = logging.getLogger("chaincrawl.sweeper")
 __all__ = ["BATCH_TASK", "CLEAN_MAX", "Sweeper", "broker_task_ids", "message_ids"]
 
 CLEAN_MAX = 300.0  # longest wait before a stalled run found whole is looked at again
+SWEEP_IDLE_MAX = 60.0  # longest wait between two passes while the fleet is idle (doubling)
 COMPACT_LOOK = 20  # newest runs the sweep looks at for a finished run not compacted yet
 
 
@@ -96,6 +104,7 @@ class Sweeper:
         self.restored = 0  # by this process
         self.lock_key = self.s.key("sweeper", "lock")
         self._lock: tuple[str, float] | None = None  # (token, monotonic time last extended)
+        self._token: str | None = None  # the token of this process's last pass
         self._extend = client.register_script(script(__file__, "extend_lock.lua"))
         self.resent = 0  # by this process
         # why the next pass checks every active run, not only stalled ones ("" = no reason)
@@ -104,6 +113,10 @@ class Sweeper:
         self._broker_id: str | None = None  # the broker Redis's run_id, to notice a restart
         self.broker_id_key = self.s.key("sweeper", "broker_run_id")
         self.check_key = self.s.key("sweeper", "check_all")  # why, from any process
+        self.idle_max = max(self.interval, SWEEP_IDLE_MAX)
+        self.wait = self.interval  # until the next pass: doubles while passes find nothing
+        self.saw_work = False  # the last pass found something to watch (module docstring)
+        self._busy = False  # this process ran a task since the last pass
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -139,6 +152,7 @@ class Sweeper:
         rids = self.state.active_runs()
         if not rids:
             return []
+        self.saw_work = True
         pipe = self.r.pipeline(transaction=False)
         for rid in rids:
             pipe.hmget(self.state.run_key(rid), "last", "created", "paused")
@@ -260,9 +274,11 @@ class Sweeper:
         if self.restore is None or self.dead_after <= 0:
             return 0
         n = 0
+        held: dict[str, list[str]] = {}
         found = owners.orphans(
-            self.broker, self.broker_prefix, self.dead_after, self.confirm, self.sleep
+            self.broker, self.broker_prefix, self.dead_after, self.confirm, self.sleep, held
         )
+        self.saw_work = self.saw_work or bool(held) or bool(found)
         for who, tags in found.items():
             k = self.restore(tags) if tags else 0
             log.warning(
@@ -354,12 +370,13 @@ class Sweeper:
         """One pass over the stalled runs; -> messages re-sent."""
         n = 0
         try:
-            self.compact_finished()
+            self.saw_work = bool(self.compact_finished()) or self.saw_work
         except redis.exceptions.RedisError as exc:
             log.warning("compacting finished runs failed: %s", exc)
         if self.stall <= 0:
             return 0
         why = self.check_all
+        self.saw_work = self.saw_work or bool(why)
         checked = self.runs_to_check()
         found = self.lost(checked)
         self.check_all = ""  # done (a pass that failed before here keeps it for the next)
@@ -431,19 +448,26 @@ class Sweeper:
         """Sweep if no other worker did within the interval. The lock is kept through a long
         pass (`keep_lock`) and left to expire one interval after it; a sweeper killed
         mid-pass blocks the others for at most one interval."""
-        token = uuid.uuid4().hex
-        if not self.r.set(self.lock_key, token, nx=True, px=int(self.lock_ttl * 1000)):
-            return 0
+        # the last pass's own lock is taken again as it expires (else the holder could lose
+        # the race with its own expiry and take the miss for an idle fleet)
+        token = self._token
+        if token is None or not self._extend_lock(token):
+            token = uuid.uuid4().hex
+            if not self.r.set(self.lock_key, token, nx=True, px=int(self.lock_ttl * 1000)):
+                self._token = None
+                return 0
+        self._token = token
         self._lock = (token, time.monotonic())
         try:
             try:  # first: a stalled run may only be waiting for these
-                self.note_broker_restart()
+                self.saw_work = self.note_broker_restart() or self.saw_work
                 self.take_check_request()
                 self.restore_dead_owners()
             except _LockLost:
                 raise
             except Exception:  # the run ledgers are swept all the same
                 log.warning("restoring dead workers' messages failed", exc_info=True)
+                self.saw_work = True
             return self.sweep_once()
         except _LockLost as exc:
             log.warning("run ledger sweep stopped: %s", exc)
@@ -453,17 +477,38 @@ class Sweeper:
                 self._extend_lock(token)
             self._lock = None
 
+    def busy(self) -> None:
+        """This process runs a task: the next pass within one interval, and every interval
+        after it (called from the worker's task_prerun signal; no Redis command)."""
+        self._busy = True
+
+    def next_wait(self) -> float:
+        """The wait after a pass: the interval while there is work, else doubled (capped)."""
+        if self.saw_work or self._busy or drops.noted():
+            return self.interval
+        return min(self.idle_max, 2 * self.wait)
+
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or self._stop
-        while not stop.wait(self.interval):
+        self.wait = self.interval
+        due = time.monotonic() + self.wait
+        # woken every interval to look at the in-process signals; a pass only when due
+        while not stop.wait(max(0.01, min(self.interval, due - time.monotonic()))):
+            if time.monotonic() < due and not self._busy and not drops.noted():
+                continue
+            self.saw_work, self._busy = self._busy, False  # a task ran here: work
             try:
                 self.note_connection_drops()
                 self.restore_held_before_drop()
                 self.try_sweep()
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # Redis down: next time
                 log.warning("run ledger sweep skipped: %s", exc)
+                self.saw_work = True  # back soon: a restart may have lost a message
             except Exception:  # a bug or a bad ledger entry: try again next interval
                 log.warning("run ledger sweep failed", exc_info=True)
+                self.saw_work = True
+            self.wait = self.next_wait()
+            due = time.monotonic() + self.wait
 
     def start_thread(self, name: str = "run-sweeper") -> threading.Thread:
         self._stop.clear()

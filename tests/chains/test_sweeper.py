@@ -19,6 +19,7 @@ from chains.sweeper import BATCH_TASK, Sweeper, broker_task_ids, message_ids
 from config import Settings
 from ledger.publish import send_kid
 from ledger.state import Kid, RunState, stalled_resends
+from tests.conditions import wait_for
 
 
 @pytest.fixture
@@ -666,3 +667,61 @@ def test_a_sweep_compacts_a_finished_stored_run_the_drainer_left(
     assert rds.exists(state.done_key("unstored", ""), state.done_key("running", "")) == 2
     sw.sweep_once()
     assert sw.compact_finished() == []
+
+
+def test_an_idle_fleets_sweeper_backs_off_and_comes_back_with_work(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """With no active run and nothing unacknowledged a pass has nothing to protect: each one
+    that finds nothing doubles the wait, up to `idle_max` (SWEEP_IDLE_MAX, 60 s; 1.6 s here).
+    A task run in this process (`busy()`) brings the base interval back at once, and a pass
+    that finds an active run keeps it there."""
+    from chains.sweeper import SWEEP_IDLE_MAX
+
+    assert SWEEP_IDLE_MAX == 60
+    sent: list[dict[str, Any]] = []
+    sw = sweeper(rds, settings, sent, interval=0.2)
+    sw.idle_max = 1.6
+    waits: list[float] = []
+    decide = sw.next_wait
+
+    def spied() -> float:
+        waits.append(decide())
+        return waits[-1]
+
+    sw.next_wait = spied  # type: ignore[method-assign]
+    sw.start_thread()
+    try:
+        wait_for(lambda: waits.count(1.6) >= 2, 30, "the wait backed off to its bound")
+        assert waits[:4] == [0.4, 0.8, 1.6, 1.6]
+        sw.busy()  # a task starts in this process
+        n = len(waits)
+        wait_for(lambda: len(waits) > n, 5, "a pass soon after the task")
+        assert waits[n] == 0.2
+        wait_for(lambda: waits[-1] == 1.6, 30, "idle again")
+        state = RunState(rds, settings)
+        start_run(state, app, uuid.uuid4().hex[:8])  # an active run: every interval again
+        wait_for(lambda: waits[-3:] == [0.2, 0.2, 0.2], 30, "the base interval with work")
+    finally:
+        sw.stop()
+
+
+def test_an_unacknowledged_message_counts_as_work_for_the_sweeper(
+    rds: redis.Redis, settings: Settings
+) -> None:
+    """A message a live worker holds (in `unacked_owner`) is one a death would have to give
+    back: the pass that sees it keeps the base interval; none held: it backs off."""
+    from broker import owners
+
+    bp = f"{settings.key_prefix}:q:"
+    s = settings.model_copy(update={"dead_worker_after": 0.001})
+    sw = Sweeper(rds, rds, bp, lambda kid: None, s, interval=0.5, stall=30, confirm=0,
+                 restore=lambda tags: 0)  # fmt: skip
+    wait_for(lambda: owners.serving_for(rds) >= 0.01, 5, "the restart guard passed")
+    sw.try_sweep()
+    assert not sw.saw_work and sw.next_wait() == 1.0
+    rds.set(f"{bp}{owners.ALIVE}holder", "1", ex=60)
+    rds.hset(f"{bp}{owners.OWNER_HASH}", "tag-1", "holder")
+    rds.delete(sw.lock_key)
+    sw.try_sweep()
+    assert sw.saw_work and sw.next_wait() == 0.5
