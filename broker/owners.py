@@ -109,25 +109,49 @@ def apply() -> None:
 # --- the heartbeat -------------------------------------------------------------------------------
 
 
+REGISTER_EVERY = 15  # beats between two SADDs to `owners` while the heartbeat key stays
+
+
 class Heartbeat:
     """Keeps `owner_alive:{owner}` alive: set at once (before the first message is taken),
-    then every fifth of the TTL from a daemon thread, which ends with the process."""
+    then every fifth of the TTL from a daemon thread, which ends with the process.
+
+    The owner is added to `owners` at the first beat, whenever the beat finds its key gone
+    (`SET ... GET` answered nothing: the broker's Redis restarted empty or was flushed, or the
+    beats stopped past the TTL), and every `REGISTER_EVERY` beats besides: not every beat."""
 
     def __init__(self, client: redis.Redis, prefix: str, who: str, ttl: float) -> None:
         self.r, self.key, self.ttl = client, f"{prefix}{ALIVE}{who}", ttl
         self.who, self.owners = who, f"{prefix}{OWNERS}"
         self.every = max(0.2, ttl / 5)
         self.registered = True
+        self.beats = 0
+        self.set_get = True  # SET ... GET is understood (Redis 6.2 and later)
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
     def beat(self) -> None:
         with self._lock:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.set(self.key, str(os.getpid()), px=max(1, int(self.ttl * 1000)))
-            if self.registered:  # repeated: a broker Redis restarted empty gets it back
-                pipe.sadd(self.owners, self.who)
-            pipe.execute()
+            self.beats += 1
+            try:
+                self._send()
+            except redis.ResponseError:  # an older server refusing SET ... GET
+                if not self.set_get:
+                    raise
+                self.set_get = False
+                self._send()
+
+    def _send(self) -> None:
+        register = self.registered and (self.beats - 1) % REGISTER_EVERY == 0
+        if not self.set_get:  # no way to see the key gone: every beat, as before
+            register = self.registered
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(self.key, str(os.getpid()), px=max(1, int(self.ttl * 1000)), get=self.set_get)
+        if register:
+            pipe.sadd(self.owners, self.who)
+        was = pipe.execute()[0]
+        if self.registered and not register and was is None:  # the key was gone: again
+            self.r.sadd(self.owners, self.who)
 
     def start(self) -> Heartbeat:
         try:

@@ -43,7 +43,8 @@ from utils.redis import as_str
 
 log = logging.getLogger("chaincrawl.workers")
 
-BEAT = 10.0  # seconds between a worker's re-publications
+BEAT = 10.0  # seconds between a worker's beats (its `alive` key refreshed)
+ENTRY_EVERY = 6  # beats between two re-writes of its `tasks` entry while the key stays
 LIVE_FOR = 45.0  # an entry not refreshed for this long is a worker that is gone
 FORGET_AFTER = 3600.0  # the entry of a worker gone this long is removed
 UNKNOWN_KEEP = 7 * 24 * 3600  # as long as a run record lives
@@ -144,6 +145,17 @@ class TaskSets:
         pipe.set(self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)))
         pipe.execute()
 
+    def refresh(self, worker: str, live_for: float = LIVE_FOR) -> bool:
+        """A beat between publications: `worker` stays live; -> whether its key was still
+        there (False: the Redis restarted empty or was flushed, or the beats stopped too long:
+        publish again)."""
+        try:
+            was = self.r.set(self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)),
+                             get=True)  # fmt: skip
+        except redis.ResponseError:  # a server before 6.2 refusing SET ... GET: publish
+            return False
+        return was is not None
+
     def leave(self, worker: str) -> None:
         """A clean shutdown: the worker no longer counts at once."""
         pipe = self.r.pipeline(transaction=False)
@@ -239,7 +251,9 @@ class TaskSets:
 
 
 class Beat:
-    """A worker's publication, refreshed every `BEAT` seconds in a daemon thread."""
+    """A worker's publication: its `alive` key refreshed every `BEAT` seconds in a daemon
+    thread, the `tasks` entry re-written every `ENTRY_EVERY` beats (its `at` only tells a
+    worker long gone) and whenever the key was found gone."""
 
     def __init__(
         self,
@@ -261,9 +275,12 @@ class Beat:
         self._thread.start()
 
     def _loop(self) -> None:
+        beats = 0
         while not self._stop.wait(BEAT):
-            try:
-                self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
+            beats += 1
+            try:  # the entry every ENTRY_EVERY beats, or at once when the key was gone
+                if beats % ENTRY_EVERY == 0 or not self.sets.refresh(self.worker):
+                    self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
             except redis.RedisError as exc:  # Redis down: the next beat
                 log.warning("publishing this worker's task set failed: %s", exc)
 

@@ -33,3 +33,31 @@ def test_seconds_spent_loading_do_not_count_as_serving() -> None:
     now[0] += 5
     r.info_["uptime_in_seconds"] = 2  # a process that saw it late: its uptime is the bound
     assert owners.serving_for(client, clock) == 2.0
+
+
+def test_the_heartbeat_registers_the_owner_again_after_a_flush_not_every_beat(
+    rds: redis.Redis, key_prefix: str
+) -> None:
+    """The first beat adds the owner to `owners`; the next beats only refresh the heartbeat
+    key (one command), until a beat finds the key gone (the broker's Redis restarted empty or
+    was flushed): that beat adds the owner again. Every REGISTER_EVERY beats it is re-added
+    anyway."""
+    prefix = f"{key_prefix}:q:"
+    beat = owners.Heartbeat(rds, prefix, "w1", ttl=60)
+    beat.beat()
+    assert owners.registered(rds, prefix) == {"w1"}
+    rds.srem(f"{prefix}{owners.OWNERS}", "w1")  # to see that the next beats do not add it
+    for _ in range(owners.REGISTER_EVERY - 1):
+        beat.beat()
+    assert owners.registered(rds, prefix) == set()
+    beat.beat()  # the REGISTER_EVERY-th beat after the first
+    assert owners.registered(rds, prefix) == {"w1"}
+    for key in rds.scan_iter(match=f"{prefix}*"):  # a flush of the broker's keys
+        rds.delete(key)
+    beat.beat()
+    assert owners.registered(rds, prefix) == {"w1"}
+    assert rds.pttl(f"{prefix}{owners.ALIVE}w1") > 0
+    beat.leave()
+    rds.delete(f"{prefix}{owners.ALIVE}w1")
+    beat.beat()  # a clean shutdown's last beats never register it again
+    assert owners.registered(rds, prefix) == set()

@@ -79,3 +79,15 @@ def test_a_beat_publishes_at_start_and_leaves_at_stop(sets: TaskSets) -> None:
     finally:
         beat.stop()
     assert sets.live() == {}
+
+
+def test_a_beat_refreshes_the_key_and_publishes_again_once_it_was_gone(sets: TaskSets) -> None:
+    """Between publications a beat only refreshes the `alive` key; one that finds the key
+    gone (a flush, a restart of an empty Redis) says so, and the beat publishes again."""
+    sets.publish("w8@x", ["s.a"], ["s"])
+    assert sets.refresh("w8@x") is True
+    sets.r.delete(sets.key, sets.alive_key("w8@x"))  # flushed
+    assert sets.refresh("w8@x") is False
+    assert "w8@x" not in sets.live()  # the key alone names no tasks: publish again
+    sets.publish("w8@x", ["s.a"], ["s"])
+    assert sets.live()["w8@x"].tasks == {"s.a"}
