@@ -41,7 +41,9 @@ def commandstats(client: Any) -> dict[str, int]:
     return out
 
 
-_ID = re.compile(r"[0-9a-f]{12,}|\d{6,}")
+# a key segment of hex digits with at least one digit (a pid, an owner's random part), or a
+# long hex or decimal run anywhere
+_ID = re.compile(r"(?<=[:@])[0-9a-f]*\d[0-9a-f]*(?=$|[:@])|[0-9a-f]{12,}|\d{6,}")
 _PLAIN = re.compile(r"[A-Za-z0-9_:.|<>@-]+")
 
 
@@ -59,6 +61,8 @@ def monitor_line(command: str) -> str:
         parts = parts[1:]
     elif head in {"EVALSHA", "EVAL"} and len(parts) > 3:  # sha, numkeys, first key
         parts = [parts[0], parts[3]]
+    elif head in {"XREAD", "XREADGROUP"} and "STREAMS" in (u := [x.upper() for x in parts]):
+        parts = [parts[0], *parts[u.index("STREAMS") + 1 :]]
     arg = parts[1] if len(parts) > 1 else ""
     arg = _ID.sub("<id>", arg)
     return f"{head} {arg}" if arg and _PLAIN.fullmatch(arg) and len(arg) <= 80 else head

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import redis
 
-from bench.idle_commands import commandstats
+from bench.idle_commands import commandstats, monitor_line
 from utils.servers import RedisServer
 
 
@@ -21,3 +21,24 @@ def test_commandstats_counts_what_ran_since_the_reset(tmp_path: Path) -> None:
         got = commandstats(client)
         client.close()
     assert got == {"set": 3, "get": 1}
+
+
+def test_monitor_lines_fold_ids_and_keep_subcommands_and_keys() -> None:
+    """One line per kind of key: every owner's heartbeat alike; a subcommand stays with its
+    command; a script's first key, a stream read's stream; a payload is left out."""
+    assert monitor_line("SET idle:q:owner_alive:idle1@vm:27186:6be6ac 27186 PX 20000") == (
+        monitor_line("SET idle:q:owner_alive:idle1@vm:31415:0a1b2c 31415 PX 20000")
+    )
+    assert monitor_line("SET idle:q:owner_alive:w1@vm:27186:6be6ac 1") == (
+        "SET idle:q:owner_alive:w1@vm:<id>:<id>"
+    )
+    assert monitor_line("CLIENT UNBLOCK 12") == "CLIENT UNBLOCK 12"
+    assert monitor_line("XINFO STREAM idle:outbox") == "XINFO STREAM idle:outbox"
+    assert monitor_line("EVALSHA 0123abcd 1 idle:sweeper:lock tok 5000") == (
+        "EVALSHA idle:sweeper:lock"
+    )
+    assert monitor_line(
+        "XREADGROUP GROUP sinks c1 COUNT 500 BLOCK 10000 STREAMS idle:outbox >"
+    ) == ("XREADGROUP idle:outbox")
+    assert monitor_line('PUBLISH {"hostname": "w1"}') == "PUBLISH"
+    assert monitor_line("") == ""
