@@ -241,7 +241,10 @@ class Settings(ChaincrawlSettings):
     )
     sweep_interval: float = Field(
         5.0,
-        description="Seconds between two sweeps of the run ledgers (one worker sweeps at a time).",
+        description="Seconds between two sweeps of the run ledgers (one worker sweeps at a time); "
+        "while the fleet is idle (no active run, nothing unacknowledged) the wait doubles up to "
+        "60 s, and is back to this at the first pass that finds work or the first task the "
+        "worker runs.",
     )
     pin_cores: Literal["auto", "on", "off"] = Field(
         "auto",
