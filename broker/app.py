@@ -81,9 +81,9 @@ def transport_options(s: Settings) -> dict[str, Any]:
         # spent) cannot starve the queues after it ("priority" would read them in -Q order)
         "queue_order_strategy": "round_robin",
         # sweep for messages past the visibility timeout a few times per timeout, at most
-        # once a minute (a sweep is 4 commands; a dead worker's messages come back sooner
-        # through broker/owners.py, and an hour's timeout gains at most a minute)
-        "unacked_restore_interval": max(1, min(60, s.visibility_timeout // 4)),
+        # every 2 minutes (a sweep is 5 commands; a dead worker's messages come back sooner
+        # through broker/owners.py, and an hour's timeout gains at most 2 minutes)
+        "unacked_restore_interval": max(1, min(120, s.visibility_timeout // 4)),
         "unacked_restore_throttle": 1,
         # a worker killed inside a sweep leaves kombu's restore lock behind: let it expire
         # within the visibility timeout, not after kombu's default 300 s

@@ -262,12 +262,17 @@ def forget(client: redis.Redis, prefix: str, owners: Iterable[str]) -> None:
 _serving_since: dict[str, float] = {}  # a broker Redis's run id -> when first seen serving here
 
 
-def serving_for(client: redis.Redis, clock: Callable[[], float] = time.monotonic) -> float:
+def serving_for(
+    client: redis.Redis,
+    clock: Callable[[], float] = time.monotonic,
+    info: dict[str, Any] | None = None,
+) -> float:
     """Seconds the broker's Redis has been serving, as far as this process can tell: its
     uptime, but no more than since this process first saw it (this run id) done loading.
     Uptime alone counts the seconds a restarted Redis spends loading its append-only file,
     when no heartbeat can be written: right after a long load every owner would look dead."""
-    info = client.info()  # the default sections: server (run id, uptime) and persistence
+    if info is None:  # the default sections: server (run id, uptime) and persistence
+        info = client.info()
     if int(info.get("loading", 0)):
         return 0.0
     now = clock()
@@ -282,14 +287,15 @@ def orphans(
     confirm: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
     held_out: dict[str, list[str]] | None = None,
+    info: dict[str, Any] | None = None,
 ) -> dict[str, list[str]]:
     """owner -> tags it still holds, for every owner (holding messages or registered) without
     a heartbeat at two looks `confirm` s apart (waited with `sleep`: the sweeper's keeps its
     lock); a dead owner holding nothing maps to []. Nothing while the broker's Redis has been
     serving for less than `ttl` (`serving_for`: heartbeats may just be coming back from a
     restart). `held_out` gets what every owner held at the first look (the sweeper's sign of
-    work)."""
-    if ttl > 0 and serving_for(client) < ttl:
+    work); `info`, the broker's `INFO` read just before, spares reading it again."""
+    if ttl > 0 and serving_for(client, info=info) < ttl:
         return {}
     holding = held(client, prefix)
     if held_out is not None:

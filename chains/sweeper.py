@@ -42,7 +42,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -105,6 +105,7 @@ class Sweeper:
         self.lock_key = self.s.key("sweeper", "lock")
         self._lock: tuple[str, float] | None = None  # (token, monotonic time last extended)
         self._token: str | None = None  # the token of this process's last pass
+        self._info: dict[str, Any] | None = None  # the broker's INFO, read this pass
         self._extend = client.register_script(script(__file__, "extend_lock.lua"))
         self.resent = 0  # by this process
         # why the next pass checks every active run, not only stalled ones ("" = no reason)
@@ -275,8 +276,9 @@ class Sweeper:
             return 0
         n = 0
         held: dict[str, list[str]] = {}
+        info, self._info = self._info, None
         found = owners.orphans(
-            self.broker, self.broker_prefix, self.dead_after, self.confirm, self.sleep, held
+            self.broker, self.broker_prefix, self.dead_after, self.confirm, self.sleep, held, info
         )
         self.saw_work = self.saw_work or bool(held) or bool(found)
         for who, tags in found.items():
@@ -300,7 +302,9 @@ class Sweeper:
 
     def note_broker_restart(self) -> bool:
         """Notice a restart of the broker's Redis (its run_id changed since the last pass)."""
-        bid = str(self.broker.info("server").get("run_id", ""))
+        # the default sections (server, persistence): the dead-owner check reads them too
+        self._info = cast("dict[str, Any]", self.broker.info())
+        bid = str(self._info.get("run_id", ""))
         if bid == self._broker_id:
             return False
         # kept in Redis, for whichever worker process holds the sweep lock next
@@ -450,10 +454,10 @@ class Sweeper:
         mid-pass blocks the others for at most one interval."""
         # the last pass's own lock is taken again as it expires (else the holder could lose
         # the race with its own expiry and take the miss for an idle fleet)
-        token = self._token
-        if token is None or not self._extend_lock(token):
-            token = uuid.uuid4().hex
-            if not self.r.set(self.lock_key, token, nx=True, px=int(self.lock_ttl * 1000)):
+        token = uuid.uuid4().hex
+        if not self.r.set(self.lock_key, token, nx=True, px=int(self.lock_ttl * 1000)):
+            token = self._token or ""
+            if not token or not self._extend_lock(token):
                 self._token = None
                 return 0
         self._token = token

@@ -38,9 +38,10 @@ log = logging.getLogger("external_interface.storage.outbox")
 AUTOCLAIM = load_lua(__file__, "autoclaim.lua")
 MAX_BLOCK = 0.5  # seconds one XREADGROUP may block while entries come
 # while the stream stays empty the blocks double up to this: an idle worker's drainer reads
-# every 10 s, not twice a second (a new entry still returns the blocked read at once); a stop
+# every 20 s, not twice a second (a new entry still returns the blocked read at once); a stop
 # ends the block in flight (reader.py), or where it cannot, blocks stay under SHORT_IDLE_BLOCK
-MAX_IDLE_BLOCK = 10.0
+# (and under two thirds of the client's socket timeout, 30 s for the workers' clients)
+MAX_IDLE_BLOCK = 20.0
 SHORT_IDLE_BLOCK = 2.0
 HORIZON_EVERY = 5.0  # seconds between two horizon updates while entries come
 HORIZON_IDLE = 60.0  # ... and while none came since the last one (an older horizon is safe)
