@@ -51,9 +51,10 @@ def put_back_drop(at: float) -> None:
 
 
 def noted() -> bool:
-    """A drop not yet handed on, or whose held messages are not given back yet."""
+    """A drop not yet handed on to the sweepers (what it held, if anything, is unacknowledged:
+    the sweeper's passes see that as work)."""
     with _lock:
-        return bool(_pending or _dropped_at)
+        return bool(_pending)
 
 
 def take() -> list[str]:
