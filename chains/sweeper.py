@@ -24,12 +24,14 @@ and then wait `sweep_stall` seconds for its lost task.
 Every worker process runs a sweeper thread; a Redis lock (SET NX EX) lets one of them sweep per
 interval. While the fleet is idle the interval backs off: a pass that finds no active run, no
 unacknowledged message, no dead worker, no restart and nothing to compact (or a lock attempt
-another process won) doubles this process's wait, up to `SWEEP_IDLE_MAX` (60 s); with nothing
-active and nothing unacknowledged there is nothing to lose or restore. The wait is back to
-`CHAINCRAWL_SWEEP_INTERVAL` after a pass that finds any of those, as soon as this process runs
-a task (`busy()`, from the worker's task_prerun signal: no command) and while it has a dropped
-broker connection to report. So a pass comes every interval while work exists, and within
-`SWEEP_IDLE_MAX` of work appearing where no task of it runs in this process. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
+another process won while the holder found nothing) doubles this process's wait, up to
+`SWEEP_IDLE_MAX` (60 s); with nothing active and nothing unacknowledged there is nothing to
+lose or restore. The wait is back to `CHAINCRAWL_SWEEP_INTERVAL` after a pass that finds any
+of those, after a lock attempt that finds the holder's `sweeper:busy` mark (set by a pass that
+found work, for three intervals: the others stay ready to take over should it die), as soon
+as this process runs a task (`busy()`, from the worker's task_prerun signal: no command) and
+while it has a dropped broker connection to report. So every sweeper tries every interval
+while work exists, and within `SWEEP_IDLE_MAX` of work appearing where no task of it runs. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
 gives it back when its consumer's connection dies, so it cannot lose a message this way (and
 its queues cannot be listed without consuming them, so lost and queued could not be told apart).
 """
@@ -114,6 +116,7 @@ class Sweeper:
         self._broker_id: str | None = None  # the broker Redis's run_id, to notice a restart
         self.broker_id_key = self.s.key("sweeper", "broker_run_id")
         self.check_key = self.s.key("sweeper", "check_all")  # why, from any process
+        self.busy_key = self.s.key("sweeper", "busy")  # the last pass found work (3 intervals)
         self.idle_max = max(self.interval, SWEEP_IDLE_MAX)
         self.wait = self.interval  # until the next pass: doubles while passes find nothing
         self.saw_work = False  # the last pass found something to watch (module docstring)
@@ -459,6 +462,8 @@ class Sweeper:
             token = self._token or ""
             if not token or not self._extend_lock(token):
                 self._token = None
+                # the holder found work: stay at the interval, ready to take over if it dies
+                self.saw_work = bool(self.r.get(self.busy_key)) or self.saw_work
                 return 0
         self._token = token
         self._lock = (token, time.monotonic())
@@ -479,6 +484,8 @@ class Sweeper:
         finally:
             if self._lock is not None:  # the next pass: one interval after this one ended
                 self._extend_lock(token)
+                if self.saw_work:  # the processes that lost the lock keep the interval too
+                    self.r.set(self.busy_key, b"1", px=int(3 * self.lock_ttl * 1000))
             self._lock = None
 
     def busy(self) -> None:

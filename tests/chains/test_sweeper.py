@@ -725,3 +725,25 @@ def test_an_unacknowledged_message_counts_as_work_for_the_sweeper(
     rds.delete(sw.lock_key)
     sw.try_sweep()
     assert sw.saw_work and sw.next_wait() == 0.5
+
+
+def test_a_sweeper_that_lost_the_lock_to_a_busy_one_keeps_the_interval(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """The holder's pass found work (an active run): it marks the fleet busy, and a process
+    whose lock attempt fails keeps the base interval, ready to take over should the holder
+    die; a holder that found nothing leaves no mark, and the others back off."""
+    sent: list[dict[str, Any]] = []
+    holder = sweeper(rds, settings, sent, interval=5)
+    other = sweeper(rds, settings, sent, interval=5)
+    holder.try_sweep()
+    assert not holder.saw_work
+    other.try_sweep()  # lost: the holder found nothing
+    assert not other.saw_work and other.next_wait() == 10
+    rds.delete(holder.lock_key)
+    start_run(RunState(rds, settings), app, uuid.uuid4().hex[:8])
+    holder.try_sweep()
+    assert holder.saw_work
+    other.saw_work = False
+    other.try_sweep()  # lost to a holder that found work
+    assert other.saw_work and other.next_wait() == 5
