@@ -331,7 +331,9 @@ class ChaincrawlBench:
         prefix: list[str] | None = None,
         in_process: bool = False,
         root: Path = ROOT,
+        queue: str = QUEUE,
     ) -> list[Worker]:
+        """`queue`: the queues they serve, comma-separated (the bench site's by default)."""
         self.stop_workers()
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -348,6 +350,7 @@ class ChaincrawlBench:
                     app,
                     extra,
                     prefix,
+                    queue=queue,
                     in_process=in_process,
                     root=root,
                 )

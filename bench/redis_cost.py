@@ -4,6 +4,7 @@ crawling the demo site's feed -> user -> post -> comments chain and their items 
     .venv/bin/python -m bench.redis_cost                    # ~2,000 pages, gevent, 1 worker
     .venv/bin/python -m bench.redis_cost --pages 10000 --repeat 2
     .venv/bin/python -m bench.redis_cost --cluster          # the state on 3 masters + replicas
+    .venv/bin/python -m bench.redis_cost --features --workers 2   # demo_social, every feature on
 
 The broker is apart from the state (a second private redis-server as `CHAINCRAWL_BROKER_URL`),
 as in the fleet layout, so the figures are the state store's alone: run ledger, commits, dedup,
@@ -13,6 +14,13 @@ the outbox and its drain. Both servers are this script's own (never a shared Red
 share of the CPU and of the commands' time (a run's keys share one slot: one run loads one
 master; `--runs N` crawls with N runs side by side, placed as `chains.run` places them). The broker
 Redis's CPU a page is printed too, for sizing a Redis broker.
+
+`--features` measures a real page instead of the bare endpoint: the demo chain (`--chain`,
+`demo_social` by default) as a user runs it on the demo site with every anti-crawl feature
+on (captcha login, devices, signing, the user-agent check, a per-IP rate limit), through
+local forward proxies, with cookie and device pools filled by the production chains
+(bench/feature_cost.py); a page is a task the run committed, and everything the state store
+did meanwhile (leases, production, proxy checks, retries) is counted against those pages.
 
 - **calls a page**: commands clients sent (a pipelined command counts one, a script call one),
   counted by a `MONITOR` connection in one extra crawl (MONITOR slows the server, so that crawl's
@@ -55,6 +63,7 @@ import redis
 
 from bench.callgrind import VALGRIND, callgrind, totals
 from bench.chaincrawl_bench import ChaincrawlBench
+from bench.feature_cost import HEALTHY, QUEUES, FeatureSite
 from bench.workload import expected_pages, site_for_pages
 from demo.testing import DemoServer
 from utils.keyspace import Keyspace
@@ -85,17 +94,80 @@ def commandstats(nodes: list[redis.Redis]) -> dict[str, tuple[int, int]]:
     return out
 
 
-class Monitor(threading.Thread):
-    """Counts the commands clients send (`MONITOR` marks a script's own as `lua`)."""
+NO_KEY = frozenset(
+    [
+        "ping",
+        "info",
+        "client",
+        "script",
+        "select",
+        "multi",
+        "exec",
+        "discard",
+        "hello",
+        "monitor",
+        "cluster",
+        "readonly",
+        "wait",
+        "time",
+        "command",
+        "config",
+        "auth",
+        "echo",
+        "dbsize",
+        "memory",
+        "slowlog",
+        "flushall",
+        "flushdb",
+        "swapdb",
+    ]
+)
 
-    def __init__(self, url: str) -> None:
+
+def first_key(parts: list[str]) -> str | None:
+    """The first key a command names (`parts`: its name and arguments), None for none."""
+    name = parts[0].lower()
+    if name in NO_KEY or len(parts) < 2:
+        return None
+    if name in ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"):
+        return parts[3] if len(parts) > 3 and parts[2] not in ("", "0") else None
+    if name in ("xread", "xreadgroup"):
+        upper = [p.upper() for p in parts]
+        return parts[upper.index("STREAMS") + 1] if "STREAMS" in upper[:-1] else None
+    return parts[1]
+
+
+class Monitor(threading.Thread):
+    """Counts the commands clients send (`MONITOR` marks a script's own as `lua`), and every
+    command by the family of the first key it names (`Keyspace.family`)."""
+
+    def __init__(self, url: str, keyspace: Keyspace) -> None:
         super().__init__(daemon=True)
         self.client = redis.Redis.from_url(url)
+        self.keyspace = keyspace
         self.top: Counter[str] = Counter()
         self.in_scripts = 0
+        self.families: Counter[str] = Counter()  # every command, the scripts' own included
+        self.call_families: Counter[str] = Counter()  # what clients sent
+        self.detail: Counter[str] = Counter()  # every command as "family command"
         self.counting = False
         self._mon: Any = None
         self.ready = threading.Event()
+
+    def family(self, parts: list[str]) -> str:
+        key = first_key(parts)
+        return self.keyspace.family(key) if key is not None else f"({parts[0].lower()})"
+
+    def count(self, cmd: dict[str, Any]) -> None:
+        parts = str(cmd["command"]).split(" ")
+        fam = self.family(parts)
+        self.families[fam] += 1
+        self.detail[f"{fam} {parts[0].lower()}"] += 1
+        if cmd.get("client_type") == "lua":
+            self.in_scripts += 1
+        else:
+            self.top[parts[0].lower()] += 1
+            self.call_families[fam] += 1
 
     def run(self) -> None:
         with self.client.monitor() as mon:
@@ -104,12 +176,8 @@ class Monitor(threading.Thread):
             try:
                 while True:
                     cmd = mon.next_command()
-                    if not self.counting:
-                        continue
-                    if cmd.get("client_type") == "lua":
-                        self.in_scripts += 1
-                    else:
-                        self.top[str(cmd["command"]).split(" ", 1)[0].lower()] += 1
+                    if self.counting:
+                        self.count(cmd)
             except (redis.ConnectionError, OSError, ValueError, AttributeError):
                 return
 
@@ -232,15 +300,28 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count the state store's instructions a page under callgrind",
     )
+    ap.add_argument(
+        "--features",
+        action="store_true",
+        help="the demo chain with every feature on, through proxies (bench/feature_cost.py)",
+    )
+    ap.add_argument("--chain", default="demo_social", help="with --features: the chain run")
+    ap.add_argument("--size", default="medium", help="with --features: the demo site's size")
+    ap.add_argument("--proxies", type=int, default=HEALTHY, help="with --features: proxies")
     a = ap.parse_args(argv)
     if a.callgrind and a.cluster:
         ap.error("--callgrind counts one Redis: leave out --cluster")
+    if a.features and (a.backlog or a.runs > 1):
+        ap.error("--features crawls one run at a time, with the sink up")
     users, posts, comments = site_for_pages(a.pages)
     env = dict(e.split("=", 1) for e in a.env)
     with contextlib.ExitStack() as stack:
-        demo = stack.enter_context(
-            DemoServer(users=users, posts_per_user=posts, comments_per_post=comments)
-        )
+        if a.features:
+            site = stack.enter_context(FeatureSite(a.size, a.proxies))
+        else:
+            demo = stack.enter_context(
+                DemoServer(users=users, posts_per_user=posts, comments_per_post=comments)
+            )
         binary = a.redis_server
         if a.callgrind:
             cgdir = Path(tempfile.mkdtemp(prefix="redis-cg-"))
@@ -260,7 +341,14 @@ def main(argv: list[str] | None = None) -> int:
             urls = [n.url for n in cluster.masters()]
         shares = [0.0] * len(nodes)
         load = [0] * len(nodes)
-        if a.runs > 1:  # workers started and warmed up by one crawl, not measured
+        if a.features:  # workers, proxies, and the pools filled by one crawl, not measured
+            bench.env.update(site.env())
+            bench.flush()
+            bench.start_workers(a.workers, a.pool, a.concurrency, env=env, queue=QUEUES)
+            bench._client()
+            site.feed_proxies()
+            site.crawl(a.chain)
+        elif a.runs > 1:  # workers started and warmed up by one crawl, not measured
             bench.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers, env=env)
         broker_client = redis.Redis.from_url(broker.url)
         broker_cpu = 0.0
@@ -288,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             b0 = server_cpu([broker_client])[0]
             t0 = node_usec(nodes)
             c0 = connections(nodes)
-            if a.runs > 1:
+            if a.features or a.runs > 1:
                 count_instructions(True)
-                r = side_by_side(bench, demo, a.runs)
+                r = site.crawl(a.chain) if a.features else side_by_side(bench, demo, a.runs)
                 count_instructions(False)
             else:
                 r = bench.crawl(
@@ -323,18 +411,22 @@ def main(argv: list[str] | None = None) -> int:
                     "pages": r.pages,
                     "stored": r.items,
                     "failed": r.failed,
+                    **({"requests": r.requests, "retried": r.retried} if a.features else {}),
                     "commands_per_page": round(d_calls / r.pages, 2),
                     "usec_per_page": round(d_usec / r.pages, 1),
                     "redis_process_us_per_page": round(1e6 * d_cpu / r.pages, 1),
                 }
             )
             print(json.dumps({"crawl": i + 1, **rows[-1]}), flush=True)
-        mons = [] if a.no_calls else [Monitor(u) for u in urls]
+        ks = Keyspace(bench.key_prefix)
+        mons = [] if a.no_calls else [Monitor(u, ks) for u in urls]
         for mon in mons:
             mon.start()
             mon.ready.wait(10)
             mon.counting = True
-        if mons:
+        if mons and a.features:
+            r = site.crawl(a.chain)
+        elif mons:
             r = bench.crawl(
                 demo,
                 pool=a.pool,
@@ -345,14 +437,22 @@ def main(argv: list[str] | None = None) -> int:
                 warmup=False,
             )
         top_by: Counter[str] = Counter()
+        families: Counter[str] = Counter()
+        call_families: Counter[str] = Counter()
+        detail: Counter[str] = Counter()
         in_scripts = 0
         for mon in mons:
             mon.counting = False
             mon.stop()
             top_by.update(mon.top)
+            families.update(mon.families)
+            call_families.update(mon.call_families)
+            detail.update(mon.detail)
             in_scripts += mon.in_scripts
         top = sum(top_by.values())
+        monitored = max(1, r.pages)
         out = {
+            **({"chain": a.chain, "size": a.size, "proxies": a.proxies} if a.features else {}),
             "pool": a.pool,
             "concurrency": a.concurrency,
             "workers": a.workers,
@@ -361,15 +461,25 @@ def main(argv: list[str] | None = None) -> int:
             "redis_server": subprocess.run(
                 [redis_server_binary(a.redis_server), "--version"], capture_output=True, text=True
             ).stdout.strip(),
-            "calls_per_page": round(top / r.pages, 2),
+            "calls_per_page": round(top / monitored, 2),
             "calls_by_command_per_page": {
-                k: round(v / r.pages, 3) for k, v in top_by.most_common()
+                k: round(v / monitored, 3) for k, v in top_by.most_common()
+            },
+            # the MONITOR crawl's every command by the family of its first key: where they go
+            "commands_by_family_per_page": {
+                k: round(v / monitored, 3) for k, v in families.most_common()
+            },
+            "calls_by_family_per_page": {
+                k: round(v / monitored, 3) for k, v in call_families.most_common()
+            },
+            "commands_by_family_and_command_per_page": {
+                k: round(v / monitored, 3) for k, v in detail.most_common(40)
             },
             "commands_per_page": round(cmds / pages, 2),
             "commands_by_command_per_page": {
                 k: round(v / pages, 2) for k, v in n_by_cmd.most_common() if v / pages >= 0.01
             },
-            "commands_in_scripts_per_page": round(in_scripts / r.pages, 2),
+            "commands_in_scripts_per_page": round(in_scripts / monitored, 2),
             "redis_usec_per_page": round(usec / pages, 1),
             "usec_by_command_per_page": {
                 k: round(v / pages, 2) for k, v in by_cmd.most_common() if v / pages >= 0.05
@@ -381,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
             "busiest_master_vs_mean": round(max(load) * len(load) / sum(load), 2),
             "broker_redis_us_per_page": round(1e6 * broker_cpu / pages, 1),
         }
+        if a.features:  # the site's answers a committed page took (retries, logins, checks)
+            out["site_requests_per_page"] = round(sum(x["requests"] for x in rows) / pages, 2)
+            out["retries_per_page"] = round(sum(x["retried"] for x in rows) / pages, 3)
         if a.callgrind:  # the server ran 50-100x slower: its CPU figures mean nothing here
             for k in (
                 "redis_usec_per_page",

@@ -214,3 +214,34 @@ class Keyspace:
     def fleet(self, *parts: object) -> str:
         """`cc:{fleet}:<parts>`: the fleet budget's keys, one slot shared by every site."""
         return self.key(FLEET, *parts)
+
+    # --- what a key is for (benchmarks, the keyspace report) -----------------------------------
+
+    def family(self, key: str) -> str:
+        """The family of a key by its name, for a breakdown of a crawl's commands: `pool:cookie`
+        (a site's lease pool), `proxy channel`, `proxy pool` (the global one), `gate`,
+        `throttle`, `run` (a run's ledger and counters), `dedup` (a run's unique steps and the
+        item dedup), `outbox`, `metrics`, ...; a key under another prefix is `foreign`."""
+        head, sep, rest = key.partition(":")
+        if head != self.prefix or not sep:
+            return "foreign"
+        first, _, tail = rest.partition(":")
+        if first == "site":  # cc:site:{demo}:<what>[:<kind>...]
+            parts = tail.partition(":")[2].split(":")
+            if parts[0] == "pool" and len(parts) > 1:
+                return f"pool:{parts[1]}"
+            return {"proxy": "proxy channel"}.get(parts[0], parts[0] or "site")
+        if first == "run":  # cc:run:{rid}[:<what>]
+            what = tail.partition(":")[2].partition(":")[0]
+            if what == "outbox":
+                return "outbox"
+            return "dedup" if what == "uniq" else "run"
+        if first == "outbox":
+            return "outbox"
+        if first in ("done", "kids", "deliv"):  # tasks without a run
+            return "run"
+        if first == PROXY:
+            return "proxy pool"
+        if first in ("dedup", "dedupstats"):
+            return "dedup"
+        return first

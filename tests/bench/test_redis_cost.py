@@ -1,19 +1,25 @@
 """bench.redis_cost: a small crawl with real workers and the broker apart reports a page's
 calls, commands and CPU, and with the sink down the outbox's bytes an item; entries of a
-batch are merged (more items than entries)."""
+batch are merged (more items than entries). The MONITOR count of a known set of commands,
+by key family; the demo chain with every feature on (`--features`)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from typing import Any, cast
 
 import pytest
+import redis
 
 from bench import redis_cost
+from demo.config import DemoConfig
+from tests.conditions import wait_for
+from utils.keyspace import Keyspace
+from utils.servers import RedisServer
 
-pytestmark = pytest.mark.integration
 
-
+@pytest.mark.integration
 def test_a_small_crawl_reports_a_pages_cost_and_the_backlog(capsys) -> None:
     assert redis_cost.main(["--pages", "300", "--backlog"]) == 0
     text = capsys.readouterr().out
@@ -31,6 +37,7 @@ def test_a_small_crawl_reports_a_pages_cost_and_the_backlog(capsys) -> None:
     assert backlog["bytes_per_item"] > backlog["item_json_bytes"] > 0
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not shutil.which("valgrind") or not shutil.which("callgrind_control"),
                     reason="needs valgrind (callgrind)")  # fmt: skip
 def test_callgrind_counts_the_state_stores_instructions_over_the_measured_crawl(capsys) -> None:
@@ -41,3 +48,80 @@ def test_callgrind_counts_the_state_stores_instructions_over_the_measured_crawl(
     # server's start-up (uninstrumented) nor a count per call
     assert 20_000 < out["redis_instructions_per_page"] < 1_000_000
     assert "redis_process_us_per_page" not in out  # meaningless under valgrind
+
+
+def test_the_monitor_counts_a_known_crawls_calls_commands_and_families(
+    redis_server: RedisServer,
+) -> None:
+    """A known set of commands (a pipeline, a script with commands of its own, a plain call):
+    the calls clients sent, the scripts' own commands, each by the family of its first key,
+    and `INFO commandstats` agreeing on the total."""
+    ks = Keyspace("rct")
+    client = redis.Redis.from_url(redis_server.url)
+    script = (
+        "redis.call('HINCRBY', KEYS[1], 'a', 1); redis.call('HINCRBY', KEYS[1], 'b', 1);"
+        " redis.call('ZADD', KEYS[2], 1, 'm'); return 1"
+    )
+    sha = client.script_load(script)  # and the connection's handshake, before MONITOR starts
+    mon = redis_cost.Monitor(redis_server.url, ks)
+    mon.start()
+    assert mon.ready.wait(10)
+    mon.counting = True
+    before = redis_cost.commandstats([client])  # counted: its INFO is a command too
+    pipe = client.pipeline(transaction=False)
+    for field in ("started", "succeeded", "items"):
+        pipe.hincrby("rct:metrics:task:t", field, 1)
+    pipe.execute()
+    client.evalsha(sha, 2, ks.counters("r1"), ks.pool("cookie", "demo") + ":free")
+    client.set(ks.proxy_channel("demo") + ":x", 1)
+    client.ping()
+    wait_for(lambda: mon.top["ping"] == 1, 10, "the MONITOR lines")
+    mon.counting = False
+    mon.stop()
+    after = redis_cost.commandstats([client])
+    assert mon.top == {"info": 1, "hincrby": 3, "evalsha": 1, "set": 1, "ping": 1}
+    assert mon.in_scripts == 3
+    keyless = {"(info)": 1, "(ping)": 1}
+    assert mon.call_families == {"metrics": 3, "run": 1, "proxy channel": 1, **keyless}
+    assert mon.families == {"metrics": 3, "run": 3, "pool:cookie": 1, "proxy channel": 1, **keyless}
+    assert mon.detail["run hincrby"] == 2 and mon.detail["run evalsha"] == 1
+    ran = {k: c - before.get(k, (0, 0))[0] for k, (c, _) in after.items()}
+    assert sum(ran.values()) == sum(mon.families.values()) == 10  # the second INFO not yet
+
+
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [
+        ("HINCRBY k f 1", "k"),
+        ("EVALSHA abc 2 k1 k2 a", "k1"),
+        ("EVALSHA abc 0 a", None),
+        ("XREADGROUP GROUP g c COUNT 10 BLOCK 5 STREAMS s1 >", "s1"),
+        ("PING", None),
+        ("SCRIPT LOAD x", None),
+    ],
+)
+def test_first_key(command: str, key: str | None) -> None:
+    assert redis_cost.first_key(command.split(" ")) == key
+
+
+@pytest.mark.integration
+def test_the_demo_chain_with_every_feature_on_counts_its_pages_and_where_commands_go(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--features` on the tiny demo site: every page of demo_social committed and stored
+    through proxies, leases and production, and the MONITOR crawl's commands classified to
+    the families that paid for them (every command counted once: families sum to calls plus
+    the scripts' own)."""
+    assert redis_cost.main(["--features", "--size", "tiny", "--workers", "2", "-c", "8"]) == 0
+    text = capsys.readouterr().out
+    crawl = json.loads(text.splitlines()[0])
+    expected = cast("dict[str, Any]", DemoConfig(size="tiny").expected_counts())
+    assert crawl["pages"] == expected["h5"]["requests"] and crawl["failed"] == 0
+    assert crawl["stored"] == expected["users"] + expected["posts"] + expected["comments"]
+    out = json.loads(text[text.index("{\n") :])
+    families = out["commands_by_family_per_page"]
+    for family in ("run", "outbox", "pool:cookie", "pool:device_id", "proxy channel"):
+        assert families[family] > 0, family
+    total = out["calls_per_page"] + out["commands_in_scripts_per_page"]
+    assert sum(families.values()) == pytest.approx(total, abs=0.05)
+    assert out["site_requests_per_page"] >= 1

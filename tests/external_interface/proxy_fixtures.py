@@ -14,15 +14,15 @@ import pytest
 import redis
 import requests
 
-from external_interface.resources.base import Outcome, OutgoingRequest
-from external_interface.resources.proxy.pool import GlobalPool
-from settings.proxy import ProxySettings
-from tests.external_interface.proxy_servers import (
+from demo.proxy_farm import (
     ForwardProxy,
     ProxyFarm,
     TargetSite,
     dead_address,
 )
+from external_interface.resources.base import Outcome, OutgoingRequest
+from external_interface.resources.proxy.pool import GlobalPool
+from settings.proxy import ProxySettings
 
 
 @dataclass(frozen=True)

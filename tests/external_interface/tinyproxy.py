@@ -1,6 +1,6 @@
 """tinyproxy with Basic credentials on a free port, for requests that need a tunnel.
 
-The suite's own forward proxy (`proxy_servers.ForwardProxy`) speaks absolute-URI HTTP only;
+The suite's own forward proxy (`demo.proxy_farm.ForwardProxy`) speaks absolute-URI HTTP only;
 an https site (the demo's guarded front) needs CONNECT, which tinyproxy does. `needs_tinyproxy`
 skips a test, naming the package, where tinyproxy is not installed (CI installs it).
 """

@@ -34,12 +34,12 @@ import pytest
 
 import chains
 from config import get_settings
+from demo.proxy_farm import ForwardProxy, ProxyFarm, dead_address
 from demo.testing import DemoServer
 from external_interface.resources.pool import Pool, pool_stats
 from external_interface.resources.proxy.channel import ChannelPool, channel_stats
 from external_interface.resources.proxy.pool import GlobalPool
 from monitor.metrics import read, site_key
-from tests.external_interface.proxy_servers import ForwardProxy, ProxyFarm, dead_address
 from tests.integration.test_demo_resources import check_complete
 from utils.keyspace import Keyspace
 from utils.redis import get_redis

@@ -19,6 +19,7 @@ import sites
 from chains import Chain, step
 from cli import deadletter as cli_deadletter
 from config import get_settings, reset_settings
+from demo.proxy_farm import ProxyFarm, dead_address
 from demo.testing import DemoServer
 from external_interface.resources.cookie import add_cookies
 from external_interface.resources.pool import Pool, pool_stats
@@ -30,7 +31,6 @@ from monitor.deadletter import DeadLetterStore
 from monitor.metrics import read, task_key
 from tests.external_interface.browser_fixtures import needs_browser
 from tests.external_interface.jssite import JsSite
-from tests.external_interface.proxy_servers import ProxyFarm, dead_address
 from utils.redis import get_redis
 
 pytestmark = [needs_browser, pytest.mark.integration, pytest.mark.timeout(300)]

@@ -40,11 +40,11 @@ import redis
 
 import chains
 from config import get_settings
+from demo.proxy_farm import ProxyFarm
 from demo.testing import DemoServer
 from external_interface.resources.pool import Pool
 from external_interface.resources.proxy.models import ProxyAddress
 from external_interface.resources.proxy.pool import GlobalPool
-from tests.external_interface.proxy_servers import ProxyFarm
 from tests.torture.conftest import report
 from tests.torture.harness import scan_values, wait_complete
 from utils.seal import MAGIC, get_sealer

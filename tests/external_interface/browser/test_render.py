@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from demo import Dataset
+from demo.proxy_farm import dead_address
 from demo.testing import DemoServer
 from exceptions import ConnectError, ProxyError, RenderTimeout
 from external_interface.browser import (
@@ -27,7 +28,6 @@ from tests.external_interface.browser_fixtures import (
     needs_browser,
 )
 from tests.external_interface.proxy_fixtures import ProxyFactory
-from tests.external_interface.proxy_servers import dead_address
 
 pytestmark = [needs_browser, pytest.mark.integration]
 

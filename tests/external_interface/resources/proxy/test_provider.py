@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from config import reset_settings
+from demo.proxy_farm import ForwardProxy, TargetSite
 from exceptions import ResourceUnavailable
 from external_interface.resources.base import Outcome, OutgoingRequest, providers
 from external_interface.resources.proxy import (
@@ -23,7 +24,6 @@ from external_interface.resources.proxy.models import ProxyAddress
 from external_interface.resources.proxy.pool import GlobalPool
 from settings.proxy import ProxySettings, reset_proxy_settings
 from tests.external_interface.proxy_fixtures import ProxyFactory, Task, fetch
-from tests.external_interface.proxy_servers import ForwardProxy, TargetSite
 from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
 from utils.redis import reset_clients
 

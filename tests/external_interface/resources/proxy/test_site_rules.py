@@ -18,6 +18,7 @@ import redis
 import requests
 
 import sites.demo.production.profile  # noqa: F401 - registers the demo's rules
+from demo.proxy_farm import TargetSite
 from exceptions import ConnectError, FetchTimeout
 from external_interface.resources.base import Outcome, OutgoingRequest
 from external_interface.resources.proxy import ChannelProxyProvider, ban_hold, judge_outcome
@@ -28,7 +29,6 @@ from external_interface.resources.proxy.validate import SiteValidator
 from external_interface.resources.rules import Verdict, add_rules, rule
 from settings.proxy import ProxySettings
 from tests.external_interface.proxy_fixtures import ProxyFactory, Task
-from tests.external_interface.proxy_servers import TargetSite
 
 
 def answer(status: int, body: str = "", retry_after: float | None = None) -> Outcome:

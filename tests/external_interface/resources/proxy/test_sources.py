@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.proxy_farm import TargetSite
 from external_interface.resources.proxy.pool import GlobalPool
 from external_interface.resources.proxy.sources import (
     ApiSource,
@@ -18,7 +19,6 @@ from external_interface.resources.proxy.sources import (
 )
 from external_interface.resources.proxy.validate import ProxyValidator
 from tests.external_interface.proxy_fixtures import ProxyFactory
-from tests.external_interface.proxy_servers import TargetSite
 from utils.registry import UnknownNameError
 
 

@@ -15,12 +15,12 @@ from celery.contrib.testing.worker import start_worker
 from celery.local import Proxy
 
 from config import reset_settings
+from demo.proxy_farm import ForwardProxy, TargetSite
 from external_interface.resources.proxy import tasks as proxy_tasks
 from external_interface.resources.proxy.channel import ChannelPool
 from external_interface.resources.proxy.pool import GlobalPool
 from settings.proxy import reset_proxy_settings
 from tests.external_interface.proxy_fixtures import DeadProxy, ProxyFactory
-from tests.external_interface.proxy_servers import ForwardProxy, TargetSite
 from utils.redis import get_redis, reset_clients
 
 RESETS = (reset_settings, reset_clients, reset_proxy_settings)

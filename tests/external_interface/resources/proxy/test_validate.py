@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from demo.proxy_farm import ForwardProxy, TargetSite
 from external_interface.resources.proxy.channel import ChannelPool
 from external_interface.resources.proxy.models import Event, ProxyAddress
 from external_interface.resources.proxy.pool import GlobalPool
@@ -18,7 +19,6 @@ from external_interface.resources.proxy.validate import (
     leaks,
 )
 from tests.external_interface.proxy_fixtures import DeadProxy, ProxyFactory
-from tests.external_interface.proxy_servers import ForwardProxy, TargetSite
 from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
 
 

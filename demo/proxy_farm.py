@@ -1,4 +1,6 @@
-"""Real HTTP forward proxies and a tiny target site for the proxy tests, all on 127.0.0.0/8.
+"""Real HTTP forward proxies and a tiny target site, all on 127.0.0.0/8: the proxies the demo
+platform's `/proxies` list can name (tests, `bench.redis_cost --features`), and the proxy tests'
+stand-in site.
 
 `ForwardProxy` is a small asyncio HTTP/1.1 forward proxy (absolute-URI requests, no CONNECT).
 It listens on its own 127.0.0.x address and opens its upstream connections *from* that address
@@ -10,7 +12,7 @@ transparency (adds X-Forwarded-For with the client address and Via) and Basic cr
 `/site/<name>` is a page that can ban addresses.
 
 `ProxyFarm` runs all of them on one event loop in a daemon thread. Run this module to serve a
-few proxies from the command line: `python -m tests.external_interface.proxy_servers --help`.
+few proxies from the command line: `python -m demo.proxy_farm --help`.
 """
 
 from __future__ import annotations
@@ -352,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - manual us
     import time
     from pathlib import Path
 
-    ap = argparse.ArgumentParser(prog="python -m tests.external_interface.proxy_servers")
+    ap = argparse.ArgumentParser(prog="python -m demo.proxy_farm")
     ap.add_argument("--healthy", type=int, default=1, help="healthy proxies (1)")
     ap.add_argument("--slow", type=int, default=1, help="proxies adding 3 s (1)")
     ap.add_argument("--transparent", type=int, default=1, help="leaky proxies (1)")

@@ -1,0 +1,106 @@
+"""The crawl `bench.redis_cost --features` measures: a demo chain as a user runs it with every
+anti-crawl feature of the demo platform on, so the state store pays for what a real page
+needs beside its commit: cookie and device leases, proxies, the gate, production chains.
+
+The demo site runs with `features="all"` (captcha login, devices, request signing, the
+user-agent check, a per-IP rate limit, soft failures); the demo chain (`demo_social`, or
+`demo_app`) runs on real workers serving the site's queue and the resources queue. Every
+demo request goes through local forward proxies on their own 127.0.0.x addresses
+(`demo.proxy_farm`), fed to the pool the way a deployment feeds it: the
+`resources.proxy.harvest` task reads the site's `/proxies` list and
+`resources.proxy.validate_new` checks each against its `/headers`. The cookie and device pools
+start empty and are filled by the site's production chains (logins, device registrations)
+while the first, unmeasured crawl runs. As `./control.sh demo` runs the demo: the default
+per-site limits and the adaptive throttle off (they are for other people's sites), robots.txt
+on. This is tests/integration/test_demo_all_features.py's setup without its bans of sessions
+and devices by rate and its dying proxy (a benchmark measures the steady state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from typing import Any
+
+from demo.proxy_farm import ProxyFarm
+from demo.testing import DemoServer
+
+HEALTHY = 8  # forward proxies, each its own client address to the site's per-IP limit
+QUEUES = "demo,resources,default"
+
+# the pools' production as in the all-features test; the rest as `./control.sh demo` sets it
+WORKER_ENV = {
+    "CHAINCRAWL_PROXY_SITES": "demo",
+    "CHAINCRAWL_PROXY_CHECK_TIMEOUT": "1.5",
+    "CHAINCRAWL_PROXY_REFILL_INTERVAL": "0.2",
+    "CHAINCRAWL_POOL_COOKIE_DEMO": '{"low_water": 3, "target": 6, "produce_gap": 0.5}',
+    "CHAINCRAWL_POOL_DEVICE_ID_DEMO": '{"low_water": 2, "target": 4, "produce_gap": 0.5}',
+    "CHAINCRAWL_MAX_RETRIES": "10",
+    "CHAINCRAWL_DEFAULT_LIMITS": "off",
+    "CHAINCRAWL_THROTTLE": "off",
+    "CHAINCRAWL_ROBOTS": "true",
+}
+
+
+class FeatureSite(contextlib.ExitStack):
+    """The demo site with every feature on behind `healthy` local forward proxies."""
+
+    def __init__(self, size: str, healthy: int = HEALTHY, **demo: Any) -> None:
+        super().__init__()
+        self.size, self.healthy, self.overrides = size, healthy, demo
+        self.demo: DemoServer
+        self.farm: ProxyFarm
+
+    def __enter__(self) -> FeatureSite:
+        super().__enter__()
+        self.farm = self.enter_context(ProxyFarm())
+        listed = [self.farm.add_proxy().id for _ in range(self.healthy)]
+        self.demo = self.enter_context(
+            DemoServer(size=self.size, features="all", proxies=listed, **self.overrides)
+        )
+        return self
+
+    @property
+    def config(self) -> Any:
+        return self.demo.config
+
+    def env(self) -> dict[str, str]:
+        """What the workers and this process (the harvest, the runs) need to crawl it."""
+        url = self.demo.url
+        return {
+            **WORKER_ENV,
+            "DEMO_BASE_URL": url,
+            "CHAINCRAWL_PROXY_SOURCES": json.dumps([f"page:{url}/proxies?page={{page}}"]),
+            "CHAINCRAWL_PROXY_CHECK_URL": f"{url}/headers",
+        }
+
+    def feed_proxies(self) -> int:
+        """Harvest the site's proxy list and validate it, in this process; -> proxies in the
+        global pool (every healthy one, or the crawl would not be the one meant)."""
+        from external_interface.resources.proxy import tasks
+        from external_interface.resources.proxy.pool import GlobalPool
+
+        tasks.harvest()
+        tasks.validate_new()
+        n = len(GlobalPool())
+        if n != self.healthy:
+            raise RuntimeError(f"{n} of {self.healthy} proxies validated")
+        return n
+
+    def crawl(self, chain: str, timeout: float = 600) -> argparse.Namespace:
+        """One run of `chain` over the whole site, waited for: its pages (tasks the run
+        committed), items stored, failures, and the requests the site answered meanwhile
+        (retries, logins, device registrations, proxy checks included)."""
+        import chains
+
+        before = int(self.demo.stats()["total"])
+        p = chains.run(chain, seeds=[{}]).wait(timeout=timeout, poll=0.2)
+        t = p.totals
+        return argparse.Namespace(
+            pages=int(t["succeeded"]),
+            items=int(t["stored"]),
+            failed=int(t["failed"]),
+            retried=int(t.get("retried", 0)),
+            requests=int(self.demo.stats()["total"]) - before,
+        )
