@@ -9,8 +9,8 @@ demo request goes through local forward proxies on their own 127.0.0.x addresses
 (`demo.proxy_farm`), fed to the pool the way a deployment feeds it: the
 `resources.proxy.harvest` task reads the site's `/proxies` list and
 `resources.proxy.validate_new` checks each against its `/headers`. The cookie and device pools
-start empty and are filled by the site's production chains (logins, device registrations)
-while the first, unmeasured crawl runs. As `./control.sh demo` runs the demo: the default
+start empty and are filled by the site's production chains (logins, device registrations, up
+to the demo's targets of 16 each) while the first, unmeasured crawl runs. As `./control.sh demo` runs the demo: the default
 per-site limits and the adaptive throttle off (they are for other people's sites), robots.txt
 on. This is tests/integration/test_demo_all_features.py's setup without its bans of sessions
 and devices by rate and its dying proxy (a benchmark measures the steady state).
@@ -29,13 +29,12 @@ from demo.testing import DemoServer
 HEALTHY = 8  # forward proxies, each its own client address to the site's per-IP limit
 QUEUES = "demo,resources,default"
 
-# the pools' production as in the all-features test; the rest as `./control.sh demo` sets it
+# the proxies as in the all-features test (the site's pools keep the demo's own targets, 16
+# sessions and 16 devices); the rest as `./control.sh demo` sets it
 WORKER_ENV = {
     "CHAINCRAWL_PROXY_SITES": "demo",
     "CHAINCRAWL_PROXY_CHECK_TIMEOUT": "1.5",
     "CHAINCRAWL_PROXY_REFILL_INTERVAL": "0.2",
-    "CHAINCRAWL_POOL_COOKIE_DEMO": '{"low_water": 3, "target": 6, "produce_gap": 0.5}',
-    "CHAINCRAWL_POOL_DEVICE_ID_DEMO": '{"low_water": 2, "target": 4, "produce_gap": 0.5}',
     "CHAINCRAWL_MAX_RETRIES": "10",
     "CHAINCRAWL_DEFAULT_LIMITS": "off",
     "CHAINCRAWL_THROTTLE": "off",

@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chain", default="demo_social", help="with --features: the chain run")
     ap.add_argument("--size", default="medium", help="with --features: the demo site's size")
     ap.add_argument("--proxies", type=int, default=HEALTHY, help="with --features: proxies")
+    ap.add_argument("--users", type=int, default=None, help="with --features: the site's users")
     a = ap.parse_args(argv)
     if a.callgrind and a.cluster:
         ap.error("--callgrind counts one Redis: leave out --cluster")
@@ -317,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(e.split("=", 1) for e in a.env)
     with contextlib.ExitStack() as stack:
         if a.features:
-            site = stack.enter_context(FeatureSite(a.size, a.proxies))
+            more = {"users": a.users} if a.users else {}
+            site = stack.enter_context(FeatureSite(a.size, a.proxies, **more))
         else:
             demo = stack.enter_context(
                 DemoServer(users=users, posts_per_user=posts, comments_per_post=comments)
@@ -452,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         top = sum(top_by.values())
         monitored = max(1, r.pages)
         out = {
-            **({"chain": a.chain, "size": a.size, "proxies": a.proxies} if a.features else {}),
+            **(
+                {"chain": a.chain, "size": a.size, "users": site.config.users, "proxies": a.proxies}
+                if a.features
+                else {}
+            ),
             "pool": a.pool,
             "concurrency": a.concurrency,
             "workers": a.workers,
