@@ -237,13 +237,18 @@ def fail_page(
                 avoid = set(meta.avoid) | ctx.report.failed_leases
                 meta.avoid = tuple(sorted(avoid)[-AVOID_KEEP:])
             metrics.outcome("retried", err)
+        # its metrics to the process's sums like a commit's (written within the flush
+        # interval, or with the next commit in a run's tail): a page waiting for a lease
+        # comes back again and again, and writing its ~20 fields each time was most of a
+        # page's commands in a crawl short of sessions
+        aggregate(rt, metrics, spec)
         pipe = state.r.pipeline(transaction=False)
         if decision.action == "retry":
             state.count_retry(rid, step, pipe)
         if forget:  # the next attempt counts its own deliveries
             pipe.unlink(*forget)
-        flush(pipe)
-        pipe.execute()
+        if len(pipe):
+            pipe.execute()
         state.replicated([state.home_key(rid, tid)])  # the retry's counters, then its message
         if decision.action == "retry":
             log.info(
