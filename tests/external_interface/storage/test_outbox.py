@@ -273,13 +273,8 @@ def test_a_quiet_stream_flushes_a_partial_batch_at_once(
     assert backlog(rds, key_prefix)["pending"] == 0
 
 
-def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
-    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
-) -> None:
-    """On an empty stream the drainer's blocking reads double up to `max_idle_block` (by
-    default MAX_IDLE_BLOCK: an idle worker's drainer asks Redis every 10 s, not twice a
-    second; 2 s here); an entry returns the blocked read at once, whatever the block."""
-    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=0.1, max_idle_block=2.0)
+def record_blocks(d: Drainer) -> list[int | None]:
+    """The block (ms) of each of the drainer's reads from now on, in order."""
     blocks: list[int | None] = []
     read = d.read
 
@@ -288,6 +283,17 @@ def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
         return read(count, block_ms)
 
     d.read = counted  # type: ignore[method-assign]
+    return blocks
+
+
+def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """On an empty stream the drainer's blocking reads double up to `max_idle_block` (by
+    default MAX_IDLE_BLOCK: an idle worker's drainer asks Redis every 20 s, not twice a
+    second; 2 s here); an entry returns the blocked read at once, whatever the block."""
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=0.1, max_idle_block=2.0)
+    blocks = record_blocks(d)
     d.start_thread()
     drainers.append(d)
     wait_until(lambda: blocks.count(2000) >= 2, 30, "two idle blocks")
@@ -307,14 +313,7 @@ def test_a_stop_ends_an_idle_drainers_long_block_at_once(
     assert MAX_IDLE_BLOCK >= 10
     client = redis.Redis.from_url(redis_url, socket_timeout=30)
     d = Drainer(client, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0)
-    blocks: list[int | None] = []
-    read = d.read
-
-    def counted(count: int, block_ms: int | None) -> list[OutboxEntry]:
-        blocks.append(block_ms)
-        return read(count, block_ms)
-
-    d.read = counted  # type: ignore[method-assign]
+    blocks = record_blocks(d)
     d.start_thread()
     wait_until(lambda: int(MAX_IDLE_BLOCK * 1000) in blocks, 60, "a long idle block")
     wait_until(
