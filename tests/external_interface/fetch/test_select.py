@@ -11,13 +11,18 @@ from external_interface.fetch import (
     ImpersonateFetcher,
     Urllib3Fetcher,
     choose,
+    select,
 )
 from external_interface.fetch.select import Choice, parse_spec
 from tests.testsite.server import TestSite
 from utils.registry import UnknownNameError
 
 
-def test_a_spec_names_a_fetcher_and_for_impersonation_a_profile_of_the_platform() -> None:
+def test_a_spec_names_a_fetcher_and_for_impersonation_a_profile_of_the_platform(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the spec's reading, whether or not this machine has the pycurl extra
+    monkeypatch.setattr(select, "installed", lambda: True)
     assert parse_spec("impersonate", "pc") == Choice("impersonate", "chrome/desktop")
     assert parse_spec("impersonate:safari", "h5") == Choice("impersonate", "safari/mobile")
     assert parse_spec("impersonate:firefox/desktop", "h5") == Choice(
@@ -31,6 +36,9 @@ def test_a_spec_names_a_fetcher_and_for_impersonation_a_profile_of_the_platform(
         parse_spec("urllib3:chrome")
     with pytest.raises(ValueError, match="takes no browser profile"):
         parse_spec("pycurl:chrome")
+    monkeypatch.setattr(select, "installed", lambda: False)
+    with pytest.raises(ValueError, match=r"needs pycurl: pip install -r requirements/pycurl\.txt"):
+        parse_spec("pycurl", "h5")
 
 
 def test_the_site_variable_wins_over_the_endpoint_s_declaration(
