@@ -163,7 +163,11 @@ def test_demo_on_another_port_and_restart_crawl_the_right_site_and_bring_back_wh
 
         out = control("restart", "--workers", "1", "-c", "2")
         assert out.returncode == 0, out.stdout + out.stderr
-        assert "brought back: demo-site, flower" in out.stdout, out.stdout
+        flower_log = tmp_path / "var" / "log" / "flower.log"
+        said = flower_log.read_text(errors="replace")[-3000:] if flower_log.exists() else "no log"
+        assert "brought back: demo-site, flower" in out.stdout, (
+            out.stdout + "\nflower.log:\n" + said
+        )
         assert requests.get(f"http://127.0.0.1:{b}/healthz", timeout=5).ok
         assert procs.port_open("127.0.0.1", int(env["CHAINCRAWL_FLOWER_PORT"]))
         worker = procs.alive(run / "worker-w1.pid")

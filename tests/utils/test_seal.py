@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,20 +83,24 @@ def test_the_embedded_redis_password_is_derived_from_a_0600_file(tmp_path: Path)
     assert not (tmp_path / "v2" / "redis.secret").exists()
 
 
-def _make(path: str, q: multiprocessing.Queue) -> None:
+def _make(path: str, q: multiprocessing.Queue, start: threading.Barrier) -> None:
+    start.wait(120)  # all of them at once: the race is on the file, not on the start-up
     q.put(read_or_create(Path(path)))
 
 
 def test_processes_racing_to_make_a_secret_all_get_the_same_one(tmp_path: Path) -> None:
     path = tmp_path / "raced.secret"
-    ctx = multiprocessing.get_context("fork")
+    # spawn, not fork: a fork of a test process with threads running (the test runner's own)
+    # can inherit a lock held by one of them and hang
+    ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_make, args=(str(path), q)) for _ in range(8)]
+    start = ctx.Barrier(8)
+    procs = [ctx.Process(target=_make, args=(str(path), q, start)) for _ in range(8)]
     for p in procs:
         p.start()
-    got = {q.get(timeout=20) for _ in procs}
+    got = {q.get(timeout=180) for _ in procs}
     for p in procs:
-        p.join(20)
+        p.join(60)
     assert len(got) == 1 and got == {path.read_text().strip()}
     assert [p.name for p in tmp_path.iterdir()] == ["raced.secret"]  # no temporary left
     path.chmod(0o644)
