@@ -59,7 +59,6 @@ from external_interface.fetch.mock import FixtureFetcher, load_case, outputs_of
 from external_interface.fetch.select import parse_spec as parse_fetcher
 from external_interface.fetch.sitemap import sitemap_urls
 from external_interface.resources.rules import Verdict, add_rules, rule
-from ledger.meta import TaskMeta
 from ledger.publish import broker_priority
 from ledger.state import Begun
 from lifecycle import hooks, runtime
@@ -100,6 +99,7 @@ from monitor.metrics import TaskMetrics
 from settings.sitevars import site_env
 from utils.logsafe import task_argsrepr
 from utils.redis import NotReplicated
+from utils.wire import TaskMeta
 
 log = logging.getLogger("chaincrawl.task")
 

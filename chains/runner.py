@@ -18,7 +18,6 @@ from broker.workers import TaskSets
 from chains.registry import get_chain
 from config import get_settings
 from exceptions import ParamsError, UnknownChainError
-from ledger.meta import TaskMeta
 from ledger.model import Chain, chain_from_dict
 from ledger.publish import send_kid
 from ledger.state import (
@@ -36,7 +35,7 @@ from ledger.state import (
 from lifecycle import runtime
 from lifecycle.endpoints import queue_for
 from utils.redis import get_redis
-from utils.wire import TaskEnvelope
+from utils.wire import TaskEnvelope, TaskMeta
 
 log = logging.getLogger("chaincrawl.runs")
 

@@ -23,11 +23,11 @@ from celery.utils.saferepr import saferepr
 
 from config import Settings, get_settings, is_redis_url
 from ledger.batching import BATCH_TASK, FANOUT_MESSAGES, Load, batch_size
-from ledger.meta import PRIORITY, QUEUE
 from ledger.state import RunState, StagedAt, drop_staged
 from utils.ids import new_id
 from utils.logsafe import mask, redact, task_argsrepr
 from utils.redis import get_redis
+from utils.wire import PRIORITY, QUEUE
 
 
 def broker_priority(prio: int, broker_url: str | None = None) -> int:

@@ -24,7 +24,6 @@ from celery.exceptions import Reject, Retry
 
 from config import Settings
 from ledger.batching import BATCH_TASK
-from ledger.meta import RETRY_BASE, RUN
 from ledger.state import Begun
 from lifecycle import runtime
 from lifecycle.commits import Committer, requeue_unreplicated, set_batch
@@ -34,6 +33,7 @@ from utils.logsafe import safe_text, task_argsrepr
 from utils.ranked_slots import RankedSlots
 from utils.redis import NotReplicated
 from utils.registry import UnknownNameError
+from utils.wire import RETRY_BASE, RUN
 
 log = logging.getLogger("chaincrawl.task")
 

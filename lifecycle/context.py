@@ -30,7 +30,6 @@ from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
 from external_interface.fetch.identity import default_user_agent, has_user_agent
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
-from ledger.meta import TaskMeta
 from lifecycle import hooks
 from lifecycle.adaptive import AutoPage
 from lifecycle.endpoints import BROWSER, EndpointSpec, Follow, Params
@@ -38,6 +37,7 @@ from lifecycle.runtime import Runtime
 from monitor.metrics import TaskMetrics
 from scheduling.gate import Gate, get_gate
 from scheduling.ratelimit import RENDER
+from utils.wire import TaskMeta
 
 
 @dataclass

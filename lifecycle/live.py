@@ -21,7 +21,6 @@ from typing import Any
 from external_interface.browser import RenderedPage
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
 from external_interface.fetch.cache import HttpCache
-from ledger.meta import TaskMeta
 from ledger.model import Chain
 from ledger.state import Kid
 from lifecycle import runtime
@@ -30,6 +29,7 @@ from lifecycle.endpoints import EndpointSpec, Follow, Item, Params, iter_endpoin
 from lifecycle.outputs import children
 from monitor.metrics import TaskMetrics
 from utils.registry import UnknownNameError
+from utils.wire import TaskMeta
 
 
 class RecordingFetcher:

@@ -11,13 +11,12 @@ from typing import Any
 
 import orjson
 
-from ledger.meta import DEDUP, TaskMeta
 from ledger.model import Chain, fan_out
 from ledger.state import Kid
 from lifecycle.endpoints import Follow, Item
 from lifecycle.runtime import Runtime
 from utils.ids import new_id
-from utils.wire import OutboxFields
+from utils.wire import DEDUP, OutboxFields, TaskMeta
 
 
 def outbox_entries(

@@ -23,7 +23,6 @@ from typing import Any, Protocol
 from celery.exceptions import SoftTimeLimitExceeded
 
 from exceptions import DeadlineExceeded, PoisonMessage, Throttled
-from ledger.meta import AVOID_KEEP, TaskMeta
 from ledger.state import Begun, CommitCall, RunState
 from lifecycle import hooks, runtime
 from lifecycle.commits import Committer, aggregate, current_batch
@@ -35,7 +34,7 @@ from monitor.deadletter import DeadLetter, DeadLetterStore, keep_capture
 from monitor.metrics import TaskMetrics
 from scheduling.gate import get_gate
 from utils.logsafe import safe_text
-from utils.wire import TaskEnvelope
+from utils.wire import AVOID_KEEP, TaskEnvelope, TaskMeta
 
 log = logging.getLogger("chaincrawl.task")
 

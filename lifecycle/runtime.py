@@ -28,7 +28,6 @@ from external_interface.fetch.cache import HttpCache
 from external_interface.fetch.robots import RobotsPolicy, fetch_with
 from external_interface.resources.base import Provider, load_providers, provider_name, providers
 from ledger.batching import Load, batch_size
-from ledger.meta import PRIORITY
 from ledger.model import Chain, chain_from_dict
 from ledger.publish import Publisher
 from ledger.state import RunState
@@ -36,6 +35,7 @@ from lifecycle.endpoints import BROWSER, EndpointSpec, queue_for
 from utils.greenlets import gevent_patched
 from utils.ranked_slots import RankedSlots
 from utils.redis import get_redis
+from utils.wire import PRIORITY
 
 PROVIDER_ORDER = ("proxy", "device_id", "user_agent", "cookie", "sign")
 CHAINS_KEPT = 256  # parsed chain definitions of recent runs

@@ -19,13 +19,12 @@ from typing import Any
 
 from broker.workers import TaskSets
 from config import Settings
-from ledger.meta import RUN, STEP
 from ledger.publish import send_kid
 from ledger.state import RunState
 from lifecycle.endpoints import queue_for
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.metrics import TaskMetrics
-from utils.wire import TaskEnvelope
+from utils.wire import RUN, STEP, TaskEnvelope
 
 log = logging.getLogger("chaincrawl.task")
 

@@ -1,6 +1,9 @@
 """The wire formats Python and the Lua scripts share: one definition each, encoded and decoded
 here and nowhere else.
 
+- `TaskMeta`: what a task message carries besides its parameters (its run, step, priority
+  and retry state), in a compact wire form with short keys, table below: every page's
+  message, ledger entry and staged child holds one, and the ledger's Lua scripts read `step`.
 - `TaskEnvelope`: a task message as the ledger, the staging lists, the waiting list, the
   batch task and the dead-letter replay carry it, `{"id":"<id>","task":...,"params":...,
   "meta":...}`. `id` comes first: ledger/commit.lua and chains' scripts read a message's id
@@ -13,6 +16,20 @@ here and nowhere else.
 
 The layer of this module is the bottom one (utils), so the ledger, the outbox drainer and the
 clients all build the same bytes.
+
+The meta's wire keys:
+
+    wire key    field         meaning
+    run         run_id        the run the task belongs to ("" = a task sent outside a run)
+    step        step          the chain step that dispatched it (counters are kept per step)
+    prio        priority      0..9, 9 most urgent (the run's, or the step's override)
+    page        page          1 for a step's first task, n for its (n-1)th follow-up
+    queue       queue         the step's queue override ("" = the site's queue)
+    dd          dedup_id      the request's dedup id, marked once the task has committed
+    rbase       retry_base    retries already used before the task was parked (a paused run)
+    waits       waits         re-queues spent waiting for a resource or a shared limit
+    wait_since  wait_since    when it started waiting (unix time) for `resource_wait_max`
+    avoid       avoid         resource leases that failed it ("kind:id"): a retry skips them
 """
 
 from __future__ import annotations
@@ -22,6 +39,80 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
+
+RUN, STEP, PRIORITY, PAGE, QUEUE = "run", "step", "prio", "page", "queue"
+DEDUP, RETRY_BASE, WAITS, WAIT_SINCE, AVOID = "dd", "rbase", "waits", "wait_since", "avoid"
+
+AVOID_KEEP = 32  # leases a message remembers to avoid (the newest)
+
+
+@dataclass(slots=True)
+class TaskMeta:
+    run_id: str = ""
+    step: str = ""
+    priority: int | None = None
+    page: int = 1
+    queue: str = ""
+    dedup_id: str = ""
+    retry_base: int = 0
+    waits: int = 0
+    wait_since: float | None = None
+    avoid: tuple[str, ...] = ()
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any] | None) -> TaskMeta:
+        """Tolerant of what a hand-made or old message may lack; a malformed priority is
+        dropped (the default applies) rather than failing the page."""
+        if not d:
+            return cls()
+        prio = d.get(PRIORITY)
+        try:
+            prio = None if prio is None else int(prio)
+        except (TypeError, ValueError):
+            prio = None
+        since = d.get(WAIT_SINCE)
+        return cls(
+            run_id=str(d.get(RUN) or ""),
+            step=str(d.get(STEP) or ""),
+            priority=prio,
+            page=int(d.get(PAGE) or 1),
+            queue=str(d.get(QUEUE) or ""),
+            dedup_id=str(d.get(DEDUP) or ""),
+            retry_base=int(d.get(RETRY_BASE) or 0),
+            waits=int(d.get(WAITS) or 0),
+            wait_since=float(since) if since else None,
+            avoid=tuple(d.get(AVOID) or ()),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The compact form, with unset fields left out (as the messages always were)."""
+        d: dict[str, Any] = {}
+        if self.run_id:
+            d[RUN] = self.run_id
+        if self.step:
+            d[STEP] = self.step
+        if self.priority is not None:
+            d[PRIORITY] = self.priority
+        if self.page != 1:
+            d[PAGE] = self.page
+        if self.queue:
+            d[QUEUE] = self.queue
+        if self.dedup_id:
+            d[DEDUP] = self.dedup_id
+        if self.retry_base:
+            d[RETRY_BASE] = self.retry_base
+        if self.waits:
+            d[WAITS] = self.waits
+        if self.wait_since is not None:
+            d[WAIT_SINCE] = self.wait_since
+        if self.avoid:
+            d[AVOID] = list(self.avoid)
+        return d
+
+    def child(self, step: str, page: int = 1) -> TaskMeta:
+        """A child's metadata: its run and priority kept, everything per-attempt reset."""
+        return TaskMeta(run_id=self.run_id, step=step, priority=self.priority, page=page)
+
 
 ID_PREFIX = b'{"id":"'  # what the Lua side matches to read a message's id without decoding
 
@@ -36,8 +127,8 @@ def dumps(value: Any) -> bytes:
 
 
 class TaskEnvelope(NamedTuple):
-    """One task message: its id, task name, parameters and meta (`ledger.meta.TaskMeta`'s
-    wire form)."""
+    """One task message: its id, task name, parameters and meta (`TaskMeta`'s wire
+    form)."""
 
     id: str
     task: str
@@ -218,12 +309,24 @@ def commit_argv(
 
 
 __all__ = [
+    "AVOID",
+    "AVOID_KEEP",
+    "DEDUP",
     "ID_PREFIX",
     "OUTBOX_FIELDS",
+    "PAGE",
+    "PRIORITY",
+    "QUEUE",
+    "RETRY_BASE",
+    "RUN",
+    "STEP",
+    "WAITS",
+    "WAIT_SINCE",
     "CommitArgs",
     "KidArgs",
     "OutboxFields",
     "TaskEnvelope",
+    "TaskMeta",
     "WireError",
     "commit_argv",
     "dumps",

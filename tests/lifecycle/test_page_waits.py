@@ -15,11 +15,11 @@ import redis
 
 from config import reset_settings
 from exceptions import ResourceUnavailable
-from ledger.meta import TaskMeta
 from lifecycle import page, runtime
 from monitor.metrics import TaskMetrics
 from utils import environ
 from utils.redis import reset_clients
+from utils.wire import TaskMeta
 
 
 class Retried(Exception):

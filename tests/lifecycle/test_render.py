@@ -32,11 +32,11 @@ from external_interface.browser import RenderRequest, RenderResult, WaitFor
 from external_interface.browser.pool import PoolConfig
 from external_interface.fetch import Response
 from external_interface.resources.base import Outcome, OutgoingRequest, providers
-from ledger.meta import TaskMeta
 from lifecycle import runtime
 from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec
 from monitor.metrics import TaskMetrics
+from utils.wire import TaskMeta
 
 LOGIN_WALL = b'<html><body class="page-login"><div id="login-wall">log in</div></body></html>'
 

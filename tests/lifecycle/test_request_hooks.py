@@ -10,12 +10,12 @@ import pytest
 from base_task import Params
 from external_interface.fetch import FetchRequest, Response
 from external_interface.resources.base import Outcome, OutgoingRequest, providers
-from ledger.meta import TaskMeta
 from lifecycle import hooks as h
 from lifecycle import runtime
 from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec
 from monitor.metrics import TaskMetrics
+from utils.wire import TaskMeta
 
 TASK = "rqhook.local.page"
 SEEN: dict[str, list[OutgoingRequest]] = {"hook": [], "prepare": [], "feedback": []}

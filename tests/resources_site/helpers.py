@@ -11,11 +11,11 @@ from base_task import Context, Follow, Item, get_endpoint
 from config import reset_settings
 from external_interface.fetch import RequestsFetcher
 from external_interface.resources.pool import reset_pool_config
-from ledger.meta import TaskMeta
 from lifecycle import runtime
 from monitor.metrics import TaskMetrics
 from utils import environ
 from utils.redis import reset_clients
+from utils.wire import TaskMeta
 
 
 def _forget_cached_state() -> None:

@@ -302,9 +302,9 @@ def test_a_proxy_lease_is_returned_when_a_later_provider_refuses(torture_factory
     from external_interface.resources.proxy.channel import ChannelPool
     from external_interface.resources.proxy.models import ProxyAddress
     from external_interface.resources.proxy.pool import GlobalPool
-    from ledger.meta import TaskMeta
     from lifecycle import runtime
     from monitor.metrics import TaskMetrics
+    from utils.wire import TaskMeta
 
     torture_factory(
         CHAINCRAWL_EXTRA_SITE_PACKAGES="tests.testsite,tests.torture.site",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ledger.meta import TaskMeta
+from utils.wire import TaskMeta
 
 
 def test_round_trip_keeps_every_field_and_leaves_unset_ones_out() -> None:
