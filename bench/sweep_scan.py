@@ -29,8 +29,7 @@ import redis
 from celery import Celery
 
 from chains.sweeper import broker_task_ids
-from ledger.batching import BATCH_TASK
-from ledger.publish import send_kid
+from ledger.publish import BATCH_TASK, send_kid
 from utils.servers import RedisServer
 
 PREFIX = "bench:q:"

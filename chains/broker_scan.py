@@ -14,7 +14,7 @@ from typing import Any, cast
 import orjson
 import redis
 
-from ledger.batching import BATCH_TASK
+from ledger.publish import BATCH_TASK
 from utils.wire import envelope_id
 
 _CHUNK = 1000

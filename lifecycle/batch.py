@@ -23,7 +23,7 @@ from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
 
 from config import Settings
-from ledger.batching import BATCH_TASK
+from ledger.publish import BATCH_TASK
 from ledger.state import Begun
 from lifecycle import runtime
 from lifecycle.commits import Committer, requeue_unreplicated, set_batch

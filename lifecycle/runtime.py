@@ -27,9 +27,8 @@ from external_interface.fetch import Fetcher, default_fetcher
 from external_interface.fetch.cache import HttpCache
 from external_interface.fetch.robots import RobotsPolicy, fetch_with
 from external_interface.resources.base import Provider, load_providers, provider_name, providers
-from ledger.batching import Load, batch_size
 from ledger.model import Chain, chain_from_dict
-from ledger.publish import Publisher
+from ledger.publish import Load, Publisher, batch_size
 from ledger.state import RunState
 from lifecycle.endpoints import BROWSER, EndpointSpec, queue_for
 from utils.greenlets import gevent_patched

@@ -1,6 +1,6 @@
 """How much of a core this process wants: the CPU it used plus the time its threads waited for one.
 
-Why: batch sizing (`ledger.batching.batch_size`) packs several pages into one message only when the
+Why: batch sizing (`ledger.publish.batch_size`) packs several pages into one message only when the
 worker is CPU-bound, and one page per message otherwise, because a latency-bound worker has the
 CPU to spare and a batch runs its pages one after the other in one slot. The CPU share alone
 cannot tell "latency-bound" from "CPU-bound on a shared machine": two workers on two cores,

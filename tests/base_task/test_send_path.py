@@ -19,9 +19,7 @@ import lifecycle.batch
 from base_task import SiteTask
 from chains.sweeper import message_ids
 from config import Settings
-from ledger import batching
-from ledger.batching import BATCH_TASK, Load, batch_size
-from ledger.publish import Publisher, broker_priority
+from ledger.publish import BATCH_TASK, FANOUT_MESSAGES, Load, Publisher, batch_size, broker_priority
 from ledger.state import Kid, RunState
 from lifecycle import runtime
 from lifecycle.commits import Committer
@@ -182,7 +180,7 @@ def test_gevent_packs_a_shallow_fan_out_into_a_few_messages(
     kids = [orjson.loads(kid(i).encode()) for i in range(10)]
     assert [m.task for m in pub.plan(kids, 11)] == [TASK] * 10
     gevent["on"] = True
-    assert batching.FANOUT_MESSAGES == 4
+    assert FANOUT_MESSAGES == 4
     planned = pub.plan(kids, 11)
     assert [len(m.args[0]) for m in planned] == [3, 3, 2, 2]
     assert {m.task for m in planned} == {BATCH_TASK}
