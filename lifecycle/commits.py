@@ -1,28 +1,122 @@
-"""Committing pages: one round trip for a page, or for all the pages of a batch message, then
-one publish of their children and their dedup marks (`Committer`).
+"""A finished page's outputs and their commit.
 
-A page adds its commit to the batch it runs in (found through the runtime's greenlet/thread-
-local), so a batch's pages commit in one pipeline and publish their children in another. While a run is in its tail the process's pending task metrics go in the same pipeline
-as the commit that may complete the run, so a finished run's metrics are complete.
+The outputs (`outbox_entries`, `children`): outbox entries for the items, and the child tasks
+its chain step dispatches (follow-ups of the same step, then each child step's fan-out from the
+items), deduplicated across runs where the step asks (`skip_seen_hours`).
+
+The commit (`Committer`): one round trip for a page, or for all the pages of a batch message,
+then one publish of their children and their dedup marks. A page adds its commit to the batch
+it runs in (found through the runtime's greenlet/thread-local), so a batch's pages commit in
+one pipeline and publish their children in another. While a run is in its tail the process's
+pending task metrics go in the same pipeline as the commit that may complete the run, so a
+finished run's metrics are complete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, NoReturn
 
+import orjson
 import redis
 from celery.exceptions import Reject
 
-from ledger.state import CommitCall, Committed, RunState, StagedAt
-from lifecycle.endpoints import EndpointSpec
+from ledger.model import Chain, fan_out
+from ledger.state import CommitCall, Committed, Kid, RunState, StagedAt
+from lifecycle.endpoints import EndpointSpec, Follow, Item
 from lifecycle.runtime import Runtime, pause_before_requeue
 from monitor.metrics import TaskMetrics, aggregator
+from utils.ids import new_id
 from utils.logsafe import safe_text
 from utils.redis import REPLICAS, NotReplicated, get_redis
+from utils.wire import DEDUP, OutboxFields, TaskMeta
 
 log = logging.getLogger("chaincrawl.task")
+
+
+def outbox_entries(
+    rid: str, step: str, task: str, stored: list[tuple[Item, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Outbox entries of the stored items, one per item type; `stored` pairs each item with
+    its JSON dump (made once per item for these entries and for the children's fan-out)."""
+    by_type: dict[type[Item], list[dict[str, Any]]] = {}
+    for it, row in stored:
+        by_type.setdefault(type(it), []).append(row)
+    return [
+        OutboxFields.of(rid, step, task, cls.item_type, cls.key_fields, rows).encode()
+        for cls, rows in by_type.items()
+    ]
+
+
+def children(
+    rt: Runtime,
+    chain: Chain | None,
+    task: str,
+    meta: TaskMeta,
+    items: list[Item],
+    follows: list[Follow],
+    dumped: list[dict[str, Any]],
+    skipped: dict[str, tuple[str, int]] | None = None,
+) -> list[Kid]:
+    """The tasks a page dispatches: its follow-ups (same step, next page, up to the step's
+    `max_pages`), then each child step's tasks from the items that feed it. `skipped` gets
+    step id -> (task, n) of the children dropped as crawled before (`skip_seen_hours`)."""
+    kids: list[Kid] = []
+    step = meta.step
+    node = chain.steps.get(step) if chain else None
+    max_pages = node.options.max_pages if node else None
+    if follows and (max_pages is None or meta.page < max_pages):
+        for f in follows:
+            nxt = meta.child(step, meta.page + 1)
+            nxt.queue = meta.queue  # a follow-up stays where its step sends it
+            kids.append(Kid(step, task, f.params, nxt.to_wire(), new_id()))
+    if node is None or not node.children:
+        return kids
+    pairs = [(it.item_type, row) for it, row in zip(items, dumped, strict=True)]
+    for child in node.children:
+        cmeta = meta.child(child.id)
+        if child.options.priority is not None:
+            cmeta.priority = child.options.priority
+        if child.options.queue:
+            cmeta.queue = child.options.queue
+        wire = cmeta.to_wire()
+        batch = []
+        for params in fan_out(child, pairs):
+            uniq = fingerprint(params) if child.options.unique else ""
+            batch.append(Kid(child.id, child.task, params, dict(wire), new_id(), uniq))
+        if child.options.skip_seen_hours is not None and batch:
+            n = len(batch)
+            batch = skip_seen(rt, child.task, batch, child.options.skip_seen_hours)
+            if skipped is not None and len(batch) < n:
+                skipped[child.id] = (child.task, n - len(batch))
+        kids.extend(batch)
+    return kids
+
+
+def skip_seen(rt: Runtime, task: str, kids: list[Kid], hours: float) -> list[Kid]:
+    """Drop children crawled within `hours` (0: ever); the rest carry their dedup id so they
+    mark it once they have committed: a request counts as crawled only after its items were
+    durably handed off, so a page that failed is crawled again by the next run
+    (tests/integration/test_chain_runs.py::test_skip_seen_dedups_requests_across_runs)."""
+    ids = [fingerprint(k.params) for k in kids]
+    within = timedelta(hours=hours) if hours > 0 else None
+    todo = set(rt.request_dedup(task).filter_new(ids, within=within))
+    keep = []
+    for k, i in zip(kids, ids, strict=True):
+        if i in todo:
+            k.meta[DEDUP] = i
+            keep.append(k)
+    return keep
+
+
+def fingerprint(params: Mapping[str, Any]) -> str:
+    """A parameter set's identity (`unique` steps, `skip_seen_hours`): key order ignored."""
+    return hashlib.blake2b(
+        orjson.dumps(params, option=orjson.OPT_SORT_KEYS), digest_size=12
+    ).hexdigest()
 
 
 class Committer:

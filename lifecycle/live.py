@@ -24,9 +24,9 @@ from external_interface.fetch.cache import HttpCache
 from ledger.model import Chain
 from ledger.state import Kid
 from lifecycle import runtime
+from lifecycle.commits import children
 from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec, Follow, Item, Params, iter_endpoints
-from lifecycle.outputs import children
 from monitor.metrics import TaskMetrics
 from utils.registry import UnknownNameError
 from utils.wire import TaskMeta

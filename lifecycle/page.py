@@ -25,10 +25,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from exceptions import DeadlineExceeded, PoisonMessage, Throttled
 from ledger.state import Begun, CommitCall, RunState
 from lifecycle import hooks, runtime
-from lifecycle.commits import Committer, aggregate, current_batch
+from lifecycle.commits import Committer, aggregate, children, current_batch, outbox_entries
 from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec, Follow, Item, Params
-from lifecycle.outputs import children, outbox_entries
 from lifecycle.policy import decide
 from monitor.deadletter import DeadLetter, DeadLetterStore, keep_capture
 from monitor.metrics import TaskMetrics
