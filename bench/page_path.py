@@ -1,0 +1,315 @@
+"""The modules a page passes through, read off the call path of a real crawl (the table of
+docs/architecture.md's "The modules a page passes through"):
+
+    .venv/bin/python -m bench.page_path            # the defaults: gevent, jsonl, no resources
+    .venv/bin/python -m bench.page_path --json     # the same as JSON
+
+One catalog page of the `small` page set (bench/pagesets.py) is the root of a chain run: it
+yields an item and 20 child tasks (the products). This process triggers the run under
+`sys.setprofile` (the client side); one real `celery worker` (the default pool) runs the
+pages with this module as its Celery app, which installs the same hook in the worker before
+it consumes. Every Python function call into a file of the checkout is recorded with the
+greenlet or thread that made it; the Lua scripts a call path runs are read off the `EVALSHA`
+commands it sends (the sha matched to the scripts loaded in the process, a script to the
+`.lua` files its source holds). The worker records two windows after it is ready: an idle
+one (as long as the crawl's) and the crawl itself, each dumped by SIGUSR2. Reported:
+
+- trigger: every checkout file `chains.run()` calls into, in order of first call;
+- page: the files called by the task greenlet that ran the root page (from the message's
+  arrival to its ack);
+- consumer: the files the consumer called in the crawl window and not in the idle one (the
+  message taken off the broker);
+- store: the drainer thread's files in the crawl window and not in the idle one (the outbox
+  read, the sink written, the entries acknowledged).
+
+A module that is only imported is not counted: only a function of it that runs is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+_ROOT = str(ROOT) + os.sep
+_VENV = str(ROOT / ".venv") + os.sep
+_THIS = str(Path(__file__).resolve())
+OUT_ENV = "PAGE_PATH_OUT"  # the worker's dump file prefix (this module as the Celery app)
+
+
+class Recorder:
+    """A profile hook: per greenlet (or thread), the checkout files it calls into, in order,
+    and the sha of every script it runs."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, str], int] = {}
+        self.roots: dict[int, str] = {}
+        self.shas: dict[int, list[str]] = {}
+        self.n = 0
+        self._current: Any = None
+        try:
+            from greenlet import getcurrent
+
+            self._current = getcurrent
+        except ImportError:  # pragma: no cover - greenlet comes with gevent
+            self._current = threading.current_thread
+
+    def hook(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        f = code.co_filename
+        if f.endswith("redis/client.py") and code.co_name in ("execute_command",):
+            args = frame.f_locals.get("args") or ()
+            if args and str(args[0]).upper() in ("EVALSHA", "EVAL") and len(args) > 1:
+                self.shas.setdefault(id(self._current()), []).append(str(args[1]))
+            return
+        if not f.startswith(_ROOT) or f.startswith(_VENV) or f == _THIS:
+            return
+        g = id(self._current())
+        key = (g, f)
+        if key in self.seen:
+            return
+        self.n += 1
+        self.seen[key] = self.n
+        if g not in self.roots:
+            bottom = frame
+            while bottom.f_back is not None:
+                bottom = bottom.f_back
+            self.roots[g] = (
+                f"{threading.current_thread().name} {_rel(bottom.f_code.co_filename)}:"
+                f"{bottom.f_code.co_name} {_rel(f)}:{code.co_name}"
+            )
+
+    def install(self) -> None:
+        sys.setprofile(self.hook)
+        threading.setprofile(self.hook)
+
+    def take(self) -> dict[str, Any]:
+        """What was recorded since the last take, by greenlet: its root frame, its files in
+        order of first call, its scripts."""
+        seen, roots, shas = self.seen, self.roots, self.shas
+        self.seen, self.roots, self.shas = {}, {}, {}
+        by: dict[int, list[tuple[int, str]]] = {}
+        for (g, f), n in seen.items():
+            by.setdefault(g, []).append((n, _rel(f)))
+        scripts = loaded_scripts()
+        return {
+            str(g): {
+                "root": roots.get(g, "?"),
+                "first": min(n for n, _ in files),
+                "files": [f for _, f in sorted(files)],
+                "scripts": sorted({s for sha in shas.get(g, []) for s in scripts.get(sha, [sha])}),
+            }
+            for g, files in by.items()
+        }
+
+
+def _rel(f: str) -> str:
+    return f[len(_ROOT) :] if f.startswith(_ROOT) else f
+
+
+def lua_files() -> dict[str, str]:
+    """Every `.lua` file of the checkout, its includes expanded, by path."""
+    from utils.lua import script
+
+    out = {}
+    for p in ROOT.rglob("*.lua"):
+        if _VENV in str(p) or "/var/" in str(p):
+            continue
+        out[_rel(str(p))] = script(str(p), p.name)
+    return out
+
+
+def loaded_scripts() -> dict[str, list[str]]:
+    """sha -> the `.lua` files whose text a script loaded in this process holds."""
+    from redis.commands.core import Script
+
+    files = lua_files()
+    out: dict[str, list[str]] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, Script):
+            src = obj.script if isinstance(obj.script, str) else bytes(obj.script).decode()
+            names = [n for n, text in files.items() if text.strip() and text.strip() in src]
+            # a fragment another script includes is listed with it; the script itself first
+            names.sort(key=lambda n: -len(files[n]))
+            out[obj.sha] = names or ["(inline script)"]
+    return out
+
+
+# -- the worker side: this module as its Celery app ------------------------------------------
+if os.environ.get(OUT_ENV):
+    _recorder = Recorder()
+    _dumps = [0]
+
+    def _dump(signum: int, frame: Any) -> None:
+        _dumps[0] += 1
+        data = _recorder.take()
+        Path(f"{os.environ[OUT_ENV]}.{_dumps[0]}.json").write_text(json.dumps(data))
+
+    signal.signal(signal.SIGUSR2, _dump)
+    _recorder.install()
+    from worker import app
+
+    __all__ = ["app"]
+
+
+# -- the driver ------------------------------------------------------------------------------
+def _wait_file(path: Path, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            time.sleep(0.2)
+            result: dict[str, Any] = json.loads(path.read_text())
+            return result
+        time.sleep(0.1)
+    raise TimeoutError(f"no dump {path}")
+
+
+def _files_of(window: dict[str, Any], root_has: str) -> list[str]:
+    out: list[str] = []
+    for g in window.values():
+        if root_has in g["root"]:
+            out += [f for f in g["files"] if f not in out]
+    return out
+
+
+def _scripts_of(window: dict[str, Any], root_has: str) -> list[str]:
+    return sorted({s for g in window.values() if root_has in g["root"] for s in g["scripts"]})
+
+
+def read_path(pool: str | None = None) -> dict[str, Any]:
+    from bench.chaincrawl_bench import ChaincrawlBench
+    from bench.pagesets import PAGESETS
+    from config import DEFAULT_POOL
+
+    ps = PAGESETS["small"].build(pages=21)  # one catalog page and its 20 products
+    with ps.serve() as site, ChaincrawlBench() as b:
+        out = b.workdir / "path"
+        (w,) = b.start_workers(1, pool or DEFAULT_POOL, 16, "bench.page_path", {OUT_ENV: str(out)})
+        url = site.url_for(ps.seed.target)
+        seeds = [{"url": url, "kind": ps.seed.kind}]
+        from chains import run
+
+        chain = b.chain(ps.seed.kind)
+        rec = Recorder()
+        # a first run warms both sides (clients, scripts, gates, connections made once)
+        b.run_chain(seeds, timeout=120)
+        time.sleep(2)
+        os.kill(w.pid, signal.SIGUSR2)  # drop what start-up and the warm-up recorded
+        _wait_file(Path(f"{out}.1.json"))
+        t0 = time.monotonic()
+        rec.install()
+        handle = run(chain, seeds=seeds, priority=5)
+        sys.setprofile(None)
+        threading.setprofile(None)
+        trigger = rec.take()
+        progress = handle.wait(timeout=120)
+        crawl_s = time.monotonic() - t0
+        time.sleep(1)
+        os.kill(w.pid, signal.SIGUSR2)  # the crawl window
+        crawl = _wait_file(Path(f"{out}.2.json"))
+        time.sleep(max(2.0, crawl_s + 1))
+        os.kill(w.pid, signal.SIGUSR2)  # an idle window at least as long
+        idle = _wait_file(Path(f"{out}.3.json"))
+        if progress.totals.get("stored") != ps.expected_pages:
+            raise RuntimeError(f"expected {ps.expected_pages} items stored: {progress.totals}")
+    tasks = [
+        g
+        for g in crawl.values()
+        if "celery/concurrency/" in g["root"] or "batch.py:entry" in g["root"]
+    ]
+    page = min(  # the root page: the first task to run (a page of its own, not a batch entry)
+        (
+            g
+            for g in tasks
+            if "base_task.py" in g["files"] and "lifecycle/batch.py" not in g["files"]
+        ),
+        key=lambda g: g["first"],
+    )
+    batch = [f for g in tasks for f in g["files"] if f not in page["files"]]
+    trig = [f for g in sorted(trigger.values(), key=lambda g: g["first"]) for f in g["files"]]
+    drainer = [g for g in crawl.values() if g["root"].startswith("outbox-drainer ")]
+    store = [f for g in drainer for f in g["files"]]
+    # the consumer: the main greenlet and the hub's callbacks (message in, ack out), less what
+    # the same greenlets call while the worker is idle; periodic threads are listed apart
+    periodic = ("run-sweeper ", "owner-heartbeat ", "metrics-flush ", "task-set-beat ")
+    idle_files = {
+        f for g in idle.values() if not g["root"].startswith(periodic) for f in g["files"]
+    }
+    others = [g for g in crawl.values() if g not in tasks and g not in drainer]
+    consumer = [
+        f
+        for g in others
+        if not g["root"].startswith(periodic)
+        for f in g["files"]
+        if f not in idle_files and f not in page["files"]
+    ]
+    background = {
+        g["root"].split(" ")[0]: g["files"] for g in others if g["root"].startswith(periodic)
+    }
+    return {
+        "pool": pool or DEFAULT_POOL,
+        "trigger": {
+            "files": trig,
+            "scripts": sorted({s for g in trigger.values() for s in g["scripts"]}),
+        },
+        "page": {"files": page["files"], "scripts": page["scripts"], "root": page["root"]},
+        "consumer": {"files": list(dict.fromkeys(consumer))},
+        "store": {"files": store, "scripts": _scripts_of(crawl, "drainer")},
+        "batch": {"files": list(dict.fromkeys(batch))},
+        "background": background,
+        "windows": {"crawl": crawl, "idle": idle, "trigger": trigger},
+    }
+
+
+def bottom_layer(f: str) -> bool:
+    """L0 of docs/architecture.md's layers: config.py, settings/, exceptions.py, utils/."""
+    return f in ("config.py", "exceptions.py") or f.startswith(("settings/", "utils/"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-P", "--pool", default=None, help="the worker's pool (default: the default)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    res = read_path(args.pool)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    files: set[str] = set()
+    scripts: set[str] = set()
+    for stage in ("trigger", "page", "consumer", "store"):
+        part = res[stage]
+        files.update(part["files"])
+        scripts.update(part.get("scripts", []))
+        above = [f for f in part["files"] if not bottom_layer(f)]
+        below = [f for f in part["files"] if bottom_layer(f)]
+        print(f"{stage}: {', '.join(above)}")
+        if below:
+            print(f"  bottom layer: {', '.join(below)}")
+        if part.get("scripts"):
+            print(f"  scripts: {', '.join(part['scripts'])}")
+    if res["batch"]["files"]:
+        print(f"a batch message adds: {', '.join(res['batch']['files'])}")
+    up = sorted(f for f in files if not bottom_layer(f))
+    print(
+        f"{len(files)} Python files ({len(up)} above the bottom layer, {len(files) - len(up)} in "
+        f"it), {len(scripts)} Lua files ({res['pool']} pool)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
