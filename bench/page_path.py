@@ -5,7 +5,9 @@ docs/architecture.md's "The modules a page passes through"):
     .venv/bin/python -m bench.page_path --json     # the same as JSON
 
 One catalog page of the `small` page set (bench/pagesets.py) is the root of a chain run: it
-yields an item and 20 child tasks (the products). This process triggers the run under
+yields an item and 20 child tasks (the products). Every setting is its default (politeness
+on: per-site limits, the adaptive throttle, robots.txt), the sink jsonl, no resources; a first
+run warms both processes up, the second is the one read. This process triggers the run under
 `sys.setprofile` (the client side); one real `celery worker` (the default pool) runs the
 pages with this module as its Celery app, which installs the same hook in the worker before
 it consumes. Every Python function call into a file of the checkout is recorded with the
@@ -45,7 +47,12 @@ ROOT = Path(__file__).resolve().parent.parent
 _ROOT = str(ROOT) + os.sep
 _VENV = str(ROOT / ".venv") + os.sep
 _THIS = str(Path(__file__).resolve())
-OUT_ENV = "PAGE_PATH_OUT"  # the worker's dump file prefix (this module as the Celery app)
+OUT_ENV = "PAGE_PATH_OUT"
+DEFAULTS_OFF = (
+    "CHAINCRAWL_DEFAULT_LIMITS",
+    "CHAINCRAWL_THROTTLE",
+    "CHAINCRAWL_ROBOTS",
+)  # the worker's dump file prefix (this module as the Celery app)
 
 
 class Recorder:
@@ -54,6 +61,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, str], int] = {}
+        self.funcs: dict[tuple[int, str], set[str]] = {}
         self.roots: dict[int, str] = {}
         self.shas: dict[int, list[str]] = {}
         self.n = 0
@@ -80,7 +88,9 @@ class Recorder:
         g = id(self._current())
         key = (g, f)
         if key in self.seen:
+            self.funcs[key].add(code.co_name)
             return
+        self.funcs[key] = {code.co_name}
         self.n += 1
         self.seen[key] = self.n
         if g not in self.roots:
@@ -99,8 +109,8 @@ class Recorder:
     def take(self) -> dict[str, Any]:
         """What was recorded since the last take, by greenlet: its root frame, its files in
         order of first call, its scripts."""
-        seen, roots, shas = self.seen, self.roots, self.shas
-        self.seen, self.roots, self.shas = {}, {}, {}
+        seen, roots, shas, funcs = self.seen, self.roots, self.shas, self.funcs
+        self.seen, self.roots, self.shas, self.funcs = {}, {}, {}, {}
         by: dict[int, list[tuple[int, str]]] = {}
         for (g, f), n in seen.items():
             by.setdefault(g, []).append((n, _rel(f)))
@@ -110,6 +120,7 @@ class Recorder:
                 "root": roots.get(g, "?"),
                 "first": min(n for n, _ in files),
                 "files": [f for _, f in sorted(files)],
+                "funcs": {_rel(f): sorted(funcs[(g, f)]) for (gg, f) in seen if gg == g},
                 "scripts": sorted({s for sha in shas.get(g, []) for s in scripts.get(sha, [sha])}),
             }
             for g, files in by.items()
@@ -196,6 +207,8 @@ def read_path(pool: str | None = None) -> dict[str, Any]:
 
     ps = PAGESETS["small"].build(pages=21)  # one catalog page and its 20 products
     with ps.serve() as site, ChaincrawlBench() as b:
+        for name in DEFAULTS_OFF:  # the benchmark's overrides dropped: the defaults, as shipped
+            b.env.pop(name, None)
         out = b.workdir / "path"
         (w,) = b.start_workers(1, pool or DEFAULT_POOL, 16, "bench.page_path", {OUT_ENV: str(out)})
         url = site.url_for(ps.seed.target)
@@ -265,9 +278,18 @@ def read_path(pool: str | None = None) -> dict[str, Any]:
             "files": trig,
             "scripts": sorted({s for g in trigger.values() for s in g["scripts"]}),
         },
-        "page": {"files": page["files"], "scripts": page["scripts"], "root": page["root"]},
+        "page": {
+            "files": page["files"],
+            "scripts": page["scripts"],
+            "root": page["root"],
+            "funcs": page["funcs"],
+        },
         "consumer": {"files": list(dict.fromkeys(consumer))},
-        "store": {"files": store, "scripts": _scripts_of(crawl, "drainer")},
+        "store": {
+            "files": store,
+            "scripts": _scripts_of(crawl, "drainer"),
+            "funcs": {f: fs for g in drainer for f, fs in g["funcs"].items()},
+        },
         "batch": {"files": list(dict.fromkeys(batch))},
         "background": background,
         "windows": {"crawl": crawl, "idle": idle, "trigger": trigger},
