@@ -111,6 +111,17 @@ class Settings(ChaincrawlSettings):
     redis_wait_timeout: float = Field(
         1.0, gt=0, description="Seconds a commit waits for REDIS_WAIT_REPLICAS replicas."
     )
+    pool_parts: int = Field(
+        3,
+        ge=1,
+        le=64,
+        description="Sub-pools each resource pool of a site (cookies, devices, its proxy "
+        "channel) is split into, each on a Redis Cluster slot of its own that falls on another "
+        "master (the first is the pool's key layout before sub-pools): one site's leases "
+        "spread over the cluster. A multiple of the cluster's masters; on one Redis only the "
+        "key names change. Set it once: members of sub-pools a new value no longer names are "
+        "not lent (docs/cluster.md).",
+    )
     key_prefix: str = Field(
         "cc",
         description="Prefix of every Redis key we write (and of the broker's keys on Redis), "

@@ -140,13 +140,16 @@ def proxy_health(client: Any, s: Settings) -> list[PoolHealth]:
     sites = sorted(c.decode() for c in chans)
     now_ms = int(time.time() * 1000)
     pipe = client.pipeline(transaction=False)
+    parts = s.pool_parts
     for site in sites:
-        base = k.channel(site)
-        pipe.hlen(f"{base}:uses")
-        pipe.zcount(f"{base}:ban", now_ms, "+inf")
+        for base in k.channel_parts(site, parts):  # every sub-pool of the channel
+            pipe.hlen(f"{base}:uses")
+            pipe.zcount(f"{base}:ban", now_ms, "+inf")
     res = pipe.execute()
     for i, site in enumerate(sites):
-        out.append(PoolHealth(f"proxy:{site}", int(res[2 * i]), int(res[2 * i + 1]), 0))
+        mine = res[2 * parts * i : 2 * parts * (i + 1)]
+        size, benched = sum(int(x) for x in mine[0::2]), sum(int(x) for x in mine[1::2])
+        out.append(PoolHealth(f"proxy:{site}", size, benched, 0))
     return out
 
 

@@ -15,7 +15,10 @@ tag) when there is one, and runs a script only when all its keys share a slot. S
 - a site's keys share `{<site>}` (`site()`), so its pools and limits can be one script's: a
   pool of cookies or devices (`pool()`), the site's proxy channel (`proxy_channel()`), the
   leases and rate keys of every limit scope of the site (`limit()`: `demo`, `demo.h5.feed`,
-  `demo.render` all on `{demo}`) and its adaptive throttle (`throttle()`);
+  `demo.render` all on `{demo}`) and its adaptive throttle (`throttle()`); a pool (and the
+  proxy channel) is split into sub-pools (`pool_parts()`, `part_tags()`): the first on
+  `{<site>}`, the others on `{<site>~<j>}`, slots chosen to fall on other masters, so one
+  site's leases spread over the cluster while each sub-pool's script stays on one slot;
 - the global proxy pool shared by every site shares `{proxy}` (`proxy()`): one slot by design;
 - the alert evaluator's state, notices and history share `{alerts}` (`alerts()`): its
   transition script touches three of them;
@@ -33,7 +36,10 @@ docs/architecture.md (the run ledger) and docs/monitoring.md (metrics, health, a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 NORUN = "{norun}"  # the hash tag of the keys of tasks without a run
 PROXY = "{proxy}"  # the hash tag of the global proxy pool's keys
@@ -47,6 +53,31 @@ def tag(value: object) -> str:
     if "}" in text or "{" in text:
         raise ValueError(f"a hash-tagged key part may not hold braces: {text!r}")
     return "{" + text + "}"
+
+
+@functools.lru_cache(maxsize=1024)
+def part_tags(site: str, parts: int) -> tuple[str, ...]:
+    """The hash-tag values of a site's `parts` sub-pools: the site itself first (the layout
+    before sub-pools, so members added then stay where they are), then `<site>~<j>`, each j
+    the smallest whose slot falls in the next `1/parts` of the slot space after the site's.
+    A cluster created with its slots dealt evenly over `parts` masters (or a divisor of
+    `parts`) thus holds every sub-pool of a site on another master; on one Redis they are
+    just names. The same on every machine: nothing depends on the cluster's slot map."""
+    if parts < 1:
+        raise ValueError("a pool has at least one part")
+    tag(site)  # braces refused
+    width = REDIS_CLUSTER_HASH_SLOTS / parts
+    first = int(key_slot(site.encode()) // width)
+    out, j = [site], 0
+    for i in range(1, parts):
+        want = (first + i) % parts
+        while True:
+            j += 1
+            name = f"{site}~{j}"
+            if int(key_slot(name.encode()) // width) == want:
+                out.append(name)
+                break
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -155,6 +186,15 @@ class Keyspace:
     def proxy_channel(self, site: str) -> str:
         """The base of a site's proxy channel, `cc:site:{site}:proxy`, on the site's slot."""
         return self.site(site, "proxy")
+
+    def pool_parts(self, kind: str, site: str, parts: int) -> list[str]:
+        """The bases of a pool's sub-pools (`part_tags`): `cc:site:{demo}:pool:cookie`,
+        `cc:site:{demo~2}:pool:cookie`, ...: each sub-pool's keys share one slot."""
+        return [self.pool(kind, t) for t in part_tags(site, parts)]
+
+    def proxy_channel_parts(self, site: str, parts: int) -> list[str]:
+        """The bases of a site's proxy channel's sub-pools (`part_tags`)."""
+        return [self.proxy_channel(t) for t in part_tags(site, parts)]
 
     @property
     def pools(self) -> str:

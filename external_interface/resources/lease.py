@@ -24,6 +24,17 @@ Cluster slot:
     :retired  zset  id -> unix time       the last 1000 retired ids, for inspection
     :ban      zset  id -> until (ms)      retired ids that may not be added again before then
 
+**Sub-pools.** A pool may be split into parts (`parts`: the bases of `Keyspace.pool_parts`,
+`CHAINCRAWL_POOL_PARTS`), each a pool of its own with all the keys above under its own hash tag,
+so on a Redis Cluster one site's pool spreads over several masters. A member lives in exactly
+one part: a new one goes to the part its id hashes to (`home`: CRC-32 of the id, stable) unless
+another part knows it already (a member added before the split stays in the first part, whose
+keys are the layout before sub-pools, and is lent from there). A checkout asks the parts in
+turn, starting with the next one of this process's round robin, and falls over to the next
+while one has nothing ready (an avoided member only after no part has another); the lease
+names its part, so its release, renewal, ban and expiry happen in that part's script. Reads and
+retirements by id ask every part; a pool's counters are the parts' sums.
+
 Every operation is one call of one Lua script (`lease.lua`; a pool's `Profile` — its order,
 whether lost leases count, whether it scores and is produced — is compiled into its copy), so
 each is atomic and a checkout and its release are one round trip each (a process holding a
@@ -41,11 +52,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import secrets
 import threading
 import time
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+import zlib
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,6 +74,7 @@ log = logging.getLogger(__name__)
 SCRIPT = Path(__file__).with_name("lease.lua").read_text()
 KEY_NAMES = ("idle", "lease", "token", "uses", "score", "secret", "stats", "retired", "ban")
 ORDERS = ("lru", "uses")
+KNOWN_FOR = 1.0  # seconds a part's "nothing ready" keeps it out of the first asks
 STATES = {0: "stale", 1: "returned", 2: "retired", 3: "renewed"}
 ACTIONS = ("use", "cancel", "ban", "retire")
 
@@ -97,6 +111,7 @@ class Lease:
     score: int
     expires_ms: int
     secret: Any = field(repr=False)
+    part: int = 0  # the sub-pool it was lent from (`LeasePool.part_keys`)
 
 
 @dataclass(frozen=True)
@@ -147,13 +162,22 @@ class LeasePool:
         profile: Profile = Profile(),
         secret_key: str = "secret",
         sealer: Sealer | None = None,
+        parts: Sequence[str] = (),
     ) -> None:
         self.kind, self.site, self.base = kind, site, base
         self.name = f"{kind}:{site}"
         self._rds = rds
         self._sealer = sealer
         names = {n: n for n in KEY_NAMES} | {"secret": secret_key}
-        self.keys = [f"{base}:{names[n]}" for n in KEY_NAMES]
+        # the sub-pools' bases, the first `base` itself (the layout before sub-pools)
+        self.bases = [base, *(b for b in parts if b != base)]
+        self.part_keys = [[f"{b}:{names[n]}" for n in KEY_NAMES] for b in self.bases]
+        self.keys = self.part_keys[0]
+        self._next = random.randrange(len(self.bases))  # round robin while no part has any
+        self._sizes: list[int | None] = [None] * len(self.bases)  # as each part last said
+        self._avail: list[int] = [0] * len(self.bases)
+        self._turns: list[int] = [0] * len(self.bases)  # `_start`'s weighted round robin
+        self._heard: list[float] = [0.0] * len(self.bases)  # monotonic: each part's last answer
         (
             self.k_idle,
             self.k_lease,
@@ -178,11 +202,68 @@ class LeasePool:
         """The given sealer, else the process's (its keys from the settings)."""
         return self._sealer if self._sealer is not None else get_sealer()
 
-    def _run(self, op: str, args: Iterable[Any] = (), keys: list[str] | None = None) -> Any:
+    def _run(
+        self, op: str, args: Iterable[Any] = (), keys: list[str] | None = None, part: int = 0
+    ) -> Any:
         client = self.rds
         if self._script is None:
             self._script = client.register_script(_source(self.profile))
-        return self._script(keys=keys or self.keys, args=[op, *args], client=client)
+        return self._script(keys=keys or self.part_keys[part], args=[op, *args], client=client)
+
+    def _each(self, op: str, args: Iterable[Any] = ()) -> list[Any]:
+        """One script call per part (one slot each), their answers in part order."""
+        args = list(args)
+        return [self._run(op, args, part=i) for i in range(len(self.part_keys))]
+
+    def _start(self) -> int:
+        """The part a checkout asks first: a smooth weighted round robin, each part weighted
+        by the members it had ready at its last answer (at least 1 once that answer is older
+        than KNOWN_FOR, or when the last checkout found nothing anywhere), so over a round
+        every member is lent about as often as in one pool (2 members ready in one part and
+        1 in another lend 2:1); with nothing ready anywhere, plain turns. Then the next parts
+        in turn (`take`)."""
+        now = time.monotonic()
+        weights = [
+            a if now - heard < KNOWN_FOR else max(a, 1)
+            for a, heard in zip(self._avail, self._heard, strict=True)
+        ]
+        total = sum(weights)
+        if not total:
+            self._next = (self._next + 1) % len(weights)
+            return self._next
+        cur = self._turns
+        for i, w in enumerate(weights):
+            cur[i] += w
+        pick = max(range(len(cur)), key=cur.__getitem__)
+        cur[pick] -= total
+        return pick
+
+    def _only_avoided(self, avoid: Collection[str]) -> bool:
+        """Whether every member of every part (idle or lent) is in `avoid` (read apart from the
+        checkout: a member added meanwhile may see an avoided one lent, as a preference allows)."""
+        ids = list(avoid)
+        pipe = self.rds.pipeline(transaction=False)
+        for keys in self.part_keys:
+            for key in keys[0], keys[1]:  # idle, lease
+                pipe.zcard(key)
+                pipe.zmscore(key, ids)
+        got = pipe.execute()
+        total = sum(got[0::2])
+        avoided = sum(1 for scores in got[1::2] for x in scores if x is not None)
+        return total - avoided <= 0
+
+    def home(self, member_id: str) -> int:
+        """The part a new member goes to: a stable hash of its id."""
+        n = len(self.part_keys)
+        return zlib.crc32(member_id.encode()) % n if n > 1 else 0
+
+    def _total(self, current: int) -> int:
+        """A pool's size from its parts' last answers (one not heard from yet counts 0: a
+        low estimate, which `PoolProvider` checks with `sizes` before it starts production):
+        -1 when the profile does not report sizes (`current` -1)."""
+        if current < 0:
+            return current
+        return sum(v or 0 for v in self._sizes)
 
     def _lease(self, mid: str, token: str, uses: int, score: int, exp: int, text: str) -> Lease:
         """The lease handed to callers; subclasses decode the opened secret."""
@@ -210,21 +291,48 @@ class LeasePool:
         With `fallback`, `avoid` is a preference: when every member is in it, waiting could
         never end, so the first avoided one is lent after all."""
         token = secrets.token_hex(8)
-        res = self._run("checkout", [int(lease_ttl * 1000), token, int(fallback), *avoid])
-        mid, raw, uses, score, avail, size, wait, exp = res
-        if not mid:
-            wait_s = None if int(wait) < 0 else int(wait) / 1000
-            return Checkout(None, int(avail), int(size), wait_s)
+        n = len(self.part_keys)
+        start = self._start() if n > 1 else 0
+        order = [(start + k) % n for k in range(n)]
+        # avoided members are a last resort: lent only once no part has another member
+        passes = [0, 1] if fallback and avoid and n > 1 else [int(fallback)]
+        ttl_ms = int(lease_ttl * 1000)
+        waits: list[int] = []
+        res: Any = None
+        part = order[0]
+        for fb in passes:
+            if fb and len(passes) > 1:
+                if not self._only_avoided(avoid):
+                    break
+                order = [i for i in order if self._avail[i] > 0]  # ready, all avoided
+            for part in order:
+                res = self._run("checkout", [ttl_ms, token, fb, *avoid], part=part)
+                self._sizes[part], self._avail[part] = int(res[5]), int(res[4])
+                self._heard[part] = time.monotonic()
+                if res[0]:
+                    break
+                waits.append(int(res[6]))
+            if res is not None and res[0]:
+                break
+        size = self._total(int(res[5]) if res is not None else -1)
+        avail = sum(self._avail)
+        if res is None or not res[0]:
+            self._heard = [0.0] * n  # members may come to any part: ask each again
+            known = [w for w in waits if w >= 0]
+            return Checkout(None, avail, size, min(known) / 1000 if known else None)
+        mid, raw, uses, score, _, _, _, exp = res
         mid = as_str(mid)
         guard = _guard
         if guard is not None:
             wait_s = guard.take_lease(self.kind, self.site, token, lease_ttl)
             if wait_s is not None:  # at its share: the member goes back untouched
-                self._run("release", [mid, token, "cancel"])
-                return Checkout(None, int(avail) + 1, int(size), wait_s, shared=True)
+                self._run("release", [mid, token, "cancel"], part=part)
+                return Checkout(None, avail + 1, size, wait_s, shared=True)
         text = self._open(mid, raw)
         lease = self._lease(mid, token, int(uses), int(float(score)), int(exp), text)
-        return Checkout(lease, int(avail), int(size), 0.0)
+        if part:
+            lease = replace(lease, part=part)
+        return Checkout(lease, avail, size, 0.0)
 
     def give_back(
         self,
@@ -256,7 +364,12 @@ class LeasePool:
             args += [reason, int(hold * 1000)]
         elif action != "cancel":
             raise ValueError(f"unknown lease action {action!r}: one of {', '.join(ACTIONS)}")
-        state, size = self._run("release", args)
+        state, size = self._run("release", args, part=lease.part)
+        if action in ("use", "cancel"):  # back in its part (ready, or after its rest)
+            self._avail[lease.part] += 1
+        if int(size) >= 0 and len(self.part_keys) > 1:
+            self._sizes[lease.part] = int(size)
+            size = self._total(int(size))
         guard = _guard
         if guard is not None:
             guard.give_lease(self.kind, self.site, lease.token)
@@ -268,7 +381,8 @@ class LeasePool:
 
     def renew_lease(self, lease: Lease, lease_ttl: float) -> bool:
         """Extend a lease for a long request; False if it had already expired and gone back."""
-        state, _ = self._run("release", [lease.id, lease.token, "renew", int(lease_ttl * 1000)])
+        args = [lease.id, lease.token, "renew", int(lease_ttl * 1000)]
+        state, _ = self._run("release", args, part=lease.part)
         return STATES[int(state)] == "renewed"
 
     # --- membership ----------------------------------------------------------------------
@@ -281,12 +395,40 @@ class LeasePool:
         """Add (id, secret) pairs, each secret sealed; an id already known, benched, or (with
         `source`) not in that zset is skipped. Returns how many were added. `source` is one
         more key of the script: on a Redis Cluster it must share the pool's slot."""
+        members = list(members)
+        if len(self.part_keys) > 1:
+            members = self._not_elsewhere(members)
         box = self.sealer
-        flat = [x for mid, secret in members for x in (mid, box.seal(secret))]
-        if not flat:
-            return 0
-        keys = [*self.keys, source] if source else None
-        return int(self._run("add", [initial_score, *flat], keys))
+        by_part: dict[int, list[str]] = {}
+        for mid, secret in members:
+            by_part.setdefault(self.home(mid), []).extend((mid, box.seal(secret)))
+        added = 0
+        for part, flat in sorted(by_part.items()):
+            keys = [*self.part_keys[part], source] if source else None
+            added += int(self._run("add", [initial_score, *flat], keys, part=part))
+        return added
+
+    def _not_elsewhere(self, members: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The members no part but their home knows or has benched (a member of the layout
+        before sub-pools stays where it is). Not atomic with the add: a member benched in
+        another part between the two may still be added to its home part."""
+        ids = [mid for mid, _ in members]
+        if not ids:
+            return members
+        pipe = self.rds.pipeline(transaction=False)
+        for keys in self.part_keys:
+            pipe.hmget(keys[5], ids)  # secret
+            pipe.zmscore(keys[8], ids)  # ban
+        found = pipe.execute()
+        sec, usec = self.rds.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        skip: set[str] = set()
+        for part in range(len(self.part_keys)):
+            known, bans = found[2 * part], found[2 * part + 1]
+            for mid, k, b in zip(ids, known, bans, strict=True):
+                if self.home(mid) != part and (k is not None or (b is not None and b > now_ms)):
+                    skip.add(mid)
+        return [(mid, secret) for mid, secret in members if mid not in skip]
 
     def retire_members(
         self, ids: Iterable[str], reason: str, hold: float = 0.0, only_idle: bool = False
@@ -295,53 +437,84 @@ class LeasePool:
         ids = list(ids)
         if not ids:
             return 0
-        return int(self._run("retire", [reason, int(hold * 1000), int(only_idle), *ids]))
+        args = [reason, int(hold * 1000), int(only_idle), *ids]
+        return sum(int(x) for x in self._each("retire", args))
 
     def reclaim(self) -> int:
         """Give back every expired lease now (every operation also does it, a few at a time)."""
-        return int(self._run("reclaim"))
+        return sum(int(x) for x in self._each("reclaim"))
 
-    # --- reads ---------------------------------------------------------------------------
+    # --- reads (every part) --------------------------------------------------------------
+    def key_for(self, name: str, member_id: str) -> str:
+        """The key `name` (one of KEY_NAMES) of the part that holds `member_id`, or of its
+        home part when none does (inspection, tests)."""
+        index = KEY_NAMES.index(name)
+        if len(self.part_keys) > 1:
+            for keys in self.part_keys:
+                if self.rds.hexists(keys[5], member_id) or self.rds.zscore(keys[8], member_id):
+                    return keys[index]
+        return self.part_keys[self.home(member_id)][index]
+
+    def _key(self, index: int) -> list[str]:
+        """One key (by its place in KEY_NAMES) of every part."""
+        return [keys[index] for keys in self.part_keys]
+
     def sizes(self) -> tuple[int, int, int]:
         """(available now, members, lent)."""
-        avail, size, leased = self._run("sizes")
-        return int(avail), int(size), int(leased)
+        got = [[int(x) for x in r] for r in self._each("sizes")]
+        avail, size, leased = (sum(col) for col in zip(*got, strict=True))
+        return avail, size, leased
 
     def counters(self) -> dict[str, int]:
-        return {as_str(k): int(v) for k, v in self.rds.hgetall(self.k_stats).items()}
+        out: dict[str, int] = {}
+        for key in self._key(6):
+            for k, v in self.rds.hgetall(key).items():
+                out[as_str(k)] = out.get(as_str(k), 0) + int(v)
+        return out
 
     def __contains__(self, member_id: object) -> bool:
-        return bool(self.rds.hexists(self.k_secret, str(member_id)))
+        return any(self.rds.hexists(key, str(member_id)) for key in self._key(5))
 
     def members(self) -> set[str]:
         """Every member, idle or lent."""
-        return {as_str(x) for x in self.rds.hkeys(self.k_secret)}
+        return {as_str(x) for key in self._key(5) for x in self.rds.hkeys(key)}
 
     def lent(self) -> list[str]:
-        return [as_str(i) for i in self.rds.zrange(self.k_lease, 0, -1)]
+        return [as_str(i) for key in self._key(1) for i in self.rds.zrange(key, 0, -1)]
+
+    def _field(self, index: int, member_id: str) -> Any:
+        for key in self._key(index):
+            v = self.rds.hget(key, member_id)
+            if v is not None:
+                return v
+        return None
 
     def uses(self, member_id: str) -> int | None:
-        v = self.rds.hget(self.k_uses, member_id)
+        v = self._field(3, member_id)
         return int(v) if v is not None else None
 
     def score(self, member_id: str) -> int | None:
-        v = self.rds.hget(self.k_score, member_id)
+        v = self._field(4, member_id)
         return int(float(v)) if v is not None else None
 
     def retired(self) -> list[str]:
-        return [as_str(x) for x in self.rds.zrange(self.k_retired, 0, -1)]
+        return [as_str(x) for key in self._key(7) for x in self.rds.zrange(key, 0, -1)]
 
     def banned(self) -> list[str]:
         """Ids benched now (they may not be added again yet)."""
         sec, usec = self.rds.time()
         now_ms = sec * 1000 + usec // 1000
-        return [as_str(i) for i in self.rds.zrangebyscore(self.k_ban, now_ms, "+inf")]
+        return [
+            as_str(i) for key in self._key(8) for i in self.rds.zrangebyscore(key, now_ms, "+inf")
+        ]
 
     def unban(self, member_id: str) -> None:
-        self.rds.zrem(self.k_ban, member_id)
+        for key in self._key(8):
+            self.rds.zrem(key, member_id)
 
     def clear(self) -> None:
-        self.rds.delete(*self.keys)
+        for keys in self.part_keys:  # one slot a call
+            self.rds.delete(*keys)
 
 
 @functools.lru_cache(maxsize=8)

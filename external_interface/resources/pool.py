@@ -13,7 +13,9 @@ these keys besides:
     <p>:pools   set "kind:site"           every pool, for health reports
 
 Every key of a pool carries its site's hash tag, so each script (`lease.lua`, `produce.lua`)
-runs on one Redis Cluster slot. The registry `<p>:pools` is global: it is only ever written by
+runs on one Redis Cluster slot. The pool is split into `CHAINCRAWL_POOL_PARTS` sub-pools
+(lease.py), the first under the base above, the others under `<p>:site:{<site>~<j>}:pool:<kind>`
+(`Keyspace.pool_parts`), each on a slot of its own; the production keys stay in the first. The registry `<p>:pools` is global: it is only ever written by
 a plain, idempotent SADD beside a script (`add`, `try_start_production`), never inside one, so
 on a cluster it lives on its own slot and `pool_names`/`pool_stats` still find every pool.
 
@@ -221,11 +223,14 @@ class Pool(LeasePool):
         config: PoolConfig | None = None,
         sealer: Sealer | None = None,
         held: bool = False,
+        parts: int | None = None,
     ) -> None:
         self.prefix = prefix if prefix is not None else get_settings().key_prefix
         self.held = held  # lend through this process's holding (the providers' pools)
         ks = Keyspace(self.prefix)
-        super().__init__(kind, site, ks.pool(kind, site), rds=rds, sealer=sealer)
+        n = get_settings().pool_parts if parts is None else parts
+        bases = ks.pool_parts(kind, site, n)
+        super().__init__(kind, site, bases[0], rds=rds, sealer=sealer, parts=bases)
         self._config = config
         b = self.base
         self.k_producing, self.k_gap, self.k_streak = (
@@ -292,7 +297,8 @@ class Pool(LeasePool):
         return sorted(self.members())
 
     def clear(self) -> None:
-        self.rds.delete(*self.keys, self.k_producing, self.k_gap, self.k_streak)
+        super().clear()
+        self.rds.delete(self.k_producing, self.k_gap, self.k_streak)
         self.rds.srem(self.k_pools, self.name)
 
     # --- health --------------------------------------------------------------------------
@@ -300,12 +306,12 @@ class Pool(LeasePool):
         """size (members), available (ready now), cooling, leased, and the counters."""
         avail, size, leased = self.sizes()
         pipe = self.rds.pipeline(transaction=False)
-        pipe.hgetall(self.k_stats)
-        pipe.hvals(self.k_score)
+        for key in self._key(4):  # every part's scores
+            pipe.hvals(key)
         pipe.get(self.k_producing)
-        raw, scores, producing = pipe.execute()
-        counters = {as_str(k): int(v) for k, v in raw.items()}
-        vals = [float(x) for x in scores]
+        *scores, producing = pipe.execute()
+        counters = self.counters()
+        vals = [float(x) for part in scores for x in part]
         out: dict[str, Any] = {
             "pool": self.name,
             "kind": self.kind,
@@ -358,7 +364,7 @@ class Pool(LeasePool):
         prev_rid, _, produced_then = expected.partition(" ")
         if prev_rid and not (finished or producer.finished)(prev_rid):
             return None
-        produced_now = int(self.rds.hget(self.k_stats, "produced") or 0)
+        produced_now = self.counters().get("produced", 0)  # every part's
         # the last run added nothing (site down, accounts refused): back off 2, 4, 8... x gap
         dry = bool(prev_rid and produced_then.isdigit() and int(produced_then) >= produced_now)
         streak = int(self.rds.get(self.k_streak) or 0) + 1 if dry else 0
@@ -505,6 +511,10 @@ class PoolProvider:
             return
         self._last_check = now
         try:
+            if len(self.pool.part_keys) > 1:  # the size was the parts' last answers: read it
+                size = self.pool.sizes()[1]
+                if size >= cfg.low_water:
+                    return
             self.pool.try_start_production(cfg.target - size, self._start, self._finished)
         except Exception:
             log.exception("pool %s: could not start production", self.pool.name)

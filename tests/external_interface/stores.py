@@ -47,8 +47,9 @@ def let_time_pass(rds: Any, pool: LeasePool, seconds: float) -> None:
     times and this instead of a sleep, so a loaded machine can neither end a lease early nor
     leave it running late."""
     shift = seconds * 1000
-    keys = [pool.k_lease, pool.k_ban] + ([pool.k_idle] if pool.profile.order == "lru" else [])
-    for key in keys:
+    lru = pool.profile.order == "lru"
+    keys = [k for part in pool.part_keys for k in [part[1], part[8]] + ([part[0]] if lru else [])]
+    for key in keys:  # every sub-pool's
         scores = rds.zrange(key, 0, -1, withscores=True)
         if scores:
             rds.zadd(key, {member: score - shift for member, score in scores}, xx=True)

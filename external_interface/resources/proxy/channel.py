@@ -1,7 +1,8 @@
 """Per-site channel pools: exclusive, leased checkouts of proxies from the global pool.
 
 A channel is a pool on the lease engine (`external_interface.resources.lease`, whose docstring lists the
-keys) under `<p>:site:{<site>}:proxy` (the site's Redis Cluster slot), ordered by use: `:idle` holds each idle proxy's use count
+keys) under `<p>:site:{<site>}:proxy` (the site's Redis Cluster slot) and, split into
+`CHAINCRAWL_POOL_PARTS` sub-pools, `<p>:site:{<site>~<j>}:proxy` (lease.py), ordered by use: `:idle` holds each idle proxy's use count
 and the least used goes out first. Its secret hash is named `:url` (the proxy URL, sealed
 like every secret of the engine; the channel's own copy, so it keeps serving after the proxy left the global pool because of another
 site), `:ban` holds the proxies this site benched, until when, and `:stats` counts
@@ -29,6 +30,7 @@ import time
 from collections.abc import Collection
 from typing import Any, cast
 
+from config import get_settings
 from external_interface.resources.holding import Holding
 from external_interface.resources.lease import Lease, LeasePool, Profile
 from external_interface.resources.pool import pool_config, pool_holding
@@ -62,15 +64,18 @@ class ChannelPool(LeasePool):
         pool: GlobalPool,
         selector: Selector | None = None,
         held: bool = False,
+        parts: int | None = None,
     ) -> None:
+        bases = pool.keys.channel_parts(site, get_settings().pool_parts if parts is None else parts)
         super().__init__(
             KIND,
             site,
-            pool.keys.channel(site),
+            bases[0],
             rds=pool.rds,
             profile=PROFILE,
             secret_key="url",
             sealer=pool.sealer,
+            parts=bases,
         )
         self.pool = pool
         self.settings = pool.settings
@@ -178,13 +183,14 @@ class ChannelPool(LeasePool):
             return 0
         # cheap pre-filter so `limit` counts new proxies; the script re-checks atomically
         pipe = self.rds.pipeline(transaction=False)
-        pipe.hmget(self.k_url, ranked)
+        for key in self._key(5):  # every sub-pool's urls
+            pipe.hmget(key, ranked)
         pipe.hmget(self.pool.keys.url, ranked)
-        known, urls = pipe.execute()
+        *known, urls = pipe.execute()
         fresh = [
             (pid, url)
-            for pid, k, url in zip(ranked, known, urls, strict=True)
-            if k is None and url is not None
+            for pid, url, *k in zip(ranked, urls, *known, strict=True)
+            if all(x is None for x in k) and url is not None
         ][: max(limit, 0)]
         if not fresh:
             return 0
@@ -213,10 +219,14 @@ class ChannelPool(LeasePool):
     # --- reads -------------------------------------------------------------------------------
     def idle(self) -> list[tuple[str, int]]:
         """Idle members with their use counts, least used first."""
-        idle = cast(
-            "list[tuple[bytes, float]]", self.rds.zrange(self.k_idle, 0, -1, withscores=True)
-        )
-        return [(as_str(i), int(s)) for i, s in idle]
+        idle = [
+            (as_str(i), int(s))
+            for key in self._key(0)
+            for i, s in cast(
+                "list[tuple[bytes, float]]", self.rds.zrange(key, 0, -1, withscores=True)
+            )
+        ]
+        return sorted(idle, key=lambda x: (x[1], x[0]))  # as one zset orders them
 
     def clear(self) -> None:
         super().clear()

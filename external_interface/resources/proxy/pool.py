@@ -59,6 +59,10 @@ class ProxyKeys:
         """The base of a site's channel, on the site's slot (not the global pool's)."""
         return self.ks.proxy_channel(site)
 
+    def channel_parts(self, site: str, parts: int) -> list[str]:
+        """The bases of a site's channel's sub-pools, the first `channel(site)`."""
+        return self.ks.proxy_channel_parts(site, parts)
+
 
 SCRIPT = Path(__file__).with_name("pool.lua").read_text()
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from config import reset_settings
 from external_interface.resources import holding
 
 
@@ -17,3 +18,14 @@ def _one_checkout_per_request() -> Iterator[None]:
     yield
     holding.set_enabled(True)
     holding.forget()
+
+
+@pytest.fixture
+def one_part(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Pools of one part (`CHAINCRAWL_POOL_PARTS=1`): for tests of an order across a whole
+    pool (least used first, least recently used first), which holds within a sub-pool."""
+    monkeypatch.setenv("CHAINCRAWL_POOL_PARTS", "1")
+    reset_settings()
+    yield
+    monkeypatch.delenv("CHAINCRAWL_POOL_PARTS")
+    reset_settings()

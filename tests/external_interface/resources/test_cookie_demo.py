@@ -57,7 +57,7 @@ def test_production_steps_put_a_working_session_into_the_pool(
     member = produce_cookie()
     pool = Pool("cookie", "demo")
     assert pool.ids() == [member]
-    raw = cast(bytes, rds.hget(pool.k_secret, member))
+    raw = cast(bytes, rds.hget(pool.key_for("secret", member), member))
     assert b"session" not in raw  # sealed at rest
     assert '"session"' in pool.sealer.open(raw)
     assert demo.stats()["logins"]["ok"] == before + 1

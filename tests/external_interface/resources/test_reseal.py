@@ -47,8 +47,9 @@ def test_reseal_moves_every_secret_to_the_new_key_and_adopts_clear_values(
 
     rotated = Sealer([new, old])
     counts = reseal(rds, key_prefix, rotated)
+    homes = {cookies.key_for("secret", "co-1"), cookies.k_secret, foreign.k_secret}
     assert counts["pool members"] == {"current": 0, "resealed": 1, "adopted": 0, "unreadable": 2,
-                                      "changed_meanwhile": 0, "keys": 2}  # fmt: skip
+                                      "changed_meanwhile": 0, "keys": len(homes)}  # fmt: skip
     assert counts["proxy URLs"]["resealed"] == counts["proxy channel URLs"]["resealed"] == 1
     assert counts["vault tickets"]["resealed"] == 1
     counts = reseal(rds, key_prefix, rotated, adopt_clear=True)
@@ -58,7 +59,7 @@ def test_reseal_moves_every_secret_to_the_new_key_and_adopts_clear_values(
                                     "changed_meanwhile": 0, "keys": 1}  # fmt: skip
 
     after = Sealer([new])  # the old key can go now
-    assert json.loads(after.open(cast(bytes, rds.hget(cookies.k_secret, "co-1")))) == {
+    assert json.loads(after.open(cast(bytes, rds.hget(cookies.key_for("secret", "co-1"), "co-1")))) == {
         "cookies": {"sid": "s-1"}
     }
     assert "s-clear" in after.open(cast(bytes, rds.hget(cookies.k_secret, "co-clear")))

@@ -27,6 +27,9 @@ from tests.external_interface.proxy_fixtures import ProxyFactory, Task, fetch
 from tests.external_interface.stores import rds_on_both_stores  # noqa: F401 - fixture `rds`
 from utils.redis import reset_clients
 
+# the retries here are told apart by the channel's least-used order, kept within a sub-pool
+pytestmark = pytest.mark.usefixtures("one_part")
+
 
 def admit(pool: GlobalPool, *ps: ForwardProxy) -> None:
     for p in ps:

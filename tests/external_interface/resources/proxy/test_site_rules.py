@@ -110,7 +110,7 @@ def test_a_429_benches_the_proxy_for_the_sites_retry_after(
     prov = _provider(rds, key_prefix, "demo")
     pid = _through(prov, answer(429, '{"error": "rate_limited"}', retry_after=1.0))
     assert prov.channel.banned() == [pid] and pid not in prov.channel.members()
-    until = rds.zscore(prov.channel.k_ban, pid)
+    until = rds.zscore(prov.channel.key_for("ban", pid), pid)
     assert until is not None and 0 < until - _server_ms(rds) <= 1000  # not ban_ttl's hour
     assert channel_stats(prov.channel) == {"banned": 1}
     assert prov.pool.score(pid) == 5  # the proxy's health is not in question
@@ -127,7 +127,7 @@ def test_a_real_ban_without_retry_after_holds_for_ban_ttl(
 ) -> None:
     prov = _provider(rds, key_prefix, "elsewhere")
     pid = _through(prov, answer(403, "forbidden"))
-    until = rds.zscore(prov.channel.k_ban, pid)
+    until = rds.zscore(prov.channel.key_for("ban", pid), pid)
     assert until is not None and until - _server_ms(rds) > 3500 * 1000
 
 
