@@ -399,7 +399,7 @@ class LeasePool:
         if len(self.part_keys) > 1:
             members = self._not_elsewhere(members)
         box = self.sealer
-        by_part: dict[int, list[str]] = {}
+        by_part: dict[int, list[str | bytes]] = {}
         for mid, secret in members:
             by_part.setdefault(self.home(mid), []).extend((mid, box.seal(secret)))
         added = 0

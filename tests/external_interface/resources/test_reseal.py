@@ -59,9 +59,9 @@ def test_reseal_moves_every_secret_to_the_new_key_and_adopts_clear_values(
                                     "changed_meanwhile": 0, "keys": 1}  # fmt: skip
 
     after = Sealer([new])  # the old key can go now
-    assert json.loads(after.open(cast(bytes, rds.hget(cookies.key_for("secret", "co-1"), "co-1")))) == {
-        "cookies": {"sid": "s-1"}
-    }
+    assert json.loads(
+        after.open(cast(bytes, rds.hget(cookies.key_for("secret", "co-1"), "co-1")))
+    ) == {"cookies": {"sid": "s-1"}}
     assert "s-clear" in after.open(cast(bytes, rds.hget(cookies.k_secret, "co-clear")))
     assert GlobalPool(rds, key_prefix, sealer=after).urls(["127.0.0.1:3128"]) == {
         "127.0.0.1:3128": "http://u:pw@127.0.0.1:3128"
