@@ -231,7 +231,9 @@ def test_secrets_never_reach_logs_messages_or_events(
         assert sum(f"{PROXY_USER}:{PROXY_PW}@" in o for o in opened) >= 2 * N_PROXIES
         aof = files["appendonly.aof"]
         assert len(aof) > 100_000 and MAGIC in aof and MAGIC in files["dump.rdb"]
-        assert b":{proxy}:url" in aof and re.search(rb":\{demo(~\d+)?\}:pool:device_id:secret", files["dump.rdb"])
+        assert b":{proxy}:url" in aof and re.search(
+            rb":\{demo(~\d+)?\}:pool:device_id:secret", files["dump.rdb"]
+        )
 
 
 def at_rest(data_dir: Path) -> dict[str, bytes]:
