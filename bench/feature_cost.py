@@ -87,19 +87,20 @@ class FeatureSite(contextlib.ExitStack):
             raise RuntimeError(f"{n} of {self.healthy} proxies validated")
         return n
 
-    def crawl(self, chain: str, timeout: float = 600) -> argparse.Namespace:
-        """One run of `chain` over the whole site, waited for: its pages (tasks the run
-        committed), items stored, failures, and the requests the site answered meanwhile
-        (retries, logins, device registrations, proxy checks included)."""
+    def crawl(self, chain: str, timeout: float = 600, runs: int = 1) -> argparse.Namespace:
+        """`runs` runs of `chain` side by side, each over the whole site (one site's crawl as
+        several runs), waited for: their pages (tasks the runs committed), items stored,
+        failures, and the requests the site answered meanwhile (retries, logins, device
+        registrations, proxy checks included)."""
         import chains
 
         before = int(self.demo.stats()["total"])
-        p = chains.run(chain, seeds=[{}]).wait(timeout=timeout, poll=0.2)
-        t = p.totals
+        handles = [chains.run(chain, seeds=[{}]) for _ in range(runs)]
+        totals = [h.wait(timeout=timeout, poll=0.2).totals for h in handles]
         return argparse.Namespace(
-            pages=int(t["succeeded"]),
-            items=int(t["stored"]),
-            failed=int(t["failed"]),
-            retried=int(t.get("retried", 0)),
+            pages=sum(int(t["succeeded"]) for t in totals),
+            items=sum(int(t["stored"]) for t in totals),
+            failed=sum(int(t["failed"]) for t in totals),
+            retried=sum(int(t.get("retried", 0)) for t in totals),
             requests=int(self.demo.stats()["total"]) - before,
         )
