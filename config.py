@@ -155,10 +155,10 @@ class Settings(ChaincrawlSettings):
     )
     max_redirects: int = Field(10, description="More fail with `TooManyRedirects`.")
     fetcher: str = Field(
-        "urllib3",
-        description="HTTP client of the fetch layer: urllib3 (default), requests (same "
-        "contract and errors), impersonate (a browser's TLS, HTTP/2 and headers) or pycurl "
-        "(the same contract on libcurl, the least CPU; the `pycurl` extra); "
+        "pycurl",
+        description="HTTP client of the fetch layer: pycurl (default: libcurl, the least CPU, "
+        "HTTP/1.1), urllib3 (the same contract and errors in pure Python), requests (the same "
+        "on requests) or impersonate (a browser's TLS, HTTP/2 and headers); "
         "an endpoint's `fetcher=` and `CHAINCRAWL_FETCHER_<SITE>` choose per endpoint and site.",
     )
     ca_bundle: str = Field(

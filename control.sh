@@ -13,7 +13,7 @@ PY=${PYTHON:-python3}
 # pyproject.toml's ranges): the same versions on every machine, every time.
 LOCK=requirements/dev.txt          # runtime + demo + test: what this checkout needs
 BROWSER_LOCK=requirements/browser.txt
-PYCURL_LOCK=requirements/pycurl.txt  # the pycurl fetcher (`setup --pycurl`, remembered)
+PYCURL_LOCK=requirements/pycurl.txt  # `setup --pycurl` of old scripts: pycurl is in LOCK now
 
 # sha1 of the lock files (coreutils' sha1sum, else Python: the same digest): no interpreter
 # start on every command where sha1sum is there

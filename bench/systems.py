@@ -247,7 +247,11 @@ def _crawlee() -> list[str]:
 
 
 # the one-worker rows of another fetcher than the default: key -> CHAINCRAWL_FETCHER
-FETCHER_ROWS = {"chaincrawl-impersonate": "impersonate", "chaincrawl-pycurl": "pycurl"}
+FETCHER_ROWS = {
+    "chaincrawl-impersonate": "impersonate",
+    "chaincrawl-pycurl": "pycurl",
+    "chaincrawl-urllib3": "urllib3",
+}
 
 
 def build(
@@ -326,5 +330,5 @@ def build(
     raise ValueError(f"unknown system {key!r}; known: {', '.join(KEYS)}")
 
 
-KEYS = ("chaincrawl", "chaincrawl@REV", "chaincrawl-impersonate", "chaincrawl-pycurl", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
+KEYS = ("chaincrawl", "chaincrawl@REV", "chaincrawl-impersonate", "chaincrawl-pycurl", "chaincrawl-urllib3", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
         "chaincrawl+PROTO", "scrapy-best", "scrapy:CONFIG", "crawlee", "floor", "floor-threadsN")  # fmt: skip

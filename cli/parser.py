@@ -178,7 +178,7 @@ def _shell_commands(sub: Any) -> None:
     se.add_argument(
         "--pycurl",
         action="store_true",
-        help="add pycurl for the pycurl fetcher (CHAINCRAWL_FETCHER=pycurl)",
+        help="kept for old scripts: pycurl, the default fetcher's, is in the runtime lock",
     )
     sub.add_parser("lock", help="regenerate the lock files (requirements/*.txt) from pyproject")
     te = sub.add_parser("test", help="run the test suite (arguments go to pytest)")

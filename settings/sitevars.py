@@ -52,8 +52,8 @@ SITE_VARS: dict[str, SiteVar] = {
     ),
     "fetcher": SiteVar(
         "FETCHER_{site}",
-        "The fetcher of the site's requests over its endpoints' own `fetcher=`: urllib3, "
-        "requests, pycurl, impersonate or impersonate:<browser>[/<form>] (docs/browser.md).",
+        "The fetcher of the site's requests over its endpoints' own `fetcher=`: pycurl, "
+        "urllib3, requests, impersonate or impersonate:<browser>[/<form>] (docs/browser.md).",
     ),
     "contact_url": SiteVar(
         "CONTACT_URL_{site}",

@@ -2,10 +2,16 @@
 
 libcurl reads the answer, parses its head and decodes its body in C, where urllib3 and
 http.client do it in Python: a fifth to a third of `Urllib3Fetcher`'s CPU per request on the
-benchmark's pages (docs/performance.md, "Fetch clients"). `CHAINCRAWL_FETCHER=pycurl` makes it
-every request's, `CHAINCRAWL_FETCHER_<SITE>=pycurl` or an endpoint's `fetcher="pycurl"` a
-site's. It needs the `pycurl` extra (`pip install -r requirements/pycurl.txt`); without it,
-choosing it is a ConfigError that says so, and the other fetchers work as ever.
+benchmark's pages (docs/performance.md, "Fetch clients"). It is the default fetcher
+(`CHAINCRAWL_FETCHER=pycurl`); `CHAINCRAWL_FETCHER=urllib3` (or a site's
+`CHAINCRAWL_FETCHER_<SITE>`, an endpoint's `fetcher=`) chooses the pure-Python one. pycurl is a
+runtime dependency; where it cannot be imported (a broken install, a platform without its
+wheel), choosing it is a ConfigError at the worker's start that gives the import error and the
+two ways out, and the other fetchers work as ever.
+
+It speaks HTTP/1.1 on http and https alike, as the urllib3 and requests fetchers do (libcurl
+would offer HTTP/2 over TLS): the same requests, headers and connection use whichever fetcher
+is the default. Only the impersonating fetcher speaks a browser's HTTP/2.
 
 The contract is `Urllib3Fetcher`'s, set by `libcurl.py` as for `ImpersonateFetcher` (the
 same library through curl_cffi): the whole-request deadline, the size limit, proxies with
@@ -34,12 +40,24 @@ from external_interface.fetch.libcurl import Handles, HubThreadpool, Transfer
 from external_interface.fetch.response import Response
 from utils.greenlets import gevent_patched
 
-try:  # the optional `pycurl` extra
+try:  # a runtime dependency; its absence is said when the fetcher is chosen
     import pycurl
-except ImportError:  # pragma: no cover - exercised by test_curl's subprocess
-    pycurl = None
 
-MISSING = "the pycurl fetcher needs pycurl: pip install -r requirements/pycurl.txt"
+    _IMPORT_ERROR = ""
+except ImportError as exc:  # pragma: no cover - exercised by test_curl's subprocess
+    pycurl = None
+    _IMPORT_ERROR = f" ({exc})"
+
+MISSING = (
+    f"the pycurl fetcher needs pycurl, which cannot be imported{_IMPORT_ERROR}: "
+    "reinstall the dependencies (./control.sh setup, or pip install -r requirements/runtime.txt), "
+    "or choose another fetcher (CHAINCRAWL_FETCHER=urllib3 for every request)"
+)
+
+
+# libcurl's HTTP_VERSION option and CURL_HTTP_VERSION_1_1, as plain ints (set after each reset)
+HTTP_VERSION = int(pycurl.HTTP_VERSION) if pycurl is not None else 0
+HTTP_1_1 = int(pycurl.CURL_HTTP_VERSION_1_1) if pycurl is not None else 0
 
 
 def installed() -> bool:
@@ -101,6 +119,7 @@ class CurlFetcher:
         libcurl.configure(c.setopt, t, self.max_redirects, self.cacert)
         c.setopt(libcurl.WRITEFUNCTION, t.body)
         c.setopt(libcurl.HEADERFUNCTION, t.lines.append)  # None: every byte taken
+        c.setopt(HTTP_VERSION, HTTP_1_1)  # as the other fetchers, https too (module docstring)
         self._perform(c, t)
         self.connections += c.getinfo(pycurl.NUM_CONNECTS)
         return c.getinfo(pycurl.RESPONSE_CODE), c.getinfo(pycurl.EFFECTIVE_URL)

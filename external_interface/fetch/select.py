@@ -2,11 +2,12 @@
 keeps (`FetcherSet`, routing each request by `FetchRequest.fetcher`), what an endpoint or a
 site chose (`choose`), and `default_fetcher`, the stack workers fetch through.
 
-    urllib3      Urllib3Fetcher, the default: the least CPU per request
+    pycurl       CurlFetcher, the default: libcurl through pycurl, the least CPU per request
+                 (HTTP/1.1 like the others; a runtime dependency: if it cannot be imported,
+                 choosing it, by default or by name, is a ConfigError saying why and how)
+    urllib3      Urllib3Fetcher: the same contract on urllib3, pure Python
     requests     RequestsFetcher: the same contract on requests
     impersonate  ImpersonateFetcher: a browser's TLS, HTTP/2 and headers (curl_cffi)
-    pycurl       CurlFetcher: the same contract on libcurl through pycurl, the least CPU
-                 (the `pycurl` extra; without it, choosing it is a ConfigError saying so)
 
 An endpoint declares `fetcher="impersonate"` (or `impersonate:firefox`, `impersonate:safari`);
 a deployment sets `CHAINCRAWL_FETCHER_<SITE>` the same way, which wins over the declaration
@@ -37,6 +38,7 @@ from utils.registry import Registry, UnknownNameError
 
 IMPERSONATE = "impersonate"
 PYCURL = "pycurl"
+DEFAULT = PYCURL  # CHAINCRAWL_FETCHER's default (config.Settings.fetcher)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Choice:
 
 
 def parse_spec(spec: str, platform: str = "pc") -> Choice:
-    """`urllib3`, `requests`, `pycurl`, `impersonate` or `impersonate:<browser>[/<form>]` as a Choice
+    """`pycurl`, `urllib3`, `requests`, `impersonate` or `impersonate:<browser>[/<form>]` as a Choice
     for an endpoint of `platform`; a clear ValueError names what is wrong."""
     name, _, browser = spec.strip().partition(":")
     name = name.strip().lower()
@@ -96,7 +98,7 @@ class FetcherSet:
     """The fetchers of one process by name, each built on first use; a request goes to the
     one it names (`FetchRequest.fetcher`), else to `default`."""
 
-    def __init__(self, default: str = "urllib3", options: FetcherOptions | None = None) -> None:
+    def __init__(self, default: str = DEFAULT, options: FetcherOptions | None = None) -> None:
         self.default = default
         self.options = options or FetcherOptions()
         if default not in FETCHERS:
@@ -125,13 +127,13 @@ class FetcherSet:
 
 def default_fetcher(
     max_redirects: int = 10,
-    kind: str = "urllib3",
+    kind: str = DEFAULT,
     slots: int = 0,
     cache: HttpCache | None = None,
     ca_bundle: str = "",
 ) -> Fetcher:
-    """The fetchers workers use (`CHAINCRAWL_FETCHER` names the default one: urllib3,
-    requests, impersonate or pycurl), limited to `slots` requests in flight when that is set
+    """The fetchers workers use (`CHAINCRAWL_FETCHER` names the default one: pycurl, the
+    default, urllib3, requests or impersonate), limited to `slots` requests in flight when that is set
     (`CHAINCRAWL_FETCH_SLOTS`), behind the development HTTP cache when one is given
     (`HttpCache.from_settings()`)."""
     inner: Fetcher = FetcherSet(kind, FetcherOptions(max_redirects, ca_bundle))

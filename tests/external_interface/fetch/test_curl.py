@@ -1,7 +1,7 @@
 """The pycurl fetcher beyond the contract tests (test_fetch.py runs those on it): https
 through a CONNECT proxy with credentials, handle reuse over threads, its gevent driver (one
-CurlMulti on the hub's loop, and the thread-pool alternative), and a clear ConfigError where
-pycurl is not installed."""
+CurlMulti on the hub's loop, and the thread-pool alternative), HTTP/1.1 over https, and a clear
+ConfigError where pycurl cannot be imported."""
 
 from __future__ import annotations
 
@@ -56,6 +56,19 @@ def test_https_goes_through_a_connect_tunnel_with_the_proxy_s_credentials(
         with pytest.raises(ProxyError, match="CONNECT tunnel failed") as err:  # refused
             f.fetch(FetchRequest("GET", f"{url}/page", proxy=bad))
         assert "wrong" not in str(err.value)
+
+
+def test_https_is_http_1_1_as_on_the_other_fetchers(tmp_path: Path) -> None:
+    """A server that would take HTTP/2 (ALPN h2 first) still gets HTTP/1.1: the pycurl fetcher
+    offers only http/1.1, as urllib3 does (this server speaks HTTP/1 alone, so an h2 choice
+    would fail the transfer)."""
+    made = make_certificates(tmp_path)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(made.cert, made.key)
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    with serving(Echo, ctx) as url:
+        r = CurlFetcher(ca_bundle=str(made.ca)).fetch(FetchRequest("GET", f"{url}/h1"))
+        assert r.status == 200 and r.json()["path"] == "/h1"
 
 
 def test_an_untrusted_certificate_is_a_connect_error(tls_site: tuple[str, Path]) -> None:
@@ -142,7 +155,7 @@ def test_gevent_transfers_on_the_hub_s_loop_or_its_thread_pool(site: TestSite, m
 
 NO_PYCURL = """
 import sys
-sys.modules["pycurl"] = None  # as if the extra were not installed: `import pycurl` fails
+sys.modules["pycurl"] = None  # as if the install were broken: `import pycurl` fails
 from exceptions import ConfigError
 from external_interface.fetch import CurlFetcher, FetcherSet, FetchRequest, choose
 from external_interface.fetch.select import default_fetcher
@@ -159,22 +172,34 @@ try:
     choose("", "shop", "pc")
 except ConfigError as exc:
     print(exc)
-assert default_fetcher().fetch(FetchRequest("GET", url + "/detail/x")).status == 200
+try:
+    default_fetcher()  # the default is pycurl: the worker's start says so
+    raise AssertionError("no ConfigError")
+except ConfigError as exc:
+    print(exc)
+f = default_fetcher(kind="urllib3")  # the named alternative works as ever
+assert f.fetch(FetchRequest("GET", url + "/detail/x")).status == 200
 print("default ok")
 """
 
 
-def test_without_pycurl_choosing_it_is_a_config_error_naming_the_install(site: TestSite) -> None:
+def test_without_pycurl_choosing_it_is_a_config_error_naming_the_ways_out(site: TestSite) -> None:
     out = subprocess.run([sys.executable, "-c", NO_PYCURL, site.url], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "default ok", out.stderr[-3000:]
-    want = "the pycurl fetcher needs pycurl: pip install -r requirements/pycurl.txt"
-    assert lines[:4] == [
+    want = (
+        "the pycurl fetcher needs pycurl, which cannot be imported (import of pycurl halted; "
+        "None in sys.modules): reinstall the dependencies (./control.sh setup, or pip install "
+        "-r requirements/runtime.txt), or choose another fetcher (CHAINCRAWL_FETCHER=urllib3 "
+        "for every request)"
+    )
+    assert lines[:5] == [
         f"CHAINCRAWL_FETCHER: {want}",
         want,
         f"shop's endpoint fetcher=: {want}",
         f"CHAINCRAWL_FETCHER_SHOP: {want}",
+        f"CHAINCRAWL_FETCHER: {want}",
     ]
     assert "Traceback" not in out.stderr
 
