@@ -37,7 +37,9 @@ def test_a_spec_names_a_fetcher_and_for_impersonation_a_profile_of_the_platform(
     with pytest.raises(ValueError, match="takes no browser profile"):
         parse_spec("pycurl:chrome")
     monkeypatch.setattr(select, "installed", lambda: False)
-    with pytest.raises(ValueError, match=r"needs pycurl, which cannot be imported.*CHAINCRAWL_FETCHER=urllib3"):
+    with pytest.raises(
+        ValueError, match=r"needs pycurl, which cannot be imported.*CHAINCRAWL_FETCHER=urllib3"
+    ):
         parse_spec("pycurl", "h5")
 
 
