@@ -1,10 +1,10 @@
-"""The fetch layer: one-method `Fetcher` interface, a urllib3 default, typed errors.
+"""The fetch layer: one-method `Fetcher` interface, a pycurl default, typed errors.
 
     base.py      FetchRequest, the Fetcher interface
     response.py  Response (text, json, css, xpath on demand), charset decoding that counts
-    http.py      Urllib3Fetcher (the default), RequestsFetcher
+    http.py      Urllib3Fetcher, RequestsFetcher
     impersonate.py  ImpersonateFetcher: a browser's TLS handshake, HTTP/2 and headers (curl_cffi)
-    curl.py      CurlFetcher: the same contract on pycurl, the least CPU per request
+    curl.py      CurlFetcher (the default): the contract on pycurl, the least CPU per request
     curl_gevent.py  pycurl's transfers on a gevent hub: one CurlMulti driven by its loop
     libcurl.py   what the two libcurl fetchers share: options, callbacks, error codes
     profiles.py  browser identities: the user agent's browser, its target and headers in order
@@ -17,10 +17,10 @@
     sitemap.py   URLs from a site's sitemaps
     mock.py      test doubles: fixture fetchers and recorded cases for parser tests
 
-`Urllib3Fetcher` (the default), `RequestsFetcher`, `ImpersonateFetcher` and `CurlFetcher`
-keep the same contract and raise the same typed errors; urllib3 directly costs about a third less CPU per
-request than requests on top of it (docs/performance.md). `CHAINCRAWL_FETCHER=requests`
-switches back; an endpoint's `fetcher="impersonate"` (or `CHAINCRAWL_FETCHER_<SITE>`) sends
+`CurlFetcher` (the default), `Urllib3Fetcher`, `RequestsFetcher` and `ImpersonateFetcher`
+keep the same contract and raise the same typed errors; pycurl costs the least CPU per request,
+urllib3 directly about a third less than requests on top of it (docs/performance.md).
+`CHAINCRAWL_FETCHER=urllib3` or `requests` chooses another for every request; an endpoint's `fetcher="impersonate"` (or `CHAINCRAWL_FETCHER_<SITE>`) sends
 as a browser (docs/browser.md).
 
 Timeouts are enforced here rather than left to Celery, because Celery's time limits do not
