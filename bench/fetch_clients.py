@@ -9,9 +9,10 @@ This measures what a request costs the fetching process with each client, on the
 over keep-alive from the bench's replay server (`bench.replay_site`, its own process, so its
 CPU is not counted): the shop's 8 KB and the heavy shop's 8-50 KB pages (`bench.pagesets`).
 
-    project      the worker's stack: `default_fetcher()` (Urllib3Fetcher) with a worker's
-                 FetchRequest (deadline, size limit, user agent), the body as `Response.text`
-    curlfetcher  the same stack on the pycurl fetcher (`default_fetcher(kind="pycurl")`,
+    project      the worker's stack on the urllib3 fetcher: `default_fetcher(kind="urllib3")`
+                 (Urllib3Fetcher, the default before pycurl) with a worker's FetchRequest
+                 (deadline, size limit, user agent), the body as `Response.text`
+    curlfetcher  the same stack on the pycurl fetcher, the default (`default_fetcher()`,
                  CurlFetcher; under gevent its transfers go through the hub's CurlMulti)
     curlfetcher-tp  CurlFetcher with its gevent transfers in the hub's thread pool instead
                  (`gevent="threadpool"`, as ImpersonateFetcher): what the hand-off costs
