@@ -142,7 +142,11 @@ PHASES: list[Rule] = [
     # the task thread
     ("child dispatch: plan + raw envelopes + one pipeline", lambda t, f: _has(f, "Publisher.publish")),
     ("child dispatch: other (staged children read back)", lambda t, f: _has(f, "Committer.stage", "Committer.publish")),
-    ("fetch (requests / urllib3 / http.client)", lambda t, f: _has(f, "Fetcher.fetch")),
+    ("fetch (the fetcher: pycurl's transfer, or urllib3 / http.client)",
+     lambda t, f: _has(f, "Fetcher.fetch")),
+    # the pycurl fetcher on gevent: libcurl's sockets and timer driven from the hub's loop
+    ("fetch, libcurl's multi on the hub's loop (curl_gevent)",
+     lambda t, f: _has(f, "curl_gevent.py")),
     ("parse (decode, lxml tree, 3 CSS fields + links)",
      lambda t, f: _has(f, "workload.py", "Response.selector", "Response.text", "Response.css")),
     ("commit: EVALSHA pipeline (a batch's commits together; tail: + metrics)",

@@ -15,6 +15,7 @@ thread (20);apply_timeout (celery/concurrency/gevent.py:34);apply_target (celery
 thread (20);apply_timeout (celery/concurrency/gevent.py:34);apply_target (celery/concurrency/base.py:30);trace_task (celery/app/trace.py:1) 4
 thread (20);main (celery/__main__.py:14);synloop (celery/worker/loops.py:120);_brpop_read (kombu/transport/redis.py:1) 6
 thread (20);Hub.run (gevent/hub.py:647) 8
+thread (20);Hub.run (gevent/hub.py:647);HubMulti._ready (external_interface/fetch/curl_gevent.py:82) 12
 thread (20) 9
 thread (20);main (celery/__main__.py:14);_find_and_load (<frozen importlib._bootstrap>:1176) 11
 """
@@ -29,6 +30,7 @@ def test_phases_of_threads_and_gevent_stacks(tmp_path: Path) -> None:
     assert by["consumer"] == 3 + 6  # asynloop (threads) and synloop (gevent) alike
     assert by["tracer"] == 2  # the ack, from a gevent task greenlet
     assert by["tracer & task bookkeeping"] == 4
+    assert by["fetch, libcurl's multi on the hub's loop"] == 12  # the pycurl fetcher's
     assert by["gevent hub"] == 8 + 9  # Hub.run, and the unnamed main thread in C code
     # a named pool thread with no Python frame is idle, and imports are start-up
     assert skipped == 7 + 11
