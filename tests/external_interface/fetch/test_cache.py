@@ -87,7 +87,8 @@ def test_from_settings_is_none_when_unset(tmp_path: Path) -> None:
 def test_default_fetcher_wraps_only_when_a_cache_is_given(tmp_path: Path) -> None:
     plain = default_fetcher()  # unset: nothing in the page path but the fetchers by name
     assert isinstance(plain, FetcherSet) and isinstance(plain.get(), CurlFetcher)
-    assert isinstance(default_fetcher(kind="urllib3").get(), Urllib3Fetcher)
+    named = default_fetcher(kind="urllib3")
+    assert isinstance(named, FetcherSet) and isinstance(named.get(), Urllib3Fetcher)
     f = default_fetcher(slots=4, cache=HttpCache(tmp_path))
     assert isinstance(f, CachingFetcher) and isinstance(f.inner, LimitedFetcher)
 
