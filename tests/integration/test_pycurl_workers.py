@@ -12,7 +12,9 @@ from tests.testsite import chains as tchains
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not installed(), reason="the pycurl extra (requirements/pycurl.txt)"),
+    pytest.mark.skipif(
+        not installed(), reason="pycurl cannot be imported (requirements/runtime.txt)"
+    ),
 ]
 
 

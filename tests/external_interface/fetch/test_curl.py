@@ -28,7 +28,7 @@ from tests.external_interface.fetch.servers import Echo, serving
 from tests.external_interface.tinyproxy import Tinyproxy, needs_tinyproxy
 from tests.testsite.server import TestSite
 
-pytest.importorskip("pycurl", reason="the pycurl extra (requirements/pycurl.txt)")
+pytest.importorskip("pycurl", reason="pycurl cannot be imported (requirements/runtime.txt)")
 
 
 @pytest.fixture(scope="module")

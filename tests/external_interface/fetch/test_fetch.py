@@ -35,7 +35,7 @@ from utils.servers import free_port
 @pytest.fixture(params=["urllib3", "requests", "impersonate", "pycurl"])
 def fetcher(request: pytest.FixtureRequest) -> Fetcher:
     if request.param == "pycurl":
-        pytest.importorskip("pycurl", reason="the pycurl extra (requirements/pycurl.txt)")
+        pytest.importorskip("pycurl", reason="pycurl cannot be imported (requirements/runtime.txt)")
         return CurlFetcher(max_redirects=5)
     if request.param == "requests":
         return RequestsFetcher(max_redirects=5)

@@ -21,7 +21,7 @@ from utils.registry import UnknownNameError
 def test_a_spec_names_a_fetcher_and_for_impersonation_a_profile_of_the_platform(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # the spec's reading, whether or not this machine has the pycurl extra
+    # the spec's reading, whether or not pycurl can be imported here
     monkeypatch.setattr(select, "installed", lambda: True)
     assert parse_spec("impersonate", "pc") == Choice("impersonate", "chrome/desktop")
     assert parse_spec("impersonate:safari", "h5") == Choice("impersonate", "safari/mobile")
