@@ -40,7 +40,7 @@ from monitor.timeseries import Sampler
 from scheduling import recrawl
 from scheduling.shares import fleet_from_settings
 from settings import envcheck
-from utils import affinity, logsafe, outage
+from utils import activity, affinity, logsafe, outage
 from utils.redis import get_redis
 
 settings = get_settings()
@@ -223,7 +223,10 @@ def _start_sweeper(**kw: Any) -> None:
 
 @signals.task_prerun.connect
 def _sweep_while_busy(**kw: Any) -> None:
-    """A task runs here: the sweeper keeps (or goes back to) its base interval (no command)."""
+    """A task runs here: the sweeper keeps (or goes back to) its base interval, and so do the
+    owner heartbeat, the series sampler and the drainer's claims (utils/activity.py; no
+    command)."""
+    activity.note_work()
     if _sweeper is not None:
         _sweeper.busy()
 

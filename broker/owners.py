@@ -46,6 +46,7 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps
 
 from broker.kombu_guard import once, require_source
+from utils import activity
 from utils.redis import as_str
 
 kredis: Any = kombu_redis  # its QoS internals, patched here, are not in kombu's type hints
@@ -57,6 +58,7 @@ ALIVE = "owner_alive:"
 OWNERS = "owners"
 
 _owner: str | None = None  # this process's, once it consumes (worker.py, celeryd_init)
+_held: set[Any] = set()  # the delivery tags this process tagged and has not seen removed
 _beat: Heartbeat | None = None
 
 
@@ -94,10 +96,12 @@ def apply() -> None:
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
                 self.unacked_key, delivery_tag, dumps([message._raw, ex, rk])
             ).hset(OWNER_HASH, delivery_tag, who).execute()
+            _held.add(delivery_tag)
             virtual.QoS.append(self, message, delivery_tag)
         return None
 
     def remove(self: Any, delivery_tag: Any, pipe: Any = None) -> Any:
+        _held.discard(delivery_tag)
         return original_remove(self, delivery_tag, pipe).hdel(OWNER_HASH, delivery_tag)
 
     append.__wrapped__ = original_append  # type: ignore[attr-defined]
@@ -112,9 +116,21 @@ def apply() -> None:
 REGISTER_EVERY = 15  # beats between two SADDs to `owners` while the heartbeat key stays
 
 
+def holds() -> bool:
+    """Whether this process holds a message it took and has not acknowledged, rejected or
+    given back (as far as it saw: a tag another process restored stays counted)."""
+    return bool(_held)
+
+
 class Heartbeat:
     """Keeps `owner_alive:{owner}` alive: set at once (before the first message is taken),
     then every fifth of the TTL from a daemon thread, which ends with the process.
+
+    While the process is idle (no task started since the last beat, no message held
+    unacknowledged: `holds()`) the beats come every half of the TTL instead. The key keeps
+    its TTL either way, so a dead worker's heartbeat is gone `ttl` seconds after its last
+    beat, as before; what a longer gap gives up is slack for a late beat, and a worker taken
+    for dead while it holds nothing loses nothing (its next beat registers it again).
 
     The owner is added to `owners` at the first beat, whenever the beat finds its key gone
     (`SET ... GET` answered nothing: the broker's Redis restarted empty or was flushed, or the
@@ -124,6 +140,8 @@ class Heartbeat:
         self.r, self.key, self.ttl = client, f"{prefix}{ALIVE}{who}", ttl
         self.who, self.owners = who, f"{prefix}{OWNERS}"
         self.every = max(0.2, ttl / 5)
+        self.idle_every = max(self.every, ttl / 2)  # while idle (class docstring)
+        self._watch = activity.Watch()
         self.registered = True
         self.beats = 0
         self.set_get = True  # SET ... GET is understood (Redis 6.2 and later)
@@ -161,8 +179,15 @@ class Heartbeat:
         threading.Thread(target=self._run, name="owner-heartbeat", daemon=True).start()
         return self
 
+    def next_wait(self) -> float:
+        """The wait to the next beat: `every` once a task started since the last beat or a
+        message is held, else `idle_every`."""
+        if self._watch.worked() or holds():
+            return self.every
+        return self.idle_every
+
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        while not self._stop.wait(self.next_wait()):
             try:
                 self.beat()
             except redis.RedisError as exc:

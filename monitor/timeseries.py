@@ -3,7 +3,7 @@
 Every counter the system keeps (run counters, task and site metrics, pool health, dedup
 marks) is a running total or a gauge: it says how much, not when. Once a minute
 (`CHAINCRAWL_MONITOR_SERIES_INTERVAL`) one process of the fleet (a lock decides which: every
-worker runs the sampler thread) appends a point to `run:{rid}:series` (each active or storing
+worker runs the sampler thread; a process that runs no task tries less often, `Sampler`) appends a point to `run:{rid}:series` (each active or storing
 run's counters) and `series:fleet` (task, site, pool and dedup metrics): their fields are in
 docs/monitoring.md, "Stable Redis keys".
 
@@ -28,6 +28,7 @@ from ledger.state import RunState
 from monitor import health
 from monitor.metrics import read_hashes
 from settings.monitor import get_monitor_settings
+from utils import activity
 from utils.keyspace import Keyspace
 
 log = logging.getLogger("chaincrawl.series")
@@ -109,14 +110,32 @@ def read(client: Any, key: str, since: float | None = None) -> list[dict[str, An
     return [p for p in points if since is None or p["t"] >= since]
 
 
-class Sampler:
-    """A daemon thread in every worker; a Redis lock lets one process sample per interval."""
+SERIES_IDLE_MAX = 600.0  # seconds between two samples of a process that runs no task
 
-    def __init__(self, client: Any, s: Settings | None = None, interval: float | None = None):
+
+class Sampler:
+    """A daemon thread in every worker; a Redis lock lets one process sample per interval.
+
+    While its process runs no task the tries back off: each interval without a task started
+    doubles the wait, up to `SERIES_IDLE_MAX`; the first task to start ends a longer wait at
+    once (a point right at the start of the work, from the counters the idle spell left),
+    and the tries are back to every interval. A fleet with one busy process keeps a point
+    every interval; an idle fleet, whose totals do not move, one every `SERIES_IDLE_MAX`."""
+
+    def __init__(
+        self,
+        client: Any,
+        s: Settings | None = None,
+        interval: float | None = None,
+        idle_max: float = SERIES_IDLE_MAX,
+    ):
         self.r = client
         self.s = s or get_settings()
         self.interval = interval or get_monitor_settings().series_interval
+        self.idle_max = max(self.interval, idle_max)
+        self.wait = self.interval  # before the next try
         self._stop = threading.Event()
+        self._watch = activity.Watch()
         self._thread: threading.Thread | None = None
 
     def tick(self, now: float | None = None) -> bool:
@@ -128,6 +147,13 @@ class Sampler:
             sample(self.r, self.s, now)
         return bool(won)
 
+    def next_wait(self) -> float:
+        """The wait after a try: the interval once a task started since the last one, else
+        doubled (up to `idle_max`)."""
+        worked = self._watch.worked()
+        self.wait = self.interval if worked else min(self.idle_max, 2 * self.wait)
+        return self.wait
+
     def start_thread(self) -> threading.Thread:
         self._thread = threading.Thread(target=self._loop, name="series-sampler", daemon=True)
         self._thread.start()
@@ -135,10 +161,19 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+        self._watch.wake.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        self.wait = self.interval
+        while not self._stop.is_set():
+            if self.wait > self.interval:  # backed off: the first task ends the wait
+                self._watch.wait(self.wait, self._stop)
+            else:
+                self._stop.wait(self.wait)
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception as exc:  # Redis away: the next interval tries again
                 log.warning("series sample failed: %s", exc)
+            self.next_wait()

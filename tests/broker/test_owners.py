@@ -8,6 +8,7 @@ from typing import Any, cast
 import redis
 
 from broker import owners
+from utils import activity
 
 
 class FakeInfo:
@@ -61,3 +62,25 @@ def test_the_heartbeat_registers_the_owner_again_after_a_flush_not_every_beat(
     rds.delete(f"{prefix}{owners.ALIVE}w1")
     beat.beat()  # a clean shutdown's last beats never register it again
     assert owners.registered(rds, prefix) == set()
+
+
+def test_an_idle_workers_heartbeat_beats_every_half_ttl_and_keeps_its_ttl(
+    rds: redis.Redis, key_prefix: str
+) -> None:
+    """No task started since the last beat and no message held: the next beat comes after
+    half the TTL, not a fifth; the key keeps the whole TTL, so a dead worker's heartbeat is
+    gone as soon after its last beat as before. A task started or a message held: a fifth."""
+    prefix = f"{key_prefix}:q:"
+    beat = owners.Heartbeat(rds, prefix, "w1", ttl=20)
+    beat.beat()
+    assert 10_000 < rds.pttl(f"{prefix}{owners.ALIVE}w1") <= 20_000
+    assert beat.next_wait() == 10
+    activity.note_work()
+    assert beat.next_wait() == 4
+    assert beat.next_wait() == 10
+    owners._held.add("tag-1")  # what the tagging patch notes as kombu records a message
+    try:
+        assert beat.next_wait() == 4
+    finally:
+        owners._held.discard("tag-1")
+    assert beat.next_wait() == 10

@@ -94,6 +94,7 @@ def test_a_dead_owners_messages_are_restored_and_a_live_ones_are_not(
     tags = {m.delivery_tag for m in held}
     assert {k.decode() for k in cast("list[bytes]", rds.hkeys(owner_hash))} == tags
     assert set(owners.held(rds, prefix)) == {who}
+    assert owners.holds()  # this process knows it holds some (its heartbeat keeps its pace)
     held[0].ack()  # kombu's ack removes the tag too
     assert rds.hlen(owner_hash) == 2 and rds.hlen(f"{prefix}unacked") == 2
 
@@ -109,6 +110,7 @@ def test_a_dead_owners_messages_are_restored_and_a_live_ones_are_not(
     restore = owners.restorer(_App(conn))
     assert restore(found[who]) == 2
     assert restore(found[who]) == 0  # restored once, whoever gets there second
+    assert not owners.holds()
     assert rds.hlen(owner_hash) == 0 and rds.hlen(f"{prefix}unacked") == 0
     # back in the queue (newest restored first, as kombu does, so the oldest is taken first;
     # two taken in the same instant tie, so the order is not checked), marked redelivered

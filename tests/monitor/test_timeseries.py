@@ -11,8 +11,9 @@ from config import Settings
 from monitor import timeseries
 from monitor.report import gather, parse_since
 from settings.monitor import reset_monitor_settings
+from tests.conditions import wait_for
 from tests.monitor.conftest import record
-from utils import environ
+from utils import activity, environ
 from utils.keyspace import Keyspace
 
 
@@ -69,3 +70,38 @@ def test_since_reads_durations() -> None:
     ]  # fmt: skip
     with pytest.raises(ValueError, match="expected a duration"):
         parse_since("yesterday")
+
+
+def test_an_idle_processs_sampler_backs_off_and_samples_at_the_first_task(
+    rds: Any, mon: Settings
+) -> None:
+    """No task started since the last try: the wait doubles up to `idle_max`; the first task
+    to start ends a longer wait at once (a point at the start of the work), and the tries
+    are back to every interval."""
+    s = timeseries.Sampler(rds, mon, interval=60, idle_max=600)
+    assert [s.next_wait() for _ in range(5)] == [120, 240, 480, 600, 600]
+    activity.note_work()
+    assert s.next_wait() == 60
+    assert s.next_wait() == 120
+
+    s = timeseries.Sampler(rds, mon, interval=1, idle_max=600)
+    tries: list[bool] = []
+    tick = s.tick
+
+    def counted(now: float | None = None) -> bool:
+        tries.append(tick(now))
+        return tries[-1]
+
+    s.tick = counted  # type: ignore[method-assign]
+    s.start_thread()
+    try:
+        wait_for(lambda: s.wait >= 4, 30, "backed off")
+        done = len(tries)
+        rds.delete(mon.key("series", "lock"))  # the last try's lock: not what is shown here
+        activity.note_work()  # the wait under way is 4 s or more
+        wait_for(lambda: len(tries) > done, 3, "a try at the first task")
+        assert tries[done] is True
+        # a task started since the last try: every interval again (then doubling)
+        wait_for(lambda: s.wait <= 2, 5, "back to the interval")
+    finally:
+        s.stop()

@@ -29,6 +29,7 @@ from external_interface.storage.outbox.status import backlog
 from external_interface.storage.routing import SinkRouter, build_sinks
 from external_interface.storage.sinks.base import Origin, PermanentSinkError, Sink, entry_version
 from settings.storage import get_storage_settings
+from utils import activity
 from utils.lua import load_lua
 from utils.outage import OUTAGE
 from utils.redis import as_str, get_redis
@@ -46,6 +47,9 @@ SHORT_IDLE_BLOCK = 2.0
 HORIZON_EVERY = 5.0  # seconds between two horizon updates while entries come
 HORIZON_IDLE = 60.0  # ... and while none came since the last one (an older horizon is safe)
 SETTLE_EVERY = 0.5  # seconds between two `settle` calls while the drainer holds nothing
+# claims of a dead drainer's idle entries: every `claim_every` while entries come or a task
+# ran in the process since the last claim; else the wait doubles, up to `claim_idle` (so an
+# entry left pending is claimed within twice `claim_idle` by an idle drainer)
 
 StoredHook = Callable[[str, list[dict[str, Any]]], None]
 on_stored: list[StoredHook] = []  # called with (item_type, items) after all sinks confirmed
@@ -108,6 +112,7 @@ class Drainer:
         self.consumer = consumer or ""
         self.claim_idle = claim_idle
         self.claim_every = claim_every if claim_every is not None else max(0.2, claim_idle / 4)
+        self.claim_idle_max = max(self.claim_every, claim_idle)  # the idle back-off's bound
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.shutdown_timeout = shutdown_timeout
@@ -170,6 +175,9 @@ class Drainer:
         errors = 0  # consecutive other errors (Redis down, bugs)
         started = False
         next_claim = next_horizon = next_settle = 0.0
+        claim_wait = self.claim_every  # doubled while idle (above SETTLE_EVERY)
+        worked = False  # entries read, stored or claimed, or a task run, since the last claim
+        watch = activity.Watch()
         idle_block = MAX_BLOCK  # the next block while nothing comes (see MAX_IDLE_BLOCK)
         moved = True  # entries read, claimed or held since the last horizon update
         self.reader.stopping = False
@@ -183,6 +191,9 @@ class Drainer:
                         first_at = time.monotonic()
                         started = True
                     now = time.monotonic()
+                    if watch.worked() or buffer:
+                        worked = True
+                        next_claim = min(next_claim, now + self.claim_every)
                     if now >= next_horizon:
                         moved = moved or bool(buffer)
                         if moved:  # unchanged while idle: the sink has it already
@@ -191,7 +202,14 @@ class Drainer:
                         moved = False
                     if not retrying and now >= next_claim and len(buffer) < self.batch:
                         claimed = self.claim(self.batch - len(buffer))
-                        next_claim = now + self.claim_every
+                        worked = worked or bool(claimed)
+                        claim_wait = (
+                            self.claim_every
+                            if worked
+                            else min(self.claim_idle_max, 2 * claim_wait)
+                        )
+                        next_claim = now + claim_wait
+                        worked = False
                         if claimed and not buffer:
                             first_at = now
                         # XAUTOCLAIM also returns our own idle entries: after a Redis error
@@ -221,6 +239,9 @@ class Drainer:
                         if new and next_horizon - now > HORIZON_EVERY:
                             next_horizon = now + HORIZON_EVERY  # entries again: soon
                         moved = moved or bool(new)
+                        if new:
+                            worked = True
+                            next_claim = min(next_claim, time.monotonic() + self.claim_every)
                         merge_new(buffer, new)
                     due = quiet or time.monotonic() - first_at >= self.interval
                     if buffer and (len(buffer) >= self.batch or due or retrying):
@@ -571,6 +592,8 @@ class Drainer:
         """After a batch's acknowledgement: count it and tell the runs hooks whose runs moved."""
         self.stats["stored"] += len(stored)
         self.stats["dead"] += len(dead)
+        if stored or dead:  # the runs' counters moved: work for the idle back-offs
+            activity.note_work()
         rids = list(
             dict.fromkeys([e.run for e in stored if e.run] + [e.run for e, _, _ in dead if e.run])
         )

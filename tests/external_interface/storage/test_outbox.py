@@ -26,6 +26,7 @@ from external_interface.storage.outbox import (
 from external_interface.storage.outbox.drainer import MAX_IDLE_BLOCK
 from external_interface.storage.sinks.base import PermanentSinkError, SinkError, entry_version
 from external_interface.storage.sinks.jsonl import JsonlSink, iter_records, read_items, type_files
+from utils import activity
 
 T = "demo.post"
 
@@ -367,6 +368,36 @@ def test_an_idle_drainer_does_not_update_the_horizon_every_5_s(
     m = add_posts(rds, key_prefix, 1, run="r2")
     wait_until(lambda: counters(rds, key_prefix, "r2").get("stored") == m, 10, "stored again")
     wait_until(lambda: len(updates) > settled, 15, "an update after the new entries")
+
+
+def test_an_idle_drainers_claims_back_off_and_come_back_with_work(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """Nothing read, stored or claimed and no task run in the process since the last claim:
+    the wait to the next XAUTOCLAIM doubles from `claim_every` up to `claim_idle` (so a dead
+    drainer's entries are still claimed within twice `claim_idle`); a task started in the
+    process brings the next claim within `claim_every`."""
+    d = Drainer(rds, key_prefix, [jsonl], interval=0.05, claim_idle=3.0, claim_every=0.5,
+                max_idle_block=0.5)  # fmt: skip
+    claims: list[float] = []
+    claim = d.claim
+
+    def counted(count: int) -> list[OutboxEntry]:
+        claims.append(time.monotonic())
+        return claim(count)
+
+    d.claim = counted  # type: ignore[method-assign]
+    d.start_thread()
+    drainers.append(d)
+    wait_until(lambda: len(claims) >= 5, 30, "five idle claims")
+    gaps = [b - a for a, b in zip(claims, claims[1:])]
+    assert gaps[2] >= 2.5 and gaps[3] >= 2.5  # 1, 2, then 3 (claim_idle) s, not 0.5
+    assert gaps[3] < 6
+    done = len(claims)
+    activity.note_work()  # a task starts in this process
+    wait_until(lambda: len(claims) > done, 3, "a claim soon after the task")
+    wait_until(lambda: len(claims) > done + 1, 5, "the next one at the short pace")
+    assert claims[done + 1] - claims[done] < 2.5
 
 
 def test_poison_entries_are_isolated_and_dead_lettered(rds: redis.Redis, key_prefix: str) -> None:
