@@ -25,6 +25,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.transport.virtual import base as kombu_vbase
 
+from utils.redis import known_client_id, socket_client_id, unblock_client
+
 # the internals checked and patched here, which kombu's type hints do not describe
 kombu: Any = kombu_
 kredis: Any = kombu_redis
@@ -40,7 +42,6 @@ SATURATED_WAIT = 0.5  # most seconds a saturated synloop consumer waits for an a
 LOG_PREVIEW = 200  # payloads up to this size are shown in the log, longer ones only measured
 BRPOP_OPTION = "brpop_timeout"  # the transport option read by the long-BRPOP patch
 BRPOP_SHORT = 1  # kombu's own BRPOP timeout: used while the BRPOP's client id is unknown
-UNBLOCK_TRIES = 20  # CLIENT UNBLOCKs at close, 0.1 s apart, while the BRPOP has not returned
 
 _stage = threading.local()  # what the current _brpop_read of this thread has reached
 counts = {
@@ -527,19 +528,7 @@ def _brpop_client_id(channel: Any) -> int | None:
     conn = getattr(channel.client, "connection", None)
     if conn is None:
         return None
-    if conn._sock is None:
-        conn.connect()
-    known = getattr(conn, "_chaincrawl_id", None)
-    if known is not None and known[0] is conn._sock:
-        return known[1]
-    cid: int | None = None
-    try:
-        conn.send_command("CLIENT", "ID")
-        cid = int(conn.read_response())
-    except redis.ResponseError as exc:  # e.g. an ACL without CLIENT: kombu's short BRPOP
-        log.warning("kombu: CLIENT ID refused (%s); the BRPOP keeps a 1 s timeout", exc)
-    conn._chaincrawl_id = (conn._sock, cid)
-    return cid
+    return socket_client_id(conn, "the BRPOP keeps a 1 s timeout")
 
 
 def unblock(channel: Any) -> bool:
@@ -549,18 +538,17 @@ def unblock(channel: Any) -> bool:
     a broker that does not answer leaves close to read the reply as kombu does."""
     conn = channel._in_poll
     sock = getattr(conn, "_sock", None)
-    known = getattr(conn, "_chaincrawl_id", None)
-    if sock is None or known is None or known[0] is not sock or known[1] is None:
+    cid = known_client_id(conn)
+    if sock is None or cid is None:
         return False
+
+    def still_blocked(wait: float) -> bool:  # no reply on the BRPOP's socket within `wait`
+        return not select.select([sock], [], [], wait)[0]
+
     try:
-        client = channel._create_client()
-        for _ in range(UNBLOCK_TRIES):
-            if (
-                client.execute_command("CLIENT", "UNBLOCK", known[1])
-                or select.select([sock], [], [], 0.1)[0]
-            ):
-                counts["unblocked"] += 1
-                return True
+        if unblock_client(channel._create_client(), cid, still_blocked) or not still_blocked(0):
+            counts["unblocked"] += 1
+            return True
     except Exception as exc:  # Redis down: close reads the reply (or the error) itself
         log.debug("kombu: the BRPOP in flight not unblocked: %s", exc)
     return False

@@ -450,3 +450,55 @@ def as_str(value: object) -> str:
     if value is None:
         return ""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --- a blocking command another connection can end -------------------------------------------
+
+UNBLOCK_TRIES = 20  # CLIENT UNBLOCKs, UNBLOCK_PAUSE apart, while the command has not returned
+UNBLOCK_PAUSE = 0.1
+
+
+def socket_client_id(conn: redis.Connection, refused: str = "") -> int | None:
+    """The Redis client id of `conn`'s socket (`CLIENT ID`), asked once per socket: a
+    reconnect asks again. Send it only while nothing is in flight on `conn`. None when the
+    server refuses the command (an ACL without CLIENT), logged once per socket with
+    `refused` (what the caller does instead)."""
+    if conn._sock is None:
+        conn.connect()
+    known = getattr(conn, "_chaincrawl_id", None)
+    if known is not None and known[0] is conn._sock:
+        return cast("int | None", known[1])
+    cid: int | None = None
+    try:
+        conn.send_command("CLIENT", "ID")
+        cid = int(conn.read_response())
+    except redis.ResponseError as exc:
+        log.warning("CLIENT ID refused (%s)%s", exc, f"; {refused}" if refused else "")
+    conn._chaincrawl_id = (conn._sock, cid)  # type: ignore[attr-defined]
+    return cid
+
+
+def known_client_id(conn: Any) -> int | None:
+    """The client id `socket_client_id` found for `conn`'s current socket, else None (never
+    asked, refused, or the socket changed since): no command is sent."""
+    sock = getattr(conn, "_sock", None)
+    known = getattr(conn, "_chaincrawl_id", None)
+    if sock is None or known is None or known[0] is not sock:
+        return None
+    return cast("int | None", known[1])
+
+
+def unblock_client(
+    client: Any, cid: int, still_blocked: Callable[[float], bool], tries: int = UNBLOCK_TRIES
+) -> bool:
+    """End connection `cid`'s blocking command (`CLIENT UNBLOCK`, through `client`: another
+    connection); Redis answers it as a timeout. -> whether Redis said it ended one. A command
+    sent an instant ago may not block yet: the UNBLOCK is sent again while
+    `still_blocked(UNBLOCK_PAUSE)` (which may wait that long for the command to return) says
+    it has not returned, up to `tries` UNBLOCKs. Redis errors are the caller's."""
+    for _ in range(tries):
+        if client.execute_command("CLIENT", "UNBLOCK", cid):
+            return True
+        if not still_blocked(UNBLOCK_PAUSE):
+            return False
+    return False

@@ -204,9 +204,7 @@ class Drainer:
                         claimed = self.claim(self.batch - len(buffer))
                         worked = worked or bool(claimed)
                         claim_wait = (
-                            self.claim_every
-                            if worked
-                            else min(self.claim_idle_max, 2 * claim_wait)
+                            self.claim_every if worked else min(self.claim_idle_max, 2 * claim_wait)
                         )
                         next_claim = now + claim_wait
                         worked = False

@@ -5,7 +5,8 @@ command per block, however long. A stop must not wait that out (a warm shutdown 
 and exits), so the blocking reads go through one connection whose Redis client id is known
 (`CLIENT ID`, asked once per socket), and `unblock()` ends the read in flight from another
 connection (`CLIENT UNBLOCK`): Redis answers it as a timeout, so nothing is read and nothing
-is left pending.
+is left pending. The id and the UNBLOCK retries are utils/redis.py's, as for kombu's long
+BRPOP (broker/kombu_guard.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 
 import redis
 
-log = logging.getLogger("external_interface.storage.outbox")
+from utils.redis import known_client_id, socket_client_id, unblock_client
 
-UNBLOCK_TRIES = 20  # CLIENT UNBLOCKs, 0.1 s apart, while a read is (about to be) blocked
+log = logging.getLogger("external_interface.storage.outbox")
 
 
 class BlockingReader:
@@ -30,7 +31,6 @@ class BlockingReader:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self._own: redis.Redis | None = None
-        self._id: tuple[Any, int | None] | None = None  # (socket, client id) last asked
         self._reading = threading.Event()
         self.stopping = False  # set by unblock(): a read that starts now does not block
 
@@ -55,21 +55,17 @@ class BlockingReader:
         own = self._own.connection
         if own is None:
             return None
-        if own._sock is None:
-            own.connect()
-        if self._id is None or self._id[0] is not own._sock:
-            try:
-                cid: int | None = int(self._own.client_id())
-            except redis.ResponseError as exc:  # e.g. an ACL without CLIENT: short blocks
-                log.warning("outbox drainer: CLIENT ID refused (%s); reads block briefly", exc)
-                cid = None
-            self._id = (own._sock, cid)
+        socket_client_id(own, "the outbox drainer's reads block briefly")
         return self._own
 
     @property
     def unblockable(self) -> bool:
         """Whether a long block can be ended by `unblock()` (else the drainer keeps it short)."""
-        return self._id is not None and self._id[1] is not None
+        return self._cid() is not None
+
+    def _cid(self) -> int | None:
+        """The reading connection's client id, if known for its current socket."""
+        return known_client_id(getattr(self._own, "connection", None))
 
     def longest(self, wanted: float, short: float) -> float:
         """The longest block to ask for: `wanted` once `unblock()` can end it, else `short`;
@@ -85,16 +81,16 @@ class BlockingReader:
         that follow from blocking (`stopping`); a read about to block is unblocked again
         until it returns."""
         self.stopping = True
-        if self._id is None or self._id[1] is None:
+        cid = self._cid()
+        if cid is None or not self._reading.is_set():
             return False
-        cid = self._id[1]
+
+        def still_blocked(wait: float) -> bool:  # the read has not returned after `wait`
+            time.sleep(wait)
+            return self._reading.is_set()
+
         try:
-            for _ in range(UNBLOCK_TRIES):
-                if not self._reading.is_set():
-                    return False
-                if self.client.execute_command("CLIENT", "UNBLOCK", cid):
-                    return True
-                time.sleep(0.1)
+            return unblock_client(self.client, cid, still_blocked)
         except redis.RedisError as exc:  # Redis down: the read ends with its own error
             log.debug("outbox drainer: read not unblocked: %s", exc)
         return False
@@ -103,4 +99,3 @@ class BlockingReader:
         if self._own is not None:
             self._own.close()
             self._own = None
-            self._id = None

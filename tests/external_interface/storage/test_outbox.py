@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -390,7 +391,7 @@ def test_an_idle_drainers_claims_back_off_and_come_back_with_work(
     d.start_thread()
     drainers.append(d)
     wait_until(lambda: len(claims) >= 5, 30, "five idle claims")
-    gaps = [b - a for a, b in zip(claims, claims[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(claims)]
     assert gaps[2] >= 2.5 and gaps[3] >= 2.5  # 1, 2, then 3 (claim_idle) s, not 0.5
     assert gaps[3] < 6
     done = len(claims)
