@@ -76,6 +76,7 @@ class Monitor:
         self._mon = client.monitor()
         self._mon.__enter__()
         self._stop = threading.Event()
+        self.error = ""  # why the count ended before `stop()`, if it did
         self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
         self._thread.start()
 
@@ -85,7 +86,9 @@ class Monitor:
                 if self._stop.is_set():
                     return
                 self.counts[monitor_line(str(cmd.get("command", "")))] += 1
-        except Exception:  # the connection closed under us at stop: done
+        except Exception as exc:  # the connection closed under us at stop: done
+            if not self._stop.is_set():  # else the count is short: said in the output
+                self.error = f"{type(exc).__name__}: {exc}"
             return
 
     def stop(self) -> Counter[str]:
@@ -122,6 +125,7 @@ def measure(
             time.sleep(seconds)
             calls = commandstats(client)
             lines = mon.stop() if mon is not None else Counter()
+            monitor_error = mon.error if mon is not None else ""
             calls.pop("monitor", None)
         finally:
             stop_s = []
@@ -132,7 +136,8 @@ def measure(
     total = sum(calls.values())
     return {"workers": workers, "seconds": seconds, "total": total, "per_s": total / seconds,
             "by_command": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
-            "by_key": dict(lines.most_common()), "stop_s": stop_s}  # fmt: skip
+            "by_key": dict(lines.most_common()), "stop_s": stop_s,
+            "monitor_error": monitor_error}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {cmd:<20} {n:>6}  {n / r['seconds']:.2f}/s")
     if r["by_key"]:
         print("by command and key (MONITOR):")
+        if r["monitor_error"]:
+            print(f"  (MONITOR ended early: {r['monitor_error']})")
         for line, n in r["by_key"].items():
             print(f"  {n / r['seconds']:5.2f}/s  {line}")
     print("warm shutdown: " + ", ".join(f"{t:.1f} s" for t in r["stop_s"]))
