@@ -1,5 +1,6 @@
 """utils.redis: a patient client (the CLI's) waits out a Redis restart and says so once; a
-cluster URL gives a `RedisCluster` that reaches every slot, a plain URL stays a `redis.Redis`."""
+cluster URL gives a `RedisCluster` that reaches every slot, a plain URL stays a `redis.Redis`; a
+socket's client id asked once, and CLIENT UNBLOCK sent again until the command blocks."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from utils import redis as uredis
-from utils.redis import cluster_client, get_redis, is_cluster, pipeline, reset_clients
+from utils.redis import (
+    cluster_client,
+    get_redis,
+    is_cluster,
+    known_client_id,
+    pipeline,
+    reset_clients,
+    socket_client_id,
+    unblock_client,
+)
 from utils.servers import RedisServer
 
 
@@ -142,3 +152,46 @@ def test_stream_reads_are_routed_without_asking_a_node_for_their_keys(
                                            "a", "b", ">", ">") == ["a", "b"]  # fmt: skip
     client.delete(*streams)
     client.close()
+
+
+class _Unblocks:
+    """A client whose CLIENT UNBLOCK answers from a script: 0 (nothing blocked yet) or 1."""
+
+    def __init__(self, answers: list[int]) -> None:
+        self.answers, self.sent = answers, 0
+
+    def execute_command(self, *args: Any) -> int:
+        assert args[:2] == ("CLIENT", "UNBLOCK")
+        self.sent += 1
+        return self.answers.pop(0) if self.answers else 0
+
+
+def test_unblock_client_sends_again_while_the_command_has_not_returned() -> None:
+    """The command sent an instant ago blocks only after the first UNBLOCK: sent again; a
+    command that returned on its own ends the tries; past `tries` it gives up."""
+    client = _Unblocks([0, 0, 1])
+    assert unblock_client(client, 7, lambda wait: True) is True
+    assert client.sent == 3
+    client = _Unblocks([])
+    assert unblock_client(client, 7, lambda wait: False) is False
+    assert client.sent == 1  # the command had returned: nothing to unblock
+    client = _Unblocks([])
+    assert unblock_client(client, 7, lambda wait: True, tries=4) is False
+    assert client.sent == 4
+
+
+def test_a_sockets_client_id_is_asked_once_and_again_after_a_reconnect(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, single_connection_client=True)
+    try:
+        conn = client.connection
+        assert conn is not None
+        assert known_client_id(conn) is None  # never asked
+        cid = socket_client_id(conn)
+        assert cid == client.client_id()
+        assert socket_client_id(conn) == cid and known_client_id(conn) == cid
+        conn.disconnect()
+        assert known_client_id(conn) is None  # the socket is gone
+        again = socket_client_id(conn)  # reconnects and asks the new socket
+        assert again is not None and again != cid
+    finally:
+        client.close()
