@@ -226,7 +226,14 @@ class Drainer:
                         )
                         if buffer and self.idle_flush:
                             wait = min(wait, self.idle_flush)
-                        new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))
+                        if buffer:
+                            # entries are coming: the next ones gather for `wait`, then one
+                            # read takes them all (a blocking read would return with the
+                            # first): a read a window while they come, not one an entry
+                            stop.wait(max(0.0, wait))
+                            new = self.read(self.batch - len(buffer), None)
+                        else:
+                            new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))
                         # nothing more came for `idle_flush`: the writers paused or the run
                         # ended; store now rather than hold its last items for `interval`
                         quiet = bool(buffer) and not new and self.idle_flush > 0

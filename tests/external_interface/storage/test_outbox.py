@@ -288,6 +288,32 @@ def record_blocks(d: Drainer) -> list[int | None]:
     return blocks
 
 
+def test_entries_that_keep_coming_are_read_a_window_at_a_time(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """While entries come (the drainer holds some), the next ones gather for `idle_flush` and
+    one non-blocking read takes them all: a read a window, not one an entry (a blocking read
+    returns with the first entry). Every entry is stored (and counted once) once the stream is quiet."""
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0.2)
+    blocks = record_blocks(d)
+    d.start_thread()
+    drainers.append(d)
+    wait_until(lambda: blocks, 10, "the first read")
+    before = len(blocks)
+    n = 0
+    for e in range(100):  # one XADD every 5 ms or so, as commits come
+        n += add_posts(rds, key_prefix, 1, run=f"r{e}")
+        time.sleep(0.005)
+    wait_until(
+        lambda: sum(counters(rds, key_prefix, f"r{e}").get("stored", 0) for e in range(100)) == n,
+        10,
+        "stored",
+    )
+    reads = blocks[before:]
+    assert None in reads  # a window's read does not block
+    assert len(reads) <= 30, reads  # about 0.5 s of writes in 0.2 s windows, not 100 reads
+
+
 def test_an_idle_drainer_blocks_longer_and_still_reads_a_new_entry_at_once(
     rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
 ) -> None:
