@@ -231,6 +231,13 @@ def _sweep_while_busy(**kw: Any) -> None:
         _sweeper.busy()
 
 
+@signals.task_received.connect
+def _received_work(**kw: Any) -> None:
+    """The consumer took a task message: work for the idle back-offs of this process, also
+    where the task runs in another (a prefork child; utils/activity.py; no command)."""
+    activity.note_work()
+
+
 @signals.worker_ready.connect
 def _publish_task_set(sender: Any = None, **kw: Any) -> None:
     """Say which tasks this worker knows, which queues it consumes and which site modules it
