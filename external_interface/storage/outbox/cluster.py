@@ -14,6 +14,7 @@ hooks, backoff) with the stream side replaced:
   nothing can block: the drainer polls, every 0.2 s after an empty read, doubling while the
   reads stay empty up to 1 s, and at once again after a read that returned entries (a
   steady load is read without a wait, an idle drainer costs one read a second a stream);
+  while the drainer holds entries it reads once a window of `idle_flush`, as on one Redis;
 - an entry's id is `<rid>/<stream entry id>` (`/<id>` without a run): ids of two streams
   can be equal, and a sink that remembers written entries by id (the JSONL sink) must tell
   them apart; `entry_version` reads the part after the slash;
