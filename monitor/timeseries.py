@@ -3,9 +3,9 @@
 Every counter the system keeps (run counters, task and site metrics, pool health, dedup
 marks) is a running total or a gauge: it says how much, not when. Once a minute
 (`CHAINCRAWL_MONITOR_SERIES_INTERVAL`) one process of the fleet (a lock decides which: every
-worker runs the sampler thread; a process that runs no task tries less often, `Sampler`) appends a point to `run:{rid}:series` (each active or storing
-run's counters) and `series:fleet` (task, site, pool and dedup metrics): their fields are in
-docs/monitoring.md, "Stable Redis keys".
+worker runs the sampler thread; one that runs no task tries less often, `Sampler`) appends a
+point to `run:{rid}:series` (each active or storing run's counters) and `series:fleet` (task,
+site, pool and dedup metrics): their fields are in docs/monitoring.md, "Stable Redis keys".
 
 Both keep the newest `CHAINCRAWL_MONITOR_SERIES_POINTS` (1440: a day of minutes); a run's
 expires with the run (`CHAINCRAWL_RUN_RETENTION`). What happened between two points is their

@@ -47,9 +47,6 @@ SHORT_IDLE_BLOCK = 2.0
 HORIZON_EVERY = 5.0  # seconds between two horizon updates while entries come
 HORIZON_IDLE = 60.0  # ... and while none came since the last one (an older horizon is safe)
 SETTLE_EVERY = 0.5  # seconds between two `settle` calls while the drainer holds nothing
-# claims of a dead drainer's idle entries: every `claim_every` while entries come or a task
-# ran in the process since the last claim; else the wait doubles, up to `claim_idle` (so an
-# entry left pending is claimed within twice `claim_idle` by an idle drainer)
 
 StoredHook = Callable[[str, list[dict[str, Any]]], None]
 on_stored: list[StoredHook] = []  # called with (item_type, items) after all sinks confirmed
@@ -112,7 +109,10 @@ class Drainer:
         self.consumer = consumer or ""
         self.claim_idle = claim_idle
         self.claim_every = claim_every if claim_every is not None else max(0.2, claim_idle / 4)
-        self.claim_idle_max = max(self.claim_every, claim_idle)  # the idle back-off's bound
+        # claims of a dead drainer's idle entries: every `claim_every` while entries come or a
+        # task ran in the process since the last claim; else the wait doubles, up to this (an
+        # entry left pending is claimed within twice `claim_idle` by an idle drainer)
+        self.claim_idle_max = max(self.claim_every, claim_idle)
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.shutdown_timeout = shutdown_timeout
@@ -175,7 +175,7 @@ class Drainer:
         errors = 0  # consecutive other errors (Redis down, bugs)
         started = False
         next_claim = next_horizon = next_settle = 0.0
-        claim_wait = self.claim_every  # doubled while idle (above SETTLE_EVERY)
+        claim_wait = self.claim_every  # doubled while idle, up to `claim_idle_max`
         worked = False  # entries read, stored or claimed, or a task run, since the last claim
         watch = activity.Watch()
         idle_block = MAX_BLOCK  # the next block while nothing comes (see MAX_IDLE_BLOCK)
