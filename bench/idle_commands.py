@@ -120,7 +120,9 @@ def measure(
                 w.wait_ready()
             time.sleep(settle)
             client = redis.Redis.from_url(server.url)
-            mon = Monitor(client) if monitor else None
+            # no socket timeout (redis-py's default is 5 s): an idle fleet can be quiet longer
+            quiet = redis.Redis.from_url(server.url, socket_timeout=None)
+            mon = Monitor(quiet) if monitor else None
             client.config_resetstat()
             time.sleep(seconds)
             calls = commandstats(client)
