@@ -65,6 +65,7 @@ class Recorder:
         self.roots: dict[int, str] = {}
         self.shas: dict[int, list[str]] = {}
         self.n = 0
+        self.off = False  # while a take reads the scripts: the recorder's own calls
         self._current: Any = None
         try:
             from greenlet import getcurrent
@@ -74,7 +75,7 @@ class Recorder:
             self._current = threading.current_thread
 
     def hook(self, frame: Any, event: str, arg: Any) -> None:
-        if event != "call":
+        if event != "call" or self.off:
             return
         code = frame.f_code
         f = code.co_filename
@@ -109,6 +110,13 @@ class Recorder:
     def take(self) -> dict[str, Any]:
         """What was recorded since the last take, by greenlet: its root frame, its files in
         order of first call, its scripts."""
+        self.off = True
+        try:
+            return self._take()
+        finally:
+            self.off = False
+
+    def _take(self) -> dict[str, Any]:
         seen, roots, shas, funcs = self.seen, self.roots, self.shas, self.funcs
         self.seen, self.roots, self.shas, self.funcs = {}, {}, {}, {}
         by: dict[int, list[tuple[int, str]]] = {}
@@ -201,11 +209,23 @@ def _scripts_of(window: dict[str, Any], root_has: str) -> list[str]:
 
 
 def read_path(pool: str | None = None) -> dict[str, Any]:
-    from bench.chaincrawl_bench import ChaincrawlBench
     from bench.pagesets import PAGESETS
-    from config import DEFAULT_POOL
+    from utils import environ
 
     ps = PAGESETS["small"].build(pages=21)  # one catalog page and its 20 products
+    # the defaults as shipped, whatever this process's environment says (the tests' turns
+    # politeness off): put back when the crawl is read
+    saved = {name: os.environ.pop(name, None) for name in DEFAULTS_OFF}
+    try:
+        return _read_path(ps, pool)
+    finally:
+        environ.restore(saved)
+
+
+def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
+    from bench.chaincrawl_bench import ChaincrawlBench
+    from config import DEFAULT_POOL
+
     with ps.serve() as site, ChaincrawlBench() as b:
         for name in DEFAULTS_OFF:  # the benchmark's overrides dropped: the defaults, as shipped
             b.env.pop(name, None)

@@ -1,0 +1,65 @@
+"""bench/page_path.py: the recorder, and docs/architecture.md's table against a real crawl."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+
+from bench.page_path import ROOT, Recorder, bottom_layer, read_path
+from utils import ids
+
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def test_the_recorder_names_each_checkout_file_once_with_its_functions() -> None:
+    rec = Recorder()
+    rec.install()
+    try:
+        ids.new_id()
+        ids.new_id()
+        len("not a checkout function")
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    (g,) = [g for g in rec.take().values() if "utils/ids.py" in g["files"]]
+    assert g["files"].count("utils/ids.py") == 1
+    assert "new_id" in g["funcs"]["utils/ids.py"]
+    assert not any(f.startswith(".venv") for f in g["files"])
+    assert rec.take() == {}  # a take starts the next window empty
+
+
+def test_the_bottom_layer_is_config_settings_exceptions_and_utils() -> None:
+    assert all(
+        bottom_layer(f) for f in ("config.py", "exceptions.py", "settings/base.py", "utils/wire.py")
+    )
+    assert not any(bottom_layer(f) for f in ("base_task.py", "ledger/commits.py", "worker.py"))
+
+
+def _section() -> str:
+    text = DOC.read_text()
+    start = text.index("### The modules a page passes through")
+    return text[start : text.index("\n## ", start)]
+
+
+def test_the_table_names_every_module_a_page_passes_through() -> None:
+    """Every file the crawl's call path runs is named in the table (by its path, or by its
+    name after its folder's first file), and the count sentence says the totals."""
+    res = read_path()
+    section = _section()
+    named = set(re.findall(r"`([\w/.]+\.(?:py|lua))`", section))
+    names = {n.rsplit("/", 1)[-1] for n in named}
+    files: set[str] = set()
+    scripts: set[str] = set()
+    for stage in ("trigger", "page", "consumer", "store"):
+        files.update(res[stage]["files"])
+        scripts.update(res[stage].get("scripts", []))
+    library = {f for f in files if not f.startswith("bench/")}  # bench/: the endpoint's module
+    missing = sorted(
+        f for f in library | scripts if f not in named and f.rsplit("/", 1)[-1] not in names
+    )
+    assert not missing, f"the call path runs these, the table does not name them: {missing}"
+    above = [f for f in library if not bottom_layer(f)]
+    assert f"{len(above)} library files above the bottom layer" in " ".join(section.split())
+    assert f"and {len(library) - len(above)} in it" in " ".join(section.split())
+    assert f"{len(scripts)} Lua files" in " ".join(section.split())
