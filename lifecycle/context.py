@@ -28,7 +28,7 @@ from exceptions import (
 from external_interface.browser import Action, BrowserPool, RenderedPage, RenderRequest, get_pool
 from external_interface.browser.model import WaitUntil
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response, choose
-from external_interface.fetch.identity import default_user_agent, has_user_agent
+from external_interface.fetch.response import default_user_agent, has_user_agent
 from external_interface.resources.base import Outcome, OutgoingRequest, Provider
 from lifecycle import hooks
 from lifecycle.adaptive import AutoPage

@@ -1,14 +1,15 @@
 """The fetch layer: one-method `Fetcher` interface, a pycurl default, typed errors.
 
     base.py      FetchRequest, the Fetcher interface
-    response.py  Response (text, json, css, xpath on demand), charset decoding that counts
+    response.py  what every fetcher shares: the URL's query, the body's encoding, error text
+                 without credentials, the default User-Agent; Response (text, json, css,
+                 xpath on demand), charset decoding that counts
     http.py      Urllib3Fetcher, RequestsFetcher
     impersonate.py  ImpersonateFetcher: a browser's TLS handshake, HTTP/2 and headers (curl_cffi)
     curl.py      CurlFetcher (the default): the contract on pycurl, the least CPU per request
     curl_gevent.py  pycurl's transfers on a gevent hub: one CurlMulti driven by its loop
     libcurl.py   what the two libcurl fetchers share: options, callbacks, error codes
     profiles.py  browser identities: the user agent's browser, its target and headers in order
-    body.py      the URL's query, the body's encoding, error text without credentials
     select.py    fetchers by name, the per-process set, the per-endpoint/site choice,
                  default_fetcher
     limits.py    LimitedFetcher: fetch slots per process, the most urgent run first

@@ -34,8 +34,7 @@ from w3lib.url import canonicalize_url
 
 from config import Settings, get_settings
 from external_interface.fetch.base import Fetcher, FetchRequest
-from external_interface.fetch.body import full_url
-from external_interface.fetch.response import Response, header_charset
+from external_interface.fetch.response import Response, full_url, header_charset
 
 CACHED_METHODS = frozenset(("GET",))
 

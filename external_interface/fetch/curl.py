@@ -34,10 +34,14 @@ from typing import Any
 from exceptions import ConfigError
 from external_interface.fetch import libcurl
 from external_interface.fetch.base import FetchRequest
-from external_interface.fetch.body import encode_body, full_url, short_error
-from external_interface.fetch.identity import default_user_agent
 from external_interface.fetch.libcurl import Handles, HubThreadpool, Transfer
-from external_interface.fetch.response import Response
+from external_interface.fetch.response import (
+    Response,
+    default_user_agent,
+    encode_body,
+    full_url,
+    short_error,
+)
 from utils.greenlets import gevent_patched
 
 try:  # a runtime dependency; its absence is said when the fetcher is chosen

@@ -30,9 +30,14 @@ from exceptions import (
     TruncatedResponse,
 )
 from external_interface.fetch.base import FetchRequest
-from external_interface.fetch.body import encode_body, full_url, short_error
-from external_interface.fetch.identity import default_user_agent
-from external_interface.fetch.response import Response, header_charset
+from external_interface.fetch.response import (
+    Response,
+    default_user_agent,
+    encode_body,
+    full_url,
+    header_charset,
+    short_error,
+)
 
 _CHUNK = 64 * 1024
 

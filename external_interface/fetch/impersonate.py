@@ -25,7 +25,6 @@ from curl_cffi.curl import CURL_WRITEFUNC_ERROR, Curl, CurlError
 from curl_cffi.requests.impersonate import BrowserType
 
 from external_interface.fetch.base import FetchRequest
-from external_interface.fetch.body import encode_body, full_url, short_error
 from external_interface.fetch.libcurl import (
     Handles,
     HubThreadpool,
@@ -42,7 +41,7 @@ from external_interface.fetch.profiles import (
     identity_for,
     target_for,
 )
-from external_interface.fetch.response import Response
+from external_interface.fetch.response import Response, encode_body, full_url, short_error
 from utils.greenlets import gevent_patched
 
 TARGETS: tuple[str, ...] = tuple(b.value for b in BrowserType)

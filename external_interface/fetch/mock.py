@@ -32,7 +32,7 @@ import orjson
 
 from exceptions import NotFound
 from external_interface.fetch import FetchRequest, Response, header_charset
-from external_interface.fetch.body import full_url
+from external_interface.fetch.response import full_url
 
 _TYPES = {".json": "application/json", ".html": "text/html", ".htm": "text/html"}
 _SUFFIXES = {"json": ".json", "html": ".html", "xhtml": ".html", "xml": ".xml", "plain": ".txt",

@@ -1,24 +1,88 @@
-"""A fully read response (`Response`: text, JSON, CSS and XPath on demand) and the charset
-decoding that counts the bytes it could not decode."""
+"""What every fetcher shares: the request as it is sent, and the response as it is read.
+
+- The request: the URL with its query (`full_url`), the body's encoding (`encode_body`), error
+  text without a proxy's credentials (`short_error`), and who chaincrawl says it is
+  (`default_user_agent`, below).
+- The response: a fully read response (`Response`: text, JSON, CSS and XPath on demand) and the
+  charset decoding that counts the bytes it could not decode.
+
+Who chaincrawl says it is: one honest User-Agent, `chaincrawl/VERSION (+URL)`, sent by
+every request no user agent was lent to or set on (every fetcher: urllib3, requests, the
+impersonating one; robots.txt and sitemap fetches), and whose product token `chaincrawl` is
+the one robots.txt groups are matched against. User-agent rotation stays opt-in
+(`resources=["user_agent"]`).
+
+URL: where a site's owner reads who crawls them and how to reach the operator:
+`CHAINCRAWL_CONTACT_URL_<SITE>`, else `CHAINCRAWL_CONTACT_URL`, else the project's page.
+"""
 
 from __future__ import annotations
 
 import codecs
+import json as stdjson
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlencode
 
 import orjson
 from parsel import Selector
 from w3lib.encoding import html_body_declared_encoding, read_bom, resolve_encoding
 
+from config import site_env
 from exceptions import (
     MalformedBody,
     ParseError,
     UndecodableText,
 )
 
+# -- the request -------------------------------------------------------------------------------
+VERSION = "0.1.0"  # pyproject.toml's [project] version
+PRODUCT = (
+    "chaincrawl"  # the token robots.txt `User-agent:` lines name (CHAINCRAWL_ROBOTS_USER_AGENT)
+)
+DEFAULT_CONTACT = "https://github.com/chaincrawl/chaincrawl"
+
+
+def default_user_agent(site: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """`chaincrawl/VERSION (+URL)`, the URL the site's (or every site's) contact URL."""
+    url = site_env("contact_url", site or "", environ) or DEFAULT_CONTACT
+    return f"{PRODUCT}/{VERSION} (+{url})"
+
+
+def has_user_agent(headers: Mapping[str, str] | None) -> bool:
+    return any(k.lower() == "user-agent" for k in headers or {})
+
+
+def full_url(url: str, params: Mapping[str, Any] | None = None) -> str:
+    """The URL a request goes to: `params` (None values left out) appended to its query."""
+    if params:
+        query = urlencode([(k, v) for k, v in params.items() if v is not None], doseq=True)
+        if query:
+            url += ("&" if "?" in url else "?") + query
+    return url
+
+
+def encode_body(data: Any, json: Any) -> tuple[Any, str | None]:
+    """The body as requests would send it, and the Content-Type it implies (None: the
+    caller's own): `json` serialized, a mapping or a list of pairs form-encoded, bytes or
+    text as they are."""
+    if json is not None and data is None:
+        return stdjson.dumps(json, allow_nan=False).encode(), "application/json"
+    if isinstance(data, Mapping | list | tuple):
+        pairs = list(data.items()) if isinstance(data, Mapping) else data
+        return urlencode(pairs, doseq=True), "application/x-www-form-urlencoded"
+    return data, None
+
+
+def short_error(exc: BaseException) -> str:
+    """Exception text without URLs' credentials (proxy URLs may carry user:pass)."""
+    return re.sub(r"//[^/@\s]+@", "//***@", str(exc))[:200]
+
+
+# -- the response ------------------------------------------------------------------------------
 _T = TypeVar("_T")
 
 

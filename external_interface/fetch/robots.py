@@ -51,7 +51,7 @@ from exceptions import (
     RobotsUnavailable,
 )
 from external_interface.fetch import Fetcher, FetchRequest
-from external_interface.fetch.identity import default_user_agent, has_user_agent
+from external_interface.fetch.response import default_user_agent, has_user_agent
 from utils.redis import get_redis
 
 log = logging.getLogger(__name__)

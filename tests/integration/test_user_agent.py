@@ -14,7 +14,7 @@ from aiohttp import web
 import chains
 from chains import Chain, step
 from config import ROOT
-from external_interface.fetch.identity import VERSION, default_user_agent
+from external_interface.fetch.response import VERSION, default_user_agent
 from tests.threaded_site import ThreadedSite
 
 pytestmark = pytest.mark.integration
