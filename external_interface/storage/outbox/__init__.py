@@ -3,9 +3,9 @@ sinks, acknowledging an entry only once every sink of its type stored it, so tha
 that dies loses nothing and two that race count an entry once.
 
 How it batches, claims, retries, dead-letters and trims: docs/storage.md. Modules: `entries`
-(keys, the producer side, an entry as read), `drainer` (the `Drainer`), `ack` (acknowledging a
-batch), `status` (`backlog`, `requeue_dead`, `outbox_streams`), `cluster` (the
-`ClusterDrainer`: on a Redis Cluster each run's own stream), `__main__` (the process).
+(keys, the producer side, an entry as read, acknowledging a batch), `drainer` (the `Drainer`),
+`status` (`backlog`, `requeue_dead`, `outbox_streams`), `cluster` (the `ClusterDrainer`: on a
+Redis Cluster each run's own stream), `__main__` (the process).
 """
 
 from __future__ import annotations

@@ -43,12 +43,14 @@ from typing import Any
 
 import redis
 
-from external_interface.storage.outbox.ack import Dead, dead_fields, note_errors
 from external_interface.storage.outbox.drainer import Drainer
 from external_interface.storage.outbox.entries import (
     DEAD_MAXLEN,
+    Dead,
     OutboxEntry,
     counters_ttl,
+    dead_fields,
+    note_errors,
 )
 from external_interface.storage.sinks.base import entry_version
 from utils.keyspace import Keyspace

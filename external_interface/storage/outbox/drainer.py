@@ -16,12 +16,15 @@ from typing import Any
 import redis
 
 from config import Settings, get_settings
-from external_interface.storage.outbox.ack import ACK, Dead, ack_call, note_errors
 from external_interface.storage.outbox.entries import (
+    ACK,
     GROUP,
+    Dead,
     OutboxEntry,
+    ack_call,
     default_consumer,
     merge_new,
+    note_errors,
     stream_key,
 )
 from external_interface.storage.outbox.reader import BlockingReader
