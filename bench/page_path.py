@@ -307,7 +307,10 @@ def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
         "consumer": {"files": list(dict.fromkeys(consumer))},
         "store": {
             "files": store,
-            "scripts": _scripts_of(crawl, "drainer"),
+            # less what it runs idle too (its periodic claim of entries left by a dead drainer)
+            "scripts": [
+                x for x in _scripts_of(crawl, "drainer") if x not in _scripts_of(idle, "drainer")
+            ],
             "funcs": {f: fs for g in drainer for f, fs in g["funcs"].items()},
         },
         "batch": {"files": list(dict.fromkeys(batch))},
