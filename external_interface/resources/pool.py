@@ -45,15 +45,13 @@ from external_interface.resources.base import Outcome, OutgoingRequest
 from external_interface.resources.health import PoolHealth
 from external_interface.resources.holding import Holding, HoldRule, holding_for
 from external_interface.resources.holding import enabled as holding_enabled
-from external_interface.resources.lease import (
+from external_interface.resources.inflight import (
     IN_FLIGHT,
-    Checkout,
-    Lease,
-    LeasePool,
     avoid_next_time,
     avoided,
     cancel_leases,
 )
+from external_interface.resources.lease import Checkout, Lease, LeasePool
 from external_interface.resources.rules import Verdict, judge
 from utils.keyspace import Keyspace
 from utils.redis import as_str
@@ -427,7 +425,7 @@ class Pool(LeasePool):
 class PoolProvider:
     """What the cookie and device providers share: checkout in `prepare`, verdict and return
     in `feedback`, production when the pool runs low, waiting when it is empty. Leases of
-    requests in flight are kept in `lease.IN_FLIGHT`, with every other kind's."""
+    requests in flight are kept in `inflight.IN_FLIGHT`, with every other kind's."""
 
     kind: str = ""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from external_interface.resources.base import Outcome, TaskState
-from external_interface.resources.lease import avoid_next_time, avoided
+from external_interface.resources.inflight import avoid_next_time, avoided
 from external_interface.resources.proxy.models import Event, classify
 from external_interface.resources.rules import Verdict, site_rule
 from settings.proxy import ProxySettings

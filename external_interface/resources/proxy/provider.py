@@ -27,7 +27,7 @@ from external_interface.resources.base import (
     TaskState,
     providers,
 )
-from external_interface.resources.lease import IN_FLIGHT
+from external_interface.resources.inflight import IN_FLIGHT
 from external_interface.resources.proxy.channel import ChannelPool, settle
 from external_interface.resources.proxy.judge import (
     avoided_proxies,
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 class ChannelProxyProvider:
     """Exclusive proxies per site: checkout in `prepare`, return in `feedback`. Leases of
-    requests in flight are kept in `lease.IN_FLIGHT` (with the cookies' and devices'), so any
+    requests in flight are kept in `inflight.IN_FLIGHT` (with the cookies' and devices'), so any
     instance's `feedback` finds the lease another's `prepare` took."""
 
     kind = "proxy"

@@ -4,23 +4,15 @@ that dies loses nothing and two that race count an entry once.
 
 How it batches, claims, retries, dead-letters and trims: docs/storage.md. Modules: `entries`
 (keys, the producer side, an entry as read, acknowledging a batch), `drainer` (the `Drainer`),
-`status` (`backlog`, `requeue_dead`, `outbox_streams`), `cluster` (the `ClusterDrainer`: on a
-Redis Cluster each run's own stream), `__main__` (the process).
+`listeners` (the hooks that hear of stored entries), `status` (`backlog`, `requeue_dead`,
+`outbox_streams`), `cluster` (the `ClusterDrainer`: on a Redis Cluster each run's own stream),
+`__main__` (the process).
 """
 
 from __future__ import annotations
 
 from external_interface.storage.outbox.cluster import ClusterDrainer, drainer_class
-from external_interface.storage.outbox.drainer import (
-    Drainer,
-    EntriesHook,
-    EntriesRefused,
-    RunsHook,
-    StoredHook,
-    on_runs_stored,
-    on_stored,
-    on_stored_entries,
-)
+from external_interface.storage.outbox.drainer import Drainer
 from external_interface.storage.outbox.entries import (
     GROUP,
     OutboxEntry,
@@ -31,6 +23,15 @@ from external_interface.storage.outbox.entries import (
     outbox_entry_fields,
     stream_key,
     xadd_entry,
+)
+from external_interface.storage.outbox.listeners import (
+    EntriesHook,
+    EntriesRefused,
+    RunsHook,
+    StoredHook,
+    on_runs_stored,
+    on_stored,
+    on_stored_entries,
 )
 from external_interface.storage.outbox.status import (
     OutboxStream,

@@ -27,6 +27,14 @@ from external_interface.storage.outbox.entries import (
     note_errors,
     stream_key,
 )
+from external_interface.storage.outbox.listeners import (
+    EntriesRefused,
+    RunsHook,
+    StoredHook,
+    on_runs_stored,
+    on_stored,
+    on_stored_entries,
+)
 from external_interface.storage.outbox.reader import BlockingReader
 from external_interface.storage.outbox.status import backlog
 from external_interface.storage.routing import SinkRouter, build_sinks
@@ -50,30 +58,6 @@ SHORT_IDLE_BLOCK = 2.0
 HORIZON_EVERY = 5.0  # seconds between two horizon updates while entries come
 HORIZON_IDLE = 60.0  # ... and while none came since the last one (an older horizon is safe)
 SETTLE_EVERY = 0.5  # seconds between two `settle` calls while the drainer holds nothing
-
-StoredHook = Callable[[str, list[dict[str, Any]]], None]
-on_stored: list[StoredHook] = []  # called with (item_type, items) after all sinks confirmed
-EntriesHook = Callable[[str, list[OutboxEntry]], None]
-# called with (item_type, entries) after the `on_stored` hooks, for hooks that need each
-# entry's run and task (lifecycle/hooks.py, `after_store`); EntriesRefused sets some apart
-on_stored_entries: list[EntriesHook] = []
-
-
-class EntriesRefused(Exception):
-    """An entries hook refuses some entries: `dead` ones for good (to the dead letters with the
-    reason), `again` ones for now (written and hooked again later); the others of the batch are
-    acknowledged. Any other exception retries the whole batch."""
-
-    def __init__(self, dead: Mapping[str, str], again: Iterable[str] = ()) -> None:
-        super().__init__(f"{len(dead)} entries refused by a hook, {len(set(again))} for now")
-        self.dead = dict(dead)  # entry id -> why
-        self.again = set(again)
-
-
-RunsHook = Callable[[list[str]], None]
-# called with the run ids whose `stored`/`store_failed` counters a batch moved, once they
-# are written: the worker compacts the runs this completed (ledger/state.py `compact`)
-on_runs_stored: list[RunsHook] = []
 
 
 class Drainer:

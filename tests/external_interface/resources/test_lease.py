@@ -12,15 +12,14 @@ import redis
 
 from exceptions import SecretUnreadable
 from external_interface.resources.base import OutgoingRequest
-from external_interface.resources.lease import (
+from external_interface.resources.inflight import (
     IN_FLIGHT,
-    LeasePool,
     LeasesInFlight,
-    Profile,
     avoid_next_time,
     avoided,
     cancel_leases,
 )
+from external_interface.resources.lease import LeasePool, Profile
 from tests.external_interface.stores import (
     let_time_pass,
     rds_on_both_stores,  # noqa: F401 - fixture `rds`
