@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import orjson
 from rich.console import Console
@@ -19,6 +18,7 @@ from ledger.state import RunState
 from monitor import health
 from monitor import snapshot as msnap
 from monitor import status as ms
+from tests.conditions import wait_for
 from tests.monitor.conftest import record
 
 CHAIN = {
@@ -123,27 +123,44 @@ def test_control_status_json(rds, mon) -> None:
     assert snap["workers"] == {}  # asked, nobody answered on this prefix
 
 
-def test_control_status_watch_redraws_until_interrupted(rds, mon) -> None:
+# `python -m cli ARGS` with SIGINT handled as in a terminal (KeyboardInterrupt). A process started
+# with SIGINT ignored (a CI job run in the background by a non-interactive shell: POSIX ignores
+# SIGINT in its asynchronous commands) passes that on, and Python then leaves it ignored: the
+# watch would never see the test's Ctrl-C.
+_CLI_WITH_CTRL_C = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from cli.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_control_status_watch_redraws_until_interrupted(rds, mon, tmp_path) -> None:
     make_run(rds, mon)
     # a pipe, but told it is an interactive terminal: frames stream out as they are drawn
     env = {**_env(mon), "COLUMNS": "140", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1",
            "NO_COLOR": "1"}  # fmt: skip
-    p = subprocess.Popen([sys.executable, "-m", "cli", "status", "--watch", "--interval", "0.2"],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    err_path = tmp_path / "stderr"
+    with err_path.open("wb") as err_file:
+        p = subprocess.Popen([sys.executable, "-c", _CLI_WITH_CTRL_C, "status", "--watch", "--interval", "0.2"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err_file)  # fmt: skip
     seen = bytearray()
 
-    def read() -> None:
+    def read() -> None:  # the only reader of stdout (stderr goes to a file)
         while chunk := p.stdout.read1(65536):  # type: ignore[union-attr]
             seen.extend(chunk)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and seen.count(b"run run1") < 2:  # redrawn, not just drawn
-        time.sleep(0.1)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=30)
-    reader.join(10)
+    try:
+        # redrawn, not just drawn
+        wait_for(lambda: seen.count(b"run run1") >= 2, 120, "two frames of the watch")
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+        reader.join(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    err = err_path.read_text(errors="replace")
     assert p.returncode in (0, 130), err
     assert seen.count(b"run run1") >= 2 and b"queues" in seen
 
