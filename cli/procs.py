@@ -24,7 +24,7 @@ from redis.retry import Retry
 from cli import REDIS_UNREACHABLE, StartFailed, UserError
 from config import POOLS, ROOT, Settings, get_settings, is_cluster_url
 from utils.redis import cluster_client, get_redis
-from utils.servers import RedisServer, stop_pidfile, wait_for_port
+from utils.servers import RedisServer, stop_pidfile
 from utils.worker_cmd import READY_MARKER, worker_argv
 
 
@@ -459,13 +459,58 @@ def start_flower(s: Settings) -> tuple[str, str]:
     ]
     # the credentials travel in the environment, not on the command line (ps shows argv)
     env = {"FLOWER_BASIC_AUTH": f"{s.flower_user}:{flower_password(s)}"}
-    start_bg("flower", cmd, s, env)
-    wait_for_port(
-        s.flower_port, s.flower_address if s.flower_address != "0.0.0.0" else "127.0.0.1", 30
-    )
+    pid = start_bg("flower", cmd, s, env)
+    host = s.flower_address if s.flower_address != "0.0.0.0" else "127.0.0.1"
+    wait_listening("flower", pid, host, s.flower_port, s, 60)
     if not s.task_events:
         _enable_events()
     return url, str(s.var_dir / "flower.secret") if not s.flower_password else "FLOWER_PASSWORD"
+
+
+def listens(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds a TCP socket listening on `port` (Linux: /proc/net/tcp and
+    tcp6 matched with the process's file descriptors); None where that cannot be read."""
+    inodes: set[str] = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(FileNotFoundError):
+                for line in Path(table).read_text().splitlines()[1:]:
+                    f = line.split()  # sl local_address rem_address st ... uid timeout inode
+                    if len(f) > 9 and f[3] == "0A" and int(f[1].rpartition(":")[2], 16) == port:
+                        inodes.add(f"socket:[{f[9]}]")
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (OSError, ValueError):
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+    return False
+
+
+def wait_listening(name: str, pid: int, host: str, port: int, s: Settings, timeout: float) -> None:
+    """Wait until `name` (pid `pid`, started by start_bg) listens on host:port itself. Another
+    process listening there (one that took the port first) is not it: ours then fails to bind
+    and exits, and `StartFailed` says so, with the last lines of its log."""
+    pidfile = run_dir(s) / f"{name}.pid"
+    logf = log_dir(s) / f"{name}.log"
+    deadline = time.monotonic() + timeout
+    while True:
+        exited = alive(pidfile) != pid
+        taken = port_open(host, port)
+        if taken and not exited and listens(pid, port) is not False:
+            return
+        if exited or time.monotonic() > deadline:
+            lines = logf.read_text(errors="replace").splitlines()[-15:] if logf.exists() else []
+            what = (
+                "exited before it listened" if exited else f"did not listen within {timeout:.0f}s"
+            )
+            other = f"; another process listens on {host}:{port}" if taken else ""
+            raise StartFailed(
+                f"{name} {what} on {host}:{port}{other}; the last lines of {logf}:\n"
+                + "\n".join("  " + line for line in lines)
+            )
+        time.sleep(0.2)
 
 
 def _enable_events() -> None:

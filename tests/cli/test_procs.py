@@ -1,13 +1,18 @@
-"""cli.procs: stopping a named process leaves nothing of it in var/run."""
+"""cli.procs: stopping a named process leaves nothing of it in var/run; a started server is
+up once it listens itself (not another process on its port)."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from cli.procs import run_dir, stop_named
+import pytest
+
+from cli import StartFailed
+from cli.procs import listens, run_dir, start_bg, stop_named, wait_listening
 from config import Settings
 
 
@@ -25,3 +30,41 @@ def test_stop_takes_the_pid_file_and_the_log_offset_with_the_process(tmp_path: P
         assert sorted(p.name for p in run_dir(s).iterdir()) == []
     finally:
         proc.kill()
+
+
+_SERVE = (
+    "import socket, sys, time; s = socket.socket(); "
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', flush=True); "
+    "time.sleep(120)"
+)
+
+
+def test_a_server_is_up_once_it_listens_itself(tmp_path: Path) -> None:
+    s = Settings(var_dir=tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pid = start_bg("srv", [sys.executable, "-c", _SERVE, str(port)], s)
+    try:
+        wait_listening("srv", pid, "127.0.0.1", port, s, 60)
+        assert listens(pid, port) is True
+        assert listens(pid, port + 1 if port < 65535 else port - 1) is False
+    finally:
+        stop_named("srv", s, 10)
+
+
+def test_a_server_whose_port_another_process_holds_is_said_not_to_start(tmp_path: Path) -> None:
+    """The other process answers on the port, but the one started failed to bind and exited:
+    not up, and the error says why (its log) and that the port is someone else's."""
+    s = Settings(var_dir=tmp_path)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        pid = start_bg("srv", [sys.executable, "-c", _SERVE, str(port)], s)
+        with pytest.raises(StartFailed) as got:
+            wait_listening("srv", pid, "127.0.0.1", port, s, 60)
+    said = str(got.value)
+    assert "srv exited before it listened" in said and "another process listens" in said, said
+    assert "Address already in use" in said, said
