@@ -93,9 +93,15 @@ def test_random_sigkills_store_every_item_exactly_once(
         pytest.skip(
             "long on a cluster: at this kill rate on 2 cores a page whose batch lands on worker "
             "after worker that is killed while it runs is charged 4 deaths and dead-lettered "
-            "as poison (CHAINCRAWL_MAX_REDELIVERIES=3); see docs/reliability.md"
+            "as poison at the default cap of 3 (not yet run with this test's cap of 8); see "
+            "docs/reliability.md"
         )
-    extra = broker_env(broker, request)
+    # the poison cap is for a task that kills its worker itself (test_poison.py); here the
+    # kills are random, and on a busy cluster a page's batch can land on worker after worker
+    # that is killed while it runs: each death is charged, so the cap is set where random
+    # kills at this rate do not reach it (with the default 3 a short cluster run under load
+    # once dead-lettered one innocent page)
+    extra = {**broker_env(broker, request), "CHAINCRAWL_MAX_REDELIVERIES": "8"}
     if broker == "amqp":
         size = dataclasses.replace(size, interval=size.amqp_interval)
     with DemoServer(
