@@ -73,7 +73,9 @@ def test_crawlee(small: PageSet, site: object, tmp_path: Path) -> None:
 def test_chaincrawl_counts_workers_and_redis(small: PageSet, site: object, tmp_path: Path) -> None:
     runs = _crawl_twice("chaincrawl", small, site, tmp_path)
     parts = runs[0]["cpu_parts_ms_per_page"]
-    assert set(parts) == {"workers", "redis"} and all(v > 0 for v in parts.values())
+    # redis-server spends about 10 ms on these 105 pages, one tick of the kernel's CPU clock
+    # (/proc counts in 10 ms ticks): its part may read 0; the workers' never does
+    assert set(parts) == {"workers", "redis"} and parts["workers"] > 0 and parts["redis"] >= 0
     assert runs[0]["cpu_ms_per_page"] == pytest.approx(sum(parts.values()))
 
 
