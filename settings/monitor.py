@@ -24,7 +24,10 @@ class MonitorSettings(ChaincrawlSettings):
     password: str = Field("", description="Basic-auth password; generated into var/ if needed.")
     runs_limit: int = Field(50, description="Active runs exported per scrape (label cardinality).")
     series_interval: float = Field(
-        60.0, gt=0, description="Seconds between two points of the report's time series."
+        60.0,
+        gt=0,
+        description="Seconds between two points of the report's time series (up to 10 minutes "
+        "while no process of the fleet runs a task: [monitoring](monitoring.md)).",
     )
     series_points: int = Field(
         1440, gt=0, description="Points a time series keeps (per run, and the fleet's)."

@@ -42,7 +42,8 @@ class StorageSettings(ChaincrawlSettings):
     outbox_claim_idle: float = Field(
         60.0,
         description="Seconds an entry stays pending with a drainer before another one claims "
-        "it (the first drainer died).",
+        "it (the first drainer died); drainers look every quarter of it, up to every "
+        "`CLAIM_IDLE` while idle ([storage](storage.md)).",
     )
     outbox_max_backoff: float = Field(
         30.0, description="Longest wait between two attempts to store a batch while a sink is down."
