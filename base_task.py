@@ -92,13 +92,15 @@ from lifecycle.hooks import (
     retry,
     skip,
 )
+from lifecycle.lost import LOST, PARK_SECONDS
 from lifecycle.page import run_page
 from lifecycle.policy import backoff as backoff  # re-exported: imported from here before
 from lifecycle.policy import countdown_cap as countdown_cap
 from monitor.metrics import TaskMetrics
 from settings.sitevars import site_env
 from utils.logsafe import task_argsrepr
-from utils.redis import NotReplicated
+from utils.redis import NotReplicated, get_redis
+from utils.slots import SlotsLost, lost_now, lost_ranges
 from utils.wire import TaskMeta
 
 log = logging.getLogger("chaincrawl.task")
@@ -224,20 +226,30 @@ class SiteTask(Task[Any, Any]):
         rt = runtime.current()
         with rt.holding(meta):
             try:
-                return self.run_page(params, meta)
+                out = self.run_page(params, meta)
             except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
                 requeue_unreplicated(rt, self.name, exc)
             except (
                 redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError,
                 redis.exceptions.ClusterError,
+                redis.exceptions.RedisClusterException,
             ) as exc:
+                ranges = lost_now(get_redis(rt.settings.redis_url), exc)
+                if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
+                    LOST.parked_one(self.name, ranges)
+                    raise self.retry_later(
+                        params, TaskMeta.from_wire(meta), PARK_SECONDS, SlotsLost(ranges)
+                    ) from None
                 # Our state store is unreachable (or a cluster is failing over): the message
                 # must not be acknowledged.
                 # Requeue it; the commit's idempotency makes a second run harmless.
                 log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
                 runtime.pause_before_requeue()
                 raise Reject(exc, requeue=True) from None
+            if LOST.since is not None and not lost_ranges(get_redis(rt.settings.redis_url)):
+                LOST.served()
+            return out
 
     def run_page(
         self, params: Any, wire: Mapping[str, Any] | None, begun: Begun | None = None

@@ -62,11 +62,19 @@ def show(
 ) -> None:
     """`control.sh runs`: the newest runs (of a chain, in a status), or one run's steps
     (finished runs too)."""
+    from config import get_settings
     from monitor import status as ms
     from utils.redis import get_redis
 
     console = Console()
     if run_id:
+        lost = ms.lost_runs(get_redis(), [run_id], get_settings())
+        if lost:  # its keys are on a slot range no node serves
+            if as_json:
+                print(json.dumps({"run_id": run_id, "status": "paused", "reason": lost[run_id]}))
+            else:
+                console.print(f"run {run_id} · paused: {lost[run_id]}")
+            return
         p = chains.get_run(run_id).progress().as_dict()
         rec = ms.run_records(get_redis(), rids=[run_id])
         p["reason"] = rec[0]["reason"] if rec else ""

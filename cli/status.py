@@ -287,6 +287,8 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
     parts.append(head)
     for a in firing:
         parts.append(Text(f"  ! {a['rule']} {a['subject']} (value {a.get('value')})", style="red"))
+    if snap.get("lost_slots"):
+        parts.append(Text(f"  ! {snap['lost_slots']}", style="bold red"))
     for b in snap.get("broken_modules") or []:
         parts.append(
             Text(
@@ -299,7 +301,12 @@ def render(snap: dict[str, Any], recent: dict[str, dict[str, Any]] | None = None
     parts.append(_queues_table(snap))
     runs = snap["active_runs"]
     if runs:
-        parts.extend(run_table(r) for r in runs)
+        parts.extend(
+            Text(f"run {r['run_id']} · paused: {r['reason']}", style="bold yellow")
+            if r.get("lost")
+            else run_table(r)
+            for r in runs
+        )
     else:
         parts.append(Text("no active runs", style="dim"))
     if snap.get("tasks"):

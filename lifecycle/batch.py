@@ -28,11 +28,13 @@ from ledger.state import Begun
 from lifecycle import runtime
 from lifecycle.commits import Committer, requeue_unreplicated, set_batch
 from lifecycle.endpoints import EndpointSpec, get_endpoint
+from lifecycle.lost import LOST, PARK_SECONDS
 from lifecycle.unknown import dead_letter_unknown
 from utils.logsafe import safe_text, task_argsrepr
 from utils.ranked_slots import RankedSlots
-from utils.redis import NotReplicated
+from utils.redis import NotReplicated, get_redis
 from utils.registry import UnknownNameError
+from utils.slots import SlotsLost, lost_now
 from utils.wire import RETRY_BASE, RUN
 
 log = logging.getLogger("chaincrawl.task")
@@ -55,7 +57,18 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
         return _run_batch(self, entries)
     except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
         requeue_unreplicated(runtime.current(), BATCH_TASK, exc)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.ClusterError,
+        redis.exceptions.RedisClusterException,
+    ) as exc:
+        ranges = lost_now(get_redis(runtime.current().settings.redis_url), exc)
+        if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
+            LOST.parked_one(BATCH_TASK, ranges)
+            raise self.retry(
+                countdown=PARK_SECONDS, max_retries=None, exc=SlotsLost(ranges)
+            ) from None
         log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
         runtime.pause_before_requeue()
         raise Reject(exc, requeue=True) from None

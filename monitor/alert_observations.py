@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import redis
 from celery import Celery
 
 from config import Settings
@@ -17,6 +18,8 @@ from monitor import health
 from monitor import status as st
 from monitor.alert_rules import RATE_KINDS, Rule
 from monitor.fleet import describe_shortage, fleet_view
+from utils.keyspace import Keyspace
+from utils.slots import SlotsLost, lost_for, lost_ranges, reason
 
 log = logging.getLogger("chaincrawl.alerts")
 
@@ -54,26 +57,50 @@ class Observation:
     fleet: list[dict[str, Any]] = field(default_factory=list)  # monitor.fleet.fleet_view rows
     broken: list[dict[str, Any]] = field(default_factory=list)  # monitor.status.broken_modules
     unserved: dict[str, int] = field(default_factory=dict)  # queue -> messages no worker takes
+    lost: dict[str, tuple[int, str]] = field(default_factory=dict)  # slots -> (runs, reason)
 
 
 def observe(
     client: Any, s: Settings, now: float, ping: Callable[[], list[str] | None] | None
 ) -> Observation:
-    tm = st.task_metrics(client, s)
+    ranges = lost_ranges(client)
+
+    def part(fn: Callable[[], Any], default: Any) -> Any:
+        """With a slot range lost, what no node serves is left out of this observation."""
+        try:
+            return fn()
+        except (SlotsLost, redis.RedisError, redis.exceptions.RedisClusterException):
+            if not ranges:
+                raise
+            return default
+
+    tm = part(lambda: st.task_metrics(client, s), {})
     tasks = {t: [m.get(f, 0) for f in TASK_FIELDS] for t, m in tm.items()}
     broker = st.broker_client(client, s)
-    sample = Sample(now, tasks, st.queue_depths(broker, s), st.dead_letters(client, s))
-    pools = {h.name: h for h in health.collect(client, s)}
+    sample = Sample(
+        now, tasks, st.queue_depths(broker, s), part(lambda: st.dead_letters(client, s), 0)
+    )
+    pools = part(lambda: {h.name: h for h in health.collect(client, s)}, {})
+    lost: dict[str, tuple[int, str]] = {}
+    if ranges:
+        rids = part(
+            lambda: [m.decode() for m in client.smembers(Keyspace(s.key_prefix).active_runs)], []
+        )
+        paused = st.lost_runs(client, rids, s)
+        for r in ranges:
+            n = sum(1 for rid in paused if lost_for([r], Keyspace(s.key_prefix).run(rid)))
+            lost[r.slots] = (n, reason([r]))
     return Observation(
         sample,
         pools,
-        st.outbox(client, s),
+        part(lambda: st.outbox(client, s), {}),
         ping() if ping else None,
-        st.idle_runs(client, s, now),
-        st.resending_runs(client, s),
-        fleet_view(client, s),
-        st.broken_modules(client, s),
-        st.unserved_queues(client, s, sample.queues),
+        part(lambda: st.idle_runs(client, s, now), {}),
+        part(lambda: st.resending_runs(client, s), {}),
+        part(lambda: fleet_view(client, s), []),
+        part(lambda: st.broken_modules(client, s), []),
+        part(lambda: st.unserved_queues(client, s, sample.queues), {}),
+        lost,
     )
 
 
@@ -137,6 +164,8 @@ def rule_values(rule: Rule, obs: Observation, base: Sample | None) -> dict[str, 
         vals = {q: float(n) for q, n in obs.unserved.items()}
     elif rule.kind == "module_broken":
         vals = {b["module"]: float(len(b["in"])) for b in obs.broken}
+    elif rule.kind == "slots_lost":
+        vals = {slots: float(n) for slots, (n, _) in obs.lost.items()}
     return {k: v for k, v in vals.items() if fnmatch.fnmatchcase(k, rule.match)}
 
 
@@ -148,6 +177,8 @@ def causes(rule: Rule, obs: Observation) -> dict[str, str]:
         return {n: str(e.get("error", "")) for n, e in (obs.outbox.get("errors") or {}).items()}
     if rule.kind == "module_broken":
         return {b["module"]: f"{b['file']}:{b['line']}: {b['error']}" for b in obs.broken}
+    if rule.kind == "slots_lost":
+        return {slots: why for slots, (_, why) in obs.lost.items()}
     return {}
 
 
@@ -181,6 +212,7 @@ def describe(
         "sink_failing": f"failing writes of sink {subject}",
         "queue_unserved": f"messages in queue {subject} (no live worker consumes it)",
         "module_broken": f"processes that failed to import module {subject}",
+        "slots_lost": f"runs paused on lost slots {subject}",
     }.get(rule.kind, f"{subject} (rule no longer configured)")
     if recovered:
         return f"[{rule.name}] recovered: {what} is {fmt(value)} (limit {limit})"

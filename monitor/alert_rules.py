@@ -38,6 +38,8 @@ KINDS = {
     "queue_unserved": "messages waiting in a queue no live worker consumes, per queue",
     "module_broken": "processes (live workers, the monitor) that failed to import a site or "
     "chain module, per module",
+    "slots_lost": "runs paused on a slot range of the cluster no node serves (a master and its "
+    "replicas down), per range",
 }
 RATE_KINDS = ("failure_rate", "retry_rate")
 

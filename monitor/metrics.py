@@ -135,7 +135,33 @@ class Aggregator:
             pipe.execute()
         except Exception:
             self.restore(taken)
+            if not self._flush_served(client):
+                raise
+
+    def _flush_served(self, client: Any) -> bool:
+        """With a slot range lost (`utils.slots`), write the sums whose keys the other masters
+        serve and keep the rest for later; False when no range is lost (an outage)."""
+        from utils.slots import lost_for, lost_ranges
+
+        ranges = lost_ranges(client)
+        if not ranges:
+            return False
+        with self._lock:
+            taken, self._pending = self._pending, {}
+        kept = {k: c for k, c in taken.items() if lost_for(ranges, k)}
+        served = {k: c for k, c in taken.items() if k not in kept}
+        self.restore(kept)
+        pipe = client.pipeline(transaction=False)
+        for key, counts in served.items():
+            for field, n in counts.items():
+                if n:
+                    pipe.hincrby(key, field, n)
+        try:
+            pipe.execute()
+        except Exception:
+            self.restore(served)
             raise
+        return True
 
     def start(self, client: Any, interval: float) -> None:
         """Flush every `interval` seconds from a daemon thread (idempotent, cheap when running).

@@ -35,6 +35,7 @@ from scheduling.recrawl import History, Watch, recrawl_clock
 from utils.keyspace import Keyspace
 from utils.logsafe import MASK, is_secret_key, mask, task_argsrepr  # noqa: F401
 from utils.redis import get_redis
+from utils.slots import lost_for, lost_ranges, reason
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +245,8 @@ def run_records(
         rids = list(dict.fromkeys(rids + RunState(client, s).storing_runs()))
     if not rids:
         return []
+    lost = lost_runs(client, rids, s)
+    rids = [r for r in rids if r not in lost]
     pipe = client.pipeline(transaction=False)
     for rid in rids:
         pipe.hmget(Keyspace(s.key_prefix).run(rid), *_RUN_FIELDS)
@@ -282,8 +285,31 @@ def run_records(
                 "steps": steps,
             }
         )
+    out += [_lost_record(rid, why) for rid, why in lost.items()]
     out.sort(key=lambda r: r["created"], reverse=True)
     return out[:limit]
+
+
+def lost_runs(client: Any, rids: list[str], s: Settings) -> dict[str, str]:
+    """The runs among `rids` whose keys live on a slot range the cluster has lost, each
+    with the reason (`utils.slots.reason`): shown paused, their keys not read (no node
+    serves them)."""
+    ranges = lost_ranges(client)
+    if not ranges:
+        return {}
+    ks = Keyspace(s.key_prefix)
+    out = {}
+    for rid in rids:
+        r = lost_for(ranges, ks.run(rid))
+        if r is not None:
+            out[rid] = reason([r])
+    return out
+
+
+def _lost_record(rid: str, why: str) -> dict[str, Any]:
+    return {"run_id": rid, "chain": "?", "status": "paused", "priority": "", "created": 0.0,
+            "age": None, "elapsed": None, "last": None, "paused": True, "reason": why,
+            "outstanding": 0, "resending": 0, "totals": {}, "steps": {}, "lost": True}  # fmt: skip
 
 
 def recent_runs(
@@ -315,6 +341,10 @@ def active_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list
     state = RunState(client, s or get_settings())
     out = []
     for rec in run_records(client, s, limit):
+        if rec.get("lost"):  # its keys are on a lost slot range: its reason, nothing else
+            out.append({**rec, "complete": False, "ended": False, "ending": "paused",
+                        "ok": False, "failed": 0, "waiting": 0, "skips": {}, "elapsed": 0.0})  # fmt: skip
+            continue
         try:
             raw = state.chain_def(rec["run_id"])
             chain = chain_from_dict(orjson.loads(raw))  # type: ignore[arg-type]

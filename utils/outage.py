@@ -124,6 +124,15 @@ def requeued_quietly(record: logging.LogRecord) -> bool:
     return isinstance(exc, Reject) and isinstance(getattr(exc, "reason", None), CONNECTION_ERRORS)
 
 
+def parked_quietly(record: logging.LogRecord) -> bool:
+    """Celery's retry line for a message parked because its slots are lost: the worker's own
+    line said so already, once an outage (lifecycle/lost.py)."""
+    args = record.args
+    if not isinstance(args, dict) or "retry:" not in str(record.msg):
+        return False
+    return "SlotsLost(" in str(args.get("exc", ""))
+
+
 class OutageFilter(logging.Filter):
     """On a log handler: the first record of an outage as one line, the rest held back."""
 
@@ -139,7 +148,7 @@ class OutageFilter(logging.Filter):
         if record.name == "py.warnings" and _CELERY_NOTICE in str(record.args or record.msg):
             setattr(record, _MARK, False)  # Celery's notice at each lost connection that 6.0
             return False  # will cancel late-ack tasks: 8 lines about a setting left on purpose
-        if requeued_quietly(record):
+        if requeued_quietly(record) or parked_quietly(record):
             setattr(record, _MARK, False)
             return False
         exc = connection_error(record)

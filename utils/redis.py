@@ -24,6 +24,7 @@ from redis.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCl
 from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
+from utils.slots import SlotsLost, lost_now
 
 log = logging.getLogger("chaincrawl.redis")
 _lock = threading.Lock()
@@ -142,14 +143,17 @@ def reached() -> bool:
     return _reached
 
 
-def patiently(do: Callable[[], Any], retry: Callable[[Exception], None] | None = None) -> Any:
+def patiently(
+    do: Callable[[], Any], retry: Callable[[Exception], None] | None = None, client: Any = None
+) -> Any:
     """`do()` through a cluster's failover: redis-py's cluster client reads the slot map again
     after a node fails but retries a few times at once, within a second, while a replica
     takes a dead master's slots only after the cluster's node timeout. So each attempt here
     follows the slot map redis-py refreshed, backing off up to 1 s, until `_patience` runs
     out (one deadline for the whole outage, said once, as `PatientRetry`); `retry(error)`
     readies the next attempt (or raises). A node that refuses before anything worked is
-    raised at once."""
+    raised at once; so is a slot range the cluster of `client` has lost (`utils.slots`), as
+    `SlotsLost`: waiting does not bring a master and its replicas back."""
     global _reached
     backoff = ExponentialBackoff(cap=1.0, base=0.05)
     failures = 0
@@ -159,6 +163,8 @@ def patiently(do: Callable[[], Any], retry: Callable[[Exception], None] | None =
         except RedisCluster.ERRORS_ALLOW_RETRY as error:
             if isinstance(error, redis.AuthenticationError) or (not _reached and not_there(error)):
                 raise
+            if client is not None and (ranges := lost_now(client, error)):
+                raise SlotsLost(ranges) from error
             failures += 1
             deadline = _outage.failed(error) + (_patience or 0.0)
             now = time.monotonic()
@@ -179,14 +185,18 @@ class PatientCluster(RedisCluster):
     CHAINCRAWL_REDIS_WAIT as the deadline."""
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        return patiently(lambda: super(PatientCluster, self).execute_command(*args, **kwargs))
+        return patiently(
+            lambda: super(PatientCluster, self).execute_command(*args, **kwargs), client=self
+        )
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         pipe = super().pipeline(transaction, shard_hint)
         pipe.__class__ = PatientPipeline
 
         def one(*args: Any, **options: Any) -> Any:  # a command a node failed, sent alone
-            return patiently(lambda: RedisCluster.execute_command(pipe, *args, **options))
+            return patiently(
+                lambda: RedisCluster.execute_command(pipe, *args, **options), client=pipe
+            )
 
         pipe.parent_execute_command = one  # redis-py's per-command retry, made patient
         return pipe
@@ -211,7 +221,7 @@ class PatientPipeline(ClusterPipeline):
 
         return cast(
             list[Any],
-            patiently(lambda: ClusterPipeline.execute(self, raise_on_error), again),
+            patiently(lambda: ClusterPipeline.execute(self, raise_on_error), again, self),
         )
 
 
