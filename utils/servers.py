@@ -264,9 +264,12 @@ def stop_pidfile(pidfile: Path, sig: int = signal.SIGTERM, timeout: float = 30.0
 class ClusterNodeServer(RedisServer):
     """One node of a `RedisClusterServer`: a `RedisServer` with cluster mode on."""
 
-    def __init__(self, data_dir: Path | str, node_timeout_ms: int, **kw: object) -> None:
+    def __init__(
+        self, data_dir: Path | str, node_timeout_ms: int, full_coverage: bool = True, **kw: object
+    ) -> None:
         super().__init__(data_dir, **kw)  # type: ignore[arg-type]
         self.node_timeout_ms = node_timeout_ms
+        self.full_coverage = full_coverage
 
     def command(self, daemonize: bool = False) -> list[str]:
         return [
@@ -277,6 +280,8 @@ class ClusterNodeServer(RedisServer):
             str(self.data_dir / "nodes.conf"),
             "--cluster-node-timeout",
             str(self.node_timeout_ms),
+            "--cluster-require-full-coverage",
+            "yes" if self.full_coverage else "no",
         ]
 
     def config(self) -> bytes:
@@ -297,7 +302,10 @@ class RedisClusterServer:
     master; `start()` returns once every node reports `cluster_state:ok`, every replica's
     link is up and every node lists each master's replicas. `stop()` (also on a failed start,
     and on leaving the `with` block) stops every node. `node_timeout_ms` is how long a master
-    may be silent before its replica takes over.
+    may be silent before its replica takes over. `full_coverage=False` starts the nodes with
+    `cluster-require-full-coverage no`: with a slot range lost (a master and its replicas
+    down) the other masters go on serving their slots (Redis's default, `yes`, refuses every
+    command until the range is served again).
     """
 
     SLOTS = 16384
@@ -312,6 +320,7 @@ class RedisClusterServer:
         password: str | None = None,
         appendonly: bool = True,
         binary: str | None = None,
+        full_coverage: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
@@ -326,6 +335,7 @@ class RedisClusterServer:
                 ClusterNodeServer(
                     self.data_dir / str(port),
                     node_timeout_ms,
+                    full_coverage,
                     port=port,
                     host=host,
                     password=password,

@@ -1,0 +1,134 @@
+"""A lost slot range becomes a pause (docs/cluster.md, "A lost slot range"): on a 3+3 cluster
+with `cluster-require-full-coverage no`, a master and its replica SIGKILLed mid-crawl under
+real workers; the run on their slots is shown paused by the real CLI (`runs`, `status`) with
+a reason naming the slots and both nodes, the runs on the other masters finish, the workers
+say it once with no traceback, and once the two nodes are started again the paused run
+resumes by itself and finishes with exact counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import redis
+
+from config import ROOT, Settings
+from ledger.state import RunState
+from tests.conditions import wait_for
+from utils.keyspace import Keyspace
+from utils.redis import cluster_client
+from utils.servers import ClusterNodeServer, RedisClusterServer, RedisServer
+from utils.slots import lost_ranges
+
+pytestmark = pytest.mark.integration
+
+PAGES = 30
+RUNS = 3
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT,
+                          env={**os.environ, **env, "COLUMNS": "200"}, capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
+
+
+def _replica_of(cluster: RedisClusterServer, master: ClusterNodeServer) -> ClusterNodeServer:
+    for n in cluster.nodes:
+        info = n.client().info("replication")
+        if info.get("role") == "slave" and int(info.get("master_port", 0)) == master.port:
+            return n
+    raise AssertionError(f"no replica of {master.port}")
+
+
+def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
+    tmp_path: Path, redis_server: RedisServer, start_worker: Any
+) -> None:
+    with RedisClusterServer(tmp_path / "cluster", node_timeout_ms=1000,
+                            full_coverage=False) as cluster:  # fmt: skip
+        prefix = f"cls{uuid.uuid4().hex[:6]}"
+        env = {"CHAINCRAWL_REDIS_URL": cluster.url, "CHAINCRAWL_BROKER_URL": redis_server.url,
+               "CHAINCRAWL_KEY_PREFIX": prefix,
+               "CHAINCRAWL_EXTRA_CHAIN_PACKAGES": "tests.cli.clichains",
+               "CHAINCRAWL_JSONL_DIR": str(tmp_path / "items"), "CHAINCRAWL_REDIS_WAIT": "60"}  # fmt: skip
+        worker = start_worker(concurrency=4, **env)
+        client = cluster_client(cluster.url)
+        s = Settings(redis_url=cluster.url, broker_url=redis_server.url, key_prefix=prefix)
+        state = RunState(cast(redis.Redis, client), s)
+        ks = Keyspace(prefix)
+        rids = []
+        for r in range(RUNS):  # placed one a master
+            seeds = json.dumps([{"path": f"/flaky/r{r}-{i}?fails=0&delay=0.5"}
+                                for i in range(PAGES)])  # fmt: skip
+            out = _cli(env, "trigger", "cli_probe", seeds, "--no-wait")
+            assert out.returncode == 0, out.stdout + out.stderr
+            rids.append(out.stdout.split("run id:")[1].split()[0])
+        port = {rid: client.get_node_from_key(ks.run(rid)).port for rid in rids}
+        assert len(set(port.values())) == RUNS, port
+        # the victim: a run whose master holds none of the keys the run list is read from
+        listing = {client.get_node_from_key(k).port for k in (ks.active_runs, state.recent_key)}
+        lost_rid = next(rid for rid in rids if port[rid] not in listing)
+        others = [rid for rid in rids if rid != lost_rid]
+        master = cluster.node_for_port(port[lost_rid])
+        replica = _replica_of(cluster, master)
+        wait_for(lambda: state.counters(lost_rid).get("succeeded", 0) >= 3, 120, "mid-crawl")
+        master.kill()
+        replica.kill()
+        ranges = wait_for(lambda: lost_ranges(client, fresh=True), 60, "the range seen lost")
+        where, rep = f"{master.host}:{master.port}", f"{replica.host}:{replica.port}"
+        assert [r.master for r in ranges] == [where], ranges
+        slots = ranges[0].slots
+        reason = f"slots {slots} lost: {where} and its replica {rep} do not answer"
+
+        def runs_json() -> dict[str, dict[str, Any]]:
+            out = _cli(env, "runs", "--json")
+            assert out.returncode == 0, out.stdout + out.stderr
+            return {r["run_id"]: r for r in json.loads(out.stdout)}
+
+        shown = wait_for(lambda: (r := runs_json()).get(lost_rid, {}).get("reason") and r,
+                         60, "the lost run shown paused")  # fmt: skip
+        assert shown[lost_rid]["status"] == "paused", shown[lost_rid]
+        assert shown[lost_rid]["reason"] == reason, shown[lost_rid]
+        one = _cli(env, "runs", lost_rid)
+        assert one.returncode == 0 and f"paused: {reason}" in one.stdout, one.stdout + one.stderr
+        status = _cli(env, "status", "--json", "--no-workers")
+        assert status.returncode == 0, status.stdout + status.stderr
+        snap = json.loads(status.stdout)
+        assert snap["lost_slots"] == reason, snap["lost_slots"]
+        paused = {r["run_id"]: r for r in snap["active_runs"]}
+        assert paused[lost_rid]["reason"] == reason, paused
+
+        # the runs on the other masters go on and finish
+        def finished(rid: str) -> bool:
+            c = state.counters(rid)
+            return c.get("succeeded", 0) == PAGES and c.get("outstanding", 1) == 0
+
+        wait_for(lambda: all(finished(r) for r in others), 180, "the other runs finished")
+        assert state.counters(lost_rid).get("succeeded", 0) < PAGES  # not while its slots are lost
+        log = worker.text()
+        assert log.count(f"{slots} lost: {where}") == 1, log[-4000:]
+        assert "Traceback" not in log, log[-4000:]
+
+        master.start()  # both back: the range is served again, the paused run resumes itself
+        replica.start()
+        cluster.wait_ok(60)
+        wait_for(lambda: not lost_ranges(client, fresh=True), 60, "the range served again")
+        wait_for(lambda: finished(lost_rid), 180, "the paused run finished")
+        for rid in rids:
+            c = state.counters(rid)
+            got = [c.get(k, 0) for k in ("dispatched", "succeeded", "failed", "outstanding")]
+            assert got == [PAGES, PAGES, 0, 0], (rid, c)
+            assert c["items"] == PAGES, (rid, c)
+        wait_for(lambda: all(state.counters(r).get("stored", 0) == PAGES for r in rids), 120,
+                 "every item stored")  # fmt: skip
+        out = _cli(env, "runs", "--json")
+        assert {r["run_id"]: r["status"] for r in json.loads(out.stdout)
+                if r["run_id"] in rids} == dict.fromkeys(rids, "done"), out.stdout  # fmt: skip
+        log = worker.text()
+        assert "lost slots served again" in log, log[-4000:]
+        assert "Traceback" not in log, log[-4000:]
