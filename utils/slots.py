@@ -53,6 +53,9 @@ class SlotsLost(redis.exceptions.ClusterError):
         self.ranges = tuple(ranges)
         super().__init__(reason(self.ranges))
 
+    def __repr__(self) -> str:  # redis-py's errors print as `server:<name>`: say the reason
+        return f"SlotsLost({str(self)!r})"
+
 
 def reason(ranges: Iterable[LostRange]) -> str:
     """One sentence naming the lost slots and their nodes (grouped per master)."""
@@ -145,7 +148,7 @@ def lost_ranges(client: Any, fresh: bool = False) -> list[LostRange]:
                 socket_connect_timeout=_PROBE_TIMEOUT,
             )
             try:
-                raw = probe.execute_command("CLUSTER NODES")
+                raw = probe.execute_command("CLUSTER", "NODES")  # raw: "CLUSTER NODES" is parsed
             except (redis.RedisError, OSError):
                 continue
             finally:
