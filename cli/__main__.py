@@ -365,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
     from exceptions import ChainCrawlError
     from utils.outage import first_line
     from utils.redis import failed_node, not_there, reached
+    from utils.slots import SlotsLost
 
     _patient_redis()
     _module_warnings()
@@ -388,6 +389,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{first_line(exc)}",
                 file=sys.stderr,
             )
+        return REDIS_UNREACHABLE
+    except SlotsLost as exc:  # a Redis Cluster's slot range no node serves (docs/cluster.md)
+        print(f"error: Redis Cluster: {exc}", file=sys.stderr)
         return REDIS_UNREACHABLE
     except kombu.exceptions.OperationalError as exc:  # the broker (Redis or RabbitMQ)
         print(f"error: the broker did not answer: {first_line(exc)}", file=sys.stderr)
