@@ -11,8 +11,8 @@ all, the outbox untouched.
 The worker's log says it once an outage: one warning line naming the slots and the nodes
 when the first message is parked, one when a page commits again after it; Celery's own
 retry line for each parked message is held back (`utils.outage.OutageFilter`). Counted:
-`lost_slots` (outages) and `parked_lost` (messages) in the `metrics:cluster` hash, the
-exporter's `chaincrawl_cluster_*_total`.
+`lost_slots` (outages, one a worker process an outage) and `parked_lost` (messages) in
+the `metrics:cluster` hash.
 """
 
 from __future__ import annotations

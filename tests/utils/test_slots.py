@@ -6,7 +6,7 @@ import logging
 
 from monitor.alert_observations import Observation, Sample, causes, rule_values
 from monitor.alert_rules import Rule
-from utils.outage import OutageFilter, Outage
+from utils.outage import Outage, OutageFilter
 from utils.slots import LostRange, SlotsLost, lost_for, parse_nodes, reason
 
 NODES = """\
