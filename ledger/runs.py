@@ -15,6 +15,7 @@ from redis.cluster import RedisCluster
 from ledger.keys import RunKeys
 from ledger.records import RECENT_KEEP, items_settled, run_status
 from utils.redis import as_str, pipeline
+from utils.slots import lost_for, lost_ranges
 
 
 class Runs(RunKeys):
@@ -79,11 +80,13 @@ class Runs(RunKeys):
         ]
         if not rids:
             return []
+        ranges = lost_ranges(self.r)  # a run on a lost slot range counts as alive (unread)
+        read = [rid for rid in rids if not lost_for(ranges, self.run_key(rid))]
         pipe = self.r.pipeline(transaction=False)
-        for rid in rids:
+        for rid in read:
             pipe.exists(self.run_key(rid))
-        alive = pipe.execute()
-        gone = [rid for rid, ok in zip(rids, alive, strict=True) if not ok]
+        alive = pipe.execute() if read else []
+        gone = [rid for rid, ok in zip(read, alive, strict=True) if not ok]
         if gone:
             self.r.zrem(self.recent_key, *gone)
         return [rid for rid, ok in zip(rids, alive, strict=True) if ok]
