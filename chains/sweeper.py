@@ -57,6 +57,7 @@ from ledger.publish import send_kid
 from ledger.state import RunState
 from utils.lua import script
 from utils.redis import as_str, get_redis
+from utils.slots import lost_for, lost_ranges
 from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.sweeper")
@@ -157,6 +158,10 @@ class Sweeper:
         if not rids:
             return []
         self.saw_work = True
+        ranges = lost_ranges(self.r)  # a run on a lost slot range: paused, nothing to read
+        rids = [rid for rid in rids if not lost_for(ranges, self.state.run_key(rid))]
+        if not rids:
+            return []
         pipe = self.r.pipeline(transaction=False)
         for rid in rids:
             pipe.hmget(self.state.run_key(rid), "last", "created", "paused")
@@ -371,7 +376,11 @@ class Sweeper:
         """Compact the newest runs that are complete and stored but not compacted yet: the
         drainer that stores a run's last items does it, unless that drainer runs on its own
         (`python -m external_interface.storage.outbox`) without the worker's hook."""
-        return self.state.compact_settled(self.state.recent(COMPACT_LOOK))
+        ranges = lost_ranges(self.r)  # a run on a lost slot range is not finished
+        rids = self.state.recent(COMPACT_LOOK)
+        return self.state.compact_settled(
+            [rid for rid in rids if not lost_for(ranges, self.state.run_key(rid))]
+        )
 
     def sweep_once(self) -> int:
         """One pass over the stalled runs; -> messages re-sent."""

@@ -85,11 +85,11 @@ class Runs(RunKeys):
         pipe = self.r.pipeline(transaction=False)
         for rid in read:
             pipe.exists(self.run_key(rid))
-        alive = pipe.execute() if read else []
-        gone = [rid for rid, ok in zip(read, alive, strict=True) if not ok]
+        alive = dict(zip(read, pipe.execute() if read else [], strict=True))
+        gone = [rid for rid, ok in alive.items() if not ok]
         if gone:
             self.r.zrem(self.recent_key, *gone)
-        return [rid for rid, ok in zip(rids, alive, strict=True) if ok]
+        return [rid for rid in rids if alive.get(rid, True)]
 
     def _ended_on_cluster(self, rids: Sequence[str]) -> None:
         """On a cluster the scripts cannot reach the global sets: runs they ended move from

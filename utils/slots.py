@@ -179,4 +179,9 @@ def lost_now(client: Any, error: BaseException) -> list[LostRange]:
         | redis.exceptions.RedisClusterException,
     ):
         return []
-    return lost_ranges(client)
+    ranges = lost_ranges(client)
+    if not ranges and not isinstance(error, redis.exceptions.ConnectionError):
+        # CLUSTERDOWN or a slot not covered: the cluster says something is lost; a cached
+        # "nothing lost" may be from just before (and a requeue would say it with a traceback)
+        ranges = lost_ranges(client, fresh=True)
+    return ranges
