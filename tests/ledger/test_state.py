@@ -399,6 +399,26 @@ def test_recent_lists_runs_newest_first_and_forgets_expired_ones(state: RunState
     assert state.r.zcard(state.recent_key) == 2
 
 
+def test_recent_counts_a_run_on_a_lost_slot_range_alive_without_reading_it(
+    state: RunState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.crc import key_slot
+
+    import ledger.runs
+    from utils.slots import LostRange
+
+    for i, rid in enumerate(("a", "b", "c")):
+        state.create_run(rid, "c", b"{}", 5)
+        state.r.zadd(state.recent_key, {rid: 1000 + i})
+    state.r.delete(state.run_key("a"))  # expired
+    slot = key_slot(state.run_key("b").encode())
+    lost = [LostRange(slot, slot, "127.0.0.1:1", ("127.0.0.1:2",))]
+    monkeypatch.setattr(ledger.runs, "lost_ranges", lambda r: lost)
+    state.r.delete(state.run_key("b"))  # unread: still listed while its slot is lost
+    assert state.recent(5) == ["c", "b"]
+    assert state.r.zcard(state.recent_key) == 2
+
+
 def test_active_runs_of_one_chain(state: RunState) -> None:
     """What `control.sh pause --chain NAME` holds."""
     for rid, chain in (("a", "shop"), ("b", "news"), ("c", "shop")):
