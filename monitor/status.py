@@ -242,7 +242,9 @@ def run_records(
     s = s or get_settings()
     if rids is None:
         rids = sorted(m.decode() for m in client.smembers(Keyspace(s.key_prefix).active_runs))
-        rids = list(dict.fromkeys(rids + RunState(client, s).storing_runs()))
+        state = RunState(client, s)
+        if not lost_for(lost_ranges(client), state.storing_key):  # else: not listed meanwhile
+            rids = list(dict.fromkeys(rids + state.storing_runs()))
     if not rids:
         return []
     lost = lost_runs(client, rids, s)
