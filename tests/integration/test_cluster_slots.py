@@ -117,7 +117,8 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
             return c.get("succeeded", 0) == PAGES and c.get("outstanding", 1) == 0
 
         wait_for(lambda: all(finished(r) for r in others), 180, "the other runs finished")
-        assert state.counters(lost_rid).get("succeeded", 0) < PAGES  # not while its slots are lost
+        still = runs_json()[lost_rid]  # its keys do not answer: it is still shown paused
+        assert (still["status"], still["reason"]) == ("paused", reason), still
         log = worker.text()
         assert log.count(f"{slots} lost: {where}") == 1, log[-4000:]
         assert "Traceback" not in log, log[-4000:]
