@@ -57,7 +57,7 @@ from ledger.publish import send_kid
 from ledger.state import RunState
 from utils.lua import script
 from utils.redis import as_str, get_redis
-from utils.slots import lost_for, lost_ranges
+from utils.slots import known_lost, lost_for, lost_ranges
 from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.sweeper")
@@ -376,7 +376,7 @@ class Sweeper:
         """Compact the newest runs that are complete and stored but not compacted yet: the
         drainer that stores a run's last items does it, unless that drainer runs on its own
         (`python -m external_interface.storage.outbox`) without the worker's hook."""
-        ranges = lost_ranges(self.r)  # a run on a lost slot range is not finished
+        ranges = known_lost(self.r)  # a run on a lost slot range is not finished
         rids = self.state.recent(COMPACT_LOOK)
         return self.state.compact_settled(
             [rid for rid in rids if not lost_for(ranges, self.state.run_key(rid))]

@@ -32,6 +32,7 @@ from monitor.metrics import TaskMetrics, aggregator
 from utils.ids import new_id
 from utils.logsafe import safe_text
 from utils.redis import REPLICAS, NotReplicated, get_redis
+from utils.slots import known_lost, lost_for
 from utils.wire import DEDUP, OutboxFields, TaskMeta
 
 log = logging.getLogger("chaincrawl.task")
@@ -244,7 +245,11 @@ def send_commits(
     taken: dict[str, Any] = {}
 
     def pre(pipe: Any) -> None:
-        taken.update(agg.drain_into(pipe))
+        # sums on a lost slot range (a site's metrics keys) stay pending: in the commit's
+        # pipeline they would fail the commit of a run whose own slots are served
+        lost = known_lost(state.r)
+        keep = (lambda k: lost_for(lost, k) is not None) if lost else None
+        taken.update(agg.drain_into(pipe, keep))
 
     try:
         results = state.run_commits(calls, pipe_pre=pre if sync else None, pipe_extra=pipe_extra)

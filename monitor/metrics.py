@@ -23,7 +23,7 @@ import os
 import threading
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from config import Settings, get_settings
@@ -107,11 +107,17 @@ class Aggregator:
                     c = self._pending[key] = Counter()
                 c.update(counts)
 
-    def drain_into(self, pipe: Any) -> dict[str, Counter[str]]:
-        """Queue every pending sum as HINCRBYs on `pipe`; returns what was taken, for
-        `restore` if the pipeline fails."""
+    def drain_into(
+        self, pipe: Any, keep: Callable[[str], bool] | None = None
+    ) -> dict[str, Counter[str]]:
+        """Queue every pending sum as HINCRBYs on `pipe` (but those whose key `keep` says
+        to keep: left pending); returns what was taken, for `restore` if the pipeline fails."""
         with self._lock:
             taken, self._pending = self._pending, {}
+        if keep is not None:
+            kept = {k: c for k, c in taken.items() if keep(k)}
+            taken = {k: c for k, c in taken.items() if k not in kept}
+            self.restore(kept)
         for key, counts in taken.items():
             for field, n in counts.items():
                 if n:

@@ -160,6 +160,16 @@ def lost_ranges(client: Any, fresh: bool = False) -> list[LostRange]:
         return _cache.ranges
 
 
+def known_lost(client: Any) -> list[LostRange]:
+    """`lost_ranges`, asked only once this process has seen a range lost (its last look
+    found one): no command at all while nothing is, for the paths that run all the time
+    (a commit's pipeline, the drainer's stream list). Such a process meets the loss as an
+    error first (`lost_now` looks then)."""
+    if not _cache.ranges:
+        return []
+    return lost_ranges(client)
+
+
 def lost_for(ranges: Iterable[LostRange], key: str | bytes) -> LostRange | None:
     """The lost range holding `key`'s slot, if any."""
     slot = key_slot(key.encode() if isinstance(key, str) else key)

@@ -55,7 +55,7 @@ from external_interface.storage.outbox.entries import (
 from external_interface.storage.sinks.base import entry_version
 from utils.keyspace import Keyspace
 from utils.redis import as_str, is_cluster
-from utils.slots import lost_for, lost_ranges
+from utils.slots import known_lost, lost_for
 
 log = logging.getLogger("external_interface.storage.outbox")
 
@@ -113,7 +113,7 @@ class ClusterDrainer(Drainer):
             self._storing_only = {as_str(m) for m in storing} - {as_str(m) for m in active}
             streams = {self.ks.run_outbox(""): ""}
             streams.update({self.ks.run_outbox(rid): rid for rid in rids})
-            lost = lost_ranges(self.r)  # a stream on a lost slot range: read once it returns
+            lost = known_lost(self.r)  # a stream on a lost slot range: read once it returns
             streams = {s: rid for s, rid in streams.items() if not lost_for(lost, s)}
             left = [s for s in self._streams if s not in streams and not lost_for(lost, s)]
             if left:  # out of both sets (a cancelled run) with entries still to store: kept
