@@ -40,6 +40,7 @@ import redis
 from config import Settings, get_settings
 from exceptions import QueuesUnserved, WorkersOutdated
 from utils.redis import as_str
+from utils.slots import lost_now
 
 log = logging.getLogger("chaincrawl.workers")
 
@@ -281,7 +282,10 @@ class Beat:
             try:  # the entry every ENTRY_EVERY beats, or at once when the key was gone
                 if beats % ENTRY_EVERY == 0 or not self.sets.refresh(self.worker):
                     self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
-            except redis.RedisError as exc:  # Redis down: the next beat
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+                if lost_now(self.sets.r, exc):  # its key on a lost slot range: said once
+                    log.debug("publishing this worker's task set failed: %s", exc)
+                    continue  # by the task that parks a message (lifecycle/lost.py)
                 log.warning("publishing this worker's task set failed: %s", exc)
 
     def stop(self) -> None:

@@ -31,6 +31,11 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     redis.TimeoutError,
     kombu.exceptions.OperationalError,
     ConnectionError,
+    # a cluster that refuses while its nodes agree again (a restarted master rejoining) or
+    # does not cover a slot yet: an outage of the same kind, waited out (a lost slot range
+    # is told apart before: lifecycle/lost.py)
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.SlotNotCoveredError,
 )
 _CELERY_NOTICE = "In Celery 5.1 we introduced an optional breaking change"
 _MARK = "_chaincrawl_outage"  # the decision, kept on the record for the process's other handlers
