@@ -86,6 +86,7 @@ class ClusterDrainer(Drainer):
         self.ks = Keyspace(self.prefix)
         self.stream = self.ks.run_outbox("")  # what the log lines name; one stream of many
         self._streams: dict[str, str] = {}  # stream key -> run id ("" without a run)
+        self._rid_of: dict[str, str] = {}  # the same, with the streams on a lost slot range
         self._grouped: set[str] = set()  # streams whose group exists
         self._next_refresh = 0.0
         self._storing_only: set[str] = set()  # runs of the storing set, not of the active one
@@ -114,6 +115,8 @@ class ClusterDrainer(Drainer):
             streams = {self.ks.run_outbox(""): ""}
             streams.update({self.ks.run_outbox(rid): rid for rid in rids})
             lost = known_lost(self.r)  # a stream on a lost slot range: read once it returns
+            held = {s: r for s, r in self._rid_of.items() if lost_for(lost, s)}
+            full = {**held, **streams}  # its run still known: for the entries read before
             streams = {s: rid for s, rid in streams.items() if not lost_for(lost, s)}
             left = [s for s in self._streams if s not in streams and not lost_for(lost, s)]
             if left:  # out of both sets (a cancelled run) with entries still to store: kept
@@ -124,6 +127,7 @@ class ClusterDrainer(Drainer):
                     if n:
                         streams[s] = self._streams[s]
             self._streams = streams
+            self._rid_of = {**full, **streams}
             self._grouped &= set(streams)
             self._next_refresh = now + REFRESH_EVERY
         return self._streams
@@ -172,7 +176,7 @@ class ClusterDrainer(Drainer):
     def _cluster_entries(self, stream: str, resp: Any) -> list[OutboxEntry]:
         if isinstance(resp, dict):  # RESP3
             resp = list(resp.items())
-        rid = self._streams.get(stream, "")
+        rid = self._rid_of.get(stream, "")
         out: list[OutboxEntry] = []
         gone: list[str] = []
         for _stream, messages in resp or []:
@@ -309,7 +313,7 @@ class ClusterDrainer(Drainer):
         for stream in order:
             keys, args = self._ack_call(stream, *calls[stream])
             pipe.execute_command("EVALSHA", self._ack.sha, len(keys), *keys, *args)
-        noted = {self._streams.get(_stream(d[0]), "") for d in dead} - {""}
+        noted = {self._rid_of.get(_stream(d[0]), "") for d in dead} - {""}
         if noted:  # the status readers find these runs' dead letters without a SCAN
             pipe.sadd(self.ks.outbox_dead_runs, *noted)
         note_errors(pipe, self.prefix, self.consumer, failed, healthy)
@@ -333,7 +337,7 @@ class ClusterDrainer(Drainer):
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of `ack.lua` for one stream: every key in the run's slot; the
         counters of the entries' run (an entry naming another run is counted nowhere)."""
-        rid = self._streams.get(stream, "")
+        rid = self._rid_of.get(stream, "")
         keys = [stream, self.dead_stream(rid)]
         if rid:  # its counters, then its wake list (ack.lua's layout)
             keys += [self.counters(rid), self.ks.wake(rid)]
