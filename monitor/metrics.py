@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from config import Settings, get_settings
+from utils.slots import lost_for, lost_ranges
 
 LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 _LE_FIELDS = (*(f"latency_le:{b}" for b in LATENCY_BUCKETS_MS), "latency_le:+Inf")
@@ -147,7 +148,6 @@ class Aggregator:
     def _flush_served(self, client: Any) -> bool:
         """With a slot range lost (`utils.slots`), write the sums whose keys the other masters
         serve and keep the rest for later; False when no range is lost (an outage)."""
-        from utils.slots import lost_for, lost_ranges
 
         ranges = lost_ranges(client)
         if not ranges:
