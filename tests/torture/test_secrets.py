@@ -42,6 +42,7 @@ import chains
 from config import get_settings
 from demo.proxy_farm import ProxyFarm
 from demo.testing import DemoServer
+from external_interface.resources.lease import KEY_NAMES
 from external_interface.resources.pool import Pool
 from external_interface.resources.proxy.models import ProxyAddress
 from external_interface.resources.proxy.pool import GlobalPool
@@ -101,16 +102,20 @@ class BrokerTap(threading.Thread):
                 ))  # fmt: skip
                 for v in values:
                     self.messages.setdefault(hash(v), decode(v))
-            sealed = cast("list[bytes]", self.r.hvals(cookies.k_secret))
-            for v in sealed:  # sealed: opened with the workers' key
+            for v in self.secrets(cookies):  # sealed: opened with the workers' key
                 jar = json.loads(cookies.sealer.open(v)).get("cookies", {})
                 self.sessions.update(str(c) for c in jar.values())
-            for v in cast("list[bytes]", self.r.hvals(devices.k_secret)):
+            for v in self.secrets(devices):
                 self.devices.add(str(json.loads(devices.sealer.open(v))["device_id"]))
             deadline = time.monotonic() + 0.1
             while (m := ps.get_message(timeout=max(0.0, deadline - time.monotonic()))) is not None:
                 if isinstance(m.get("data"), bytes):
                     self.events.append(decode(m["data"]))
+
+    def secrets(self, pool: Pool) -> list[bytes]:
+        """The sealed secrets of every sub-pool of `pool` (a member lives in one of them)."""
+        at = KEY_NAMES.index("secret")
+        return [v for keys in pool.part_keys for v in cast("list[bytes]", self.r.hvals(keys[at]))]
 
     def stop(self) -> None:
         self.stop_event.set()
