@@ -32,7 +32,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import redis
 from celery import Task, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from pydantic import ValidationError
@@ -92,7 +91,7 @@ from lifecycle.hooks import (
     retry,
     skip,
 )
-from lifecycle.lost import LOST, PARK_SECONDS
+from lifecycle.lost import LOST, PARK_SECONDS, STATE_STORE_ERRORS
 from lifecycle.page import run_page
 from lifecycle.policy import backoff as backoff  # re-exported: imported from here before
 from lifecycle.policy import countdown_cap as countdown_cap
@@ -229,12 +228,7 @@ class SiteTask(Task[Any, Any]):
                 out = self.run_page(params, meta)
             except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
                 requeue_unreplicated(rt, self.name, exc)
-            except (
-                redis.exceptions.ConnectionError,
-                redis.exceptions.TimeoutError,
-                redis.exceptions.ClusterError,
-                redis.exceptions.RedisClusterException,
-            ) as exc:
+            except STATE_STORE_ERRORS as exc:
                 ranges = lost_now(get_redis(rt.settings.redis_url), exc)
                 if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
                     LOST.parked_one(self.name, ranges)

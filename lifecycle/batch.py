@@ -28,7 +28,7 @@ from ledger.state import Begun
 from lifecycle import runtime
 from lifecycle.commits import Committer, requeue_unreplicated, set_batch
 from lifecycle.endpoints import EndpointSpec, get_endpoint
-from lifecycle.lost import LOST, PARK_SECONDS
+from lifecycle.lost import LOST, PARK_SECONDS, STATE_STORE_ERRORS
 from lifecycle.unknown import dead_letter_unknown
 from utils.logsafe import safe_text, task_argsrepr
 from utils.ranked_slots import RankedSlots
@@ -57,12 +57,7 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
         return _run_batch(self, entries)
     except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
         requeue_unreplicated(runtime.current(), BATCH_TASK, exc)
-    except (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.ClusterError,
-        redis.exceptions.RedisClusterException,
-    ) as exc:
+    except STATE_STORE_ERRORS as exc:
         ranges = lost_now(get_redis(runtime.current().settings.redis_url), exc)
         if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
             LOST.parked_one(BATCH_TASK, ranges)

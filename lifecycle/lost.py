@@ -21,10 +21,19 @@ import logging
 import threading
 import time
 
+import redis
+
 from monitor.metrics import aggregator
 from utils.redis import get_redis
 from utils.slots import LostRange, reason
 
+# the errors of a state store that may mean a lost slot range (`utils.slots.lost_now` tells)
+STATE_STORE_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException,
+)
 PARK_SECONDS = 10.0  # a parked message's countdown: the slots' return is seen within it
 
 log = logging.getLogger("chaincrawl.redis")
