@@ -115,9 +115,14 @@ def test_a_command_that_gives_up_names_the_node_that_failed(
         victim.kill()
         out = _cli(env, "status", "--no-workers")
         stdout, stderr = out.communicate(timeout=120)
+        where = f"{victim.host}:{victim.port}"
+        if out.returncode == 0:
+            # the cluster flagged the range lost before status read a key on it: the view is
+            # served from the other masters and names the lost range at the top (docs/cluster.md)
+            assert f"lost: {where} and its replica " in " ".join(stdout.split()), stdout
+            return
         assert out.returncode == 5, stdout + stderr
         lines = stderr.strip().splitlines()
-        where = f"{victim.host}:{victim.port}"
         # every replica of the victim is down too: once the cluster flags it failing, the
         # command says the slot range lost instead, naming the same node (docs/cluster.md)
         lost = "error: Redis Cluster: slots "
