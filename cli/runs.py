@@ -20,17 +20,21 @@ def watch(
     """Live view until the run ends (or timeout); returns the last progress. It follows the
     run's events (`RunHandle.wait`), redrawn at most four times a second."""
     console = console or Console()
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
 
-        def show(p: Progress) -> None:
-            live.update(Group(run_table(p.as_dict())))
+            def show(p: Progress) -> None:
+                live.update(Group(run_table(p.as_dict())))
 
-        try:
-            return handle.wait(timeout, poll=0.25, on_progress=show)
-        except TimeoutError:
-            p = handle.progress()
-            show(p)
-            return p
+            try:
+                return handle.wait(timeout, poll=0.25, on_progress=show)
+            except TimeoutError:
+                p = handle.progress()
+                show(p)
+                return p
+    finally:
+        if not console.is_terminal:  # rich ends its last frame with a newline on a terminal only
+            console.line()
 
 
 def trigger(
