@@ -63,7 +63,10 @@ def load_all() -> None:
     for package in packages:
         for b in import_tree(package, ROOT)[1]:
             _broken.append(b)
-            log.error("chain %s; every other chain works", b.describe())
+            log.error(
+                "chain %s; the chains it defines are unknown, every other chain module works",
+                b.describe(),
+            )
 
 
 def broken() -> list[BrokenModule]:

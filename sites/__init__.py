@@ -20,6 +20,7 @@ from config import ROOT, get_settings
 from lifecycle.endpoints import EndpointSpec, iter_endpoints
 from lifecycle.endpoints import get_endpoint as registered
 from utils.modules import BrokenModule, import_tree
+from utils.registry import UnknownNameError
 
 log = logging.getLogger("chaincrawl.sites")
 _lock = threading.RLock()
@@ -55,9 +56,26 @@ def broken() -> list[BrokenModule]:
 
 def get_endpoint(name: str) -> EndpointSpec:
     """The endpoint of a task name, every site loaded (UnknownNameError, with a "did you
-    mean", when no site has it)."""
+    mean", when no site has it). When the module that would define it failed to import, the
+    error names that module and its exception instead: a "did you mean" another endpoint of
+    the site would send the reader to fix the wrong name."""
     load_all()
-    return registered(name)
+    try:
+        return registered(name)
+    except UnknownNameError as exc:
+        if bad := _broken_module_of(name):
+            exc.args = (f"unknown task {name!r}: its site {bad.describe()}",)
+        raise
+
+
+def _broken_module_of(task: str) -> BrokenModule | None:
+    """The broken module that would have defined `task` by its default name (`sites.<task>`),
+    or the broken package above it (a site's or platform's `__init__`)."""
+    module = f"{__name__}.{task}"
+    for b in _broken.values():
+        if module == b.module or module.startswith(b.module + "."):
+            return b
+    return None
 
 
 def sites() -> list[str]:
