@@ -341,6 +341,26 @@ def _module_warnings() -> None:
         logger.propagate = False  # said once, not again by a handler set up later
 
 
+# commands whose work the settings change: a misspelled variable is named on their stderr,
+# not only in a worker's log or by `config`
+SETTINGS_CHECKED = frozenset({"start", "trigger", "parse", "shell", "demo"})
+
+
+def _settings_warnings() -> None:
+    """One `warning:` line per CHAINCRAWL_* variable nothing reads (settings/envcheck.py): a
+    typo'd `CHAINCRAWL_REQUEST_TIMEOT=3` would otherwise run with the default unremarked."""
+    import sites
+    from external_interface.resources.pool import known_kinds
+    from settings import envcheck
+
+    try:
+        problems = envcheck.current(sites.sites(), known_kinds())
+    except Exception:  # invalid settings or a site that fails to load: the command says so
+        return
+    for problem in problems:
+        print(f"warning: {problem} (ignored; ./control.sh config)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
@@ -369,6 +389,8 @@ def run(args: argparse.Namespace) -> int:
 
     _patient_redis()
     _module_warnings()
+    if args.subcommand in SETTINGS_CHECKED:
+        _settings_warnings()
     try:
         rc = handler(args.fn)(args)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included
