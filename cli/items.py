@@ -24,6 +24,7 @@ from external_interface.storage.sinks.jsonl import (
     read_items,
     type_files,
 )
+from settings.storage import get_storage_settings
 from utils.registry import UnknownNameError
 
 
@@ -103,9 +104,15 @@ def _no_items_of_run(item_type: str, run_id: str) -> None:
         raise UserError(
             f"run {run_id} stored no {item_type} items (it stored {', '.join(others)})", exit_code=1
         )
+    replaced = (
+        "; or later runs stored the same keys again: CHAINCRAWL_JSONL_MODE=latest keeps the "
+        "latest version of a key only (append keeps every run's)"
+        if get_storage_settings().jsonl_mode == "latest"
+        else ""
+    )
     raise UserError(
         f"run {run_id} stored no items in the JSONL store at {root}: a mistyped "
-        "run id? (./control.sh runs lists the runs)"
+        f"run id? (./control.sh runs lists the runs){replaced}"
     )
 
 
