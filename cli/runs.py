@@ -4,6 +4,9 @@ listing the runs of the last days (`control.sh runs`)."""
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console, Group
@@ -37,6 +40,20 @@ def watch(
             console.line()
 
 
+RUNS_LOG = logging.getLogger("chaincrawl.runs")
+
+
+@contextmanager
+def _unlogged(logger: logging.Logger) -> Iterator[None]:
+    """`logger` off for the block: a library warning the command prints itself, in its own
+    words, would otherwise be on the terminal twice (Python's last-resort handler)."""
+    was, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
 def trigger(
     name: str,
     seeds: list[dict[str, Any]] | None,
@@ -47,11 +64,12 @@ def trigger(
 ) -> Progress | RunHandle:
     """Start the run (refused, `QueuesUnserved`, when live workers consume none of a queue it
     needs, unless `wait_for_workers`) and, with `wait`, watch it."""
-    handle = chains.run(name, seeds=seeds, priority=priority, wait_for_workers=wait_for_workers)
+    with _unlogged(RUNS_LOG):  # its warning is the handle's note, printed once below
+        handle = chains.run(name, seeds=seeds, priority=priority, wait_for_workers=wait_for_workers)
     console = Console()
     console.print(f"run id: [bold]{handle.run_id}[/bold]  chain: {name}")
     if handle.note:
-        console.print(f"[yellow]warning:[/yellow] {handle.note}")
+        console.print(f"[yellow]warning:[/yellow] {handle.note}", soft_wrap=True)
     if not wait:
         return handle
     return watch(handle, timeout, console)
