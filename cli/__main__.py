@@ -76,6 +76,8 @@ def cmd_start(a: argparse.Namespace) -> None:
     from cli import procs
 
     s = procs.settings()
+    for warning in unknown_queues(a.queues or ""):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"redis: {procs.ensure_redis(s)} ({s.redis_url.split('@')[-1]})")
     queues = a.queues or ",".join(_all_queues())
     names = procs.start_workers(
@@ -88,6 +90,31 @@ def cmd_start(a: argparse.Namespace) -> None:
         f"queues={queues})"
     )
     print(f"logs: {s.var_dir / 'log'}")
+
+
+def unknown_queues(queues: str) -> list[str]:
+    """`start --queues` names that no site, endpoint or chain step sends to: a typo'd queue
+    makes a worker that waits for ever while the site's tasks pile up unserved. A warning,
+    not a refusal: a queue may be one a chain file loaded later names."""
+    import difflib
+
+    import chains
+    import sites
+    from broker.app import BASE_QUEUES
+
+    asked = [q.strip() for q in queues.split(",") if q.strip()]
+    if not asked:
+        return []
+    known = {*sites.sites(), *BASE_QUEUES}
+    for name in chains.names():
+        known.update(st.options.queue or "" for st in chains.get_chain(name).root.walk())
+    known.discard("")
+    out = []
+    for q in (q for q in asked if q not in known):
+        near = difflib.get_close_matches(q, sorted(known), n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f" (queues: {', '.join(sorted(known))})"
+        out.append(f"queue {q!r} is no site's or chain step's queue{hint}")
+    return out
 
 
 def _all_queues() -> list[str]:
