@@ -137,13 +137,32 @@ class EndpointSpec:
             raise ParamsError(f"{self.name}: {describe(exc, self.params)}") from None
 
 
+# pydantic error types whose input says nothing more (the field is absent, or is the name)
+_NO_INPUT = frozenset({"missing", "extra_forbidden"})
+SHOWN_INPUT = 40  # characters of a rejected value quoted in the message
+
+
+def shown_input(value: Any) -> str:
+    """A rejected value as JSON (seeds are written so: `"2"` is a string, `true` no number),
+    cut to SHOWN_INPUT characters."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
+    return text if len(text) <= SHOWN_INPUT else text[: SHOWN_INPUT - 3] + "..."
+
+
 def describe(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
-    """A pydantic error as one line naming the fields (at most five); an unknown field of
-    `model` gets a "did you mean" from its fields."""
+    """A pydantic error as one line naming the fields (at most five) and the value each
+    rejected (`field 'page': Input should be a valid integer (got "2")`: why a page number
+    that looks right is refused); an unknown field of `model` gets a "did you mean" from its
+    fields."""
     parts = []
     for e in exc.errors()[:5]:
         loc = ".".join(str(x) for x in e["loc"]) or "(root)"
         msg = e["msg"]
+        if e["type"] not in _NO_INPUT and "input" in e:
+            msg += f" (got {shown_input(e['input'])})"
         if e["type"] == "extra_forbidden" and model is not None and len(e["loc"]) == 1:
             known = list(model.model_fields)
             near = difflib.get_close_matches(str(e["loc"][0]), known, n=1, cutoff=0.6)

@@ -55,11 +55,12 @@ def listing_chain() -> Chain:
     [
         (
             {"page": True},
-            "seed 0: testsite.local.listing: field 'page': Input should be a valid integer",
+            "seed 0: testsite.local.listing: field 'page': Input should be a valid integer (got true)",
         ),
         (
             {"page": "2"},
-            "seed 0: testsite.local.listing: field 'page': Input should be a valid integer",
+            "seed 0: testsite.local.listing: field 'page': Input should be a valid integer"
+            ' (got "2")',
         ),
         ({"page": 1.5}, "field 'page'"),
         ({"pgae": 2}, "field 'pgae': unknown field; did you mean 'page'?"),

@@ -119,8 +119,8 @@ def test_a_seed_of_the_wrong_type_or_a_misspelled_field_exits_2_in_one_line(
     """Seeds are as strict as constants: `true` or `"2"` is no page number (not page 1 or 2),
     and an unknown field is named with the nearest real one."""
     for seed, says in [
-        ('{"page": true}', "field 'page': Input should be a valid integer"),
-        ('{"page": "2"}', "field 'page': Input should be a valid integer"),
+        ('{"page": true}', "field 'page': Input should be a valid integer (got true)"),
+        ('{"page": "2"}', "field 'page': Input should be a valid integer (got \"2\")"),
         ('{"pgae": 2}', "field 'pgae': unknown field; did you mean 'page'?"),
     ]:
         out = control("trigger", "cli_listing", seed, "--no-wait", env=crawl_env)
