@@ -91,6 +91,7 @@ class {camel}Params(Params):
 
 @endpoint({camel}Params, items=[{cls}])
 def {endpoint}(ctx: Context, p: {camel}Params) -> Outputs:
+    # the path, parameters and selectors are the template's guesses: edit them to the site's
     resp = ctx.get(f"{{base_url()}}/{endpoint}", params={{"page": p.page}})
     for row in resp.css("div.item"):
         link = row.css("a")
@@ -114,6 +115,7 @@ class {camel}Params(Params):
 
 @endpoint({camel}Params, items=[{cls}])
 def {endpoint}(ctx: Context, p: {camel}Params) -> Outputs:
+    # the path, parameters and selectors are the template's guesses: edit them to the site's
     resp = ctx.get(f"{{base_url()}}/{endpoint}/{{p.id}}")
     yield {cls}(id=p.id, title=resp.css("h1::text").get(default="").strip(), url=resp.url)
 """
@@ -129,6 +131,7 @@ class {camel}Params(Params):
 
 @endpoint({camel}Params, items=[{cls}])
 def {endpoint}(ctx: Context, p: {camel}Params) -> Outputs:
+    # the path, parameters and selectors are the template's guesses: edit them to the site's
     resp = ctx.get(f"{{base_url()}}/api/{endpoint}", params={{"page": p.page}})
     data = resp.json()
     for row in data["items"]:
