@@ -3,6 +3,7 @@ shown, and the global sets of active and storing runs."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import Counter
@@ -12,10 +13,14 @@ from typing import Any, cast
 import orjson
 from redis.cluster import RedisCluster
 
+from exceptions import ParamsError
 from ledger.keys import RunKeys
 from ledger.records import RECENT_KEEP, items_settled, run_status
 from utils.redis import as_str, pipeline
 from utils.slots import lost_for, lost_ranges
+
+RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""What a run id may hold: it sits in the keys' `{...}` hash tag and in file names."""
 
 
 class Runs(RunKeys):
@@ -50,8 +55,20 @@ class Runs(RunKeys):
         self, rid: str, chain_name: str, chain_json: bytes, priority: int, cap: int = 0
     ) -> None:
         """Record a run. `cap` bounds the run's tasks in the broker at once (0 = no bound);
-        children beyond it wait in `run:{rid}:pending` and are released as tasks finish."""
+        children beyond it wait in `run:{rid}:pending` and are released as tasks finish.
+        A run id names one run: an id already recorded is a `ParamsError` and the run it
+        names is left as it is (reopening a finished run would leave it never ending)."""
+        if not RUN_ID.fullmatch(rid):
+            raise ParamsError(
+                f"run_id {rid!r}: letters, digits, '_', '-' and '.' only, at most 64 characters"
+            )
         now = f"{time.time():.3f}"
+        if not self.r.hsetnx(self.run_key(rid), "created", now):
+            status = as_str(self.r.hget(self.run_key(rid), "status") or b"?")
+            raise ParamsError(
+                f"run_id {rid!r} is taken by a run ({status}): give a new id, or leave run_id "
+                "out for a fresh one (chains.get_run gives a handle on the existing run)"
+            )
         pipe = pipeline(self.r)
         pipe.hset(
             self.run_key(rid),
