@@ -294,6 +294,11 @@ def run(
     prio = settings.default_priority if priority is None else int(priority)
     if not 0 <= prio <= 9:
         raise ParamsError(f"priority must be 0..9 (9 = most urgent), got {priority}")
+    if isinstance(seeds, Mapping | str | bytes):
+        raise ParamsError(
+            f"chain {ch.name!r}: seeds must be a list of parameter objects, got a "
+            f"{type(seeds).__name__} (one seed is seeds=[{{...}}])"
+        )
     seed_list = list(seeds) if seeds is not None else [{}]
     if not seed_list:
         raise ParamsError(f"chain {ch.name!r}: no seeds given")

@@ -121,8 +121,25 @@ def step(
                 f"got {type(src).__name__} {src!r} (a fixed value goes in _const=)"
             )
     options = own["options"]
-    opts = options if isinstance(options, StepOptions) else StepOptions(**(options or {}))
+    opts = options if isinstance(options, StepOptions) else step_options(task, options or {})
     return Step(task=task, map=mapped, const=dict(own["const"] or {}), options=opts, id=_id)
+
+
+def step_options(task: str, options: Mapping[str, Any]) -> StepOptions:
+    """`StepOptions` from a mapping, with an error that names the step, each wrong option
+    (with a "did you mean" for a misspelt one) and the value a known one rejected."""
+    known = list(StepOptions.model_fields)
+    wrong = [str(UnknownNameError("step option", str(k), known)) for k in options if k not in known]
+    if wrong:
+        raise ChainDefinitionError(f"step {task!r}: {'; '.join(wrong)}")
+    try:
+        return StepOptions(**options)
+    except ValidationError as exc:
+        bad = "; ".join(
+            f"option {'.'.join(map(str, e['loc']))!r}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise ChainDefinitionError(f"step {task!r}: {bad}") from None
 
 
 class Chain:
@@ -285,10 +302,12 @@ def _tree_step(chain: str, d: Any, where: str) -> Step:
     for k in ("map", "const"):
         if not isinstance(d.get(k, {}), Mapping):
             raise ChainDefinitionError(f"chain {chain!r}: {where}.{k} must be a mapping")
+    if not isinstance(d.get("options", {}), Mapping):
+        raise ChainDefinitionError(f"chain {chain!r}: {where}.options must be a mapping")
     try:
-        opts = StepOptions(**d.get("options", {}))
-    except (ValidationError, TypeError) as exc:
-        raise ChainDefinitionError(f"chain {chain!r}: {where}.options invalid: {exc}") from None
+        opts = step_options(d["task"], d.get("options", {}))
+    except ChainDefinitionError as exc:
+        raise ChainDefinitionError(f"chain {chain!r}: {where}: {exc}") from None
     s = Step(
         task=d["task"],
         map={str(k): str(v) for k, v in d.get("map", {}).items()},

@@ -138,13 +138,27 @@ def test_same_step_object_reused_is_a_cycle() -> None:
         ({"name": "x"}, "needs 'root'"),
         ({"name": "x", "root": {"task": "testsite.local.listing", "colour": 1}}, "unknown keys"),
         ({"name": "x", "root": {"task": "testsite.local.listing", "then": {}}}, "must be a list"),
-        ({"name": "x", "root": {"task": "testsite.local.listing", "options": {"max_pages": "x"}}}, "options invalid"),
+        ({"name": "x", "root": {"task": "testsite.local.listing", "options": {"max_pages": "x"}}}, "option 'max_pages': Input should be a valid integer"),
+        ({"name": "x", "root": {"task": "testsite.local.listing", "options": {"uniqe": True}}}, "root: step 'testsite.local.listing': unknown step option 'uniqe'; did you mean 'unique'"),
+        ({"name": "x", "root": {"task": "testsite.local.listing", "options": [1]}}, "options must be a mapping"),
         ({"name": "x", "root": "a", "steps": {"a": {"task": "testsite.local.listing", "next": ["z"]}}}, "unknown step 'z'"),
     ],
 )  # fmt: skip
 def test_malformed_definitions_get_clear_errors(data, msg) -> None:
     with pytest.raises(ChainDefinitionError, match=msg):
         chain_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("options", "msg"),
+    [
+        ({"uniqe": True}, r"step 'testsite.local.detail': unknown step option 'uniqe'; did you mean 'unique'\?"),
+        ({"priority": "high"}, r"step 'testsite.local.detail': option 'priority': Input should be a valid integer.* \(got 'high'\)"),
+    ],
+)  # fmt: skip
+def test_a_wrong_step_option_in_the_dsl_names_the_step_and_the_option(options, msg) -> None:
+    with pytest.raises(ChainDefinitionError, match=msg):
+        step("testsite.local.detail", _options=options)
 
 
 def test_yaml_and_json_files(tmp_path) -> None:

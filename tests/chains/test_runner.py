@@ -79,3 +79,10 @@ def test_seeds_are_validated_strictly_with_a_did_you_mean(seed: dict, says: str)
 def test_a_later_bad_seed_is_named_by_its_index() -> None:
     with pytest.raises(ParamsError, match=r"^seed 1: .*'page'"):
         chains.run(listing_chain(), seeds=[{"page": 2}, {"page": "3"}], check_workers=False)
+
+
+@pytest.mark.parametrize("seeds", [{"page": 1}, "page=1"])
+def test_seeds_that_are_not_a_list_say_so(seeds: object) -> None:
+    """A dict given as seeds used to iterate its keys: `seed 0: ... got str`."""
+    with pytest.raises(ParamsError, match=r"seeds must be a list of parameter objects, got a"):
+        chains.run(listing_chain(), seeds=seeds, check_workers=False)  # type: ignore[arg-type]
