@@ -61,6 +61,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 import redis
 
+import chains
 from bench.callgrind import VALGRIND, callgrind, totals
 from bench.chaincrawl_bench import ChaincrawlBench
 from bench.feature_cost import HEALTHY, QUEUES, FeatureSite
@@ -153,6 +154,9 @@ class Monitor(threading.Thread):
         self.counting = False
         self._mon: Any = None
         self.ready = threading.Event()
+        self.marker = f"redis-cost-end-{id(self)}"
+        self.drained = threading.Event()  # the marker read: every command before it counted
+        self.at_end = 0  # commands counted when the crawl ended (the rest still unread)
 
     def family(self, parts: list[str]) -> str:
         key = first_key(parts)
@@ -176,10 +180,21 @@ class Monitor(threading.Thread):
             try:
                 while True:
                     cmd = mon.next_command()
-                    if self.counting:
+                    if self.marker in str(cmd["command"]):
+                        self.counting = False
+                        self.drained.set()
+                    elif self.counting:
                         self.count(cmd)
             except (redis.ConnectionError, OSError, ValueError, AttributeError):
                 return
+
+    def finish(self, timeout: float = 120) -> None:
+        """Count up to now: MONITOR's stream is read behind the server (parsing a line costs
+        this process more than running it costs Redis), so a marker is sent and every command
+        before it counted, not only those read when the crawl ended."""
+        self.at_end = sum(self.families.values())
+        redis.Redis(connection_pool=self.client.connection_pool).echo(self.marker)
+        self.drained.wait(timeout)
 
     def stop(self) -> None:
         if self._mon is not None:
@@ -194,8 +209,6 @@ def node_usec(nodes: list[redis.Redis]) -> list[int]:
 def side_by_side(bench: ChaincrawlBench, demo: DemoServer, runs: int) -> Any:
     """`runs` runs of the chain at once, as a fleet's are (each crawls the whole site), waited
     for; -> a result with `pages`, `items` and `failed` summed."""
-    import chains
-
     cfg = demo.config
     want = expected_pages(cfg.users, cfg.posts_per_user, cfg.comments_per_post)
     demo.reset()
@@ -220,8 +233,6 @@ def backlog(
     bench: ChaincrawlBench, demo: DemoServer, a: argparse.Namespace, env: dict[str, str]
 ) -> dict[str, Any]:
     """Crawl with the sink down; -> the outbox stream's bytes per item waiting."""
-    import chains
-
     down = {
         **env,
         "CHAINCRAWL_SINKS": "mongo",
@@ -430,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             mon.start()
             mon.ready.wait(10)
             mon.counting = True
+        mon_before = commandstats(nodes)
         if mons and a.features:
             r = site.crawl(a.chain)
         elif mons:
@@ -442,13 +454,16 @@ def main(argv: list[str] | None = None) -> int:
                 keep_workers=True,
                 warmup=False,
             )
+        mon_after = commandstats(nodes)
         top_by: Counter[str] = Counter()
         families: Counter[str] = Counter()
         call_families: Counter[str] = Counter()
         detail: Counter[str] = Counter()
         in_scripts = 0
+        at_end = 0
         for mon in mons:
-            mon.counting = False
+            mon.finish()
+            at_end += mon.at_end
             mon.stop()
             top_by.update(mon.top)
             families.update(mon.families)
@@ -490,6 +505,18 @@ def main(argv: list[str] | None = None) -> int:
                 k: round(v / pages, 2) for k, v in n_by_cmd.most_common() if v / pages >= 0.01
             },
             "commands_in_scripts_per_page": round(in_scripts / monitored, 2),
+            # the MONITOR crawl by INFO commandstats, and what MONITOR had read when it ended
+            "monitor_crawl_commands_per_page": round(
+                (sum(c for c, _ in mon_after.values()) - sum(c for c, _ in mon_before.values()))
+                / monitored,
+                2,
+            ),
+            "monitor_read_at_crawl_end_per_page": round(at_end / monitored, 2),
+            "monitor_crawl_commands_by_command_per_page": {
+                k: round((c - mon_before.get(k, (0, 0))[0]) / monitored, 2)
+                for k, (c, _) in sorted(mon_after.items(), key=lambda kv: -kv[1][0])
+                if (c - mon_before.get(k, (0, 0))[0]) / monitored >= 0.01
+            },
             "redis_usec_per_page": round(usec / pages, 1),
             "usec_by_command_per_page": {
                 k: round(v / pages, 2) for k, v in by_cmd.most_common() if v / pages >= 0.05
