@@ -37,18 +37,30 @@ class Commits(Runs):
     """A task's begin and commit, exactly once per task id."""
 
     # task lifecycle
-    def begin(self, rid: str, tid: str, retries: int) -> Begun:
-        """(already committed?, deliveries of this attempt, run cancelled?) in one round trip."""
-        return self.begin_many([(rid, tid, retries)])[0][0]
+    def begin(self, rid: str, tid: str, retries: int, redelivered: bool | None = None) -> Begun:
+        """(already committed?, deliveries of this attempt, run cancelled?) in one round trip
+        (`redelivered`: the broker's flag, `begin_many`)."""
+        return self.begin_many([(rid, tid, retries)], redelivered=redelivered)[0][0]
 
     def begin_many(
-        self, calls: Sequence[tuple[str, str, int]], batch_id: str = ""
+        self,
+        calls: Sequence[tuple[str, str, int]],
+        batch_id: str = "",
+        redelivered: bool | None = None,
     ) -> tuple[list[Begun], int]:
         """`begin` for several (rid, tid, retries) in one round trip (a batch's entries).
 
         With `batch_id`, the entries' deliveries are not counted: the batch message's are
         (the second element), and a redelivered batch runs its entries one by one, each
-        counted as it starts, so a worker death is charged to the entry that was running."""
+        counted as it starts, so a worker death is charged to the entry that was running.
+
+        `redelivered` is the broker's flag on the message (kombu sets it on every message it
+        restores or requeues, as AMQP does). False: no delivery counter is written, the
+        delivery is the first (1) and the caller has no counter to drop; True: counted, the
+        delivery is the counter + 1 (the first was not counted). So the counter (INCR,
+        EXPIRE, and its UNLINK with the commit: three commands of a page on the run's keys)
+        is paid only by a message delivered again, and the poison cap counts the same
+        deliveries. None: every delivery counted, the first as 1 (no flag to go by)."""
         pipe = self.r.pipeline(transaction=False)
         rids = sorted({rid for rid, _, _ in calls if rid})
         for rid in rids:
@@ -63,15 +75,15 @@ class Commits(Runs):
         runless = [tid for rid, tid, _ in calls if not rid]
         for tid in runless:
             pipe.exists(self.done_key("", tid))
-        if batch_id:
-            deliv_key = self.deliveries_key("", batch_id, 0)
+        if redelivered is False:  # a first delivery: nothing to count
+            counted = []
+        elif batch_id:
+            counted = [self.deliveries_key("", batch_id, 0)]
+        else:
+            counted = [self.deliveries_key(rid, tid, retries) for rid, tid, retries in calls]
+        for deliv_key in counted:
             pipe.incr(deliv_key)
             pipe.expire(deliv_key, DELIV_TTL)
-        else:
-            for rid, tid, retries in calls:
-                deliv_key = self.deliveries_key(rid, tid, retries)
-                pipe.incr(deliv_key)
-                pipe.expire(deliv_key, DELIV_TTL)
         res = pipe.execute()
         off = len(rids)
         cancelled = {rid for rid, (c, _, _) in zip(rids, res[:off], strict=True) if c}
@@ -84,17 +96,21 @@ class Commits(Runs):
         flags = res[off : off + len(runless)]
         done.update((("", t), bool(f)) for t, f in zip(runless, flags, strict=True))
         off += len(runless)
-        counts = res[off::2]  # INCR replies (EXPIRE's between them)
+        # INCR replies (EXPIRE's between them), + the uncounted first delivery when flagged
+        if redelivered is False:
+            counts = [1] * max(1, len(calls))
+        else:
+            counts = [int(c) + (redelivered is True) for c in res[off::2]]
         begun = [
             Begun(
                 done[(rid, tid)] or rid in compacted,
-                0 if batch_id else int(counts[n]),
+                0 if batch_id else counts[n],
                 rid in cancelled,
                 rid in paused,
             )
             for n, (rid, tid, _) in enumerate(calls)
         ]
-        return begun, int(counts[0]) if batch_id else 0
+        return begun, counts[0] if batch_id else 0
 
     def commit_call(
         self,

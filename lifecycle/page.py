@@ -73,8 +73,12 @@ def run_page(
     started = time.monotonic()
     rt.load.busy()  # keep the CPU window fresh for batch sizing
     attempt = (task.request.retries or 0) + meta.retry_base
+    # a message's own begin counts its delivery only when the broker flags it redelivered
+    # (ledger `begin_many`): a first delivery writes no counter, so has none to drop
+    info = None if begun is not None else task.request.delivery_info
+    redelivered = bool(info.get("redelivered")) if info else None
     if begun is None:
-        begun = state.begin(rid, tid, attempt)
+        begun = state.begin(rid, tid, attempt, redelivered)
     elif rid and not (begun.cancelled or begun.paused):
         hold = rt.hold(state, rid)  # cancelled or paused since its batch began?
         if hold:
@@ -83,13 +87,14 @@ def run_page(
     if deliveries > 1:  # its earlier delivery's worker died (or lost its connection)
         metrics.counts["redelivered"] += 1
     # its delivery counter goes with its commit or retry (nothing of a page left behind)
-    forget = (state.deliveries_key(rid, tid, attempt),) if deliveries else ()
+    counted = deliveries > 0 and redelivered is not False
+    forget = (state.deliveries_key(rid, tid, attempt),) if counted else ()
     if paused and not (cancelled or committed):
         # back as a new message: its retry number kept, its wait for a resource restarted
         # (a pause is no time spent waiting for a pool: `resource_wait_max`)
         meta.wait_since, meta.retry_base = None, attempt
         msg = TaskEnvelope(tid, task.name, params, meta.to_wire()).encode()
-        parked = state.park(rid, tid, msg, attempt, counted=deliveries > 0)
+        parked = state.park(rid, tid, msg, attempt, counted=counted)
         if parked:
             state.replicated([state.home_key(rid, tid)])  # parked (or found parked) durably
             outcome = "paused" if parked > 0 else "duplicate"

@@ -2,8 +2,8 @@
 
 `torture.local.die` takes its process down (`os._exit(3)`, or SIGKILL of itself) after
 hitting `/hit/{token}` on the bad-pages server, so the test counts the deliveries that ran.
-Every delivery of an attempt is counted in Redis before the endpoint runs
-(`deliv:{task id}:{retries}`); the one past `CHAINCRAWL_MAX_REDELIVERIES` (2 here) is
+Every redelivery of an attempt (the broker flags it `redelivered`) is counted in Redis before
+the endpoint runs (`deliv:{task id}:{retries}`); the one past `CHAINCRAWL_MAX_REDELIVERIES` (2 here) is
 dead-lettered as PoisonMessage without running the endpoint. So the task runs exactly
 1 + 2 times, the run completes with it failed, and it is never delivered again.
 
