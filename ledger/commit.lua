@@ -55,11 +55,22 @@ for g = 1, n_groups do
   i = i + 2 + nf
 end
 local cap, cancelled, paused, compacted, watched = 0, false, false, false, false
+-- The run's `last` commit time and the expiry of its done set, ledger and staged hash are
+-- written at most once a second (RENEW): a run committing faster saves an HSET and three
+-- EXPIREs a call. `last` is what the sweeper's stall clock and the views read (to the second
+-- is enough); a commit after a re-send (`resend_mark` equal to `last`) always writes it, so
+-- the sweeper sees that progress at once. The keys' expiry is the retention counted from a
+-- commit at most a second older; the commit that ends the run writes them all.
+local RENEW = 1
+local renew = true
 if run ~= '' then
-  local rh = rcall('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted', 'watch')
+  local rh = rcall('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted', 'watch', 'last',
+    'resend_mark')
   cap, cancelled, paused = tonumber(rh[1] or '0'), rh[2] ~= false, rh[3] ~= false
   compacted = rh[4] ~= false  -- finished and its done set dropped: every task of it committed
   watched = rh[5] ~= false and tonumber(rh[5]) > tonumber(now)  -- a progress view is open
+  renew = not rh[6] or tonumber(now) - (tonumber(rh[6]) or 0) >= RENEW
+    or (rh[7] ~= false and rh[7] == rh[6])
 end
 -- include: ../utils/wake.lua
 local function chunked(cmd, key, list, step)  -- unpack() has a limit (the Lua C stack)
@@ -248,21 +259,25 @@ if #ledger_set > 0 then
   chunked('HSET', KEYS[6], ledger_set, 4000)  -- even: field, message pairs stay whole
   touched[KEYS[6]] = true
 end
-for key in pairs(touched) do rcall('EXPIRE', key, ttl) end
 local left = 0
 if run ~= '' and committed > 0 then
-  rcall('HSET', KEYS[2], 'last', now)
   if inflight0 ~= nil and inflight ~= inflight0 then
     rcall('HINCRBY', KEYS[1], 'inflight', inflight - inflight0)
   end
   for field, by in pairs(counts) do rcall('HINCRBY', KEYS[1], field, by) end
   left = rcall('HINCRBY', KEYS[1], 'outstanding', delta)
+  if left <= 0 then renew = true end  -- the run's last commit writes them all
+  if renew then rcall('HSET', KEYS[2], 'last', now) end
   if left <= 0 then
     wake(KEYS[2], 'e')  -- ended, or storing its last items (the outbox's ack wakes it again)
     rcall('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
     if KEYS[4] ~= KEYS[1] then rcall('SREM', KEYS[4], run) end  -- a cluster: the caller's
     rcall('DEL', KEYS[6])
-    if KEYS[9] then rcall('DEL', KEYS[9]) end  -- nothing is left to send
+    touched[KEYS[6]] = nil
+    if KEYS[9] then  -- nothing is left to send
+      rcall('DEL', KEYS[9])
+      touched[KEYS[9]] = nil
+    end
     if not cancelled then  -- shown as `storing` until the outbox has stored its last item
       local c = rcall('HMGET', KEYS[1], 'items', 'stored', 'store_failed')
       if tonumber(c[1] or '0') > tonumber(c[2] or '0') + tonumber(c[3] or '0') then
@@ -273,5 +288,11 @@ if run ~= '' and committed > 0 then
     wake(KEYS[2], 'p')
   end
 end
+if run ~= '' and not renew then  -- within RENEW of the last renewal: left as they are
+  touched[KEYS[6]], touched[KEYS[8]], touched[KEYS[9]] = nil, nil, nil
+elseif run ~= '' and left > 0 then  -- a staged hash created within the second, touched or not
+  touched[KEYS[9]] = true
+end
+for key in pairs(touched) do rcall('EXPIRE', key, ttl) end
 reply[1] = left
 return reply
