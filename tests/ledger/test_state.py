@@ -529,3 +529,48 @@ def test_skips_are_counted_with_the_commit_once(state: RunState) -> None:
     assert c["k:skipped_unique"] == c["skipped_unique"] == 2
     assert c["k:skipped_seen"] == c["skipped_seen"] == 3
     assert c["k:dispatched"] == 1
+
+
+def test_a_first_delivery_writes_no_counter_and_a_redelivery_counts_from_two(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """The broker's `redelivered` flag: a first delivery is delivery 1 with no counter in
+    Redis; each redelivery counts, so the poison cap sees the same numbers as before."""
+    state.create_run("r1", "c", b"{}", 5)
+    key = state.deliveries_key("r1", "a", 0)
+    assert state.begin("r1", "a", 0, redelivered=False).deliveries == 1
+    assert not rds.exists(key)
+    assert state.begin("r1", "a", 0, redelivered=True).deliveries == 2
+    assert state.begin("r1", "a", 0, redelivered=True).deliveries == 3
+    assert rds.ttl(key) > 0
+    begun, n = state.begin_many([("r1", "b", 0)], batch_id="b1", redelivered=False)
+    assert n == 1 and begun[0].deliveries == 0
+    assert not rds.exists(state.deliveries_key("", "b1", 0))
+    assert state.begin_many([("r1", "b", 0)], batch_id="b1", redelivered=True)[1] == 2
+
+
+def test_last_and_the_keys_expiry_are_written_at_most_once_a_second(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """Commits of a run within a second of its `last` leave `last` and the expiry of its done
+    set, ledger and staged hash alone; one after a re-send writes `last` at once; the run's
+    last commit writes them all."""
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 3)
+    calls: list[CommitCall] = []
+    commit(state, calls, "a", [kid("k")])  # no `last` yet: written, keys expire
+    state.run_commits(calls)
+    last = rds.hget(state.run_key("r1"), "last")
+    assert last is not None and rds.ttl(state.done_key("r1", "")) > 0
+    rds.persist(state.done_key("r1", ""))
+    calls = []
+    commit(state, calls, "b", [])
+    state.run_commits(calls)
+    assert rds.hget(state.run_key("r1"), "last") == last
+    assert rds.ttl(state.done_key("r1", "")) == -1  # within the second: not renewed
+    rds.hset(state.run_key("r1"), "resend_mark", last)  # the sweeper re-sent meanwhile
+    calls = []
+    commit(state, calls, "c", [])
+    state.run_commits(calls)
+    assert rds.hget(state.run_key("r1"), "last") != last  # the re-send's progress is seen
+    assert rds.ttl(state.done_key("r1", "")) > 0
