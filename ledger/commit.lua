@@ -98,7 +98,12 @@ local staged_set = {}  -- tid, its staged children's ids: one HSET of the staged
 -- which task ids are fresh: one SMISMEMBER and one SADD for the whole call (each redis.call
 -- costs about as much as the command it runs)
 local fresh_ids = {}
-if run ~= '' and not compacted and n > 0 then
+if run ~= '' and not compacted and n == 1 then  -- a page alone: SADD's reply says it is fresh
+  if rcall('SADD', KEYS[8], tids[1]) == 1 then
+    fresh_ids[tids[1]] = true
+    touched[KEYS[8]] = true
+  end
+elseif run ~= '' and not compacted and n > 0 then
   local member = {}
   for a = 1, #tids, 4000 do
     local part = rcall('SMISMEMBER', KEYS[8], unpack(tids, a, math.min(a + 3999, #tids)))
