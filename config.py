@@ -310,9 +310,10 @@ class Settings(ChaincrawlSettings):
         "devices, proxies) before it is dead-lettered; shared rate limits wait without limit.",
     )
     metrics_flush_interval: float = Field(
-        1.0,
+        5.0,
         description="Seconds between writes of a worker's aggregated task metrics to Redis "
-        "(run counters are exact regardless: they are in the commit).",
+        "(one HINCRBY a changed field; run counters are exact regardless: they are in the "
+        "commit, and a run's tail writes its metrics with its commits).",
     )
 
     # --- politeness (docs/scheduling.md) and the development cache (docs/development.md) ---
