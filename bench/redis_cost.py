@@ -222,6 +222,23 @@ def side_by_side(bench: ChaincrawlBench, demo: DemoServer, runs: int) -> Any:
     )
 
 
+def idle_rate(nodes: list[redis.Redis], seconds: float) -> tuple[float, dict[str, float]]:
+    """Commands a second the servers run with the workers up and no run (`INFO
+    commandstats` over `seconds`, after a second to settle): the work done by time, not by
+    page (proxy refills, the sweeper, heartbeats, metric flushes, drainer polls)."""
+    if seconds <= 0:
+        return 0.0, {}
+    time.sleep(1.0)
+    before = commandstats(nodes)
+    time.sleep(seconds)
+    after = commandstats(nodes)
+    by = {k: (c - before.get(k, (0, 0))[0]) / seconds for k, (c, _) in after.items()}
+    by.pop("info", None)  # this function's own
+    total = sum(by.values())
+    top = {k: round(v, 2) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v >= 0.05}
+    return round(total, 2), top
+
+
 def closed_port() -> int:
     """A local port nothing listens on (bound, then released)."""
     with socket.socket() as sock:
@@ -296,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", action="store_true", help="the state on a Redis Cluster")
     ap.add_argument("--no-calls", action="store_true", help="skip the MONITOR crawl")
     ap.add_argument(
+        "--idle",
+        type=float,
+        default=10.0,
+        help="seconds the idle fleet is counted after the measured crawls (0: not)",
+    )
+    ap.add_argument(
         "--runs",
         type=int,
         default=1,
@@ -367,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         broker_cpu = 0.0
         rows = []
         pages = cmds = usec = 0
-        cpu = 0.0
+        cpu = seconds = 0.0
         conns = 0
         by_cmd: Counter[str] = Counter()
         n_by_cmd: Counter[str] = Counter()
@@ -389,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             b0 = server_cpu([broker_client])[0]
             t0 = node_usec(nodes)
             c0 = connections(nodes)
+            t_crawl = time.monotonic()
             if a.features or a.runs > 1:
                 count_instructions(True)
                 r = (
@@ -407,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                     keep_workers=i > 0,
                     around=count_instructions,
                 )
+            seconds += time.monotonic() - t_crawl
             load = [x + t1 - t for x, t, t1 in zip(load, t0, node_usec(nodes), strict=True)]
             after, cpu1 = commandstats(nodes), server_cpu(nodes)
             conns += connections(nodes) - c0
@@ -429,12 +454,14 @@ def main(argv: list[str] | None = None) -> int:
                     "stored": r.items,
                     "failed": r.failed,
                     **({"requests": r.requests, "retried": r.retried} if a.features else {}),
+                    "seconds": round(time.monotonic() - t_crawl, 1),
                     "commands_per_page": round(d_calls / r.pages, 2),
                     "usec_per_page": round(d_usec / r.pages, 1),
                     "redis_process_us_per_page": round(1e6 * d_cpu / r.pages, 1),
                 }
             )
             print(json.dumps({"crawl": i + 1, **rows[-1]}), flush=True)
+        idle = idle_rate(nodes, a.idle)
         ks = Keyspace(bench.key_prefix)
         mons = [] if a.no_calls else [Monitor(u, ks) for u in urls]
         for mon in mons:
@@ -501,6 +528,12 @@ def main(argv: list[str] | None = None) -> int:
                 k: round(v / monitored, 3) for k, v in detail.most_common(40)
             },
             "commands_per_page": round(cmds / pages, 2),
+            "crawl_seconds": round(seconds, 1),
+            # the fleet with nothing to do, just after the measured crawls: what a page's
+            # figures hold of the work done by time (periodic tasks, polls), not by page
+            "idle_commands_per_second": idle[0],
+            "idle_commands_by_command_per_second": idle[1],
+            "commands_per_page_net_of_idle": round((cmds - idle[0] * seconds) / pages, 2),
             "commands_by_command_per_page": {
                 k: round(v / pages, 2) for k, v in n_by_cmd.most_common() if v / pages >= 0.01
             },
