@@ -310,10 +310,9 @@ class Settings(ChaincrawlSettings):
         "devices, proxies) before it is dead-lettered; shared rate limits wait without limit.",
     )
     metrics_flush_interval: float = Field(
-        5.0,
+        1.0,
         description="Seconds between writes of a worker's aggregated task metrics to Redis "
-        "(one HINCRBY a changed field; run counters are exact regardless: they are in the "
-        "commit, and a run's tail writes its metrics with its commits).",
+        "(run counters are exact regardless: they are in the commit).",
     )
 
     # --- politeness (docs/scheduling.md) and the development cache (docs/development.md) ---

@@ -9,15 +9,11 @@ Fields (stable; dashboards and the exporter rely on them):
     latency_count, latency_le:{bound_ms} (cumulative histogram buckets, Prometheus style, incl. +Inf)
 
 A worker adds each task's counts into a per-process `Aggregator` (a dict add under one lock);
-a background thread writes the sums every `CHAINCRAWL_METRICS_FLUSH_INTERVAL` (5 s) with one
-HINCRBY per changed field, instead of ~50 HINCRBYs per page. A flush writes every field a
-process's tasks changed in the interval (each endpoint's fields with their latency buckets,
-twice: task and site); on the feature-heavy demo crawl 1 s -> 5 s took the metrics from 6.5 to
-5.1 commands a page. While a run's backlog is shallow (its tail) tasks write the pending sums
-in their commit pipeline, so a run's metrics are complete when the run is: that is most of what
-is left there (the demo run's backlog stays under the tail's 64 tasks much of the time). A
-killed worker loses at most one interval of metrics; run counters are exact either way (they
-live in the commit script). Stored fields are unchanged.
+a background thread writes the sums every `CHAINCRAWL_METRICS_FLUSH_INTERVAL` (1 s) with one
+HINCRBY per changed field, instead of ~50 HINCRBYs per page. While a run's backlog is shallow
+(its tail) tasks write the pending sums in their commit pipeline, so a run's metrics are
+complete when the run is. A killed worker loses at most one interval of metrics; run counters
+are exact either way (they live in the commit script). Stored fields are unchanged.
 """
 
 from __future__ import annotations
