@@ -113,7 +113,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         if careful:
             b = state.begin(e["meta"].get(RUN, ""), e["id"], int(e["meta"].get(RETRY_BASE, 0)))
             b = b._replace(deliveries=b.deliveries + 1)  # + the first, as for a single message
-        task = spec.task  # the endpoint's SiteTask
+        task = _resolved(spec.task)  # the endpoint's SiteTask
         params, meta = e["params"], e["meta"]
         task.push_request(
             id=e["id"],
@@ -226,6 +226,14 @@ def _side_by_side(
     if errors:
         raise errors[0]
     return [left[k] for k in sorted(left)], (whys[0] if whys else "")
+
+
+def _resolved(task: Any) -> Any:
+    """The task object behind `shared_task`'s proxy, looked up once per entry: every attribute
+    read through the proxy (`request`, `spec`, `name`, `app`...: a dozen a page) looks the
+    task up in the current app again."""
+    real = getattr(task, "_get_current_object", None)
+    return real() if real is not None else task
 
 
 def batch_budget(s: Settings) -> float:

@@ -132,12 +132,17 @@ class Runtime:
         return st
 
     def chain(self, state: RunState, rid: str) -> Chain | None:
-        """The chain run `rid` runs, parsed once per process (its definition never changes)."""
-        with self._lock:
-            ch = self._chains.get(rid)
-            if ch is not None:
+        """The chain run `rid` runs, parsed once per process (its definition never changes).
+        A known run is read without the lock (every page asks; under gevent the lock is
+        Python code): each OrderedDict operation is atomic under the GIL, and a run evicted
+        between the read and the move keeps the chain it was found with."""
+        ch = self._chains.get(rid)
+        if ch is not None:
+            try:
                 self._chains.move_to_end(rid)
-                return ch
+            except KeyError:  # evicted between the two: it is still the run's chain
+                pass
+            return ch
         raw = state.chain_def(rid)
         if raw is None:
             return None
