@@ -138,10 +138,8 @@ class Runtime:
         between the read and the move keeps the chain it was found with."""
         ch = self._chains.get(rid)
         if ch is not None:
-            try:
+            with contextlib.suppress(KeyError):  # evicted between the two: still its chain
                 self._chains.move_to_end(rid)
-            except KeyError:  # evicted between the two: it is still the run's chain
-                pass
             return ch
         raw = state.chain_def(rid)
         if raw is None:
