@@ -157,6 +157,7 @@ class Response:
         reported (`on_undecodable`: the page's metrics and a warning), or with
         `decode_errors="strict"` raise UndecodableText: never silently."""
         text, n = decode_counting(self.content, self.encoding)
+        self.__dict__["undecodable"] = n  # counted on the way: `undecodable` need not decode
         if n:
             if self.decode_errors == "strict":
                 raise UndecodableText(
@@ -181,13 +182,42 @@ class Response:
 
     @lazy
     def selector(self) -> Selector:
-        return Selector(text=self.text)
+        """parsel's selector of the decoded text. `text` is decoded first either way (its
+        undecodable bytes counted, or raised with "strict"); a clean UTF-8 body lxml gets as
+        the bytes it came as (`lxml_bytes`), not re-encoded from the text: the same bytes, the
+        same parser, the same tree, without a second pass over the page (~10 % of the
+        selector's cost on the heavy pages)."""
+        text = self.text
+        kind = lxml_bytes(self.content, text, self.encoding, self.undecodable)
+        if kind is None:
+            return Selector(text=text)
+        return Selector(body=self.content, encoding="utf-8", type=kind)
 
     def css(self, query: str) -> Any:
         return self.selector.css(query)
 
     def xpath(self, query: str) -> Any:
         return self.selector.xpath(query)
+
+
+# parsel's own test of an XML document (`parsel.selector._XML_DECLARATION`), on the text
+_XML_DECLARATION = re.compile(r"[\s\ufeff]*<\?xml\s")
+
+
+def lxml_bytes(content: bytes, text: str, encoding: str, undecodable: int) -> str | None:
+    """ "html" or "xml" when parsel, given `content` as bytes, feeds lxml exactly the bytes
+    it would make of `text` (`Selector(text=)`: stripped, NULs dropped, encoded as UTF-8) and
+    reads it as the same type; None otherwise (then the text goes). So: UTF-8 decoded without
+    a replacement (re-encoding gives the bytes back) and no NUL; ASCII whitespace around a
+    document that starts with `<` and ends with `>` (then `str.strip` and `bytes.strip` cut
+    at the same places: a BOM or other Unicode whitespace at an end is not that); the type
+    parsel would detect from the text (a body starting with `<` is no JSON)."""
+    if undecodable or b"\x00" in content or codecs.lookup(encoding).name != "utf-8":
+        return None
+    edges = content.strip()
+    if edges[:1] != b"<" or edges[-1:] != b">":
+        return None
+    return "xml" if _XML_DECLARATION.match(text) else "html"
 
 
 _BAD = threading.local()
