@@ -16,7 +16,8 @@ Scenarios (`lat250` is the old name of `latency`):
               with 16 fetch slots (Scrapy's CONCURRENT_REQUESTS counts downloads only).
   small       105 shop pages in 5 sequential hops on warm systems, no latency: wall time of a
               crawl. chaincrawl: `chains.run()` to `RunHandle.wait()` returning (woken by the
-              run's end, as a user calls it), on workers already running and warmed; Scrapy: `runner.crawl()`
+              run's end, as a user calls it), on workers already running and warmed (one
+              worker, and the workers `start` runs: one per core); Scrapy: `runner.crawl()`
               to its deferred firing, in a process whose reactor runs and that has crawled once;
               Crawlee: `crawler.run()` to its return, likewise.
   lat100x256  100 ms latency, 256 in flight, 10,000 light pages: share of the bound
@@ -105,7 +106,8 @@ SCENARIOS = {
     "latency": Scenario("latency", "250 ms a response, 16 in flight", ("shop1k",), 250, 16,
                         ("chaincrawl", "scrapy-best", "crawlee"), "rate", task_slots=20),
     "small": Scenario("small", "105 pages in 5 sequential hops, warm systems", ("small",), 0, 16,
-                      ("chaincrawl", "scrapy-best", "crawlee"), "wall", warm=True),
+                      ("chaincrawl", "chaincrawl-start", "scrapy-best", "crawlee"), "wall",
+                      warm=True),
     "lat100x256": Scenario("lat100x256", "100 ms latency, 256 in flight", ("light10k",), 100,
                            256, ("chaincrawl", "scrapy-best", "crawlee"), "rate"),
     "scale": Scenario("scale", "two worker processes against one", ("light10k",), 0, 16,

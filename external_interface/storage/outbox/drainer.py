@@ -26,6 +26,7 @@ from external_interface.storage.outbox.entries import (
     merge_new,
     note_errors,
     stream_key,
+    tasks_done,
 )
 from external_interface.storage.outbox.listeners import (
     EntriesRefused,
@@ -221,8 +222,8 @@ class Drainer:
                             new = self.read(self.batch - len(buffer), None)
                         else:
                             new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))
-                        # nothing more came for `idle_flush`: the writers paused or the run
-                        # ended; store now rather than hold its last items for `interval`
+                        # nothing more came for `idle_flush` (the writers paused), or the
+                        # runs read have no task left (below): store now, not after `interval`
                         quiet = bool(buffer) and not new and self.idle_flush > 0
                         if new and not buffer:
                             first_at = time.monotonic()
@@ -235,6 +236,7 @@ class Drainer:
                             worked = True
                             next_claim = min(next_claim, time.monotonic() + self.claim_every)
                         merge_new(buffer, new)
+                        quiet = quiet or (bool(new) and tasks_done(self.r, self.prefix, buffer))
                     due = quiet or time.monotonic() - first_at >= self.interval
                     if buffer and (len(buffer) >= self.batch or due or retrying):
                         buffer = self.flush(buffer)
@@ -287,13 +289,12 @@ class Drainer:
         if buffer:
             log.warning("outbox drainer: %d entries left pending at shutdown", len(buffer))
             return
-        try:  # tidy XINFO CONSUMERS: a consumer without pending entries is not needed any more
+        # tidy XINFO CONSUMERS: a consumer without pending entries is not needed any more
+        with contextlib.suppress(redis.RedisError):
             if not self.r.xpending_range(
                 self.stream, self.group, "-", "+", 1, consumername=self.consumer
             ):
                 self.r.xgroup_delconsumer(self.stream, self.group, self.consumer)
-        except redis.RedisError:
-            pass
 
     def drain_once(self, claim: bool = False) -> int:
         """Store everything readable now (scripts, tests). -> entries acknowledged."""

@@ -65,6 +65,24 @@ def counters_key(prefix: str, run: str) -> str:
     return Keyspace(prefix).counters(run)
 
 
+def tasks_done(r: redis.Redis, prefix: str, entries: Sequence[OutboxEntry]) -> bool:
+    """Whether every run of `entries` has no task left outstanding: no more entries will come
+    for them, so a drainer stores its partial batch now instead of waiting out its idle flush
+    (a small run's last items, and with them its end, a window sooner). False for a runless
+    entry or when Redis cannot say: the batch then waits as before."""
+    runs = list(dict.fromkeys(e.run for e in entries))
+    if not runs or "" in runs:
+        return False
+    pipe = r.pipeline(transaction=False)
+    for run in runs:
+        pipe.hget(counters_key(prefix, run), "outstanding")
+    try:
+        left = pipe.execute()
+    except redis.RedisError:
+        return False
+    return all(v is not None and int(v) <= 0 for v in left)
+
+
 def wake_key(prefix: str, run: str) -> str:
     """The run's wake list, pushed when its last items settle (`RunHandle.wait()`)."""
     return Keyspace(prefix).wake(run)
