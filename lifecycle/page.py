@@ -170,7 +170,7 @@ def run_page(
         },
     )
     batch = current_batch(rt)
-    if batch is not None:  # committed, published and marked with the batch's pages
+    if batch is not None and not (kids and rt.send_kids_now(rid)):  # with the batch's pages
         batch.add(call, spec.name, meta.dedup_id)
     else:
         page = Committer(rt, state, rid, task.name)
