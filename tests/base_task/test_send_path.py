@@ -198,6 +198,25 @@ def test_gevent_packs_a_shallow_fan_out_into_a_few_messages(
     assert [m.task for m in Publisher(app, one, queue_for, load).plan(kids, 11)] == [TASK] * 10
 
 
+def test_a_batch_page_with_children_sends_them_at_once_in_the_tail_or_with_cpu_to_spare(
+    settings: Settings,
+) -> None:
+    """`Runtime.send_kids_now`: in its run's tail (or a run not seen yet) or on a worker with
+    CPU to spare a batch's page commits and sends its children itself; a CPU-bound worker deep
+    in a run leaves them to the batch's one commit."""
+    rt = runtime.Runtime(settings, 4)
+    tail = rt.load.tail_backlog()
+    assert rt.send_kids_now("r1")  # not seen yet
+    assert rt.send_kids_now("")  # no run
+    rt.note_outstanding("r1", tail - 1)
+    rt.load.busy = lambda: 0.99
+    assert rt.send_kids_now("r1")  # the tail, CPU-bound or not
+    rt.note_outstanding("r1", tail)
+    assert not rt.send_kids_now("r1")  # deep and CPU-bound: the batch's one commit
+    rt.load.busy = lambda: 0.3
+    assert rt.send_kids_now("r1")  # deep, latency-bound
+
+
 def test_a_running_batch_hands_out_its_pages_only_in_its_runs_tail(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

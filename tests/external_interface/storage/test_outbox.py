@@ -25,6 +25,7 @@ from external_interface.storage.outbox import (
     xadd_entry,
 )
 from external_interface.storage.outbox.drainer import MAX_IDLE_BLOCK
+from external_interface.storage.outbox.entries import tasks_done
 from external_interface.storage.sinks.base import PermanentSinkError, SinkError, entry_version
 from external_interface.storage.sinks.jsonl import JsonlSink, iter_records, read_items, type_files
 from utils import activity
@@ -273,6 +274,37 @@ def test_a_quiet_stream_flushes_a_partial_batch_at_once(
     wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
     assert len(read_items(T, jsonl.root)) == n
     assert backlog(rds, key_prefix)["pending"] == 0
+
+
+def test_a_partial_batch_whose_runs_have_no_task_left_is_stored_at_once(
+    rds: redis.Redis, key_prefix: str, jsonl: JsonlSink, drainers: list[Drainer]
+) -> None:
+    """The run's last commit is done (`outstanding` 0): no more entries will come for it, so
+    its items are stored at the read that brought them. Neither size (1000), age (60 s) nor
+    quiet (`idle_flush` off) is due here: only the run's end flushes the batch."""
+    rds.hset(counters_key(key_prefix, "r1"), "outstanding", 0)
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0.0)
+    d.start_thread()
+    drainers.append(d)
+    n = add_posts(rds, key_prefix, 3)
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
+    assert len(read_items(T, jsonl.root)) == n
+
+
+def test_tasks_done_asks_every_run_of_the_entries(rds: redis.Redis, key_prefix: str) -> None:
+    """True only when every run read has `outstanding` at 0 or below; a run still working, a
+    run without counters or a runless entry keeps the batch waiting as before."""
+    rds.hset(counters_key(key_prefix, "a"), "outstanding", 0)
+    rds.hset(counters_key(key_prefix, "b"), "outstanding", 2)
+
+    def entries(*runs: str) -> list[OutboxEntry]:
+        return [OutboxEntry(id=f"1-{i}", fields={}, run=r) for i, r in enumerate(runs)]
+
+    assert tasks_done(rds, key_prefix, entries("a", "a"))
+    assert not tasks_done(rds, key_prefix, entries("a", "b"))
+    assert not tasks_done(rds, key_prefix, entries("a", "unknown"))
+    assert not tasks_done(rds, key_prefix, entries("a", ""))
+    assert not tasks_done(rds, key_prefix, [])
 
 
 def record_blocks(d: Drainer) -> list[int | None]:
