@@ -28,7 +28,7 @@ from external_interface.fetch.cache import HttpCache
 from external_interface.fetch.robots import RobotsPolicy, fetch_with
 from external_interface.resources.base import Provider, load_providers, provider_name, providers
 from ledger.model import Chain, chain_from_dict
-from ledger.publish import BATCH_CPU_BOUND, Load, Publisher, batch_size
+from ledger.publish import BATCH_CPU_MIN, Load, Publisher, batch_size
 from ledger.state import RunState
 from lifecycle.endpoints import BROWSER, EndpointSpec, queue_for
 from utils.greenlets import gevent_patched
@@ -190,14 +190,14 @@ class Runtime:
     def send_kids_now(self, rid: str) -> bool:
         """Whether a page of a batch message that has children commits and sends them at once
         instead of with the batch's last page. Yes while its run is in its tail (or not seen
-        yet) or the worker has CPU to spare: the next hop is the run's critical path, and in
-        a small crawl or a latency-bound one a catalog page's children waited for the
-        slowest page of its batch (one waiting for a page slot: a latency more) for one
+        yet) or the worker wants less than 3/4 of a core: the next hop is the run's critical
+        path, and in a small crawl or a latency-bound one a catalog page's children waited for
+        the slowest page of its batch (one waiting for a page slot: a latency more) for one
         commit round trip saved. A CPU-bound worker deep in a run keeps the one commit."""
         seen = self._outstanding.get(rid) if rid else 0
         if seen is None or seen < self.load.tail_backlog():
             return True
-        return self.load.busy() < BATCH_CPU_BOUND
+        return self.load.busy() < BATCH_CPU_MIN
 
     def publisher(self, app: Any) -> Publisher:
         p = self._publishers.get(id(app))
