@@ -263,14 +263,13 @@ def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
         for g in crawl.values()
         if "celery/concurrency/" in g["root"] or "batch.py:entry" in g["root"]
     ]
-    page = min(  # the root page: the first task to run (a page of its own, not a batch entry)
-        (
-            g
-            for g in tasks
-            if "base_task.py" in g["files"] and "lifecycle/batch.py" not in g["files"]
-        ),
-        key=lambda g: g["first"],
-    )
+    pages = [  # pages of their own (not batch entries), in the order they ran
+        g for g in tasks if "base_task.py" in g["files"] and "lifecycle/batch.py" not in g["files"]
+    ]
+    pages.sort(key=lambda g: g["first"])
+    # the root page: the first to run that raised nothing (on a busy machine the first try may
+    # wait for a limit or a lease and run again: an error's path is not a page's)
+    page = next((g for g in pages if "exceptions.py" not in g["files"]), pages[0])
     batch = [f for g in tasks for f in g["files"] if f not in page["files"]]
     trig = [f for g in sorted(trigger.values(), key=lambda g: g["first"]) for f in g["files"]]
     drainer = [g for g in crawl.values() if g["root"].startswith("outbox-drainer ")]

@@ -10,6 +10,7 @@ from bench.page_path import ROOT, Recorder, bottom_layer, read_path
 from utils import ids
 
 DOC = ROOT / "docs" / "architecture.md"
+STAGES = ("trigger", "page", "consumer", "store")
 
 
 def test_the_recorder_names_each_checkout_file_once_with_its_functions() -> None:
@@ -51,14 +52,18 @@ def test_the_table_names_every_module_a_page_passes_through() -> None:
     names = {n.rsplit("/", 1)[-1] for n in named}
     files: set[str] = set()
     scripts: set[str] = set()
-    for stage in ("trigger", "page", "consumer", "store"):
+    for stage in STAGES:
         files.update(res[stage]["files"])
         scripts.update(res[stage].get("scripts", []))
     library = {f for f in files if not f.startswith("bench/")}  # bench/: the endpoint's module
     missing = sorted(
         f for f in library | scripts if f not in named and f.rsplit("/", 1)[-1] not in names
     )
-    assert not missing, f"the call path runs these, the table does not name them: {missing}"
+    where = {
+        f: [(st, res[st].get("funcs", {}).get(f)) for st in STAGES if f in res[st].get("files", ())]
+        for f in missing
+    }  # fmt: skip
+    assert not missing, f"the call path runs these, the table does not name them: {where}"
     above = [f for f in library if not bottom_layer(f)]
     assert f"{len(above)} library files above the bottom layer" in " ".join(section.split())
     assert f"and {len(library) - len(above)} in it" in " ".join(section.split())
