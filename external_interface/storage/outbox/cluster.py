@@ -45,11 +45,9 @@ import redis
 
 from external_interface.storage.outbox.drainer import Drainer
 from external_interface.storage.outbox.entries import (
-    DEAD_MAXLEN,
     Dead,
     OutboxEntry,
-    counters_ttl,
-    dead_fields,
+    ack_call,
     note_errors,
 )
 from external_interface.storage.sinks.base import entry_version
@@ -335,34 +333,18 @@ class ClusterDrainer(Drainer):
     def _ack_call(
         self, stream: str, stored: Sequence[OutboxEntry], dead: Sequence[Dead]
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of `ack.lua` for one stream: every key in the run's slot; the
-        counters of the entries' run (an entry naming another run is counted nowhere)."""
+        """`ack_call` for one stream: every key in the run's slot; the counters of the
+        entries' run (an entry naming another run is counted nowhere); no metrics."""
         rid = self._rid_of.get(stream, "")
+
+        def run_keys(run: str) -> tuple[str, str] | None:
+            return (self.counters(rid), self.ks.wake(rid)) if rid and run == rid else None
+
         keys = [stream, self.dead_stream(rid)]
-        if rid:  # its counters, then its wake list (ack.lua's layout)
-            keys += [self.counters(rid), self.ks.wake(rid)]
-        args: list[Any] = [self.group, counters_ttl(), DEAD_MAXLEN]
-
-        def kidx(e: OutboxEntry) -> int:
-            return 3 if rid and e.run == rid else 0
-
-        for e in stored:
-            args += [_sid(e), kidx(e), e.step, len(e.items), "stored", 0, 0, 0]
-        for e, error, sink in dead:
-            extra = dead_fields(e.fields, _sid(e), error, sink)
-            args += [
-                _sid(e),
-                kidx(e),
-                e.step,
-                len(e.items),
-                "store_failed",
-                0,
-                0,
-                len(extra),
-                *extra,
-            ]
-            log.error("outbox: entry %s (%s) dead-lettered: %s", e.id, e.type, error)
-        return keys, args
+        return ack_call(
+            self.prefix, self.group, stored, dead, keys=keys, run_keys=run_keys, metrics=False,
+            entry_id=_sid,
+        )  # fmt: skip
 
     def _count_metrics(
         self, calls: Mapping[str, tuple[list[OutboxEntry], list[Dead]]], won: Mapping[str, int]

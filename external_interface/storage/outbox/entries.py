@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,32 +226,48 @@ def dead_fields(fields: Mapping[bytes, bytes], orig_id: str, error: str, sink: s
 
 
 def ack_call(
-    prefix: str, group: str, stored: Sequence[OutboxEntry], dead: Sequence[Dead]
+    prefix: str,
+    group: str,
+    stored: Sequence[OutboxEntry],
+    dead: Sequence[Dead],
+    *,
+    keys: Sequence[str] | None = None,
+    run_keys: Callable[[str], tuple[str, str] | None] | None = None,
+    metrics: bool = True,
+    entry_id: Callable[[OutboxEntry], str] = lambda e: e.id,
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of `ack.lua` for a batch (layout in the script's header)."""
-    keys = [stream_key(prefix), dead_key(prefix)]
+    """KEYS and ARGV of `ack.lua` for a batch read from one stream (layout in the script's
+    header). The defaults are one Redis's; a cluster's drainer (cluster.py) passes a run's
+    stream and its dead letters as `keys`, `run_keys(run)` the run's counters and wake list
+    (None: the entry is counted in no run), `metrics=False` (the per-task and per-site
+    hashes are on other slots: counted beside the call) and `entry_id`, the entry's id in
+    its stream. One builder: the script reads one layout."""
+    out = list(keys) if keys is not None else [stream_key(prefix), dead_key(prefix)]
     index: dict[str, int] = {}
     args: list[Any] = [group, counters_ttl(), DEAD_MAXLEN]
 
     def key_index(key: str) -> int:
         if key not in index:
-            keys.append(key)
-            index[key] = len(keys)  # Lua indexes from 1
+            out.append(key)
+            index[key] = len(out)  # Lua indexes from 1
         return index[key]
 
     def kidx(run: str) -> int:
         """The run's counters, followed in KEYS by its wake list (the script's layout)."""
         if not run:
             return 0
-        key = counters_key(prefix, run)
-        if key not in index:
-            key_index(key)
-            keys.append(wake_key(prefix, run))
-        return index[key]
+        pair = run_keys(run) if run_keys else (counters_key(prefix, run), wake_key(prefix, run))
+        if pair is None:
+            return 0
+        counters, wake = pair
+        if counters not in index:
+            key_index(counters)
+            out.append(wake)
+        return index[counters]
 
     def midx(task: str) -> list[int]:
         """Per-task and per-site metric hashes (monitor/metrics.py) count stored items."""
-        if not task:
+        if not task or not metrics:
             return [0, 0]
         site = task.split(".", 1)[0]
         return [
@@ -260,11 +276,11 @@ def ack_call(
         ]
 
     for e in stored:
-        args += [e.id, kidx(e.run), e.step, len(e.items), "stored", *midx(e.task), 0]
+        args += [entry_id(e), kidx(e.run), e.step, len(e.items), "stored", *midx(e.task), 0]
     for e, error, sink in dead:
-        extra = dead_fields(e.fields, e.id, error, sink)
+        extra = dead_fields(e.fields, entry_id(e), error, sink)
         args += [
-            e.id,
+            entry_id(e),
             kidx(e.run),
             e.step,
             len(e.items),
@@ -274,7 +290,7 @@ def ack_call(
             *extra,
         ]
         log.error("outbox: entry %s (%s) dead-lettered: %s", e.id, e.type, error)
-    return keys, args
+    return out, args
 
 
 def note_errors(
