@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,11 +21,37 @@ import redis
 
 from utils.secretfile import private_dir
 
+PORT_SPAN = 12_000  # ports below the kernel's ephemeral range a free port is picked from
+_GIVEN: set[int] = set()  # ports this process picked: its next server may not have bound them
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for a server started later. Picked below the kernel's ephemeral
+    range: between now and the server binding it (seconds later on a busy machine) no
+    outgoing connection is given it as its source port, as a port the kernel handed out for
+    a bind to port 0 may be. Outside Linux, the kernel's pick."""
+    lo = _ephemeral_low()
+    for _ in range(200 if lo is not None and lo > 2048 else 0):
+        port = random.randrange(max(1024, (lo or 0) - PORT_SPAN), lo or 0)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def free_cluster_port(host: str = "127.0.0.1", taken: set[int] | None = None) -> int:

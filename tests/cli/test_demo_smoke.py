@@ -10,9 +10,7 @@ their owner reads.
 from __future__ import annotations
 
 import os
-import random
 import re
-import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -27,30 +25,6 @@ from config import ROOT, reset_settings
 from tests.external_interface.browser_fixtures import needs_browser
 from utils.servers import free_port
 
-_GIVEN: set[int] = set()
-
-
-def quiet_port() -> int:
-    """A free port below the kernel's ephemeral range: between now and the server binding it
-    (tens of seconds later on a busy machine), no other test's `free_port()` (a bind to port 0)
-    and no outgoing connection is given it, as they may be a `free_port()`'s."""
-    try:
-        lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return free_port()
-    for _ in range(200):
-        port = random.randrange(max(1024, lo - 12000), lo)
-        if port in _GIVEN:  # this process's next server may not have bound it yet
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
-    return free_port()
-
 
 def own_env(tmp_path) -> dict[str, str]:
     """The user's environment, without this suite's settings, on a var/ and ports of its own."""
@@ -58,8 +32,8 @@ def own_env(tmp_path) -> dict[str, str]:
            if not k.startswith(("CHAINCRAWL_", "DEMO_", "FLOWER_")) and k not in ("REDIS_URL", "BROKER_URL", "TESTSITE_URL")}  # fmt: skip
     env.update(
         CHAINCRAWL_VAR_DIR=str(tmp_path / "var"),
-        CHAINCRAWL_EMBEDDED_REDIS_PORT=str(quiet_port()),
-        CHAINCRAWL_FLOWER_PORT=str(quiet_port()),
+        CHAINCRAWL_EMBEDDED_REDIS_PORT=str(free_port()),
+        CHAINCRAWL_FLOWER_PORT=str(free_port()),
         COLUMNS="160",
     )
     return env
@@ -68,7 +42,7 @@ def own_env(tmp_path) -> dict[str, str]:
 @pytest.mark.integration
 def test_control_sh_demo_runs_the_demo_crawl_and_stop_stops_everything(tmp_path) -> None:
     env = own_env(tmp_path)
-    demo_port = str(quiet_port())
+    demo_port = str(free_port())
     cmd = [
         str(ROOT / "control.sh"),
         "demo",
@@ -110,7 +84,7 @@ def test_control_sh_demo_runs_the_demo_crawl_and_stop_stops_everything(tmp_path)
 def test_control_sh_demo_runs_the_chain_with_a_rendered_list(tmp_path) -> None:
     env = own_env(tmp_path)
     cmd = [str(ROOT / "control.sh"), "demo", "--chain", "demo_js", "--size", "tiny",
-           "--port", str(quiet_port()), "--workers", "1", "--no-flower"]  # fmt: skip
+           "--port", str(free_port()), "--workers", "1", "--no-flower"]  # fmt: skip
     try:
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
         text = out.stdout + out.stderr
@@ -171,7 +145,7 @@ def test_demo_on_another_port_and_restart_crawl_the_right_site_and_bring_back_wh
         return subprocess.run([str(ROOT / "control.sh"), *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=420)  # fmt: skip
 
-    a, b = quiet_port(), quiet_port()
+    a, b = free_port(), free_port()
     run = tmp_path / "var" / "run"
     try:
         out = control(

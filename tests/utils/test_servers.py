@@ -1,16 +1,25 @@
-"""The test servers of `utils.servers`: a Redis Cluster of real redis-servers, formed, used
-and always stopped."""
+"""`utils.servers`: free ports below the ephemeral range, and the test servers: a Redis
+Cluster of real redis-servers, formed, used and always stopped."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import redis
 
-from utils.servers import RedisClusterServer
+from utils.servers import RedisClusterServer, free_port
 
 pytestmark = pytest.mark.integration
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_given_once() -> None:
+    """No outgoing connection takes it as its source port before its server binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert all(1024 <= p < low for p in ports)
+    assert len(set(ports)) == len(ports)
 
 
 def test_a_cluster_has_its_masters_and_replicas_and_covers_every_slot(tmp_path) -> None:
