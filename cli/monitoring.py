@@ -84,7 +84,6 @@ def run(a: argparse.Namespace) -> None:
 def start(a: argparse.Namespace) -> None:
     from cli import procs
     from monitor.exporter import is_loopback
-    from utils.servers import wait_for_port
 
     s = procs.settings()
     procs.ensure_redis(s)
@@ -106,10 +105,8 @@ def start(a: argparse.Namespace) -> None:
         cmd.append("--no-alerts")
     pid = procs.start_bg("monitor", cmd, s)
     host = "127.0.0.1" if ms.address in ("0.0.0.0", "") else ms.address
-    try:
-        wait_for_port(ms.port, "::1" if ms.address == "::" else host, 20)
-    except TimeoutError:
-        raise UserError(f"monitor did not start; see {s.var_dir / 'log' / 'monitor.log'}") from None
+    # the exporter listens in this pid itself: another process on the port is not it
+    procs.wait_listening("monitor", pid, "::1" if ms.address == "::" else host, ms.port, s, 20)
     print(f"monitor: http://{ms.address}:{ms.port}/metrics (pid {pid})")
     if ms.password or not is_loopback(ms.address):
         from monitor.exporter import monitor_password

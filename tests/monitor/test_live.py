@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -132,3 +133,19 @@ def test_the_monitor_process_serves_and_alerts_with_real_workers(
     assert "monitor" in stop.stdout
     log = (get_settings().var_dir / "log" / "monitor.log").read_text()
     assert "ALERT FIRING [no_workers]" in log and "ALERT RESOLVED [no_workers]" in log
+
+
+def test_the_monitor_start_is_not_fooled_by_another_listener_on_its_port(cc_env) -> None:
+    """A port another process holds: the monitor's exporter cannot bind it and exits, and the
+    start says so instead of reporting the other listener as the monitor."""
+    port = free_port()
+    env = {**os.environ, "CHAINCRAWL_MONITOR_PORT": str(port), "CHAINCRAWL_ALERTS_RULES": "[]"}
+    cli = [sys.executable, "-m", "cli.monitoring"]
+    with socket.create_server(("127.0.0.1", port)):
+        out = subprocess.run(
+            [*cli, "start"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+    subprocess.run([*cli, "stop"], cwd=ROOT, env=env, capture_output=True, timeout=60)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "another process listens on 127.0.0.1" in out.stdout + out.stderr
+    assert f"http://127.0.0.1:{port}/metrics" not in out.stdout
