@@ -45,7 +45,7 @@ from utils.redis import as_str, get_redis
 
 TASKS = "tasks"
 DEFAULT_PRIORITY = 5
-_SCRIPT = load_lua(__file__, "ratelimit_clock.lua", "shares.lua")
+_SCRIPT = load_lua(__file__, "server_time.lua", "shares.lua")
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,7 @@
 -- Returns {status, wait_us, delay_us, new}: status 0 = slot reserved, send after wait_us;
 --         1 = the slot is further than max wait, nothing reserved; 2 = feedback only;
 --         new 1 = the site had no state before this call
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local function fmt(x) return string.format('%.0f', x) end
+-- include: server_time.lua
 
 local h = redis.call('HMGET', KEYS[1], 'delay', 'last', 'pause', 'latency', 'backoff_at',
                      'samples', 'backoffs', 'floor')

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 from config import Settings, get_settings
 from exceptions import Throttled
 from utils.keyspace import Keyspace
+from utils.lua import load_lua
 from utils.redis import get_redis, is_cluster
 
-SCRIPT = Path(__file__).with_name("throttle.lua").read_text()
+SCRIPT = load_lua(__file__, "throttle.lua")
 BACKOFF_STATUSES = frozenset((429, 503))
 IDLE_EXPIRY = 86400.0  # seconds a site's learned delay outlives its last request
 _MIN_RETRY = 0.05

@@ -1,5 +1,5 @@
--- Prologue of the rate-limit scripts: `now` is Redis server time in microseconds, so
--- workers on different machines agree on it.
+-- Prologue of the scheduling scripts (the gate's limits, the throttle, the fleet's shares):
+-- `now` is Redis server time in microseconds, so workers on different machines agree on it.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
