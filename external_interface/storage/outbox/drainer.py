@@ -19,6 +19,7 @@ from config import Settings, get_settings
 from external_interface.storage.outbox.entries import (
     ACK,
     GROUP,
+    BlockingReader,
     Dead,
     OutboxEntry,
     ack_call,
@@ -36,7 +37,6 @@ from external_interface.storage.outbox.listeners import (
     on_stored,
     on_stored_entries,
 )
-from external_interface.storage.outbox.reader import BlockingReader
 from external_interface.storage.outbox.status import backlog
 from external_interface.storage.routing import SinkRouter, build_sinks
 from external_interface.storage.sinks.base import Origin, PermanentSinkError, Sink, entry_version
