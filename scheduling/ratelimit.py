@@ -57,7 +57,7 @@ from scheduling.limits import (
 from scheduling.throttle import Throttle
 from utils.keyspace import Keyspace
 from utils.lua import load_lua
-from utils.redis import eval_scripts, get_redis
+from utils.redis import get_redis
 
 __all__ = [  # the limits and their syntax live in scheduling/limits.py; importers reach them here
     "FLEET_SCOPE",
@@ -84,10 +84,11 @@ LEASE_MARGIN = 15.0  # seconds a default lease outlives the task deadline (hard 
 TINY_WAIT = 0.05  # admit waits this short are slept inside the worker, not re-queued
 RENDER = "render"  # the work scope of a site's rendered pages: `<site>.render`
 
-# one script, two operations: `admit` takes a task's concurrency leases (or says how long to
-# wait); `token` reserves a request's slot on every rate scope and renews the running task's
-# leases. KEYS/ARGV in the file.
-_LIMITS = load_lua(__file__, "ratelimit.lua")
+# the gate's script: `admit` takes a task's concurrency leases (or says how long to wait);
+# `token` reserves a request's slot on every rate scope and renews the running task's leases;
+# `request` does that and the throttle's reservation (throttle.py) in one call. KEYS/ARGV in
+# the file.
+_GATE = load_lua(__file__, "gate.lua")
 
 
 # --- the gate ----------------------------------------------------------------------------
@@ -124,7 +125,7 @@ class _Plan:
 
 
 class RedisGate:
-    """The `redis` gate: every worker shares the limits through one Lua script (ratelimit.lua).
+    """The `redis` gate: every worker shares the limits through one Lua script (gate.lua).
 
     `max_sleep` (CHAINCRAWL_GATE_MAX_SLEEP, default 1 s): the longest a request waits for
     its token inside the task; longer waits re-queue the task. `retry` (CHAINCRAWL_GATE_RETRY,
@@ -159,7 +160,7 @@ class RedisGate:
         self.r = client or get_redis(s.redis_url)
         self.max_sleep = s.gate_max_sleep if max_sleep is None else max_sleep
         self.retry = s.gate_retry if retry is None else retry
-        self._script = self.r.register_script(_LIMITS)
+        self._script = self.r.register_script(_GATE)
         self._plans: dict[str, _Plan] = {}
         self._local = threading.local()
 
@@ -281,12 +282,14 @@ class RedisGate:
         if share:  # the site's share of the fleet rate, beside its own limits
             rate_keys = (*rate_keys, self.key(f"{site}.{FLEET_SCOPE}", "tat"))
             rate_args = (*rate_args, _us(1.0 / share), 0)
-        calls = []
+        throttle = self.throttle
+        token: Any = None
+        wait = 0.0
         if rate_keys or plan.lease_keys:
             tid = getattr(self._local, "task_id", "") or ""
             keys = [*rate_keys, *plan.lease_keys]
             args = [
-                "token",
+                "token" if throttle is None else "request",
                 tid,
                 len(rate_keys),
                 len(plan.lease_keys),
@@ -294,17 +297,18 @@ class RedisGate:
                 *rate_args,
                 *plan.lease_ttls,
             ]
-            calls.append((self._script, keys, args))
-        if self.throttle is not None:
-            calls.append(self.throttle.call(site))
-        if not calls:
-            return
-        results = eval_scripts(self.r, calls)  # a slot one side reserved when the other
-        wait = 0.0  # refuses is left unused: the request goes later, never sooner
-        if self.throttle is not None:  # raises Throttled past max_sleep
-            wait = self.throttle.outcome(site, results.pop())
-        if results:
-            status, wait_us = results[0]
+            if throttle is None:
+                token = self._script(keys=keys, args=args)
+            else:  # both in one call; a slot one side reserved when the other refuses is
+                # left unused: the request goes later, never sooner
+                _, tkeys, targs = throttle.call(site)
+                token, adaptive = self._script(keys=[*keys, *tkeys], args=[*args, *targs[1:]])
+                wait = throttle.outcome(site, adaptive)  # raises Throttled past max_sleep
+        elif throttle is not None:
+            script, tkeys, targs = throttle.call(site)
+            wait = throttle.outcome(site, script(keys=tkeys, args=targs))
+        if token is not None:
+            status, wait_us = token
             if status != 0:
                 slot = wait_us / 1e6
                 retry_after = max(TINY_WAIT, slot - self.max_sleep / 2) * random.uniform(1.0, 1.3)

@@ -2,8 +2,9 @@
 
 Scrapy's AutoThrottle keeps one delay per download slot in one process. Here every worker of
 a site shares it: a hash per site in Redis holds the delay, and requests to the site start at
-least that far apart whichever worker sends them (`throttle.lua` reserves the next start, as
-the gate's rate tokens do). The delay follows the measured latency:
+least that far apart whichever worker sends them (the `throttle` operation of the gate's
+script, `gate.lua`, reserves the next start, as the rate tokens do). The delay follows the
+measured latency:
 
 - each response with status 200 moves the delay halfway to `latency / target concurrency`
   (straight to it when that is higher), so a site answering in `L` seconds gets about
@@ -34,7 +35,7 @@ from utils.keyspace import Keyspace
 from utils.lua import load_lua
 from utils.redis import get_redis, is_cluster
 
-SCRIPT = load_lua(__file__, "throttle.lua")
+SCRIPT = load_lua(__file__, "gate.lua")  # its `throttle` operation
 BACKOFF_STATUSES = frozenset((429, 503))
 IDLE_EXPIRY = 86400.0  # seconds a site's learned delay outlives its last request
 _MIN_RETRY = 0.05
@@ -97,6 +98,7 @@ class Throttle:
         the site: for `utils.redis.eval_scripts`, which can run it with other scripts."""
         n, total, other = self._pending.pop(site, None) or (0, 0, 0)
         args = [
+            "throttle",
             site,
             1 if reserve else 0,
             n,
