@@ -70,8 +70,10 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
         state = RunState(cast(redis.Redis, client), s)
         ks = Keyspace(prefix)
         rids = []
-        for r in range(RUNS):  # placed one a master
-            seeds = json.dumps([{"path": f"/flaky/r{r}-{i}?fails=0&delay=0.5"}
+        # placed one a master: each run lasts (PAGES x 2 s / 4 slots) longer than the triggers
+        # take on a busy machine, so every run is still active when the next is placed
+        for r in range(RUNS):
+            seeds = json.dumps([{"path": f"/flaky/r{r}-{i}?fails=0&delay=2"}
                                 for i in range(PAGES)])  # fmt: skip
             out = _cli(env, "trigger", "cli_probe", seeds, "--no-wait")
             assert out.returncode == 0, out.stdout + out.stderr
