@@ -19,6 +19,7 @@ every fetcher of the process: they wrap the set.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,14 +84,19 @@ def parse_spec(spec: str, platform: str = "pc") -> Choice:
 def choose(declared: str, site: str, platform: str) -> Choice:
     """The fetcher of an endpoint's requests: `CHAINCRAWL_FETCHER_<SITE>`, else the endpoint's
     `fetcher=`, else the process's (an empty Choice)."""
-    env = site_env("fetcher", site)
-    spec = env or declared
+    env = site_env("fetcher", site)  # read each time: a process may set it while it runs
+    return _choice(env or declared, site, platform, bool(env))
+
+
+@functools.lru_cache(maxsize=512)
+def _choice(spec: str, site: str, platform: str, from_env: bool) -> Choice:
+    """A spec parsed once a process (a page asks for its endpoint's fetcher every time)."""
     if not spec:
         return Choice()
     try:
         return parse_spec(spec, platform)
     except (UnknownNameError, ValueError) as exc:
-        where = SITE_VARS["fetcher"].name(site) if env else f"{site}'s endpoint fetcher="
+        where = SITE_VARS["fetcher"].name(site) if from_env else f"{site}'s endpoint fetcher="
         raise ConfigError(f"{where}: {exc}") from None
 
 
