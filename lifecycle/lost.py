@@ -10,7 +10,9 @@ all, the outbox untouched.
 
 The worker's log says it once an outage: one warning line naming the slots and the nodes
 when the first message is parked, one when a page commits again after it; Celery's own
-retry line for each parked message is held back (`utils.outage.OutageFilter`). Counted:
+retry line for each parked message is held back, and so are the lines of the worker's other
+parts (drainer, sweeper, heartbeat) about the lost nodes, however long the loss
+(`utils.outage.OutageFilter`): the outage is this one, not one of Redis. Counted:
 `lost_slots` (outages, one a worker process an outage) and `parked_lost` (messages) in
 the `metrics:cluster` hash.
 """
@@ -23,7 +25,9 @@ import time
 
 import redis
 
+from config import get_settings
 from monitor.metrics import aggregator
+from utils.outage import OUTAGE, Outage
 from utils.redis import get_redis
 from utils.slots import LostRange, reason
 
@@ -42,7 +46,8 @@ log = logging.getLogger("chaincrawl.redis")
 class LostOutage:
     """This process's view of lost slots: since when messages are parked, how many."""
 
-    def __init__(self) -> None:
+    def __init__(self, outage: Outage = OUTAGE) -> None:
+        self.outage = outage
         self.lock = threading.Lock()
         self.since: float | None = None
         self.parked = 0
@@ -57,6 +62,10 @@ class LostOutage:
         counts = {"parked_lost": 1, "lost_slots": 1 if first else 0}
         _count(counts)
         if first:
+            # the lines the worker's other parts would log about the lost nodes are held
+            # back (utils.outage), and an outage they began before the range was flagged
+            # lost ends with this one
+            self.outage.absorb({n for r in ranges for n in (r.master, *r.replicas)})
             log.warning(
                 "%s: %s; the runs on those slots are paused, their messages parked (sent again "
                 "every %.0fs, not acknowledged until they run); one line when they are served",
@@ -81,8 +90,6 @@ LOST = LostOutage()
 
 
 def _count(counts: dict[str, int]) -> None:
-    from config import get_settings
-
     s = get_settings()
     aggregator().start(get_redis(s.redis_url), s.metrics_flush_interval)
     aggregator().add((s.key("metrics", "cluster"),), counts)

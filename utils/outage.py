@@ -25,6 +25,7 @@ import redis
 from celery.exceptions import Reject
 
 from utils.redis import Notify, NotReplicated, failed_node
+from utils.slots import known_ranges, lost_node
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     redis.ConnectionError,  # BusyLoadingError included
@@ -84,15 +85,25 @@ class Outage:
         self._lock = threading.Lock()
         self.since: float | None = None
         self.held = 0  # records held back during the current outage
+        self.node = ""  # the node the outage's first error named ("" if none)
+        self.held_lost = 0  # records about a lost slot range's nodes held back, ever
 
     def failed(self, exc: BaseException) -> bool:
         """A connection error: True for the first of an outage (to be said), else False."""
         with self._lock:
             if self.since is None:
-                self.since, self.held = time.monotonic(), 0
+                self.since, self.held, self.node = time.monotonic(), 0, failed_node(exc)
                 return True
             self.held += 1
             return False
+
+    def absorb(self, nodes: set[str]) -> None:
+        """A lost slot range was said (lifecycle/lost.py): an outage begun on one of its
+        `nodes` (the cluster had not flagged the range yet: it looked like a failover) is
+        part of it and ends with it, without a line of its own."""
+        with self._lock:
+            if self.since is not None and self.node in nodes:
+                self.since = None
 
     def answered(self) -> None:
         """Redis answered: ends the outage, with one line, if there was one."""
@@ -138,6 +149,18 @@ def parked_quietly(record: logging.LogRecord) -> bool:
     return "SlotsLost(" in str(args.get("exc", ""))
 
 
+def _about_lost_range(exc: BaseException) -> bool:
+    """An error from a node of a slot range this process saw lost (or the cluster's refusal
+    while one is): the lost range's outage, not one of Redis. Without this, every part of a
+    worker that meets the lost node (drainer, sweeper, heartbeat...) began an outage of its
+    own and the next success ended it: a pair of lines every few seconds for as long as the
+    range stayed lost."""
+    if lost_node(failed_node(exc)):
+        return True
+    refused = redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError
+    return isinstance(exc, refused) and bool(known_ranges())
+
+
 class OutageFilter(logging.Filter):
     """On a log handler: the first record of an outage as one line, the rest held back."""
 
@@ -160,7 +183,10 @@ class OutageFilter(logging.Filter):
         consumer = record.name.startswith("celery.worker.consumer")
         if exc is None and consumer and str(record.msg).startswith("Connection to broker lost"):
             exc = ConnectionError("the connection to the broker was lost")
-        if exc is not None:
+        if exc is not None and _about_lost_range(exc):
+            self.outage.held_lost += 1  # said once by the task that parks (lifecycle/lost.py)
+            keep = False
+        elif exc is not None:
             keep = self.outage.failed(exc)
             if keep:  # one line, no traceback
                 record.msg = (

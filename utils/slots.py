@@ -75,9 +75,23 @@ def reason(ranges: Iterable[LostRange]) -> str:
     return "; ".join(parts)
 
 
-def parse_nodes(text: str) -> list[LostRange]:
+def node_addresses(text: str) -> dict[str, str]:
+    """Node id -> host:port in a `CLUSTER NODES` reply, for the nodes it gives an address.
+
+    A node that has been down for a while can be listed as `:0@0` (no address) by a node
+    that never learnt it or let it go: another node, or an earlier reply, still names it."""
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 8 and not f[1].startswith(":"):
+            out[f[0]] = f[1].split("@")[0]
+    return out
+
+
+def parse_nodes(text: str, known: dict[str, str] | None = None) -> list[LostRange]:
     """The lost ranges in a `CLUSTER NODES` reply: a master flagged `fail` (or `fail?`) with
-    slots, none of whose replicas is up."""
+    slots, none of whose replicas is up. A node listed without an address is named from
+    `known` (node id -> host:port), else by its node id."""
     masters: dict[str, tuple[str, bool, list[str]]] = {}
     replicas: dict[str, list[tuple[str, bool]]] = {}
     for line in text.splitlines():
@@ -85,6 +99,8 @@ def parse_nodes(text: str) -> list[LostRange]:
         if len(f) < 8:
             continue
         node_id, addr, flags, master_id = f[0], f[1].split("@")[0], f[2].split(","), f[3]
+        if addr.startswith(":"):
+            addr = (known or {}).get(node_id) or f"node {node_id[:12]}"
         down = "fail" in flags or "fail?" in flags or "noaddr" in flags
         if "master" in flags:
             masters[node_id] = (addr, down, f[8:])
@@ -104,11 +120,19 @@ def parse_nodes(text: str) -> list[LostRange]:
     return sorted(out, key=lambda r: r.start)
 
 
+def _unnamed(ranges: Iterable[LostRange]) -> bool:
+    """A node of a lost range still known only by its id (listed without an address)."""
+    return any(n.startswith("node ") for r in ranges for n in (r.master, *r.replicas))
+
+
 class _Cache:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.at = 0.0
         self.ranges: list[LostRange] = []
+        # node id -> host:port of every node seen with an address: a lost node's name stays
+        # the same through a long outage (a node may come to list it as `:0`)
+        self.addresses: dict[str, str] = {}
 
 
 _cache = _Cache()
@@ -124,6 +148,26 @@ def _node_addresses(client: Any) -> list[tuple[str, int]]:
     return list(seen)
 
 
+def _cluster_nodes(host: str, port: int, kw: dict[str, Any]) -> str | None:
+    """One node's `CLUSTER NODES` reply (None if it does not answer)."""
+    probe = redis.Redis(
+        host=host,
+        port=port,
+        username=kw.get("username"),
+        password=kw.get("password"),
+        ssl=bool(kw.get("ssl")),
+        socket_timeout=_PROBE_TIMEOUT,
+        socket_connect_timeout=_PROBE_TIMEOUT,
+    )
+    try:
+        raw = probe.execute_command("CLUSTER", "NODES")  # raw: "CLUSTER NODES" is parsed
+    except (redis.RedisError, OSError):
+        return None
+    finally:
+        probe.close()
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def lost_ranges(client: Any, fresh: bool = False) -> list[LostRange]:
     """The slot ranges `client`'s cluster has lost now ([] on one Redis, or when no node
     answers: that is an outage of the whole store, not a lost range)."""
@@ -137,25 +181,16 @@ def lost_ranges(client: Any, fresh: bool = False) -> list[LostRange]:
             return _cache.ranges
         kw = client.nodes_manager.connection_kwargs
         ranges: list[LostRange] | None = None
+        texts = []
         for host, port in _node_addresses(client):
-            probe = redis.Redis(
-                host=host,
-                port=port,
-                username=kw.get("username"),
-                password=kw.get("password"),
-                ssl=bool(kw.get("ssl")),
-                socket_timeout=_PROBE_TIMEOUT,
-                socket_connect_timeout=_PROBE_TIMEOUT,
-            )
-            try:
-                raw = probe.execute_command("CLUSTER", "NODES")  # raw: "CLUSTER NODES" is parsed
-            except (redis.RedisError, OSError):
+            text = _cluster_nodes(host, port, kw)
+            if text is None:
                 continue
-            finally:
-                probe.close()
-            text = raw.decode() if isinstance(raw, bytes) else str(raw)
-            ranges = parse_nodes(text)
-            break
+            texts.append(text)
+            _cache.addresses.update(node_addresses(text))
+            ranges = parse_nodes(texts[0], _cache.addresses)
+            if not _unnamed(ranges):  # else another node may know the address
+                break
         _cache.ranges, _cache.at = ranges or [], time.monotonic()
         return _cache.ranges
 
@@ -168,6 +203,18 @@ def known_lost(client: Any) -> list[LostRange]:
     if not _cache.ranges:
         return []
     return lost_ranges(client)
+
+
+def known_ranges() -> list[LostRange]:
+    """The ranges this process last saw lost, without a command (the cached look)."""
+    return _cache.ranges
+
+
+def lost_node(node: str) -> bool:
+    """`node` (host:port) is a master or replica of a range this process last saw lost (no
+    command: the cached look). An error from such a node is part of that outage, said once
+    by the task that parks a message (lifecycle/lost.py), not an outage of its own."""
+    return bool(node) and any(node == r.master or node in r.replicas for r in _cache.ranges)
 
 
 def lost_for(ranges: Iterable[LostRange], key: str | bytes) -> LostRange | None:

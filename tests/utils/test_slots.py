@@ -7,7 +7,7 @@ import logging
 from monitor.alert_observations import Observation, Sample, causes, rule_values
 from monitor.alert_rules import Rule
 from utils.outage import Outage, OutageFilter
-from utils.slots import LostRange, SlotsLost, lost_for, parse_nodes, reason
+from utils.slots import LostRange, SlotsLost, lost_for, node_addresses, parse_nodes, reason
 
 NODES = """\
 a1 127.0.0.1:17101@27101 master - 0 0 1 connected 0-5460
@@ -55,3 +55,13 @@ def test_celerys_retry_line_for_a_parked_message_is_held_back() -> None:
                             "Task %(name)s[%(id)s] retry: %(exc)s",
                             ({"id": "1", "name": "t", "exc": f"Retry in 10s: {exc!r}"},), None)  # fmt: skip
     assert not f.filter(rec)
+
+
+def test_a_node_listed_without_an_address_keeps_its_name() -> None:
+    """A node down for long can be listed as `:0@0`: named from an earlier reply or another
+    node's, else by its id, never as `:0` (the reason stays the same through the outage)."""
+    text = NODES.replace("127.0.0.1:17105@27105", ":0@0")
+    named = [LostRange(5461, 10922, "127.0.0.1:17102", ("127.0.0.1:17105",))]
+    assert parse_nodes(text, node_addresses(NODES)) == named
+    assert node_addresses(text).get("b2") is None
+    assert parse_nodes(text)[0].replicas == ("node b2",)

@@ -1,0 +1,88 @@
+"""lifecycle.lost with utils.outage: a long lost slot range is one warning line in a worker's
+log and one when it ends, however many of the worker's parts meet the lost nodes meanwhile
+(docs/cluster.md, "A lost slot range")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import lifecycle.lost
+import utils.slots
+from lifecycle.lost import LostOutage
+from utils.outage import Outage, OutageFilter
+from utils.slots import LostRange
+
+LOST = [LostRange(5461, 10922, "127.0.0.1:17102", ("127.0.0.1:17105",))]
+REFUSED = redis.ConnectionError("Error 111 connecting to 127.0.0.1:17102. Connection refused.")
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def worker_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Lines, Outage, LostOutage]]:
+    """A worker's log handler with its filter, the process's outage views, no Redis."""
+    monkeypatch.setattr(lifecycle.lost, "_count", lambda counts: None)
+    monkeypatch.setattr(utils.slots._cache, "ranges", [])
+    outage = Outage()
+    handler = Lines()
+    handler.addFilter(OutageFilter(outage))
+    logger = logging.getLogger("chaincrawl.redis")
+    logger.addHandler(handler)
+    try:
+        yield handler, outage, LostOutage(outage)
+    finally:
+        logger.removeHandler(handler)
+
+
+def _drainer_error(exc: Exception) -> None:
+    """What the outbox drainer (and the sweeper, the heartbeat...) logs on each failure."""
+    logging.getLogger("chaincrawl.redis").warning("outbox drainer: redis error %s; retrying", exc)
+
+
+def test_a_long_lost_range_is_one_line_and_one_when_it_ends(
+    worker_log: tuple[Lines, Outage, LostOutage],
+) -> None:
+    handler, outage, lost = worker_log
+    _drainer_error(REFUSED)  # before the cluster flags the range lost: a failover, it seems
+    utils.slots._cache.ranges = LOST  # the cluster flags it; a task parks its message
+    lost.parked_one("site.page", LOST)
+    for _ in range(50):  # a long loss: every part of the worker meets the lost node again
+        _drainer_error(REFUSED)  # and succeeds with the other masters in between
+        outage.answered()
+        _drainer_error(redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"))
+        lost.parked_one("site.page", LOST)
+    utils.slots._cache.ranges = []
+    lost.served()
+    assert len(handler.lines) == 3, handler.lines
+    assert handler.lines[0].startswith("Redis does not answer (ConnectionError: Error 111")
+    assert handler.lines[1].startswith("site.page: slots 5461-10922 lost: 127.0.0.1:17102 and")
+    assert handler.lines[2].startswith("lost slots served again after ")
+    assert handler.lines[2].endswith("(51 message(s) parked meanwhile)")
+    assert outage.since is None and outage.held_lost == 100
+
+
+def test_another_outage_after_the_range_returned_is_said_again(
+    worker_log: tuple[Lines, Outage, LostOutage],
+) -> None:
+    handler, outage, lost = worker_log
+    utils.slots._cache.ranges = LOST
+    lost.parked_one("site.page", LOST)
+    utils.slots._cache.ranges = []
+    lost.served()
+    _drainer_error(REFUSED)  # the same node, no range lost any more: an outage of its own
+    outage.answered()
+    assert [line.split(" (")[0] for line in handler.lines[2:]] == [
+        "Redis does not answer",
+        "Redis answers again after 0.0s",
+    ]
