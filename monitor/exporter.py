@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+import redis
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -37,8 +38,10 @@ from monitor import alerts, health
 from monitor import status as st
 from settings.monitor import MonitorSettings, get_monitor_settings
 from utils.keyspace import Keyspace
+from utils.redis import get_redis
 from utils.secretfile import read_or_create
 from utils.servers import is_loopback
+from utils.slots import SlotsLost, lost_for, lost_ranges
 
 log = logging.getLogger("chaincrawl.exporter")
 
@@ -62,8 +65,6 @@ class ChaincrawlCollector(Collector):
     @property
     def r(self) -> Any:
         if self._client is None:
-            from utils.redis import get_redis
-
             self._client = get_redis(self.s.redis_url)
         return self._client
 
@@ -81,6 +82,7 @@ class ChaincrawlCollector(Collector):
             self._pools,
             self._runs,
             self._alerts,
+            self._cluster,
         )
         try:
             self.r.ping()
@@ -419,6 +421,53 @@ class ChaincrawlCollector(Collector):
         for a in alerts.firing(self.r, self.s):
             fam.add_metric([a["rule"], a["subject"]], 1)
         return [fam]
+
+    # -- a Redis Cluster's lost slot ranges (docs/cluster.md) ------------------------------------------
+    def _cluster(self) -> list[Metric]:
+        """The lost slot ranges and the runs paused on them, and the workers' counts of the
+        outages and of the messages they parked. Each read that a lost range holds (the run
+        list, the `metrics:cluster` hash: keys without a hash tag) is left out, not failed."""
+        ranges = lost_ranges(self.r)
+        ks = Keyspace(self.s.key_prefix)
+        slots = GaugeMetricFamily(
+            "chaincrawl_slots_lost",
+            "Hash slots of the Redis Cluster no node serves (a master and its replicas down)",
+            value=sum(r.end - r.start + 1 for r in ranges),
+        )
+        per_range = GaugeMetricFamily(
+            "chaincrawl_slot_range_lost",
+            "Runs paused on a lost slot range (NaN: the run list is on a lost range too)",
+            labels=["slots", "master"],
+        )
+        out: list[Metric] = [slots, per_range]
+        unread = (SlotsLost, redis.RedisError, redis.exceptions.RedisClusterException)
+        if ranges:
+            try:
+                rids: list[str] | None = [
+                    m.decode() if isinstance(m, bytes) else str(m)
+                    for m in self.r.smembers(ks.active_runs)
+                ]
+            except unread:
+                rids = None
+            held = [lost_for(ranges, ks.run(rid)) for rid in rids or ()]
+            for r in ranges:
+                n = float("nan") if rids is None else float(sum(h == r for h in held))
+                per_range.add_metric([r.slots, r.master], n)
+        try:
+            counts = self.r.hgetall(self.s.key("metrics", "cluster"))
+        except unread:
+            if not ranges:
+                raise
+            return out  # the hash is on the lost range: its counts show once it returns
+        got = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in counts.items()}
+        for name, field, doc in (
+            ("chaincrawl_lost_slot_outages", "lost_slots",
+             "Lost slot range outages the workers met (one a worker process an outage)"),
+            ("chaincrawl_messages_parked_lost", "parked_lost",
+             "Messages parked because their state lives on a lost slot range"),
+        ):  # fmt: skip
+            out.append(CounterMetricFamily(name, doc, value=got.get(field, 0)))
+        return out
 
 
 def make_registry(

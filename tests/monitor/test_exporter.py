@@ -8,13 +8,18 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from redis.crc import key_slot
 
+import monitor.exporter
+import monitor.status
 from ledger.state import RunState
 from monitor import health
 from monitor.deadletter import DeadLetter, DeadLetterStore
 from monitor.exporter import is_loopback, serve
 from settings.monitor import MonitorSettings
 from tests.monitor.conftest import record
+from utils.keyspace import Keyspace
+from utils.slots import LostRange
 
 
 def scrape(url: str, auth: str | None = None) -> tuple[int, str, str]:
@@ -222,3 +227,37 @@ def test_lifecycle_hooks_are_exported_with_calls_time_and_signals(rds, populated
     assert value(fams, "chaincrawl_hook_seconds", **labels) == pytest.approx(0.0035)
     assert value(fams, "chaincrawl_hook_signals", signal="skip", **labels) == 2
     assert value(fams, "chaincrawl_hook_signals", signal="continue", **labels) == 5
+
+
+def test_a_lost_slot_range_is_exported_with_the_runs_paused_on_it(
+    rds, populated, monkeypatch
+) -> None:
+    """A lost range (docs/cluster.md) as series: its slots, the runs paused on it, and the
+    workers' counts of outages and parked messages; nothing lost: 0 and no range."""
+    server, _ = serve(populated, MonitorSettings(), address="127.0.0.1", port=0, client=rds)
+
+    def scrape_once() -> dict[str, dict[Any, Any]]:
+        return families(scrape(server.url)[2])
+
+    try:
+        fams = scrape_once()
+        assert value(fams, "chaincrawl_slots_lost") == 0
+        assert len(fams["chaincrawl_slot_range_lost"]) == 1  # its type only: no range
+        assert value(fams, "chaincrawl_messages_parked_lost") == 0
+        slot = key_slot(Keyspace(populated.key_prefix).run("r1").encode())
+        lost = [LostRange(slot, slot + 9, "127.0.0.1:17102", ("127.0.0.1:17105",)),
+                LostRange(slot + 20, slot + 20, "127.0.0.1:17103", ())]  # fmt: skip
+        monkeypatch.setattr(monitor.exporter, "lost_ranges", lambda r: lost)
+        monkeypatch.setattr(monitor.status, "lost_ranges", lambda r: lost)
+        rds.hset(populated.key("metrics", "cluster"), mapping={"lost_slots": 2, "parked_lost": 57})
+        fams = scrape_once()
+    finally:
+        server.close()
+    assert value(fams, "chaincrawl_slots_lost") == 11
+    rng = "chaincrawl_slot_range_lost"
+    assert value(fams, rng, slots=f"{slot}-{slot + 9}", master="127.0.0.1:17102") == 1
+    assert value(fams, rng, slots=f"{slot + 20}", master="127.0.0.1:17103") == 0
+    assert value(fams, "chaincrawl_lost_slot_outages") == 2
+    assert value(fams, "chaincrawl_messages_parked_lost") == 57
+    assert value(fams, "chaincrawl_run_paused", run="r1", chain="?") == 1
+    assert value(fams, "chaincrawl_up") == 1
