@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # exit status: Redis (or the broker) did not answer, or the embedded Redis is stopped
 REDIS_UNREACHABLE = 5
+# exit status of `trigger`: its run is paused because a Redis Cluster lost its slot range
+RUN_ON_LOST_SLOTS = 6
 
 
 class UserError(Exception):

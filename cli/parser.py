@@ -42,6 +42,8 @@ exit status:
   4  still running when --timeout passed (the run goes on)
   5  Redis or the broker unreachable (a refused connection: at once; a Redis restarting or
      loading its data: after CHAINCRAWL_REDIS_WAIT)
+  6  the run is paused: a Redis Cluster lost the slots its keys live on (a master and its
+     replicas down; the line names them); it resumes by itself once they are served
   130 interrupted (Ctrl-C)"""
 
 # Every other command's exit statuses (`COMMAND --help`): what status 1 means for the

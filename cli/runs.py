@@ -14,7 +14,23 @@ from rich.live import Live
 
 import chains
 from chains.runner import Progress, RunHandle
+from cli import RUN_ON_LOST_SLOTS, UserError
 from cli.tables import recent_table, run_table
+from utils.slots import SlotsLost
+
+
+class RunOnLostSlots(UserError):
+    """The run `trigger` watches lives on a slot range its Redis Cluster lost: paused, not
+    ended (it resumes by itself once the slots are served), so neither success nor a Redis
+    that does not answer: its own exit status, the slots and nodes named."""
+
+    exit_code = RUN_ON_LOST_SLOTS
+
+    def __init__(self, run_id: str, lost: SlotsLost) -> None:
+        super().__init__(
+            f"run {run_id} is paused: {lost}; it resumes by itself once they are served "
+            f"(./control.sh runs {run_id})"
+        )
 
 
 def watch(
@@ -72,7 +88,10 @@ def trigger(
         console.print(f"[yellow]warning:[/yellow] {handle.note}", soft_wrap=True)
     if not wait:
         return handle
-    return watch(handle, timeout, console)
+    try:
+        return watch(handle, timeout, console)
+    except SlotsLost as exc:
+        raise RunOnLostSlots(handle.run_id, exc) from None
 
 
 def show(
