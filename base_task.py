@@ -91,7 +91,14 @@ from lifecycle.hooks import (
     retry,
     skip,
 )
-from lifecycle.lost import LOST, PARK_SECONDS, STATE_STORE_ERRORS
+from lifecycle.lost import (
+    LOST,
+    PARK_SECONDS,
+    STATE_STORE_ERRORS,
+    parked_meta,
+    uncount_delivery,
+    uncount_pending,
+)
 from lifecycle.page import run_page
 from lifecycle.policy import backoff as backoff  # re-exported: imported from here before
 from lifecycle.policy import countdown_cap as countdown_cap
@@ -225,25 +232,34 @@ class SiteTask(Task[Any, Any]):
         rt = runtime.current()
         with rt.holding(meta):
             try:
+                uncount_pending(rt.state)  # requeues an outage left counted (lifecycle/lost.py)
                 out = self.run_page(params, meta)
             except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
+                self.uncount(rt, meta)
                 requeue_unreplicated(rt, self.name, exc)
             except STATE_STORE_ERRORS as exc:
                 ranges = lost_now(get_redis(rt.settings.redis_url), exc)
                 if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
                     LOST.parked_one(self.name, ranges)
                     raise self.retry_later(
-                        params, TaskMeta.from_wire(meta), PARK_SECONDS, SlotsLost(ranges)
+                        params, parked_meta(meta), PARK_SECONDS, SlotsLost(ranges)
                     ) from None
                 # Our state store is unreachable (or a cluster is failing over): the message
                 # must not be acknowledged.
                 # Requeue it; the commit's idempotency makes a second run harmless.
+                self.uncount(rt, meta)
                 log.warning("%s: state store unreachable (%s); message requeued", self.name, exc)
                 runtime.pause_before_requeue()
                 raise Reject(exc, requeue=True) from None
             if LOST.since is not None and not lost_ranges(get_redis(rt.settings.redis_url)):
                 LOST.served()
             return out
+
+    def uncount(self, rt: runtime.Runtime, wire: Mapping[str, Any] | None) -> None:
+        """A requeue the state store caused is not a delivery (lifecycle/lost.py)."""
+        meta = TaskMeta.from_wire(wire)
+        attempt = (self.request.retries or 0) + meta.retry_base
+        uncount_delivery(rt.state(), meta.run_id, self.request.id or "", attempt)
 
     def run_page(
         self, params: Any, wire: Mapping[str, Any] | None, begun: Begun | None = None

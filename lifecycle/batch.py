@@ -29,7 +29,7 @@ from ledger.state import Begun
 from lifecycle import runtime
 from lifecycle.commits import Committer, requeue_unreplicated, set_batch
 from lifecycle.endpoints import EndpointSpec, get_endpoint
-from lifecycle.lost import LOST, PARK_SECONDS, STATE_STORE_ERRORS
+from lifecycle.lost import LOST, PARK_SECONDS, STATE_STORE_ERRORS, uncount_delivery
 from lifecycle.unknown import dead_letter_unknown
 from utils.logsafe import safe_text, task_argsrepr
 from utils.ranked_slots import RankedSlots
@@ -57,6 +57,7 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
     try:
         return _run_batch(self, entries)
     except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
+        uncount_delivery(runtime.current().state(), "", self.request.id or "", 0)
         requeue_unreplicated(runtime.current(), BATCH_TASK, exc)
     except STATE_STORE_ERRORS as exc:
         ranges = lost_now(get_redis(runtime.current().settings.redis_url), exc)
@@ -65,6 +66,7 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
             raise self.retry(
                 countdown=PARK_SECONDS, max_retries=None, exc=SlotsLost(ranges)
             ) from None
+        uncount_delivery(runtime.current().state(), "", self.request.id or "", 0)
         log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
         runtime.pause_before_requeue()
         raise Reject(exc, requeue=True) from None

@@ -22,14 +22,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import redis
 
 from config import get_settings
+from ledger.state import RunState
 from monitor.metrics import aggregator
 from utils.outage import OUTAGE, Outage
 from utils.redis import get_redis
 from utils.slots import LostRange, reason
+from utils.wire import TaskMeta
 
 # the errors of a state store that may mean a lost slot range (`utils.slots.lost_now` tells)
 STATE_STORE_ERRORS: tuple[type[Exception], ...] = (
@@ -41,6 +45,11 @@ STATE_STORE_ERRORS: tuple[type[Exception], ...] = (
 PARK_SECONDS = 10.0  # a parked message's countdown: the slots' return is seen within it
 
 log = logging.getLogger("chaincrawl.redis")
+
+# a delivery's count taken back (never below 0): `uncount_delivery`
+_UNCOUNT = """local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+if n > 0 then return redis.call('DECR', KEYS[1]) end
+return 0"""
 
 
 class LostOutage:
@@ -93,3 +102,43 @@ def _count(counts: dict[str, int]) -> None:
     s = get_settings()
     aggregator().start(get_redis(s.redis_url), s.metrics_flush_interval)
     aggregator().add((s.key("metrics", "cluster"),), counts)
+
+
+def parked_meta(wire: Mapping[str, Any] | None) -> TaskMeta:
+    """The metadata a parked message is sent again with: the park counted as a wait, not as
+    a retry (Celery's retry number goes up by one), so a long loss spends none of the page's
+    retries (`lifecycle.page.fail_page`: retries used = retries - waits)."""
+    meta = TaskMeta.from_wire(wire)
+    meta.waits += 1
+    return meta
+
+
+def uncount_delivery(state: RunState, rid: str, tid: str, attempt: int) -> None:
+    """A message requeued, not acknowledged, because the state store could not take its
+    change (a node that did not answer, replicas that did not confirm it): its delivery
+    counted by `begin` is taken back, so the redelivery is not charged as a worker's death
+    (`CHAINCRAWL_MAX_REDELIVERIES`, `redelivered`). Without it each Redis restart in the
+    middle of a page charged that page once, and a few of them dead-lettered it as
+    `PoisonMessage`. With the store not answering, the key waits in the process and is
+    taken back before its next delivery here begins (`uncount_pending`): the store that
+    refused the commit refuses that begin too, until it is back."""
+    _UNCOUNTED.add(state.deliveries_key(rid, tid, attempt))
+    uncount_pending(lambda: state)
+
+
+def uncount_pending(state: Callable[[], RunState]) -> None:
+    """Take back the deliveries this process's requeues left counted (nothing at all when
+    none: the common case, once a page). A redelivery that began elsewhere meanwhile has
+    seen one delivery too many (counted `redelivered`); the count never goes below 0."""
+    if not _UNCOUNTED:
+        return
+    r = state().r
+    for key in list(_UNCOUNTED):
+        try:
+            r.eval(_UNCOUNT, 1, key)
+        except STATE_STORE_ERRORS:
+            return  # still away: the next delivery here tries again
+        _UNCOUNTED.discard(key)
+
+
+_UNCOUNTED: set[str] = set()  # delivery counters of requeued messages not taken back yet
