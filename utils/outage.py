@@ -106,11 +106,14 @@ class Outage:
                 self.since = None
 
     def answered(self) -> None:
-        """Redis answered: ends the outage, with one line, if there was one."""
+        """Redis answered: ends the outage, with one line, if there was one. An outage begun
+        on a node of a slot range since seen lost goes on while the range is lost (the other
+        masters answering says nothing of it): it ends with the range's own line
+        (`absorb`), or here once the range is served again."""
         if self.since is None:  # the common case, without the lock
             return
         with self._lock:
-            if self.since is None:
+            if self.since is None or lost_node(self.node):
                 return
             took, held = time.monotonic() - self.since, self.held
             self.since = None

@@ -86,3 +86,20 @@ def test_another_outage_after_the_range_returned_is_said_again(
         "Redis does not answer",
         "Redis answers again after 0.0s",
     ]
+
+
+def test_the_other_masters_answering_does_not_end_an_outage_on_a_lost_node(
+    worker_log: tuple[Lines, Outage, LostOutage],
+) -> None:
+    """The drainer meets the lost master before the cluster flags it, then succeeds on the
+    others before any task of this process parks: no end line until the range is served."""
+    handler, outage, _ = worker_log
+    _drainer_error(REFUSED)
+    utils.slots._cache.ranges = LOST  # flagged, seen by the drainer's own look
+    for _ in range(20):
+        outage.answered()
+        _drainer_error(REFUSED)
+    assert len(handler.lines) == 1, handler.lines
+    utils.slots._cache.ranges = []  # served again
+    outage.answered()
+    assert len(handler.lines) == 2 and handler.lines[1].startswith("Redis answers again after")
