@@ -105,15 +105,19 @@ class Outage:
             if self.since is not None and self.node in nodes:
                 self.since = None
 
-    def answered(self) -> None:
-        """Redis answered: ends the outage, with one line, if there was one. An outage begun
-        on a node of a slot range since seen lost goes on while the range is lost (the other
-        masters answering says nothing of it): it ends with the range's own line
-        (`absorb`), or here once the range is served again."""
+    def answered(self, at: float | None = None) -> None:
+        """Redis answered: ends the outage, with one line, if there was one. `at` (monotonic):
+        when the caller last read everything it reads (a cluster drainer: every run's
+        stream); older than the outage, it is no sign the failed node's slots are served
+        (a loop that only waited, or read the other masters), and the outage goes on. An
+        outage begun on a node of a slot range since seen lost goes on while the range is
+        lost: it ends with the range's own line (`absorb`), or here once it is served."""
         if self.since is None:  # the common case, without the lock
             return
         with self._lock:
             if self.since is None or lost_node(self.node):
+                return
+            if at is not None and at < self.since:
                 return
             took, held = time.monotonic() - self.since, self.held
             self.since = None

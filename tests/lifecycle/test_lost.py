@@ -5,6 +5,7 @@ log and one when it ends, however many of the worker's parts meet the lost nodes
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -102,4 +103,19 @@ def test_the_other_masters_answering_does_not_end_an_outage_on_a_lost_node(
     assert len(handler.lines) == 1, handler.lines
     utils.slots._cache.ranges = []  # served again
     outage.answered()
+    assert len(handler.lines) == 2 and handler.lines[1].startswith("Redis answers again after")
+
+
+def test_a_loop_that_read_nothing_since_the_failure_does_not_end_it(
+    worker_log: tuple[Lines, Outage, LostOutage],
+) -> None:
+    """Before the cluster flags anything: the cluster drainer's polls that only waited (its
+    last full read older than the failure) are no sign the node is back; a full read is."""
+    handler, outage, _ = worker_log
+    before = time.monotonic()
+    _drainer_error(REFUSED)
+    for _ in range(20):
+        outage.answered(before)
+    assert len(handler.lines) == 1, handler.lines
+    outage.answered(time.monotonic())
     assert len(handler.lines) == 2 and handler.lines[1].startswith("Redis answers again after")

@@ -90,6 +90,7 @@ class ClusterDrainer(Drainer):
         self._storing_only: set[str] = set()  # runs of the storing set, not of the active one
         self._poll = 0.0  # seconds from the last empty read to the next read (`read`)
         self._next_poll = 0.0  # when the next read is due (monotonic)
+        self.read_at = 0.0  # when every stream was last read (monotonic)
 
     # --- the streams -------------------------------------------------------------------------
 
@@ -157,6 +158,7 @@ class ClusterDrainer(Drainer):
         self.ensure_group()
         streams = [s for s in self.streams() if s in self._grouped]
         if not streams:
+            self.read_at = time.monotonic()
             return []
         pipe = self.r.pipeline(transaction=False)
         for s in streams:
@@ -169,6 +171,7 @@ class ClusterDrainer(Drainer):
             if isinstance(res, Exception):
                 raise res
             out += self._cluster_entries(s, res)
+        self.read_at = time.monotonic()  # every stream answered (utils.outage: Redis is back)
         return out
 
     def _cluster_entries(self, stream: str, resp: Any) -> list[OutboxEntry]:

@@ -250,7 +250,8 @@ class Drainer:
                         self.settle()
                         next_settle = time.monotonic() + SETTLE_EVERY
                     errors = 0
-                    OUTAGE.answered()  # after an outage: one line saying Redis is back
+                    # Redis back after an outage (a cluster's: once every stream was read)
+                    OUTAGE.answered(getattr(self.reader, "read_at", None))
                 except Exception as e:  # nothing may silently end storage for this process
                     errors += 1
                     if isinstance(e, redis.RedisError):
