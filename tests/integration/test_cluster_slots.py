@@ -1,8 +1,8 @@
 """A lost slot range becomes a pause (docs/cluster.md, "A lost slot range"): on a 3+3 cluster
 with `cluster-require-full-coverage no`, a master and its replica SIGKILLed mid-crawl under
 real workers; the run on their slots is shown paused by the real CLI (`runs`, `status`) with
-a reason naming the slots and both nodes, the runs on the other masters finish, the workers
-say it once with no traceback, and once the two nodes are started again the paused run
+a reason naming the slots and both nodes, the `trigger` watching it exits 6 saying so, the runs on the other masters finish, the workers
+say it once with no traceback however long the loss (no line from their other parts), and once the two nodes are started again the paused run
 resumes by itself and finishes with exact counts."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,12 +32,20 @@ pytestmark = pytest.mark.integration
 
 PAGES = 30
 RUNS = 3
+LONG_LOSS = 45.0  # seconds the range stays lost: several rounds of every part's retries
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT,
                           env={**os.environ, **env, "COLUMNS": "200"}, capture_output=True,
                           text=True, timeout=180)  # fmt: skip
+
+
+def _trigger(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """`trigger` watching its run, its first line (the run id) readable at once."""
+    return subprocess.Popen([sys.executable, "-m", "cli", "trigger", *args], cwd=ROOT,
+                            env={**os.environ, **env, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 def _replica_of(cluster: RedisClusterServer, master: ClusterNodeServer) -> ClusterNodeServer:
@@ -46,8 +56,22 @@ def _replica_of(cluster: RedisClusterServer, master: ClusterNodeServer) -> Clust
     raise AssertionError(f"no replica of {master.port}")
 
 
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """The commands a test left running, ended with it (a failed assertion included)."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
 def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
-    tmp_path: Path, redis_server: RedisServer, start_worker: Any
+    tmp_path: Path,
+    redis_server: RedisServer,
+    start_worker: Any,
+    started: list[subprocess.Popen[str]],
 ) -> None:
     with RedisClusterServer(tmp_path / "cluster", node_timeout_ms=1000,
                             full_coverage=False) as cluster:  # fmt: skip
@@ -69,15 +93,20 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
         s = Settings(redis_url=cluster.url, broker_url=redis_server.url, key_prefix=prefix)
         state = RunState(cast(redis.Redis, client), s)
         ks = Keyspace(prefix)
-        rids = []
-        # placed one a master: each run lasts (PAGES x 2 s / 4 slots) longer than the triggers
-        # take on a busy machine, so every run is still active when the next is placed
+        rids, triggers = [], {}
+        # placed one a master, each watched by its `trigger`: each run lasts (PAGES x 2 s / 4
+        # slots) longer than the triggers take on a busy machine, so every run is still active
+        # when the next is placed
         for r in range(RUNS):
             seeds = json.dumps([{"path": f"/flaky/r{r}-{i}?fails=0&delay=2"}
                                 for i in range(PAGES)])  # fmt: skip
-            out = _cli(env, "trigger", "cli_probe", seeds, "--no-wait")
-            assert out.returncode == 0, out.stdout + out.stderr
-            rids.append(out.stdout.split("run id:")[1].split()[0])
+            proc = _trigger(env, "cli_probe", seeds)
+            started.append(proc)
+            assert proc.stdout is not None
+            first = proc.stdout.readline()  # "run id: RID  chain: cli_probe", then it watches
+            assert "run id:" in first, first + (proc.stderr.read() if proc.stderr else "")
+            rids.append(first.split("run id:")[1].split()[0])
+            triggers[rids[-1]] = proc
         port = {rid: client.get_node_from_key(ks.run(rid)).port for rid in rids}
         assert len(set(port.values())) == RUNS, port
         # the victim: a run whose master holds none of the keys the run list is read from
@@ -89,6 +118,7 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
         wait_for(lambda: state.counters(lost_rid).get("succeeded", 0) >= 3, 120, "mid-crawl")
         master.kill()
         replica.kill()
+        killed = time.monotonic()
         ranges = wait_for(lambda: lost_ranges(client, fresh=True), 60, "the range seen lost")
         where, rep = f"{master.host}:{master.port}", f"{replica.host}:{replica.port}"
         assert [r.master for r in ranges] == [where], ranges
@@ -113,17 +143,35 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
         paused = {r["run_id"]: r for r in snap["active_runs"]}
         assert paused[lost_rid]["reason"] == reason, paused
 
+        # the trigger watching the lost run says so, naming the slots and nodes, and exits 6
+        # (neither success nor a Redis that does not answer: docs/cli.md)
+        said, err = triggers[lost_rid].communicate(timeout=180)
+        assert triggers[lost_rid].returncode == 6, said + err
+        assert f"run {lost_rid} is paused: {reason}; it resumes by itself" in err, said + err
+        assert "Traceback" not in err, err
+
         # the runs on the other masters go on and finish
         def finished(rid: str) -> bool:
             c = state.counters(rid)
             return c.get("succeeded", 0) == PAGES and c.get("outstanding", 1) == 0
 
         wait_for(lambda: all(finished(r) for r in others), 180, "the other runs finished")
+        for rid in others:  # their triggers watched them to the end
+            said, err = triggers[rid].communicate(timeout=180)
+            assert triggers[rid].returncode == 0, said + err
+            assert f"run {rid} complete: every task succeeded" in said, said + err
+        # a long loss: the drainer, sweeper and heartbeat meet the lost master again and again
+        # (every few seconds) between successes on the others; none of it is a line of its own
+        time.sleep(max(0.0, LONG_LOSS - (time.monotonic() - killed)))
         still = runs_json()[lost_rid]  # its keys do not answer: it is still shown paused
         assert (still["status"], still["reason"]) == ("paused", reason), still
         log = worker.text()
         assert log.count(f"{slots} lost: {where}") == 1, log[-4000:]
         assert "Traceback" not in log, log[-4000:]
+        # at most one line from before the cluster flagged the range (a failover, it seemed),
+        # ended by the lost range's line, not by one of its own
+        assert log.count("Redis does not answer") <= 1, log[-4000:]
+        assert "Redis answers again" not in log, log[-4000:]
 
         master.start()  # both back: the range is served again, the paused run resumes itself
         replica.start()
