@@ -122,8 +122,10 @@ def uncount_delivery(state: RunState, rid: str, tid: str, attempt: int) -> None:
     `PoisonMessage`. With the store not answering, the key waits in the process and is
     taken back before its next delivery here begins (`uncount_pending`): the store that
     refused the commit refuses that begin too, until it is back."""
-    _UNCOUNTED.add(state.deliveries_key(rid, tid, attempt))
-    uncount_pending(lambda: state)
+    key = state.deliveries_key(rid, tid, attempt)
+    with _UNCOUNT_LOCK:
+        _UNCOUNTED[key] = _UNCOUNTED.get(key, 0) + 1  # one a requeue: the same message may
+    uncount_pending(lambda: state)  # be begun and requeued again before Redis is back
 
 
 def uncount_pending(state: Callable[[], RunState]) -> None:
@@ -134,11 +136,17 @@ def uncount_pending(state: Callable[[], RunState]) -> None:
         return
     r = state().r
     for key in list(_UNCOUNTED):
-        try:
-            r.eval(_UNCOUNT, 1, key)
-        except STATE_STORE_ERRORS:
-            return  # still away: the next delivery here tries again
-        _UNCOUNTED.discard(key)
+        with _UNCOUNT_LOCK:
+            n = _UNCOUNTED.pop(key, 0)
+        for i in range(n):
+            try:
+                r.eval(_UNCOUNT, 1, key)
+            except STATE_STORE_ERRORS:
+                with _UNCOUNT_LOCK:  # still away: the next delivery here tries again
+                    _UNCOUNTED[key] = _UNCOUNTED.get(key, 0) + n - i
+                return
 
 
-_UNCOUNTED: set[str] = set()  # delivery counters of requeued messages not taken back yet
+# delivery counters of requeued messages not taken back yet, each with its requeues
+_UNCOUNTED: dict[str, int] = {}
+_UNCOUNT_LOCK = threading.Lock()

@@ -184,3 +184,24 @@ def test_a_message_parked_on_a_lost_range_spends_no_retry(
         wire = sent[-1]["args"][1]
         meta = TaskMeta.from_wire(wire)
         assert (n + 1) + meta.retry_base - meta.waits == 0, wire  # retries used: none
+
+
+def test_each_requeue_while_redis_is_away_is_taken_back(
+    settings: Settings, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same message begun (counted) and requeued three times before Redis takes the
+    uncount: three deliveries taken back, not one."""
+    state = RunState(rds, settings)
+    key = state.deliveries_key("r1", "t1", 0)
+    rds.set(key, 3)
+    evaluate = redis.Redis.eval
+
+    def away(self: redis.Redis, *a: Any) -> Any:
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1.")
+
+    monkeypatch.setattr(redis.Redis, "eval", away)
+    for _ in range(3):
+        lifecycle.lost.uncount_delivery(state, "r1", "t1", 0)
+    monkeypatch.setattr(redis.Redis, "eval", evaluate)
+    lifecycle.lost.uncount_pending(lambda: state)
+    assert rds.get(key) == b"0" and not lifecycle.lost._UNCOUNTED
