@@ -250,8 +250,7 @@ class Drainer:
                         self.settle()
                         next_settle = time.monotonic() + SETTLE_EVERY
                     errors = 0
-                    # Redis back after an outage (a cluster's: once every stream was read)
-                    OUTAGE.answered(getattr(self.reader, "read_at", None))
+                    OUTAGE.answered(getattr(self.reader, "read_at", None))  # every stream read
                 except Exception as e:  # nothing may silently end storage for this process
                     errors += 1
                     if isinstance(e, redis.RedisError):
