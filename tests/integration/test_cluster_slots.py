@@ -168,10 +168,10 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
         log = worker.text()
         assert log.count(f"{slots} lost: {where}") == 1, log[-4000:]
         assert "Traceback" not in log, log[-4000:]
-        # at most one line from before the cluster flagged the range (a failover, it seemed),
-        # ended by the lost range's line, not by one of its own
-        assert log.count("Redis does not answer") <= 1, log[-4000:]
-        assert "Redis answers again" not in log, log[-4000:]
+        # from the lost range's line on, however long the loss, nothing more about Redis (the
+        # lines before it, while the cluster had not flagged the range, may look like a failover)
+        after = log.split(f"{slots} lost: {where}", 1)[1]
+        assert "Redis does not answer" not in after and "answers again" not in after, after
 
         master.start()  # both back: the range is served again, the paused run resumes itself
         replica.start()
