@@ -13,12 +13,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli import REDIS_UNREACHABLE, UserError
 from cli.parser import SHELL_COMMANDS, parse
+
+if TYPE_CHECKING:
+    from config import Settings
 
 
 def _seeds(text: str | None) -> list[dict[str, Any]] | None:
@@ -84,12 +87,22 @@ def cmd_start(a: argparse.Namespace) -> None:
         s, queues, a.pool, a.concurrency, a.workers, a.name, fetch_slots=a.fetch_slots
     )
     procs.wait_workers_ready(names, s)
+    _settings_warnings(_live_sites(s))
     slots = f", fetch slots={a.fetch_slots}" if a.fetch_slots else ""
     print(
         f"workers ready: {', '.join(names)} (pool={a.pool}, concurrency={a.concurrency}{slots}, "
         f"queues={queues})"
     )
     print(f"logs: {s.var_dir / 'log'}")
+
+
+def _live_sites(s: Settings) -> set[str]:
+    """The sites the live workers loaded (their tasks' first name part), read from Redis."""
+    from broker.workers import TaskSets
+    from utils.redis import get_redis
+
+    live = TaskSets(get_redis(s.redis_url), s).live().values()
+    return {t.split(".", 1)[0] for w in live for t in w.tasks if "." in t}
 
 
 def unknown_queues(queues: str) -> list[str]:
@@ -102,10 +115,13 @@ def unknown_queues(queues: str) -> list[str]:
     import sites
     from broker.app import BASE_QUEUES
 
-    asked = [q.strip() for q in queues.split(",") if q.strip()]
+    asked = [q.strip() for q in queues.split(",") if q.strip() and q.strip() not in BASE_QUEUES]
     if not asked:
         return []
-    known = {*sites.sites(), *BASE_QUEUES}
+    try:  # the site packages imported here too: one that fails is the workers' to report
+        known = {*sites.sites(), *BASE_QUEUES}
+    except (Exception, SystemExit):
+        return []
     for name in chains.names():
         known.update(st.options.queue or "" for st in chains.get_chain(name).root.walk())
     known.discard("")
@@ -370,19 +386,23 @@ def _module_warnings() -> None:
 
 # commands whose work the settings change: a misspelled variable is named on their stderr,
 # not only in a worker's log or by `config`
-SETTINGS_CHECKED = frozenset({"start", "trigger", "parse", "shell", "demo"})
+# (`start` checks once its workers are up, with the sites they loaded: cmd_start)
+SETTINGS_CHECKED = frozenset({"trigger", "parse", "shell", "demo"})
 
 
-def _settings_warnings() -> None:
+def _settings_warnings(site_names: Iterable[str] | None = None) -> None:
     """One `warning:` line per CHAINCRAWL_* variable nothing reads (settings/envcheck.py): a
-    typo'd `CHAINCRAWL_REQUEST_TIMEOT=3` would otherwise run with the default unremarked."""
+    typo'd `CHAINCRAWL_REQUEST_TIMEOT=3` would otherwise run with the default unremarked.
+    `site_names`: the sites whose per-site variables count (default: the sites imported
+    here; `start` gives its workers' and imports none: a site's import is the workers')."""
     import sites
     from external_interface.resources.pool import known_kinds
     from settings import envcheck
 
     try:
-        problems = envcheck.current(sites.sites(), known_kinds())
-    except Exception:  # invalid settings or a site that fails to load: the command says so
+        names = sites.sites() if site_names is None else site_names
+        problems = envcheck.current(names, known_kinds())
+    except (Exception, SystemExit):  # invalid settings or a site that fails to load: said later
         return
     for problem in problems:
         print(f"warning: {problem} (ignored; ./control.sh config)", file=sys.stderr)

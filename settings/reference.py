@@ -44,9 +44,9 @@ INTRO = """# Configuration
 Every setting is an environment variable (or a line in `.env`). This page is generated from
 the settings classes of the `config` package (`python -m settings.reference --write`); the
 class of each table is named under its title. A variable that nothing reads (a misspelling)
-is reported by the workers at start (in their log), on standard error by `start`, `trigger`,
-`parse`, `shell` and `demo` (a `warning:` line each, the command goes on), and by
-`./control.sh config`, which exits with 2.
+is reported by the workers at start (in their log), on standard error by `start` (once its
+workers are up, for the sites they loaded), `trigger`, `parse`, `shell` and `demo` (a
+`warning:` line each, the command goes on), and by `./control.sh config`, which exits with 2.
 """
 
 

@@ -284,7 +284,8 @@ def test_control_sh_start_retries_a_worker_that_dies_at_start_up(
     ready line of this start only (an earlier start's line in the appended log does not
     count), and fails with exit 1 and the worker's own log lines once the tries run out."""
     server = RedisServer(tmp_path / "redis").start()
-    env = {**crashing_env(tmp_path, server.url, times), "CHAINCRAWL_WORKER_START_ATTEMPTS": "2"}
+    env = {**crashing_env(tmp_path, server.url, times), "CHAINCRAWL_WORKER_START_ATTEMPTS": "2",
+           "CHAINCRAWL_REQUEST_TIMEOT": "3"}  # fmt: skip
     (tmp_path / "var" / "log").mkdir(parents=True)
     (tmp_path / "var" / "log" / "worker-w1.log").write_text("[old] celery@x ready.\n")
     cli = [sys.executable, "-m", "cli"]
@@ -301,6 +302,8 @@ def test_control_sh_start_retries_a_worker_that_dies_at_start_up(
     if times == 1:
         assert start.returncode == 0, start.stdout + start.stderr
         assert "workers ready: worker-w1" in start.stdout and log.count(" ready.") == 2
+        # a misspelled setting named once the workers are up (the site imported by them only)
+        assert "warning: CHAINCRAWL_REQUEST_TIMEOT is not a chaincrawl setting" in start.stderr
         assert "worker-w1" in stop.stdout
     else:
         assert start.returncode == 1, start.stdout + start.stderr
