@@ -39,11 +39,22 @@ def worker_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Lines, Outage,
     handler = Lines()
     handler.addFilter(OutageFilter(outage))
     logger = logging.getLogger("chaincrawl.redis")
+    # as a worker's: an earlier test in this process may have disabled the logger (a logging
+    # config with disable_existing_loggers), raised its level, left a filter on it or
+    # logging.disable()d warnings
+    was = (logger.disabled, logger.level, logging.root.manager.disable)
+    monkeypatch.setattr(logger, "filters", [])
+    logger.disabled = False
+    logger.setLevel(logging.INFO)
+    logging.disable(logging.NOTSET)
     logger.addHandler(handler)
     try:
         yield handler, outage, LostOutage(outage)
     finally:
         logger.removeHandler(handler)
+        logger.disabled = was[0]
+        logger.setLevel(was[1])
+        logging.disable(was[2])
 
 
 def _drainer_error(exc: Exception) -> None:
