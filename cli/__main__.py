@@ -392,7 +392,7 @@ SETTINGS_CHECKED = frozenset({"trigger", "parse", "shell", "demo"})
 
 def _settings_warnings(site_names: Iterable[str] | None = None) -> None:
     """One `warning:` line per CHAINCRAWL_* variable nothing reads (settings/envcheck.py): a
-    typo'd `CHAINCRAWL_REQUEST_TIMEOT=3` would otherwise run with the default unremarked.
+    typo'd `REQUEST_TIMEOUT` (a letter dropped) would otherwise run with the default unremarked.
     `site_names`: the sites whose per-site variables count (default: the sites imported
     here; `start` gives its workers' and imports none: a site's import is the workers')."""
     import sites
