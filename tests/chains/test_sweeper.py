@@ -494,14 +494,16 @@ def lost_seed(rds: redis.Redis, settings: Settings, app: Celery) -> str:
     return seed
 
 
-def slow_pass(rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: Any) -> str:
-    """A stalled run whose seed the broker lost, behind 10,000 other messages that take 0.25 ms
-    each to read: a pass of about 2.5 s against a sweep lock of 1 s."""
+def slow_pass(
+    rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: Any, count: int = 10_000
+) -> str:
+    """A stalled run whose seed the broker lost, behind `count` other messages that take
+    0.25 ms each to read: a pass of about 2.5 s (10,000) against a sweep lock of 1 s."""
     import chains.broker_scan as scan_mod
 
     p = settings.key_prefix
     seed = lost_seed(rds, settings, app)
-    filler = [orjson.dumps({"headers": {"id": f"f{i}", "task": "t"}}) for i in range(10_000)]
+    filler = [orjson.dumps({"headers": {"id": f"f{i}", "task": "t"}}) for i in range(count)]
     rds.lpush(f"{p}:q:filler", *filler)
     read = scan_mod.message_ids
 
@@ -518,13 +520,14 @@ def test_the_sweep_lock_is_kept_through_a_pass_longer_than_its_ttl(
 ) -> None:
     """Another worker's sweeper must not start a pass over a long one (both would re-send
     the same lost messages): the lock is extended as the broker is read, and left to expire
-    one interval after the pass. Without the extension it expired 1 s into the pass."""
+    one interval after the pass. Without the extension it expired 4 s into the pass. (A lock
+    of seconds: on a busy machine a thread may wait a second for the CPU between extensions.)"""
     import threading
 
-    seed = slow_pass(rds, settings, app, monkeypatch)
+    seed = slow_pass(rds, settings, app, monkeypatch, count=40_000)  # a pass of 10 s or more
     sent: list[dict[str, Any]] = []
-    a = sweeper(rds, settings, sent, interval=0.5)
-    assert a.lock_ttl == 1.0
+    a = sweeper(rds, settings, sent, interval=4.0)
+    assert a.lock_ttl == 4.0
     out: list[int] = []
     t = threading.Thread(target=lambda: out.append(a.try_sweep()))
     t0 = time.monotonic()
@@ -533,14 +536,14 @@ def test_the_sweep_lock_is_kept_through_a_pass_longer_than_its_ttl(
         time.sleep(0.001)
     others: list[int] = []
     while t.is_alive():
-        b = sweeper(rds, settings, sent, interval=0.5)
+        b = sweeper(rds, settings, sent, interval=4.0)
         others.append(b.try_sweep())
         time.sleep(0.05)
     took = time.monotonic() - t0
     assert took > 2.0 * a.lock_ttl, took
     assert out == [1] and [k["id"] for k in sent] == [seed]
     assert set(others) == {0} and len(others) > 20
-    assert 0 < rds.pttl(a.lock_key) <= 1000  # the next pass: an interval after this one
+    assert 0 < rds.pttl(a.lock_key) <= 4000  # the next pass: an interval after this one
 
 
 def test_a_pass_that_lost_its_lock_stops_without_re_sending(
