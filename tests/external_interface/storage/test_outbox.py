@@ -267,13 +267,18 @@ def test_a_quiet_stream_flushes_a_partial_batch_at_once(
 ) -> None:
     """A run's last items are stored as soon as no more come (`idle_flush`), not when the
     batch's flush interval ends: neither size (1000) nor time (60 s) is due here."""
-    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0.05)
+    _three_stored_by(Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0.05),
+                     drainers, jsonl)  # fmt: skip
+    assert backlog(rds, key_prefix)["pending"] == 0
+
+
+def _three_stored_by(d: Drainer, drainers: list[Drainer], jsonl: JsonlSink) -> None:
+    """Three posts of run r1 added with `d` running: all stored, before size or age is due."""
     d.start_thread()
     drainers.append(d)
-    n = add_posts(rds, key_prefix, 3)
-    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
+    n = add_posts(d.r, d.prefix, 3)
+    wait_until(lambda: counters(d.r, d.prefix, "r1").get("stored") == n, 10, "stored")
     assert len(read_items(T, jsonl.root)) == n
-    assert backlog(rds, key_prefix)["pending"] == 0
 
 
 def test_a_partial_batch_whose_runs_have_no_task_left_is_stored_at_once(
@@ -283,12 +288,8 @@ def test_a_partial_batch_whose_runs_have_no_task_left_is_stored_at_once(
     its items are stored at the read that brought them. Neither size (1000), age (60 s) nor
     quiet (`idle_flush` off) is due here: only the run's end flushes the batch."""
     rds.hset(counters_key(key_prefix, "r1"), "outstanding", 0)
-    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0.0)
-    d.start_thread()
-    drainers.append(d)
-    n = add_posts(rds, key_prefix, 3)
-    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
-    assert len(read_items(T, jsonl.root)) == n
+    _three_stored_by(Drainer(rds, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0.0),
+                     drainers, jsonl)  # fmt: skip
 
 
 def test_tasks_done_asks_every_run_of_the_entries(rds: redis.Redis, key_prefix: str) -> None:
