@@ -194,7 +194,7 @@ class Runtime:
         path, and in a small crawl or a latency-bound one a catalog page's children waited for
         the slowest page of its batch (one waiting for a page slot: a latency more) for one
         commit round trip saved. A CPU-bound worker deep in a run keeps the one commit."""
-        seen = self._outstanding.get(rid) if rid else 0
+        seen = self.outstanding_seen(rid)
         if seen is None or seen < self.load.tail_backlog():
             return True
         return self.load.busy() < BATCH_CPU_MIN
