@@ -25,6 +25,7 @@ from monitor.deadletter import DeadLetterStore
 from monitor.health import collect
 from monitor.metrics import read, site_key
 from utils.redis import get_redis
+from worker import app
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +64,18 @@ def flaky_demo() -> Iterator[DemoServer]:
         yield server
 
 
+def purge_queues(*names: str) -> None:
+    """Drop what earlier tests left in the shared broker: a production run still queued when
+    their worker stopped would otherwise log in here and fill the pools this test starts empty."""
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for name in names:
+            channel.queue_purge(name)
+
+
 def start(start_worker: Any, demo: DemoServer, pool: str = "threads") -> Any:
     demo.reset()
+    purge_queues("demo", "resources", "default")
     for kind in ("cookie", "device_id"):
         Pool(kind, "demo").clear()  # start from empty pools
     return start_worker(
