@@ -222,13 +222,11 @@ def _start_sweeper(**kw: Any) -> None:
 
 
 @signals.task_prerun.connect
-def _sweep_while_busy(**kw: Any) -> None:
+def _task_started(**kw: Any) -> None:
     """A task runs here: the sweeper keeps (or goes back to) its base interval, and so do the
     owner heartbeat, the series sampler and the drainer's claims (utils/activity.py; no
     command)."""
     activity.note_work()
-    if _sweeper is not None:
-        _sweeper.busy()
 
 
 @signals.task_received.connect

@@ -29,11 +29,14 @@ another process won while the holder found nothing) doubles this process's wait,
 lose or restore. The wait is back to `CHAINCRAWL_SWEEP_INTERVAL` after a pass that finds any
 of those, after a lock attempt that finds the holder's `sweeper:busy` mark (set by a pass that
 found work, for three intervals: the others stay ready to take over should it die), as soon
-as this process runs a task (`busy()`, from the worker's task_prerun signal: no command) and
-while it has a dropped broker connection to report. So every sweeper tries every interval
-while work exists, and within `SWEEP_IDLE_MAX` of work appearing where no task of it runs. Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and
-gives it back when its consumer's connection dies, so it cannot lose a message this way (and
-its queues cannot be listed without consuming them, so lost and queued could not be told apart).
+as this process runs a task (utils/activity.py, counted from the worker's task_prerun signal:
+no command) and while it has a dropped broker connection to report. So every sweeper tries
+every interval while work exists, and within `SWEEP_IDLE_MAX` of work appearing where no
+task of it runs.
+
+Redis brokers only: RabbitMQ keeps a delivered message until it is acknowledged and gives it
+back when its consumer's connection dies, so it cannot lose a message this way (and its
+queues cannot be listed without consuming them, so lost and queued could not be told apart).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from chains.broker_scan import BATCH_TASK, broker_task_ids, kid_id, message_ids
 from config import Settings, get_settings
 from ledger.publish import send_kid
 from ledger.state import RunState
+from utils import activity
 from utils.lua import script
 from utils.redis import as_str, get_redis
 from utils.slots import known_lost, lost_for, lost_ranges
@@ -122,6 +126,7 @@ class Sweeper:
         self.wait = self.interval  # until the next pass: doubles while passes find nothing
         self.saw_work = False  # the last pass found something to watch (module docstring)
         self._busy = False  # this process ran a task since the last pass
+        self._work = activity.Watch()  # tasks started here (the worker's task_prerun signal)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -499,12 +504,20 @@ class Sweeper:
 
     def busy(self) -> None:
         """This process runs a task: the next pass within one interval, and every interval
-        after it (called from the worker's task_prerun signal; no Redis command)."""
+        after it (no Redis command). A task the worker starts says so by itself, through
+        utils/activity.py (`ran_task`)."""
         self._busy = True
+
+    def ran_task(self) -> bool:
+        """Whether this process ran a task (or other work, utils/activity.py) since the last
+        pass began, or `busy()` was called; one integer compared, no command."""
+        if self._work.worked():
+            self._busy = True
+        return self._busy
 
     def next_wait(self) -> float:
         """The wait after a pass: the interval while there is work, else doubled (capped)."""
-        if self.saw_work or self._busy or drops.noted():
+        if self.saw_work or self.ran_task() or drops.noted():
             return self.interval
         return min(self.idle_max, 2 * self.wait)
 
@@ -514,9 +527,9 @@ class Sweeper:
         due = time.monotonic() + self.wait
         # woken every interval to look at the in-process signals; a pass only when due
         while not stop.wait(max(0.01, min(self.interval, due - time.monotonic()))):
-            if time.monotonic() < due and not self._busy and not drops.noted():
+            if time.monotonic() < due and not self.ran_task() and not drops.noted():
                 continue
-            self.saw_work, self._busy = self._busy, False  # a task ran here: work
+            self.saw_work, self._busy = self.ran_task(), False  # a task ran here: work
             try:
                 self.note_connection_drops()
                 self.restore_held_before_drop()
