@@ -19,12 +19,19 @@ import lifecycle.batch
 from base_task import SiteTask
 from chains.sweeper import message_ids
 from config import Settings
-from ledger.publish import BATCH_TASK, FANOUT_MESSAGES, Load, Publisher, batch_size, broker_priority
+from ledger.publish import (
+    BATCH_TASK,
+    FANOUT_MESSAGES,
+    CpuMeter,
+    Load,
+    Publisher,
+    batch_size,
+    broker_priority,
+)
 from ledger.state import Kid, RunState
 from lifecycle import runtime
 from lifecycle.commits import Committer
 from lifecycle.endpoints import get_endpoint, queue_for
-from utils.cpuload import CpuMeter
 
 TASK = "testsite.local.detail"
 
@@ -122,7 +129,7 @@ def test_plan_batches_only_a_deep_backlog(
     assert all("SECRET" not in m.argsrepr and "***" in m.argsrepr for m in deep + shallow)
     # auto sizing: never fewer than two messages per slot of the worker
     auto = Settings(**{**settings.model_dump(), "batch_backlog": 0})
-    # a CPU-bound worker sharing its cores (utils.cpuload): 0.6 of a core used, 0.4 waited for
+    # a CPU-bound worker sharing its cores (ledger/publish.py): 0.6 of a core used, 0.4 waited for
     clock = {"wall": 100.0, "cpu": 0.0, "wait": 0.0}
     meter = CpuMeter(0.125, lambda: clock["wall"], lambda: clock["cpu"], lambda: clock["wait"])
     load = Load(4, busy=meter.demand, side_by_side=lambda: False)

@@ -1,4 +1,5 @@
-"""utils.cpuload: the CPU a process wants (used + waited for), which sizes the worker's batches."""
+"""The CPU-demand meter (ledger/publish.py): the CPU a process wants (used + waited for), which
+sizes the worker's batches."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from utils.cpuload import CpuMeter, run_queue_wait
+from ledger.publish import CpuMeter, run_queue_wait
 
 
 def fake_meter() -> tuple[CpuMeter, dict[str, float]]:
