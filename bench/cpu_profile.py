@@ -39,9 +39,24 @@ from config import DEFAULT_POOL
 ROOT = Path(__file__).resolve().parent.parent
 PYSPY = str(Path(sys.executable).with_name("py-spy"))
 
-PROJECT = {"base_task", "config", "worker", "exceptions", "chains", "external_interface", "ledger",
-           "lifecycle", "settings", "broker", "monitor", "scheduling", "sites", "utils", "bench",
-           "demo"}  # fmt: skip
+PROJECT = {
+    "base_task",
+    "config",
+    "worker",
+    "exceptions",
+    "chains",
+    "external_interface",
+    "ledger",
+    "lifecycle",
+    "settings",
+    "broker",
+    "monitor",
+    "scheduling",
+    "sites",
+    "utils",
+    "bench",
+    "demo",
+}
 STDLIB_LABELS = {
     "json": "json (stdlib)",
     "logging": "logging",
@@ -90,10 +105,36 @@ def library(file: str) -> str:
     return "stdlib:" + top
 
 
-_THIRD_PARTY = {"celery", "kombu", "redis", "requests", "urllib3", "parsel", "lxml", "pydantic",
-                "pydantic_core", "vine", "billiard", "click", "cssselect", "w3lib", "scrapy",
-                "twisted", "orjson", "hiredis", "charset_normalizer", "idna", "certifi",
-                "gevent", "itemadapter", "queuelib", "zope", "attr", "protego", "tldextract"}  # fmt: skip
+_THIRD_PARTY = {
+    "celery",
+    "kombu",
+    "redis",
+    "requests",
+    "urllib3",
+    "parsel",
+    "lxml",
+    "pydantic",
+    "pydantic_core",
+    "vine",
+    "billiard",
+    "click",
+    "cssselect",
+    "w3lib",
+    "scrapy",
+    "twisted",
+    "orjson",
+    "hiredis",
+    "charset_normalizer",
+    "idna",
+    "certifi",
+    "gevent",
+    "itemadapter",
+    "queuelib",
+    "zope",
+    "attr",
+    "protego",
+    "tldextract",
+}
 
 
 def _is_stdlib(top: str) -> bool:

@@ -136,10 +136,16 @@ def measure(
                 w.stop()
                 stop_s.append(time.monotonic() - t0)
     total = sum(calls.values())
-    return {"workers": workers, "seconds": seconds, "total": total, "per_s": total / seconds,
-            "by_command": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
-            "by_key": dict(lines.most_common()), "stop_s": stop_s,
-            "monitor_error": monitor_error}  # fmt: skip
+    return {
+        "workers": workers,
+        "seconds": seconds,
+        "total": total,
+        "per_s": total / seconds,
+        "by_command": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
+        "by_key": dict(lines.most_common()),
+        "stop_s": stop_s,
+        "monitor_error": monitor_error,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--monitor", action="store_true", help="also by command and key (MONITOR)")
     a = p.parse_args(argv)
     r = measure(a.workers, a.seconds, a.settle, monitor=a.monitor)
-    print(f"{r['workers']} idle worker(s), {r['seconds']:.0f} s: {r['total']} commands, "
-          f"{r['per_s']:.2f}/s ({r['per_s'] / r['workers']:.2f}/s a worker)")  # fmt: skip
+    print(
+        f"{r['workers']} idle worker(s), {r['seconds']:.0f} s: {r['total']} commands, "
+        f"{r['per_s']:.2f}/s ({r['per_s'] / r['workers']:.2f}/s a worker)"
+    )
     for cmd, n in r["by_command"].items():
         print(f"  {cmd:<20} {n:>6}  {n / r['seconds']:.2f}/s")
     if r["by_key"]:

@@ -83,8 +83,20 @@ WORDS = [
     "über",
     "señor",
 ]
-CATEGORY_NAMES = ("Kitchen", "Garden", "Audio", "Lighting", "Outdoor", "Office", "Bath", "Travel",
-                  "Tools", "Textiles", "Storage", "Toys")  # fmt: skip
+CATEGORY_NAMES = (
+    "Kitchen",
+    "Garden",
+    "Audio",
+    "Lighting",
+    "Outdoor",
+    "Office",
+    "Bath",
+    "Travel",
+    "Tools",
+    "Textiles",
+    "Storage",
+    "Toys",
+)
 
 
 @dataclass(frozen=True)

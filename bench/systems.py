@@ -330,5 +330,19 @@ def build(
     raise ValueError(f"unknown system {key!r}; known: {', '.join(KEYS)}")
 
 
-KEYS = ("chaincrawl", "chaincrawl@REV", "chaincrawl-impersonate", "chaincrawl-pycurl", "chaincrawl-urllib3", "chaincrawl-threads", "chaincrawl-start", "chaincrawl-xN[@cores]",
-        "chaincrawl+PROTO", "scrapy-best", "scrapy:CONFIG", "crawlee", "floor", "floor-threadsN")  # fmt: skip
+KEYS = (
+    "chaincrawl",
+    "chaincrawl@REV",
+    "chaincrawl-impersonate",
+    "chaincrawl-pycurl",
+    "chaincrawl-urllib3",
+    "chaincrawl-threads",
+    "chaincrawl-start",
+    "chaincrawl-xN[@cores]",
+    "chaincrawl+PROTO",
+    "scrapy-best",
+    "scrapy:CONFIG",
+    "crawlee",
+    "floor",
+    "floor-threadsN",
+)

@@ -151,8 +151,9 @@ class TaskSets:
         there (False: the Redis restarted empty or was flushed, or the beats stopped too long:
         publish again)."""
         try:
-            was = self.r.set(self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)),
-                             get=True)  # fmt: skip
+            was = self.r.set(
+                self.alive_key(worker), b"1", px=max(1, int(live_for * 1000)), get=True
+            )
         except redis.ResponseError:  # a server before 6.2 refusing SET ... GET: publish
             return False
         return was is not None

@@ -51,24 +51,121 @@ _GIVEN = [
     ("Yan", "艳"), ("Jun", "军"), ("Tao", "涛"), ("Ming", "明"), ("Chao", "超"), ("Xia", "霞"),
     ("Hui", "慧"), ("Qiang", "强"), ("Lan", "兰"), ("Bo", "波"), ("Ning", "宁"), ("Hao", "浩"),
 ]  # fmt: skip
-_CITIES = ["北京 Beijing", "上海 Shanghai", "广州 Guangzhou", "深圳 Shenzhen", "杭州 Hangzhou",
-           "成都 Chengdu", "武汉 Wuhan", "西安 Xi'an", "南京 Nanjing",
-           "重庆 Chongqing"]  # fmt: skip
-_TOPICS = ["科技", "财经", "体育", "娱乐", "旅行", "美食", "教育", "健康", "汽车", "游戏",
-           "天气", "电影", "音乐", "房产", "历史", "军事"]  # fmt: skip
-_NOUNS = ["market", "city", "team", "phone", "train", "river", "festival", "startup", "museum",
-          "school", "weather", "concert", "league", "recipe", "bridge", "policy", "robot",
-          "garden", "airport", "library"]  # fmt: skip
-_ADJS = ["new", "quiet", "busy", "bright", "surprising", "local", "rainy", "record", "late",
-         "early", "popular", "historic", "modern", "hidden", "small", "big"]  # fmt: skip
-_VERBS = ["opens", "closes", "wins", "returns", "grows", "changes", "moves", "launches",
-          "celebrates", "slows", "rises", "falls"]  # fmt: skip
-_ZH_PHRASES = ["今天", "据报道", "网友表示", "记者了解到", "值得关注的是", "业内人士认为",
-               "截至目前", "与此同时", "专家提醒", "有消息称"]  # fmt: skip
+_CITIES = [
+    "北京 Beijing",
+    "上海 Shanghai",
+    "广州 Guangzhou",
+    "深圳 Shenzhen",
+    "杭州 Hangzhou",
+    "成都 Chengdu",
+    "武汉 Wuhan",
+    "西安 Xi'an",
+    "南京 Nanjing",
+    "重庆 Chongqing",
+]
+_TOPICS = [
+    "科技",
+    "财经",
+    "体育",
+    "娱乐",
+    "旅行",
+    "美食",
+    "教育",
+    "健康",
+    "汽车",
+    "游戏",
+    "天气",
+    "电影",
+    "音乐",
+    "房产",
+    "历史",
+    "军事",
+]
+_NOUNS = [
+    "market",
+    "city",
+    "team",
+    "phone",
+    "train",
+    "river",
+    "festival",
+    "startup",
+    "museum",
+    "school",
+    "weather",
+    "concert",
+    "league",
+    "recipe",
+    "bridge",
+    "policy",
+    "robot",
+    "garden",
+    "airport",
+    "library",
+]
+_ADJS = [
+    "new",
+    "quiet",
+    "busy",
+    "bright",
+    "surprising",
+    "local",
+    "rainy",
+    "record",
+    "late",
+    "early",
+    "popular",
+    "historic",
+    "modern",
+    "hidden",
+    "small",
+    "big",
+]
+_VERBS = [
+    "opens",
+    "closes",
+    "wins",
+    "returns",
+    "grows",
+    "changes",
+    "moves",
+    "launches",
+    "celebrates",
+    "slows",
+    "rises",
+    "falls",
+]
+_ZH_PHRASES = [
+    "今天",
+    "据报道",
+    "网友表示",
+    "记者了解到",
+    "值得关注的是",
+    "业内人士认为",
+    "截至目前",
+    "与此同时",
+    "专家提醒",
+    "有消息称",
+]
 _ZH_ENDINGS = ["引发热议。", "备受关注。", "令人期待。", "持续升温。", "值得一看。", "众说纷纭。"]
-_COMMENTS = ["说得好", "支持一下", "first!", "Great point", "有道理", "不敢相信", "me too",
-             "学到了", "thanks for sharing", "哈哈哈", "I disagree", "同意楼上", "Q&A please",
-             "期待后续", "<not a tag>", "太真实了"]  # fmt: skip
+_COMMENTS = [
+    "说得好",
+    "支持一下",
+    "first!",
+    "Great point",
+    "有道理",
+    "不敢相信",
+    "me too",
+    "学到了",
+    "thanks for sharing",
+    "哈哈哈",
+    "I disagree",
+    "同意楼上",
+    "Q&A please",
+    "期待后续",
+    "<not a tag>",
+    "太真实了",
+]
 
 ZH_COMMA = "\uff0c"  # full-width comma, as Chinese text uses
 

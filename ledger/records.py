@@ -15,16 +15,23 @@ RECENT_KEEP = 10_000  # runs listed by `recent` (their records expire after the 
 DELIV_TTL = 2 * 24 * 3600  # a delivery counter a task never got to commit or retry
 
 COUNTERS = (
-    "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed",
+    "dispatched",
+    "succeeded",
+    "failed",
+    "retried",
+    "items",
+    "stored",
+    "store_failed",
     "resent",  # re-sent by the sweeper after the broker lost their message
     "cancelled",  # not run: their run was cancelled (`RunState.cancel`)
     "skipped",  # ended without a request on purpose (robots.txt): neither failed nor retried
     # children never sent: crawled within the step's `skip_seen_hours` (the dedup store), or
     # already sent in this run (a `unique` step)
-    "skipped_seen", "skipped_unique",
+    "skipped_seen",
+    "skipped_unique",
     "undecodable",  # pages whose text had bytes its charset cannot decode (U+FFFD stored)
     "empty",  # pages that yielded nothing (no item, no follow-up): a selector matching nothing?
-)  # fmt: skip
+)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal, get_args, overload
 
 from config import get_settings
 from exceptions import (
@@ -28,9 +28,7 @@ from monitor.metrics import TaskMetrics
 from utils.redis import get_redis
 
 Point = Literal["before_request", "after_response", "before_store", "after_store", "on_error"]
-POINTS: tuple[Point, ...] = (
-    "before_request", "after_response", "before_store", "after_store", "on_error",
-)  # fmt: skip
+POINTS: tuple[Point, ...] = get_args(Point)
 KINDS = ("continue", "skip", "retry", "fail")
 
 

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from config import Settings, get_settings
+from ledger.state import COUNTERS
 from monitor import alerts, health
 from monitor import status as st
 from settings.monitor import MonitorSettings, get_monitor_settings
@@ -46,10 +47,7 @@ from utils.slots import SlotsLost, lost_for, lost_ranges
 log = logging.getLogger("chaincrawl.exporter")
 
 TASK_LABELS = ["site", "task"]
-RUN_COUNTERS = (
-    "dispatched", "succeeded", "failed", "retried", "items", "stored", "store_failed", "resent",
-    "cancelled", "skipped", "skipped_seen", "skipped_unique", "undecodable", "empty",
-)  # fmt: skip
+RUN_COUNTERS = COUNTERS  # a run's counters (ledger/records.py), each a gauge
 
 
 class ChaincrawlCollector(Collector):

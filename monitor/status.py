@@ -42,8 +42,17 @@ log = logging.getLogger(__name__)
 # every outcome a started attempt ends in: `cancelled` (its run was cancelled, not fetched),
 # `paused` (parked while its run was paused) and `duplicate` (a redelivery of an attempt
 # already committed or parked) so that started = the others summed, once attempts finish
-OUTCOMES = ("started", "succeeded", "failed", "retried", "waited", "skipped", "cancelled",
-            "paused", "duplicate")  # fmt: skip
+OUTCOMES = (
+    "started",
+    "succeeded",
+    "failed",
+    "retried",
+    "waited",
+    "skipped",
+    "cancelled",
+    "paused",
+    "duplicate",
+)
 ERROR_OUTCOMES = ("failed", "retried", "waited")
 
 # masking lives in utils/logsafe.py; re-exported for the callers of these names
@@ -229,8 +238,20 @@ def dead_worker_restored(client: Any, s: Settings | None = None) -> int:
     return int(client.hget(s.key("metrics", "broker"), "dead_worker_restored") or 0)
 
 
-_RUN_FIELDS = ("chain", "created", "status", "priority", "cancelled", "paused", "finished",
-               "cancel_reason", "pause_reason", "last", "resend_mark", "resends_stalled")  # fmt: skip
+_RUN_FIELDS = (
+    "chain",
+    "created",
+    "status",
+    "priority",
+    "cancelled",
+    "paused",
+    "finished",
+    "cancel_reason",
+    "pause_reason",
+    "last",
+    "resend_mark",
+    "resends_stalled",
+)
 
 
 def run_records(
@@ -309,9 +330,23 @@ def lost_runs(client: Any, rids: list[str], s: Settings) -> dict[str, str]:
 
 
 def _lost_record(rid: str, why: str) -> dict[str, Any]:
-    return {"run_id": rid, "chain": "?", "status": "paused", "priority": "", "created": 0.0,
-            "age": None, "elapsed": None, "last": None, "paused": True, "reason": why,
-            "outstanding": 0, "resending": 0, "totals": {}, "steps": {}, "lost": True}  # fmt: skip
+    return {
+        "run_id": rid,
+        "chain": "?",
+        "status": "paused",
+        "priority": "",
+        "created": 0.0,
+        "age": None,
+        "elapsed": None,
+        "last": None,
+        "paused": True,
+        "reason": why,
+        "outstanding": 0,
+        "resending": 0,
+        "totals": {},
+        "steps": {},
+        "lost": True,
+    }
 
 
 def recent_runs(
@@ -344,8 +379,19 @@ def active_runs(client: Any, s: Settings | None = None, limit: int = 20) -> list
     out = []
     for rec in run_records(client, s, limit):
         if rec.get("lost"):  # its keys are on a lost slot range: its reason, nothing else
-            out.append({**rec, "complete": False, "ended": False, "ending": "paused",
-                        "ok": False, "failed": 0, "waiting": 0, "skips": {}, "elapsed": 0.0})  # fmt: skip
+            out.append(
+                {
+                    **rec,
+                    "complete": False,
+                    "ended": False,
+                    "ending": "paused",
+                    "ok": False,
+                    "failed": 0,
+                    "waiting": 0,
+                    "skips": {},
+                    "elapsed": 0.0,
+                }
+            )
             continue
         try:
             raw = state.chain_def(rec["run_id"])

@@ -23,9 +23,20 @@ _PATTERNS = [
 
 
 SECRET_KEY_PARTS = (
-    "cookie", "passw", "pwd", "token", "secret", "proxy", "proxies", "authorization",
-    "session", "apikey", "api_key", "credential", "signature",
-)  # fmt: skip
+    "cookie",
+    "passw",
+    "pwd",
+    "token",
+    "secret",
+    "proxy",
+    "proxies",
+    "authorization",
+    "session",
+    "apikey",
+    "api_key",
+    "credential",
+    "signature",
+)
 SECRET_KEY_NAMES = {"sign", "auth", "sid", "pass"}  # too short to match inside other names
 MASK = "***"
 
