@@ -6,9 +6,8 @@ One `PoolHealth` record per pool (`external_interface.resources.health`, where t
 
 A pool reports its health in one of two ways (both may coexist; a live source wins):
 
-* **push** (any process, any language): `report(client, PoolHealth(...))` writes the hash
-  `{prefix}:health:pool:{name}` (fields size, bans, produced, kind, site, updated) and adds the
-  name to the set `{prefix}:health:pools`; `add_produced(client, name, n)` increments `produced`
+* **push** (any process, any language): `report(client, PoolHealth(...))` writes the pool's health hash and adds
+  its name to the set of reporting pools (both keys: docs/monitoring.md); `add_produced(client, name, n)` increments `produced`
   where the pool only knows it made n more. Reports older than `STALE_AFTER` (5 minutes,
   `external_interface.resources.health`) are still shown, with their age, so a pool whose owner died
   is visible as such.

@@ -1,12 +1,6 @@
-"""Task metrics in Redis under stable names, aggregated across every worker.
-
-Keys (prefix `cc`):
-    metrics:task:{task}   hash  per endpoint task
-    metrics:site:{site}   hash  per site (sum over its endpoints)
-Fields (stable; dashboards and the exporter rely on them):
-    started, succeeded, failed, failed:{ErrorType}, retried, retried:{ErrorType},
-    waited, items, requests (renders included), renders, http:{status}, bytes, latency_ms_sum,
-    latency_count, latency_le:{bound_ms} (cumulative histogram buckets, Prometheus style, incl. +Inf)
+"""Task metrics in Redis under stable names, aggregated across every worker: one hash per
+endpoint task and one per site (their keys and fields, which dashboards and the exporter rely
+on: docs/monitoring.md, "Stable Redis keys").
 
 A worker adds each task's counts into a per-process `Aggregator` (a dict add under one lock);
 a background thread writes the sums every `CHAINCRAWL_METRICS_FLUSH_INTERVAL` (1 s) with one

@@ -1,10 +1,8 @@
 """The beat task: start a schedule entry's chain run unless its previous run is still going.
 
-Redis keys (under the key prefix):
-    sched:{entry}        hash  run (id of the entry's latest run), chain, started,
-                               last_check, last_outcome
-    sched:{entry}:lock   str   held while one trigger decides, so concurrent triggers
-                               (a redelivery, two beats by mistake) cannot both start a run
+An entry's record names its latest run; its lock is held while one trigger decides, so
+concurrent triggers (a redelivery, two beats by mistake) cannot both start a run (both keys:
+docs/scheduling.md).
 
 "Still going" = the run id is in `runs:active` and its record says `running`; a run older
 than the entry's `stale_after` no longer blocks (its lost messages would block forever).

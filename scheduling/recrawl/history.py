@@ -1,22 +1,8 @@
 """The change history of a watched set, in the state store: per key its visits and changes,
 per site the hours it changes in, the keys due next and the budget's allowance.
 
-Keys (under the prefix; `{<watch>}` keeps them on one Redis Cluster slot, so each of the two
-scripts runs there):
-
-    recrawl:{w}:keys      hash  key -> "n x active last rate": intervals seen, of them ended
-                                changed, their active seconds, the last visit, the rate used
-    recrawl:{w}:due       zset  key -> when it is visited next (s)
-    recrawl:{w}:inflight  zset  key -> when the scheduler sent it (a visit it bought)
-    recrawl:{w}:misses    hash  key -> sends in a row that stored nothing (3: dropped)
-    recrawl:{w}:totals    hash  e0..e23 seconds observed per hour of day, c0..c23 changes
-                                attributed to it; n, x, active (pooled over keys); sum (of
-                                rate ** alpha), rsum (of rates), keys; visits, changes, bought
-                                (visits the scheduler sent), found (changes those found),
-                                dispatched, dropped; tokens, tokens_at (the allowance)
-    recrawl:{w}:hours     hash  "<hour since 1970>:v|c|b|f" -> visits, changes, bought, found
-                                in that hour (the last 48 hours are kept: `status`'s last day)
-    recrawl:watches       hash  watch name -> its settings (JSON), for every worker's observer
+The keys (one hash tag per watched set, `utils.keyspace.Keyspace.recrawl`, so each of the
+two scripts runs on one Redis Cluster slot) and what each holds: docs/scheduling.md.
 
 Observing is all or nothing per batch: the script applies every key's new record only if none
 moved since it was read (another drainer observed the same key), else the batch is read and
