@@ -5,7 +5,7 @@
 
 Crawls the bench site (`bench/site`, the `bench_pc` chain of `bench.chaincrawl_bench`: every
 step `unique`) on one real worker against a private Redis, waits until the run is complete, its
-items stored and the run compacted to its summary (ledger/state.py `compact`), then sums
+items stored and the run compacted to its summary (ledger/compaction.py `compact`), then sums
 `MEMORY USAGE` (exact: `SAMPLES 0`) over the keys, grouped by kind (ids replaced by `{rid}`,
 `{tid}`), less what the same keys held before the run. Prints bytes per crawled page: in total,
 and per kind. Dedup records (`skip_seen_hours`) are kept on purpose and reported apart; the

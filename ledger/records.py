@@ -1,6 +1,7 @@
 """What the ledger's scripts and readers exchange: its counters, the records a commit, a begin,
 a cancel, a pause and a resume return, and the pure readings of a run's hash and counters
-(`run_status`, `items_settled`). No Redis here: ledger/state.py has the layout."""
+(`run_status`, `items_settled`). No client of its own: the keys are ledger/keys.py's (named
+by utils/keyspace.py)."""
 
 from __future__ import annotations
 

@@ -32,5 +32,5 @@ class EntriesRefused(Exception):
 
 RunsHook = Callable[[list[str]], None]
 # called with the run ids whose `stored`/`store_failed` counters a batch moved, once they
-# are written: the worker compacts the runs this completed (ledger/state.py `compact`)
+# are written: the worker compacts the runs this completed (ledger/compaction.py `compact`)
 on_runs_stored: list[RunsHook] = []
