@@ -502,15 +502,10 @@ class Sweeper:
                     self.r.set(self.busy_key, b"1", px=int(3 * self.lock_ttl * 1000))
             self._lock = None
 
-    def busy(self) -> None:
-        """This process runs a task: the next pass within one interval, and every interval
-        after it (no Redis command). A task the worker starts says so by itself, through
-        utils/activity.py (`ran_task`)."""
-        self._busy = True
-
     def ran_task(self) -> bool:
-        """Whether this process ran a task (or other work, utils/activity.py) since the last
-        pass began, or `busy()` was called; one integer compared, no command."""
+        """Whether this process started a task (or other work: utils/activity.py) since the
+        last pass began: then the next pass comes within one interval, and every interval
+        after it. One integer compared, no command."""
         if self._work.worked():
             self._busy = True
         return self._busy
