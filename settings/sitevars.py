@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 from settings.base import PREFIX
@@ -94,10 +95,37 @@ def site_env(
 ) -> str | None:
     """A per-site variable's value: the site's own, else the family's all-sites default.
 
-    An empty value counts as unset."""
+    An empty value counts as unset. The process's environment is read on every call (a
+    process may set a variable while it runs), without what `os.environ.get` costs a missing
+    name (every page asks for its site's fetcher and contact URL, usually unset)."""
+    if environ is None and _RAW is not None and not parts:
+        names = _NAMES.get((key, site))
+        if names is None:
+            names = _NAMES[(key, site)] = _raw_names(SITE_VARS[key], site)
+        for raw in names:
+            value = _RAW.get(raw)
+            if value:
+                return _decode(value)
+        return None
     var = SITE_VARS[key]
     env = os.environ if environ is None else environ
     for name in (var.name(site, **parts), var.default_name(**parts)):
         if name and env.get(name):
             return env[name]
     return None
+
+
+# os.environ's own store (POSIX: bytes names and values, kept in step by os.environ and
+# os.putenv's callers through it): a dict lookup instead of `_Environ.__getitem__`'s encode
+# and KeyError. Elsewhere (or another implementation) the plain lookup above.
+_RAW: dict[Any, Any] | None = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_NAMES: dict[tuple[str, str], tuple[bytes, ...]] = {}
+
+
+def _raw_names(var: SiteVar, site: str) -> tuple[bytes, ...]:
+    names = (var.name(site), var.default_name())
+    return tuple(os.fsencode(n) for n in names if n)
+
+
+def _decode(value: bytes) -> str:
+    return os.fsdecode(value)
