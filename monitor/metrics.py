@@ -25,6 +25,8 @@ from utils.slots import lost_for, lost_ranges
 
 LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 _LE_FIELDS = (*(f"latency_le:{b}" for b in LATENCY_BUCKETS_MS), "latency_le:+Inf")
+# by bucket index: the cumulative fields a latency in that bucket adds one to
+_LE_ONES = tuple(dict.fromkeys(_LE_FIELDS[i:], 1) for i in range(len(_LE_FIELDS)))
 log = logging.getLogger("chaincrawl.metrics")
 
 
@@ -58,8 +60,12 @@ class TaskMetrics:
         self.counts["latency_ms_sum"] += round(ms)
         self.counts["latency_count"] += 1
         counts = self.counts
-        for f in _LE_FIELDS[bisect_left(LATENCY_BUCKETS_MS, ms) :]:  # cumulative buckets
-            counts[f] += 1
+        ones = _LE_ONES[bisect_left(LATENCY_BUCKETS_MS, ms)]  # its cumulative buckets
+        if counts.keys().isdisjoint(ones):  # the usual case: one latency per task
+            dict.update(counts, ones)
+        else:
+            for f in ones:
+                counts[f] += 1
 
     def flush(self, pipe: Any, task: str, site: str, s: Settings | None = None) -> None:
         if not self.counts:
@@ -90,25 +96,43 @@ class Aggregator:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: dict[str, Counter[str]] = {}
+        # sums by the keys they go to (a task's and its site's): a task's counts are added
+        # once, not once per key, and split into `_pending` when read (`_fold`)
+        self._by_keys: dict[tuple[str, ...], Counter[str]] = {}
         self._thread: threading.Thread | None = None
         self._running = 0  # pid of the process whose flush thread runs (0: none)
         self._stop = threading.Event()
 
     def add(self, keys: tuple[str, ...], counts: Mapping[str, int]) -> None:
         with self._lock:
+            c = self._by_keys.get(keys)
+            if c is None:
+                c = self._by_keys[keys] = Counter()
+            c.update(counts)
+
+    def _fold(self) -> None:
+        """Split the sums by keys into the sums by key (the caller holds the lock)."""
+        by_keys, self._by_keys = self._by_keys, {}
+        for keys, counts in by_keys.items():
             for key in keys:
                 c = self._pending.get(key)
                 if c is None:
-                    c = self._pending[key] = Counter()
-                c.update(counts)
+                    self._pending[key] = Counter(counts)
+                else:
+                    c.update(counts)
+
+    def _take(self) -> dict[str, Counter[str]]:
+        with self._lock:
+            self._fold()
+            taken, self._pending = self._pending, {}
+        return taken
 
     def drain_into(
         self, pipe: Any, keep: Callable[[str], bool] | None = None
     ) -> dict[str, Counter[str]]:
         """Queue every pending sum as HINCRBYs on `pipe` (but those whose key `keep` says
         to keep: left pending); returns what was taken, for `restore` if the pipeline fails."""
-        with self._lock:
-            taken, self._pending = self._pending, {}
+        taken = self._take()
         if keep is not None:
             kept = {k: c for k, c in taken.items() if keep(k)}
             taken = {k: c for k, c in taken.items() if k not in kept}
@@ -124,11 +148,11 @@ class Aggregator:
             self.add((key,), counts)
 
     def pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._by_keys)
 
     def flush(self, client: Any) -> None:
         """Write the pending sums now (one round trip); kept for the next try on failure."""
-        if not self._pending:
+        if not self.pending():
             return
         pipe = client.pipeline(transaction=False)
         taken = self.drain_into(pipe)
@@ -146,8 +170,7 @@ class Aggregator:
         ranges = lost_ranges(client)
         if not ranges:
             return False
-        with self._lock:
-            taken, self._pending = self._pending, {}
+        taken = self._take()
         kept = {k: c for k, c in taken.items() if lost_for(ranges, k)}
         served = {k: c for k, c in taken.items() if k not in kept}
         self.restore(kept)
