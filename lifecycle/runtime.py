@@ -32,6 +32,7 @@ from ledger.publish import BATCH_CPU_MIN, Load, Publisher, batch_size
 from ledger.state import RunState
 from lifecycle.endpoints import BROWSER, EndpointSpec, queue_for
 from utils.greenlets import gevent_patched
+from utils.ids import pid
 from utils.ranked_slots import RankedSlots
 from utils.redis import get_redis
 from utils.wire import PRIORITY
@@ -249,11 +250,11 @@ def current() -> Runtime:
     """This process's runtime; a new one (same slots) when the settings object or the process
     changed since it was built (tests that point the settings elsewhere, a forked child)."""
     rt = _current
-    if rt is not None and rt.settings is get_settings() and rt.pid == os.getpid():
+    if rt is not None and rt.settings is get_settings() and rt.pid == pid():
         return rt
     with _install_lock:
         rt = _current
-        if rt is None or rt.settings is not get_settings() or rt.pid != os.getpid():
+        if rt is None or rt.settings is not get_settings() or rt.pid != pid():
             rt = install(Runtime(get_settings(), rt.slots if rt is not None else 0))
     return rt
 

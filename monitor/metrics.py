@@ -13,7 +13,6 @@ are exact either way (they live in the commit script). Stored fields are unchang
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from bisect import bisect_left
 from collections import Counter
@@ -21,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from config import Settings, get_settings
+from utils.ids import pid as process_id
 from utils.slots import lost_for, lost_ranges
 
 LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -192,13 +192,13 @@ class Aggregator:
         Called by every task: `Thread.is_alive()` would take the thread's state lock each time,
         which under gevent is a trip through the hub (two per page in a latency-bound crawl),
         so the running thread is known by a flag its loop clears on the way out."""
-        if self._running == os.getpid():
+        if self._running == process_id():
             return
         with self._lock:
-            if self._running == os.getpid():
+            if self._running == process_id():
                 return
             self._stop.clear()
-            self._running = os.getpid()  # a forked child's copy reads as not running
+            self._running = process_id()  # a forked child's copy reads as not running
             self._thread = threading.Thread(
                 target=self._loop, args=(client, interval), name="metrics-flush", daemon=True
             )
@@ -237,7 +237,7 @@ _agg_lock = threading.Lock()
 
 def aggregator() -> Aggregator:
     """This process's aggregator (a forked child gets its own)."""
-    pid = os.getpid()
+    pid = process_id()
     a = _aggregators.get(pid)
     if a is None:
         with _agg_lock:

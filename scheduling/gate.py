@@ -23,7 +23,6 @@ including the default per-site limits (`CHAINCRAWL_DEFAULT_LIMITS`, on unless `o
 
 from __future__ import annotations
 
-import os
 from typing import Any, Protocol
 
 from config import Settings, get_settings
@@ -32,6 +31,7 @@ from scheduling.ratelimit import RedisGate
 from scheduling.shares import fleet_from_settings
 from scheduling.throttle import Throttle
 from settings.scheduling import get_fleet_settings
+from utils.ids import pid
 from utils.registry import Registry
 
 
@@ -94,7 +94,7 @@ def get_gate() -> Gate:
     limits, default limits, the throttle, the per-site render cap or a fleet budget are on,
     else noop)."""
     global _gate, _gate_pid
-    if _gate is None or _gate_pid != os.getpid():
+    if _gate is None or _gate_pid != pid():
         s = get_settings()
         polite = (
             s.limits
@@ -105,7 +105,7 @@ def get_gate() -> Gate:
         )
         name = s.gate or ("redis" if polite else "noop")
         _gate = gates.get(name)()
-        _gate_pid = os.getpid()
+        _gate_pid = pid()
     return _gate
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from settings.base import PREFIX
 

@@ -9,7 +9,6 @@ a cluster; the broker never is (config refuses it).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import socket
 import threading
@@ -24,6 +23,7 @@ from redis.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCl
 from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
+from utils.ids import pid
 from utils.slots import SlotsLost, lost_now
 
 log = logging.getLogger("chaincrawl.redis")
@@ -270,7 +270,7 @@ def get_redis(url: str | None = None) -> redis.Redis:
     Keyed by pid so a forked child never reuses its parent's sockets.
     """
     url = url or get_settings().redis_url
-    key = (url, os.getpid())
+    key = (url, pid())
     client = _clients.get(key)
     if client is None:
         with _lock:
