@@ -76,11 +76,13 @@ def _json_lines(text: str, where: str) -> list[dict[str, Any]]:
 
 
 def cmd_start(a: argparse.Namespace) -> None:
-    from cli import procs
+    from cli import checks, procs
 
     s = procs.settings()
     for warning in unknown_queues(a.queues or ""):
         print(f"warning: {warning}", file=sys.stderr)
+    for problem in checks.sink_problems():  # no site package imported: a site's own sink
+        print(f"warning: {problem} (no item is stored unless a site registers it)", file=sys.stderr)
     print(f"redis: {procs.ensure_redis(s)} ({s.redis_url.split('@')[-1]})")
     queues = a.queues or ",".join(_all_queues())
     names = procs.start_workers(
@@ -307,6 +309,7 @@ def cmd_config(a: argparse.Namespace) -> None:
         print(reference.markdown())
         return
     import sites
+    from cli import checks
     from external_interface.resources.pool import known_kinds
     from settings import envcheck
 
@@ -315,8 +318,13 @@ def cmd_config(a: argparse.Namespace) -> None:
     problems = envcheck.current(sites.sites(), known_kinds())
     for p in problems:
         print(f"  {p}")
-    if problems:
-        raise UserError(f"{len(problems)} variable(s) that nothing reads (misspelled?)")
+    values = checks.value_problems()
+    for p in values:
+        print(f"  {p}")
+    if problems or values:
+        said = [f"{len(problems)} variable(s) that nothing reads (misspelled?)"] if problems else []
+        said += [f"{len(values)} value(s) the workers cannot use"] if values else []
+        raise UserError("; ".join(said))
     if names:
         print("each is read by chaincrawl")
 

@@ -33,9 +33,15 @@ def fixed_names() -> set[str]:
 
 
 def set_names(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The `CHAINCRAWL_*` variables set (names only: values may be secrets)."""
-    env = os.environ if environ is None else environ
-    return sorted(n for n in env if n.startswith(PREFIX))
+    """The `CHAINCRAWL_*` variables set (names only: values may be secrets): by default those
+    of the environment and of `.env`, which the settings classes and `current()` read too (a
+    name only `.env` sets is listed as `NAME (.env)`)."""
+    if environ is not None:
+        return sorted(n for n in environ if n.startswith(PREFIX))
+    dotenv = {n for n in dotenv_values(".env") if n.startswith(PREFIX)}
+    names = {n: n for n in os.environ if n.startswith(PREFIX)}
+    names.update({n: f"{n} (.env)" for n in dotenv if n not in names})
+    return [names[n] for n in sorted(names)]
 
 
 def _part(allowed: tuple[str, ...] | None) -> str:

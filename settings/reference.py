@@ -47,6 +47,10 @@ class of each table is named under its title. A variable that nothing reads (a m
 is reported by the workers at start (in their log), on standard error by `start` (once its
 workers are up, for the sites they loaded), `trigger`, `parse`, `shell` and `demo` (a
 `warning:` line each, the command goes on), and by `./control.sh config`, which exits with 2.
+`config` lists the names `.env` sets too (marked `(.env)`) and fails on a value the workers
+cannot use: a `CHAINCRAWL_LIMITS` entry that is no rate, a sink no factory is registered under
+(`CHAINCRAWL_SINKS`, a per-type rule), which `start` also warns of before it starts a worker
+(such a worker stores nothing).
 """
 
 

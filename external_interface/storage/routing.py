@@ -50,7 +50,7 @@ from external_interface.storage.sinks.jsonl import JsonlSink
 from external_interface.storage.sinks.kafka import KafkaSink
 from external_interface.storage.sinks.mongo import MongoSink
 from external_interface.storage.sinks.postgres import PostgresSink
-from utils.registry import Registry
+from utils.registry import Registry, UnknownNameError
 
 __all__ = [  # the shared types are re-exported: this module is where users meet storage
     "SANITIZE_MAP",
@@ -63,6 +63,7 @@ __all__ = [  # the shared types are re-exported: this module is where users meet
     "SinkRouter",
     "TypePolicy",
     "build_sinks",
+    "check_sinks",
     "configure_type",
     "entry_version",
     "key_values",
@@ -204,8 +205,37 @@ def build_sinks(
     if not default:
         raise ConfigError("no sinks configured (CHAINCRAWL_SINKS is empty)")
     policies = (policies or type_policies).copy().update_from_env()
+    wanted = _wanted(default, policies)
+    instances = {n: sink_registry.get(n)(settings, policies) for n in wanted}
+    return SinkRouter(instances, default, policies)
+
+
+def _wanted(default: Sequence[str], policies: Policies) -> list[str]:
+    """The default sinks, then each sink a per-type rule names, once each."""
     wanted = list(dict.fromkeys(default))
     for policy in policies.rules.values():
         wanted += [n for n in policy.sinks or () if n not in wanted]
-    instances = {n: sink_registry.get(n)(settings, policies) for n in wanted}
-    return SinkRouter(instances, default, policies)
+    return wanted
+
+
+def check_sinks(settings: Settings | None = None, policies: Policies | None = None) -> None:
+    """A `ConfigError` naming the setting that asks for a sink no factory is registered under
+    (`CHAINCRAWL_SINKS`, or a per-type rule: `CHAINCRAWL_SINK_ROUTES` or `configure_type`),
+    with its "did you mean"; builds nothing. `start` runs it before any worker: a drainer
+    whose sinks fail to build stores nothing, and the runs would wait in `storing` for ever."""
+    settings = settings or get_settings()
+    default = split_names(settings.sinks)
+    if not default:
+        raise ConfigError("CHAINCRAWL_SINKS is empty: no sink would store the items")
+    policies = (policies or type_policies).copy().update_from_env()
+    for name in _wanted(default, policies):
+        if name not in sink_registry:
+            where = (
+                "CHAINCRAWL_SINKS"
+                if name in default
+                else "a per-type sink rule (CHAINCRAWL_SINK_ROUTES or configure_type)"
+            )
+            try:
+                sink_registry.get(name)
+            except UnknownNameError as exc:
+                raise ConfigError(f"{where}: {exc}") from None

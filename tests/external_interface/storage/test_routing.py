@@ -137,3 +137,26 @@ def test_build_sinks_from_settings(tmp_path, monkeypatch) -> None:
         storage.sink_registry.remove("memo")
         monkeypatch.undo()
         reset_storage_settings()
+
+
+def test_check_sinks_names_the_setting_of_an_unknown_sink(tmp_path, monkeypatch) -> None:
+    """What `start` and `config` say before a worker's drainer fails to build its sinks (and
+    stores nothing): the variable, the name and its nearest; nothing is built."""
+    storage.check_sinks(Settings(var_dir=tmp_path, sinks="jsonl"), Policies())
+    with pytest.raises(
+        ConfigError, match=r"^CHAINCRAWL_SINKS: unknown sink 'jsnol'; did you mean 'jsonl'"
+    ):
+        storage.check_sinks(Settings(var_dir=tmp_path, sinks="jsonl,jsnol"), Policies())
+    with pytest.raises(ConfigError, match="CHAINCRAWL_SINKS is empty"):
+        storage.check_sinks(Settings(var_dir=tmp_path, sinks=" , "), Policies())
+    monkeypatch.setenv("CHAINCRAWL_SINK_ROUTES", "jobs.*=jsonl,mongoo")
+    reset_storage_settings()
+    try:
+        with pytest.raises(
+            ConfigError, match=r"per-type sink rule .*'mongoo'; did you mean 'mongo'"
+        ):
+            storage.check_sinks(Settings(var_dir=tmp_path, sinks="jsonl"), Policies())
+    finally:
+        monkeypatch.undo()
+        reset_storage_settings()
+    assert not (tmp_path / "items").exists()  # nothing built
