@@ -148,9 +148,17 @@ def cmd_stop(a: argparse.Namespace) -> None:
     stopped = procs.stop_named("worker-", s, a.timeout)  # warm shutdown: running tasks finish
     for other in ("beat", "flower", "monitor", "demo-site", "drainer"):
         stopped += procs.stop_named(other, s, 30)
+    unfinished = procs.unfinished_runs(s)  # read before the embedded Redis stops
     if not a.keep_redis and procs.stop_redis(s):
         stopped.append("embedded redis")
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    if unfinished:
+        shown = ", ".join(unfinished[:5]) + (", ..." if len(unfinished) > 5 else "")
+        print(
+            f"not finished: {len(unfinished)} run(s) ({shown}); their tasks wait in the broker "
+            "and go on when workers start again (./control.sh start; ./control.sh cancel "
+            "RUN_ID ends one)"
+        )
 
 
 def cmd_status(a: argparse.Namespace) -> None:

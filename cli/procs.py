@@ -224,6 +224,20 @@ def _answers(url: str) -> bool:
     return True
 
 
+def unfinished_runs(s: Settings) -> list[str]:
+    """The ids of the runs not yet done, for `stop` to name: empty when Redis does not answer
+    at once (one PING, one try; nothing is started or waited for) or on a Redis Cluster."""
+    if is_cluster_url(s.redis_url) or not _answers(s.redis_url):
+        return []
+    from ledger.state import RunState
+
+    client = redis.Redis.from_url(s.redis_url, socket_timeout=5, retry=_ONCE)
+    try:
+        return RunState(client, s).active_runs()
+    except redis.RedisError:
+        return []
+
+
 def embedded_redis_state(s: Settings) -> str:
     """The embedded Redis (REDIS_URL unset): "running" when its port answers; "restarting"
     when not but its supervisor runs (between two runs of a redis-server that died) or a

@@ -68,3 +68,37 @@ def test_a_server_whose_port_another_process_holds_is_said_not_to_start(tmp_path
     said = str(got.value)
     assert "srv exited before it listened" in said and "another process listens" in said, said
     assert "Address already in use" in said, said
+
+
+def test_stop_names_the_runs_left_unfinished(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A stop in the middle of a run says the run is not finished and goes on at the next
+    start, instead of a bare "stopped:" line; a Redis that does not answer is not waited for."""
+    import argparse
+
+    import redis
+
+    from cli import __main__ as cli_main
+    from cli.procs import unfinished_runs
+    from config import reset_settings
+    from ledger.state import RunState
+    from utils.servers import RedisServer
+
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        monkeypatch.setenv("CHAINCRAWL_REDIS_URL", server.url)
+        monkeypatch.setenv("CHAINCRAWL_VAR_DIR", str(tmp_path / "var"))
+        reset_settings()
+        s = Settings(var_dir=tmp_path / "var", redis_url=server.url)
+        state = RunState(redis.Redis.from_url(server.url), s)
+        assert unfinished_runs(s) == []
+        state.r.sadd(state.active_key, "4de898fb1ce34067")
+        assert unfinished_runs(s) == ["4de898fb1ce34067"]
+        cli_main.cmd_stop(argparse.Namespace(timeout=5, keep_redis=True))
+        out = capsys.readouterr().out
+        assert "stopped: nothing was running\n" in out
+        assert "not finished: 1 run(s) (4de898fb1ce34067); their tasks wait in the broker" in out
+    finally:
+        server.kill()
+        monkeypatch.undo()
+        reset_settings()
+    assert unfinished_runs(Settings(var_dir=tmp_path, redis_url="redis://127.0.0.1:1/0")) == []
