@@ -27,7 +27,7 @@ def list_view(
     store = DeadLetterStore(get_redis())
     items = store.list(limit, task, run)
     console = Console()
-    title = f"dead letters ({store.count()} in all)"
+    title = list_title(len(items), store.count(), limit, task, run)
     t = Table(title=title, title_justify="left")
     for col in ("id", "failed at", "task", "run"):
         ident_column(t, col)
@@ -48,6 +48,16 @@ def list_view(
             if d.capture:
                 console.print(capture_text(d.capture), markup=False, highlight=False)
     return len(items)
+
+
+def list_title(shown: int, total: int, limit: int, task: str | None, run: str | None) -> str:
+    """The list's first line: how many are shown of which run or task, beside the count of
+    every dead letter (37 in all over a run's 23 read as 37 of the run)."""
+    of = "".join(f" of {what} {name}" for what, name in (("run", run), ("task", task)) if name)
+    if not of and shown == total:
+        return f"dead letters ({total} in all)"
+    more = "; --limit N shows more" if shown == limit and shown < total else ""
+    return f"dead letters{of}: {shown} shown, the newest ({total} in all{more})"
 
 
 def capture_text(cap: dict[str, Any]) -> str:

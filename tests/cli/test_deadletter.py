@@ -80,3 +80,20 @@ def test_unreachable_redis_is_one_line(crawl_env: dict[str, str], action: str) -
     )
     assert "refused" in errors[0] and "Traceback" not in out.stderr
     assert "waiting" not in out.stderr
+
+
+def test_the_list_title_says_how_many_of_which_run_are_shown() -> None:
+    """`deadletter list --run R` showed 23 letters under "dead letters (37 in all)"."""
+    from cli.deadletter import list_title
+
+    assert list_title(37, 37, 50, None, None) == "dead letters (37 in all)"
+    assert (
+        list_title(23, 37, 50, None, "d316")
+        == "dead letters of run d316: 23 shown, the newest (37 in all)"
+    )
+    assert list_title(5, 37, 5, "jobs.pc.job", None) == (
+        "dead letters of task jobs.pc.job: 5 shown, the newest (37 in all; --limit N shows more)"
+    )
+    assert list_title(50, 120, 50, None, None) == (
+        "dead letters: 50 shown, the newest (120 in all; --limit N shows more)"
+    )
