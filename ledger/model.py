@@ -9,6 +9,7 @@ the endpoint contract, and `chains` (which loads every site) hands the lookup in
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,7 +297,24 @@ def _tree_step(chain: str, d: Any, where: str) -> Step:
         raise ChainDefinitionError(f"chain {chain!r}: {where} must be a mapping")
     unknown = set(d) - _STEP_KEYS
     if unknown:
-        raise ChainDefinitionError(f"chain {chain!r}: {where} has unknown keys {sorted(unknown)}")
+        near = {
+            str(k): m[0]
+            for k in unknown
+            if (m := difflib.get_close_matches(str(k), sorted(_STEP_KEYS), n=1))
+        }
+        if len(unknown) == 1 and near:
+            hint = f" (did you mean {next(iter(near.values()))!r}?)"
+        elif near:
+            hint = (
+                " (did you mean "
+                + ", ".join(f"{m!r} for {k!r}" for k, m in sorted(near.items()))
+                + "?)"
+            )
+        else:
+            hint = f" (a step's keys: {', '.join(sorted(_STEP_KEYS))})"
+        raise ChainDefinitionError(
+            f"chain {chain!r}: {where} has unknown keys {sorted(unknown)}{hint}"
+        )
     if not isinstance(d.get("task"), str):
         raise ChainDefinitionError(f"chain {chain!r}: {where} has no 'task' name")
     for k in ("map", "const"):
