@@ -36,8 +36,22 @@ def _seeds(text: str | None) -> list[dict[str, Any]] | None:
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise UserError("seeds must be a JSON object or a list of objects, e.g. '[{\"page\": 1}]'")
+        got = (
+            f"a JSON {_json_kind(data)}"
+            if not isinstance(data, list)
+            else f"a list whose item {next(i for i, d in enumerate(data) if not isinstance(d, dict))} "
+            f"is a JSON {_json_kind(next(d for d in data if not isinstance(d, dict)))}"
+        )
+        raise UserError(
+            f"seeds must be a JSON object or a list of objects, e.g. '[{{\"page\": 1}}]'; got {got}"
+        )
     return data
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (a string, a number, ...)."""
+    kinds = ((bool, "boolean"), (str, "string"), (int, "number"), (float, "number"), (list, "list"))
+    return next((name for t, name in kinds if isinstance(value, t)), "null")
 
 
 def _seeds_file(path: str) -> list[dict[str, Any]]:

@@ -150,3 +150,23 @@ def test_chains_lists_each_step_s_full_task_name(crawl_env: dict[str, str]) -> N
     out = control("chains", env=crawl_env)  # COLUMNS=80, a pipe
     assert out.returncode == 0, out.stderr
     assert "cli_probe: local.probe=testsite.local.probe" in out.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("text", "got"),
+    [
+        ('"page=1"', "got a JSON string"),
+        ("3", "got a JSON number"),
+        ('[{"page": 1}, 2]', "got a list whose item 1 is a JSON number"),
+        ("[[1]]", "got a list whose item 0 is a JSON list"),
+    ],
+)
+def test_seeds_that_are_no_objects_say_what_they_are(text: str, got: str) -> None:
+    """`trigger jobs '"page=1"'` was refused without saying the shell had left a string."""
+    from cli import UserError
+    from cli.__main__ import _seeds
+
+    with pytest.raises(UserError) as ei:
+        _seeds(text)
+    assert str(ei.value).startswith("seeds must be a JSON object or a list of objects")
+    assert str(ei.value).endswith(got)
