@@ -32,7 +32,7 @@ import chains
 import sites
 from cli import UserError, procs
 from config import ROOT, SITE_VARS, get_settings
-from exceptions import ChainCrawlError
+from exceptions import ChainCrawlError, RobotsUnavailable
 from external_interface.fetch.mock import fixture_dir, outputs_of, save_case
 from ledger.model import Chain
 from lifecycle.endpoints import EndpointSpec
@@ -179,11 +179,25 @@ def _failed(result: LiveResult, save_fixture: bool) -> int:
     assert exc is not None
     if isinstance(exc, ChainCrawlError):  # the machinery's typed errors say what happened
         print(f"error: {result.spec.name} raised {type(exc).__name__}: {exc}", file=sys.stderr)
+        if isinstance(exc, RobotsUnavailable):
+            print(robots_hint(result.spec.site), file=sys.stderr)
     else:  # a bug in the endpoint's own code: its traceback is what the developer needs
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     if save_fixture:
         print("nothing recorded: the endpoint failed", file=sys.stderr)
     return 1
+
+
+def robots_hint(site: str) -> str:
+    """What to do about a robots.txt that could not be read: most often, in development, a
+    site that was not up (or not at that address) when it was first asked for."""
+    ttl = get_settings().robots_error_ttl
+    return (
+        "hint: no request goes to a site whose robots.txt could not be read (nothing answered, "
+        f"a 5xx or a 429): is the site up at that address? Every process keeps the failure "
+        f"for CHAINCRAWL_ROBOTS_ERROR_TTL ({ttl:.0f}s), even once the site answers; "
+        f"CHAINCRAWL_ROBOTS_IGNORE={site} skips robots.txt for the site"
+    )
 
 
 def _save(result: LiveResult, fixtures: str | None) -> None:

@@ -146,6 +146,27 @@ def test_errors_are_one_line(site: TestSite, env: dict[str, str]) -> None:
     assert "nothing recorded" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_a_site_that_does_not_answer_gets_a_hint_on_robots_txt(env: dict[str, str]) -> None:
+    """Nothing listens at the site's address: the page waits on its robots.txt, which every
+    process then keeps for CHAINCRAWL_ROBOTS_ERROR_TTL; parse says what to look at and how
+    to skip robots.txt while developing, not only 'RobotsUnavailable'."""
+    down = control(
+        "parse",
+        "testsite.local.listing",
+        env={
+            **env,
+            "TESTSITE_URL": "http://127.0.0.1:1",
+            "CHAINCRAWL_ROBOTS": "1",
+            "CHAINCRAWL_ROBOTS_IGNORE": "",
+        },
+    )
+    assert down.returncode == 1, down.stderr
+    assert "raised RobotsUnavailable: robots.txt of http://127.0.0.1:1 unreadable" in down.stderr
+    assert "hint: no request goes to a site whose robots.txt could not be read" in down.stderr
+    assert "is the site up at that address?" in down.stderr
+    assert "CHAINCRAWL_ROBOTS_IGNORE=testsite skips robots.txt for the site" in down.stderr
+
+
 def test_shell_fetches_as_the_site_and_runs_code(site: TestSite, env: dict[str, str]) -> None:
     code = "print(resp.json()['title']); r = fetch('e7'); print(r.json()['title'], resp is r)"
     out = control("shell", f"{site.url}/detail/e6", "--site", "testsite", "-c", code, env=env)
