@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -60,6 +61,8 @@ class WorkerTasks:
     queues: frozenset[str]  # empty: not said (taken as every queue)
     at: float
     broken: tuple[dict[str, Any], ...] = ()  # site modules it failed to import (utils/modules.py)
+    started: float = 0.0  # when it loaded its code (0: not said, a worker of an older version)
+    host: str = ""  # the machine it runs on (socket.gethostname())
 
     def consumes(self, queue: str) -> bool:
         return not self.queues or queue in self.queues
@@ -131,15 +134,19 @@ class TaskSets:
         queues: Iterable[str] = (),
         live_for: float = LIVE_FOR,
         broken: Iterable[Mapping[str, Any]] = (),
+        started: float = 0.0,
     ) -> None:
-        """Say (again) which tasks `worker` knows, which queues it consumes and which site
-        modules it failed to import; it counts as live for `live_for` seconds (by the
-        server's clock)."""
+        """Say (again) which tasks `worker` knows, which queues it consumes, which site
+        modules it failed to import and when and where it loaded them (`started`, by its own
+        clock, and its host: `trigger` warns of a site file changed since); it counts as live
+        for `live_for` seconds (by the server's clock)."""
         entry = {
             "tasks": sorted(set(tasks)),
             "queues": sorted(set(queues)),
             "at": time.time(),
             "broken": [dict(b) for b in broken],
+            "started": started,
+            "host": socket.gethostname(),
         }
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(self.key, worker, orjson.dumps(entry))
@@ -213,6 +220,8 @@ class TaskSets:
                     frozenset(d.get("queues") or ()),
                     float(d["at"]),
                     tuple(d.get("broken") or ()),
+                    float(d.get("started") or 0.0),
+                    str(d.get("host") or ""),
                 )
             except (ValueError, KeyError, TypeError):
                 gone.append(name)
@@ -268,11 +277,12 @@ class Beat:
         self.sets, self.worker = sets, worker
         self.tasks, self.queues = sorted(set(tasks)), sorted(set(queues))
         self.broken = [dict(b) for b in broken]
+        self.started = time.time()  # built as the worker is ready: its code is loaded
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
+        self._publish()
         self._thread = threading.Thread(target=self._loop, name="task-set-beat", daemon=True)
         self._thread.start()
 
@@ -282,12 +292,17 @@ class Beat:
             beats += 1
             try:  # the entry every ENTRY_EVERY beats, or at once when the key was gone
                 if beats % ENTRY_EVERY == 0 or not self.sets.refresh(self.worker):
-                    self.sets.publish(self.worker, self.tasks, self.queues, broken=self.broken)
+                    self._publish()
             except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
                 if lost_now(self.sets.r, exc):  # its key on a lost slot range: said once
                     log.debug("publishing this worker's task set failed: %s", exc)
                     continue  # by the task that parks a message (lifecycle/lost.py)
                 log.warning("publishing this worker's task set failed: %s", exc)
+
+    def _publish(self) -> None:
+        self.sets.publish(
+            self.worker, self.tasks, self.queues, broken=self.broken, started=self.started
+        )
 
     def stop(self) -> None:
         self._stop.set()

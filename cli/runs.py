@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 
 import chains
+import sites
 from chains.runner import Progress, RunHandle
 from cli import RUN_ON_LOST_SLOTS, UserError
 from cli.tables import recent_table, run_table
+from config import ROOT
 from utils.slots import SlotsLost
 
 
@@ -86,12 +92,47 @@ def trigger(
     console.print(f"run id: [bold]{handle.run_id}[/bold]  chain: {name}")
     if handle.note:
         console.print(f"[yellow]warning:[/yellow] {handle.note}", soft_wrap=True)
+    for note in stale_code(name):
+        console.print(f"[yellow]warning:[/yellow] {escape(note)}", soft_wrap=True)
     if not wait:
         return handle
     try:
         return watch(handle, timeout, console)
     except SlotsLost as exc:
         raise RunOnLostSlots(handle.run_id, exc) from None
+
+
+def stale_code(chain: str) -> list[str]:
+    """One line per site package of the chain changed after a live worker of this machine
+    that runs its tasks loaded it: a worker runs the code as it was at its start (`parse`
+    runs the files as they are now), and the edit seemed to do nothing."""
+    from broker.workers import TaskSets
+    from utils.redis import get_redis
+
+    here = socket.gethostname()
+    live = [w for w in TaskSets(get_redis()).live().values() if w.host == here and w.started]
+    if not live:
+        return []
+    packages: dict[Path, set[str]] = {}  # a site package's folder -> the chain's tasks in it
+    for st in chains.get_chain(chain).root.walk():
+        module = sys.modules.get(sites.get_endpoint(st.task).fn.__module__)
+        top = sys.modules.get(".".join((module.__name__ if module else "").split(".")[:2]))
+        if top is not None and top.__file__:
+            packages.setdefault(Path(top.__file__).parent, set()).add(st.task)
+    out = []
+    for folder, tasks in sorted(packages.items()):
+        changed = max(folder.rglob("*.py"), key=lambda f: f.stat().st_mtime, default=None)
+        if changed is None:
+            continue
+        at = changed.stat().st_mtime
+        old = sorted(w.name for w in live if w.started < at and tasks & w.tasks)
+        if old:
+            shown = changed.relative_to(ROOT) if changed.is_relative_to(ROOT) else changed
+            out.append(
+                f"{shown} changed after worker(s) {', '.join(old)} started: they run the code "
+                "they loaded then (./control.sh restart loads it)"
+            )
+    return out
 
 
 def show(

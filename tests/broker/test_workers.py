@@ -91,3 +91,19 @@ def test_a_beat_refreshes_the_key_and_publishes_again_once_it_was_gone(sets: Tas
     assert "w8@x" not in sets.live()  # the key alone names no tasks: publish again
     sets.publish("w8@x", ["s.a"], ["s"])
     assert sets.live()["w8@x"].tasks == {"s.a"}
+
+
+def test_a_beat_says_when_and_where_its_worker_loaded_its_code(sets: TaskSets) -> None:
+    """`trigger` compares a site's files with it (cli/runs.py stale_code)."""
+    import socket
+
+    before = time.time()
+    beat = Beat(sets, "w7@x", ["s.a"], ["s"])
+    beat.start()
+    try:
+        w = sets.live()["w7@x"]
+        assert before <= w.started <= time.time() and w.host == socket.gethostname()
+    finally:
+        beat.stop()
+    sets.publish("w6@old", ["s.a"], ["s"])  # a worker that does not say: 0, never stale
+    assert sets.live()["w6@old"].started == 0.0

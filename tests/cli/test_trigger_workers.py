@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,27 @@ def test_trigger_refuses_a_chain_a_live_worker_does_not_know(
     assert line.startswith("error: live worker(s) old@host do not know task(s) ")
     assert "demo.h5.user_info" in line and "restart the workers so they load" in line
     assert rds.zcard(RunState(rds, s).recent_key) == 0  # nothing recorded
+
+
+def test_trigger_warns_of_site_code_changed_after_the_workers_started(
+    env: dict[str, str], rds: redis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    """An endpoint edited while the workers run seemed to do nothing (they run the code they
+    loaded; `parse` runs the file as it is): `trigger` names the file and the workers of this
+    machine that predate it, and sends the run all the same."""
+    import chains
+
+    s = Settings(redis_url=redis_url, key_prefix=key_prefix)
+    tasks = [st.task for st in chains.get_chain("demo_social").root.walk()]
+    TaskSets(rds, s).publish("old@here", tasks, [], started=1.0)  # loaded before any edit
+    TaskSets(rds, s).publish("new@here", tasks, [], started=time.time() + 3600)
+    out = control("trigger", "demo_social", "--no-wait", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = " ".join(out.stdout.split())  # rich may wrap the line
+    assert "warning: sites/demo/" in said
+    assert "changed after worker(s) old@here started: they run the code they loaded then" in said
+    assert "(./control.sh restart loads it)" in said and "new@here" not in said
+    assert rds.zcard(RunState(rds, s).recent_key) == 1
 
 
 def test_trigger_without_workers_warns_and_sends(
