@@ -56,8 +56,10 @@ def list_title(shown: int, total: int, limit: int, task: str | None, run: str | 
     of = "".join(f" of {what} {name}" for what, name in (("run", run), ("task", task)) if name)
     if not of and shown == total:
         return f"dead letters ({total} in all)"
-    more = "; --limit N shows more" if shown == limit and shown < total else ""
-    return f"dead letters{of}: {shown} shown, the newest ({total} in all{more})"
+    cut = shown == limit and shown < total
+    count = "none" if not shown else f"the newest {shown}" if cut else str(shown)
+    more = "; --limit N shows more" if cut else ""
+    return f"dead letters{of}: {count} ({total} in all{more})"
 
 
 def capture_text(cap: dict[str, Any]) -> str:

@@ -87,13 +87,11 @@ def test_the_list_title_says_how_many_of_which_run_are_shown() -> None:
     from cli.deadletter import list_title
 
     assert list_title(37, 37, 50, None, None) == "dead letters (37 in all)"
-    assert (
-        list_title(23, 37, 50, None, "d316")
-        == "dead letters of run d316: 23 shown, the newest (37 in all)"
-    )
+    assert list_title(23, 37, 50, None, "d316") == "dead letters of run d316: 23 (37 in all)"
+    assert list_title(0, 14, 50, None, "d316") == "dead letters of run d316: none (14 in all)"
     assert list_title(5, 37, 5, "jobs.pc.job", None) == (
-        "dead letters of task jobs.pc.job: 5 shown, the newest (37 in all; --limit N shows more)"
+        "dead letters of task jobs.pc.job: the newest 5 (37 in all; --limit N shows more)"
     )
     assert list_title(50, 120, 50, None, None) == (
-        "dead letters: 50 shown, the newest (120 in all; --limit N shows more)"
+        "dead letters: the newest 50 (120 in all; --limit N shows more)"
     )
