@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -139,6 +140,13 @@ def run(
         " nothing stored",
         file=sys.stderr,
     )
+    if not result.items and spec.item_types and result.exchanges:
+        url = result.exchanges[-1][1].url
+        print(
+            f"note: no item from a page that answered: do the selectors match it? Try them on "
+            f"the page as the endpoint gets it: ./control.sh shell {shlex.quote(url)} --task {task}",
+            file=sys.stderr,
+        )
     if save_fixture:
         _save(result, fixtures)
     return 0

@@ -68,6 +68,23 @@ def test_parse_prints_json_lines_and_stores_nothing(
     assert not (tmp_path / "items").exists()
 
 
+def test_a_page_that_yields_no_item_gets_a_note_naming_shell(
+    site: TestSite, env: dict[str, str]
+) -> None:
+    """The new endpoint's guessed selectors match nothing: "0 item(s)" alone, exit 0, read as
+    success; the note names the command that tries selectors on that page."""
+    out = control("parse", "testsite.local.listing", '{"page": 3, "per": 0}', env=env)
+    assert out.returncode == 0, out.stderr
+    assert "0 item(s), 0 follow-up(s)" in out.stderr
+    assert (
+        "note: no item from a page that answered: do the selectors match it? Try them on the "
+        f"page as the endpoint gets it: ./control.sh shell '{site.url}/list?page=3&per=0' "
+        "--task testsite.local.listing"
+    ) in out.stderr
+    full = control("parse", "testsite.local.listing", '{"page": 2}', env=env)
+    assert "note: no item" not in full.stderr
+
+
 def test_the_http_cache_answers_the_second_parse(
     site: TestSite, env: dict[str, str], tmp_path: Path
 ) -> None:
