@@ -472,10 +472,7 @@ def run(args: argparse.Namespace) -> int:
         rc = handler(args.fn)(args)
     except (redis.ConnectionError, redis.TimeoutError) as exc:  # BusyLoadingError included
         if isinstance(exc, redis.AuthenticationError):
-            print(
-                f"error: Redis at {_redis_url()} refused the password: {first_line(exc)}",
-                file=sys.stderr,
-            )
+            print(f"error: {_refused_password(exc)}", file=sys.stderr)
         elif not_there(exc) and not reached():
             print(
                 f"error: Redis at {_redis_url()} refused the connection (nothing listens "
@@ -504,6 +501,18 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return rc if isinstance(rc, int) else 0
+
+
+def _refused_password(exc: Exception) -> str:
+    """A refused password: for the embedded Redis (REDIS_URL unset), whose it is and what to
+    do (another checkout's on the same port, most often); else the URL without its password."""
+    from cli import procs
+    from utils.outage import first_line
+
+    s = procs.settings()
+    if procs.uses_embedded_redis(s):
+        return procs.wrong_password(s)
+    return f"Redis at {_redis_url()} refused the password: {first_line(exc)}"
 
 
 def _drop_stdout() -> None:

@@ -158,11 +158,7 @@ def ensure_redis(s: Settings) -> str:
     host, port = u.hostname or "127.0.0.1", u.port or 6379
     if port_open(host, port):
         if uses_embedded_redis(s) and not _wants_our_password(s, host, port):
-            raise UserError(
-                f"the embedded Redis on port {port} does not want the password in "
-                f"{s.var_dir / 'redis.secret'} (started without one, or from another var/): "
-                "`./control.sh redis stop`, then start it again"
-            )
+            raise UserError(wrong_password(s))
         how = "running"
     elif not uses_embedded_redis(s):
         how = "running"  # or restarting: the ping below waits for it (REDIS_WAIT)
@@ -174,6 +170,29 @@ def ensure_redis(s: Settings) -> str:
         how = "started"
     get_redis(s.redis_url).ping()  # a Redis loading its append-only file: wait (REDIS_WAIT)
     return how
+
+
+def wrong_password(s: Settings) -> str:
+    """What to do when the Redis on the embedded Redis's port refuses this var/'s password:
+    one this var/ started without a password (its pid file is ours) is stopped and started
+    again; else it is another checkout's (or another CHAINCRAWL_VAR_DIR's), on the same
+    default port, and this one needs a port of its own."""
+    port, secret = s.embedded_redis_port, s.var_dir / "redis.secret"
+    ours = any(
+        alive(f) is not None
+        for f in (s.var_dir / "run" / f"{EMBEDDED}.pid", s.var_dir / "redis" / "redis.pid")
+    )
+    if ours:
+        return (
+            f"the embedded Redis on port {port} does not want the password in {secret} "
+            "(started without one): `./control.sh redis stop`, then start it again"
+        )
+    return (
+        f"the Redis on port {port} does not want the password in {secret}: it is not this "
+        "var/'s embedded Redis (another checkout's, or another CHAINCRAWL_VAR_DIR's, on the "
+        "same port); give this one a port of its own (CHAINCRAWL_EMBEDDED_REDIS_PORT, in .env), "
+        "or stop that one (`./control.sh redis stop` in its own checkout)"
+    )
 
 
 EMBEDDED = "redis"  # var/run/redis.pid: the embedded Redis's supervisor; var/log/redis.log

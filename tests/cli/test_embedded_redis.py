@@ -61,8 +61,21 @@ def test_an_embedded_redis_running_without_the_password_is_named(tmp_path: Path)
             procs.ensure_redis(s)
     with RedisServer(tmp_path / "other", password="another") as other:  # another var/'s
         s = Settings(var_dir=tmp_path / "var", redis_url="", embedded_redis_port=other.port)
-        with pytest.raises(UserError, match=r"does not want the password.*redis stop"):
+        with pytest.raises(UserError, match=r"does not want the password.*redis stop") as ei:
             procs.ensure_redis(s)
+        # a second checkout on the default port: named as such, with the port setting
+        assert "it is not this var/'s embedded Redis (another checkout's" in str(ei.value)
+        assert "CHAINCRAWL_EMBEDDED_REDIS_PORT" in str(ei.value)
+        # a command that only reads says the same, not 'invalid username-password pair'
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHAINCRAWL_")}
+        env.pop("REDIS_URL", None)
+        env.update(CHAINCRAWL_VAR_DIR=str(tmp_path / "var"),
+                   CHAINCRAWL_EMBEDDED_REDIS_PORT=str(other.port))  # fmt: skip
+        runs = subprocess.run([sys.executable, "-m", "cli", "runs"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert runs.returncode == 5, runs.stdout + runs.stderr
+        assert runs.stderr.startswith(f"error: the Redis on port {other.port} does not want")
+        assert "username-password" not in runs.stderr
 
 
 def test_a_cluster_state_store_is_checked_not_started(tmp_path: Path, redis_cluster) -> None:
