@@ -92,7 +92,11 @@ def trigger(
     console.print(f"run id: [bold]{handle.run_id}[/bold]  chain: {name}")
     if handle.note:
         console.print(f"[yellow]warning:[/yellow] {handle.note}", soft_wrap=True)
-    for note in stale_code(name):
+    try:  # a warning only: whatever it meets (a file gone, an unvalidated chain) is not the run's
+        stale = stale_code(name)
+    except (OSError, LookupError):
+        stale = []
+    for note in stale:
         console.print(f"[yellow]warning:[/yellow] {escape(note)}", soft_wrap=True)
     if not wait:
         return handle
