@@ -320,11 +320,18 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
     return client
 
 
+SCRIPT_CALLS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO")
+"""Commands whose keys follow their script (or function) and key count."""
+
+
 class StreamKeys:
-    """The keys of XREADGROUP and XREAD read from the command itself (the stream names after
-    STREAMS). redis-py routes a command with "movable keys" by asking a node (`COMMAND
-    GETKEYS`) each time it is sent, pipelined or not: a round trip and a node's CPU per stream
-    read of every drainer poll. Every other command goes to redis-py's own parser."""
+    """The keys of XREADGROUP and XREAD (the stream names after STREAMS) and of EVAL, EVALSHA
+    and FCALL (the `numkeys` after the script) read from the command itself. redis-py routes
+    a command with "movable keys" by asking its default node (`COMMAND GETKEYS`) each time it
+    is sent: a round trip and a node's CPU per stream read of every drainer poll, and in a
+    cluster pipeline per script call too. That default node is the master of slot 0: while
+    its range is lost every such pipeline failed, whatever slots its commands were for (the
+    drainer's acknowledgements of every run). Every other command goes to redis-py's parser."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -340,6 +347,8 @@ class StreamKeys:
             if "STREAMS" in upper:
                 names = args[upper.index("STREAMS") + 1 :]
                 return list(names[: len(names) // 2])
+        if name.upper() in SCRIPT_CALLS and len(args) >= 3:
+            return list(args[3 : 3 + int(args[2])]) or None
         return self._inner.get_keys(redis_conn, *args)
 
 

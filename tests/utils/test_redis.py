@@ -125,22 +125,28 @@ def test_a_cluster_url_reaches_every_slot(redis_cluster) -> None:
 
 
 @pytest.mark.integration
-def test_stream_reads_are_routed_without_asking_a_node_for_their_keys(
+def test_stream_reads_and_script_calls_are_routed_without_asking_a_node_for_their_keys(
     redis_cluster, key_prefix
 ) -> None:
+    """redis-py asks its default node (the master of slot 0) the keys of each such command
+    in a pipeline: a round trip each, and while that master's range is lost every pipeline
+    holding one fails, whatever its slots."""
     client = cluster_client(redis_cluster.url)
     streams = [f"{key_prefix}:{{s{i}}}:outbox" for i in range(6)]  # slots over every master
     for s in streams:
         client.xadd(s, {"n": s})
         client.xgroup_create(s, "g", id="0")
+    sha = client.script_load("return KEYS[1]")
     masters = [n.client() for n in redis_cluster.masters()]
     for m in masters:
         m.config_resetstat()
     pipe = client.pipeline(transaction=False)
     for s in streams:
         pipe.xreadgroup("g", "c", {s: ">"}, count=10)
+        pipe.execute_command("EVALSHA", sha, 1, s)
     got = pipe.execute()
-    assert [r[0][1][0][1][b"n"].decode() for r in got] == streams  # each from its own master
+    assert [r[0][1][0][1][b"n"].decode() for r in got[::2]] == streams  # each from its master
+    assert [r.decode() for r in got[1::2]] == streams
     assert (
         cast("list[list[Any]]", client.xread({streams[0]: "0"}, count=1))[0][0]
         == streams[0].encode()
@@ -150,6 +156,7 @@ def test_stream_reads_are_routed_without_asking_a_node_for_their_keys(
     assert asked == 0  # redis-py alone sends COMMAND GETKEYS for each of these
     assert client.commands_parser.get_keys(None, "XREADGROUP", "GROUP", "g", "c", "STREAMS",
                                            "a", "b", ">", ">") == ["a", "b"]  # fmt: skip
+    assert client.commands_parser.get_keys(None, "EVALSHA", sha, 2, "a", "b", "x") == ["a", "b"]
     client.delete(*streams)
     client.close()
 
