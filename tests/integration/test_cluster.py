@@ -29,11 +29,13 @@ from external_interface.dedup import MemoryDedup, RedisDedup, Status
 from external_interface.storage.outbox import ClusterDrainer, Drainer, drainer_class
 from external_interface.storage.sinks.jsonl import JsonlSink, iter_records
 from ledger.state import Kid, RunState
+from tests.conditions import wait_for
 from tests.testsite import chains as tchains
 from tests.testsite.server import PAGES, PER_PAGE, REVIEW_PAGES, REVIEWS_PER_PAGE
 from utils.keyspace import Keyspace
 from utils.redis import NotReplicated, cluster_client, get_redis, reset_clients
 from utils.servers import RedisClusterServer
+from utils.slots import lost_ranges
 
 pytestmark = pytest.mark.integration
 
@@ -511,3 +513,54 @@ def _check_crawled(state: RunState, rid: str, env: dict[str, str]) -> None:
 
 
 ENTRIES = PAGES * PER_PAGE
+
+
+def test_a_lost_range_stops_the_storage_of_no_run_on_another_master(tmp_path, key_prefix) -> None:
+    """The range lost is the one of redis-py's default node (the master of slot 0, which it
+    asked the keys of every script call in a pipeline) and holds the drainer's global keys
+    (the sinks' errors, the runs with dead letters): a run on another master still has its
+    items stored and counted (the acknowledgement, on the run's slot, waits on neither) and
+    ends `done`; its dead letter is noted once the range returns."""
+    with RedisClusterServer(tmp_path / "cluster", node_timeout_ms=1000,
+                            full_coverage=False) as cluster:  # fmt: skip
+        client = cluster_client(cluster.url)
+        lost = int(client.get_default_node().port)
+        assert lost == client.nodes_manager.slots_cache[0][0].port
+
+        def port(key: str) -> int:
+            return int(client.get_node_from_key(key).port)
+
+        # a prefix whose drainer keys are on that master, and none of the run lists
+        ks = next(k for k in (Keyspace(f"{key_prefix}{i}") for i in range(5000))
+                  if port(k.outbox_errors) == port(k.outbox_dead_runs) == lost
+                  and lost not in {port(k.active_runs), port(k.storing_runs)})  # fmt: skip
+        rid = next(r for r in (uuid.uuid4().hex[:12] for _ in range(1000))
+                   if port(ks.run(r)) != lost)  # fmt: skip
+        state = RunState(cast(redis.Redis, client), _settings(cluster.url, ks.prefix))
+        state.create_run(rid, "tree", b"{}", 5)
+        client.hset(state.run_key(rid), "status", "done")
+        client.hset(state.counters_key(rid), "items", 1)
+        client.sadd(ks.storing_runs, rid)
+        entry = {"run": rid, "step": "s", "task": "t", "type": "thing", "key": '["k"]'}
+        client.xadd(ks.run_outbox(rid), {**entry, "items": b'[{"k": 1}]'})  # type: ignore[dict-item]
+        client.xadd(ks.run_outbox(rid), {**entry, "items": b"[{"})  # type: ignore[dict-item]
+        assert state.status(rid) == "storing"
+        nodes = [n for n in cluster.nodes  # the master and its replica
+                 if n.port == lost or n.client().info("replication").get("master_port") == lost]  # fmt: skip
+        for n in nodes:
+            n.kill()
+        wait_for(lambda: lost_ranges(client, fresh=True), 60, "the range seen lost")
+        d = ClusterDrainer(client, ks.prefix, [JsonlSink(tmp_path / "items", fsync=False)],
+                           hooks=[], runs_hooks=[], consumer="c")  # fmt: skip
+        assert d.drain_once() == 2  # one stored, one dead-lettered (malformed: no items)
+        assert state.counters(rid)["stored"] == 1 and state.status(rid) == "done"
+        assert client.xlen(ks.run_outbox_dead(rid)) == 1
+        assert d._unnoted == {rid}
+        for n in nodes:
+            n.start()
+        cluster.wait_ok(60)
+        wait_for(lambda: not lost_ranges(client, fresh=True), 60, "the range served again")
+        client.xadd(ks.run_outbox(rid), {**entry, "items": b'[{"k": 2}]'})  # type: ignore[dict-item]
+        d._next_refresh = 0.0
+        assert d.drain_once() == 1
+        assert client.smembers(ks.outbox_dead_runs) == {rid.encode()} and not d._unnoted

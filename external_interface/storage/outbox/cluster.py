@@ -53,7 +53,7 @@ from external_interface.storage.outbox.entries import (
 from external_interface.storage.sinks.base import entry_version
 from utils.keyspace import Keyspace
 from utils.redis import as_str, is_cluster
-from utils.slots import known_lost, lost_for
+from utils.slots import known_lost, lost_for, lost_now
 
 log = logging.getLogger("external_interface.storage.outbox")
 
@@ -88,6 +88,7 @@ class ClusterDrainer(Drainer):
         self._grouped: set[str] = set()  # streams whose group exists
         self._next_refresh = 0.0
         self._storing_only: set[str] = set()  # runs of the storing set, not of the active one
+        self._unnoted: set[str] = set()  # runs with dead letters, `outbox_dead_runs` lost
         self._poll = 0.0  # seconds from the last empty read to the next read (`read`)
         self._next_poll = 0.0  # when the next read is due (monotonic)
         self.read_at = 0.0  # when every stream was last read (monotonic)
@@ -303,7 +304,11 @@ class ClusterDrainer(Drainer):
         failed: Mapping[str, str],
         healthy: Iterable[str],
     ) -> None:
-        """One `ack.lua` call per stream, on its slot; metrics beside it (module docstring)."""
+        """One `ack.lua` call per stream, on its slot; metrics beside it (module docstring).
+        The global keys written beside (the runs with dead letters, the sinks' errors) may be
+        on a lost slot range: a pipeline with a command for it fails whole, so once this
+        process knows the range lost they are left out (the runs noted once it returns) and
+        the acknowledgements of the runs on the other masters go on."""
         calls: dict[str, tuple[list[OutboxEntry], list[Dead]]] = {}
         for e in stored:
             calls.setdefault(_stream(e), ([], []))[0].append(e)
@@ -314,24 +319,43 @@ class ClusterDrainer(Drainer):
         for stream in order:
             keys, args = self._ack_call(stream, *calls[stream])
             pipe.execute_command("EVALSHA", self._ack.sha, len(keys), *keys, *args)
-        noted = {self._rid_of.get(_stream(d[0]), "") for d in dead} - {""}
-        if noted:  # the status readers find these runs' dead letters without a SCAN
+        lost = known_lost(self.r)  # no command while this process has seen no range lost
+        noted = {self._rid_of.get(_stream(d[0]), "") for d in dead} - {""} | self._unnoted
+        held = noted if lost_for(lost, self.ks.outbox_dead_runs) else set()
+        if noted and not held:  # the status readers find these runs' dead letters unscanned
             pipe.sadd(self.ks.outbox_dead_runs, *noted)
-        note_errors(pipe, self.prefix, self.consumer, failed, healthy)
-        res = pipe.execute(raise_on_error=False) if len(pipe) else []
-        won: dict[str, int] = {}
-        for stream, r in zip(order, res, strict=False):
-            if isinstance(r, redis.exceptions.NoScriptError):  # a restarted or flushed node
-                keys, args = self._ack_call(stream, *calls[stream])
-                r = self._ack(keys=keys, args=args)
-            elif isinstance(r, Exception):
-                raise r
-            won[stream] = int(r)
-        for r in res[len(order) :]:
-            if isinstance(r, Exception):
-                raise r
+        if not lost_for(lost, self.ks.outbox_errors):
+            note_errors(pipe, self.prefix, self.consumer, failed, healthy)
+        try:
+            res = self._sent(pipe, order, calls)
+        except redis.RedisError as e:
+            self._unnoted = noted
+            lost_now(self.r, e)  # a range just lost: the retry leaves its keys out
+            raise
+        self._unnoted = held
+        won = {stream: int(r) for stream, r in zip(order, res, strict=False)}
         self._count_metrics(calls, won)
         self._acknowledged(stored, dead)
+
+    def _sent(
+        self,
+        pipe: Any,
+        order: Sequence[str],
+        calls: Mapping[str, tuple[list[OutboxEntry], list[Dead]]],
+    ) -> list[Any]:
+        """The pipeline's replies, the `ack.lua` ones first (one stream each, in `order`,
+        sent again with its script to a node that lost it); any error raised."""
+        res = pipe.execute(raise_on_error=False) if len(pipe) else []
+        for n, (stream, r) in enumerate(zip(order, res, strict=False)):
+            if isinstance(r, redis.exceptions.NoScriptError):  # a restarted or flushed node
+                keys, args = self._ack_call(stream, *calls[stream])
+                # EVAL on the stream's node caches it there (SCRIPT LOAD is sent to every
+                # master, a lost one too)
+                res[n] = self.r.eval(as_str(self._ack.script), len(keys), *keys, *args)
+        for r in res:
+            if isinstance(r, Exception):
+                raise r
+        return list(res)
 
     def _ack_call(
         self, stream: str, stored: Sequence[OutboxEntry], dead: Sequence[Dead]
