@@ -93,15 +93,17 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
         env = {"CHAINCRAWL_REDIS_URL": cluster.url, "CHAINCRAWL_BROKER_URL": redis_server.url,
                "CHAINCRAWL_KEY_PREFIX": prefix,
                "CHAINCRAWL_EXTRA_CHAIN_PACKAGES": "tests.cli.clichains",
-               "CHAINCRAWL_JSONL_DIR": str(tmp_path / "items"), "CHAINCRAWL_REDIS_WAIT": "60"}  # fmt: skip
+               "CHAINCRAWL_JSONL_DIR": str(tmp_path / "items"), "CHAINCRAWL_REDIS_WAIT": "60",
+               "CHAINCRAWL_RUN_MAX_IN_FLIGHT": "2"}  # fmt: skip
         worker = start_worker(concurrency=4, **env)
         s = Settings(redis_url=cluster.url, broker_url=redis_server.url, key_prefix=prefix)
         state = RunState(cast(redis.Redis, client), s)
         ks = Keyspace(prefix)
         rids, triggers = [], {}
-        # placed one a master, each watched by its `trigger`: each run lasts (PAGES x 2 s / 4
-        # slots) longer than the triggers take on a busy machine, so every run is still active
-        # when the next is placed
+        # placed one a master, each watched by its `trigger`; at most 2 tasks of a run in the
+        # broker at once, so the runs are crawled side by side (one after another, the runs
+        # queued before the victim would be done before it is lost, with nothing left to test)
+        # and each lasts (PAGES x 2 s / 2) longer than the triggers take on a busy machine
         for r in range(RUNS):
             seeds = json.dumps([{"path": f"/flaky/r{r}-{i}?fails=0&delay=2"}
                                 for i in range(PAGES)])  # fmt: skip
