@@ -29,6 +29,7 @@ from ledger.state import CommitCall, Committed, Kid, RunState, StagedAt
 from lifecycle.endpoints import EndpointSpec, Follow, Item
 from lifecycle.runtime import Runtime, pause_before_requeue
 from monitor.metrics import TaskMetrics, aggregator
+from utils import activity
 from utils.ids import new_id
 from utils.logsafe import safe_text
 from utils.redis import REPLICAS, NotReplicated, get_redis
@@ -261,6 +262,7 @@ def send_commits(
         n = max(res.outstanding for res in done)
         rt.note_outstanding(rid, n)
         if n <= 0:  # this commit completed the run: compact it now if its items are stored
+            activity.note_tasks_done()  # this process's drainer stores its last items now
             compact_quietly(state, [rid])
         if not sync and n < tail and agg.pending():  # entering the tail: write the sums now
             try:

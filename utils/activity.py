@@ -7,6 +7,10 @@ signal tells it (`note_work()`, worker.py); the drainer also counts the entries 
 Counting is one integer increment: the page path pays nothing else. A loop that waits longer
 while idle can ask to be woken by the next start (`Watch.wake`), so that it is back to its
 base pace at once, not at the end of its longer wait.
+
+The outbox drainer gathers the entries that keep coming for a short window before one read
+takes them all (`gather`); a commit that leaves its run no task outstanding ends the window at
+once (`note_tasks_done`), so a run's last items are stored without waiting it out.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 
 _started = 0  # tasks started in this process (or anything else that counts as work)
 _wakers: list[threading.Event] = []  # set by the next start: loops backed off for now
+_tasks_done = threading.Event()  # set by a commit that left its run no task: gathering ends
 
 
 def note_work() -> None:
@@ -57,3 +62,20 @@ class Watch:
             self.wake.wait(timeout)
         finally:
             _wakers.remove(self.wake)
+
+
+def note_tasks_done() -> None:
+    """A commit in this process left its run with no task outstanding (its last items are in
+    the outbox): a drainer gathering entries (`gather`) reads and stores them now. Also ends a
+    gathering window for a stopping drainer."""
+    _tasks_done.set()
+
+
+def gather(timeout: float, stop: threading.Event | None = None) -> None:
+    """Wait up to `timeout` seconds for more outbox entries to come; a run's tasks done in this
+    process (`note_tasks_done`, since the last gather too) ends the wait early, as does `stop`
+    set before it began."""
+    if stop is not None and stop.is_set():
+        return
+    _tasks_done.wait(timeout)
+    _tasks_done.clear()

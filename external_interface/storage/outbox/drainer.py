@@ -146,6 +146,7 @@ class Drainer:
         """Ask `run()` (on its own event) to flush and return, ending its blocked read now."""
         self._stop.set()
         self.reader.unblock()
+        activity.note_tasks_done()  # a gathering window ends too
 
     def stop(self, timeout: float | None = None) -> None:
         self.request_stop()
@@ -215,10 +216,9 @@ class Drainer:
                         if buffer and self.idle_flush:
                             wait = min(wait, self.idle_flush)
                         if buffer:
-                            # entries are coming: the next ones gather for `wait`, then one
-                            # read takes them all (a blocking read would return with the
-                            # first): a read a window while they come, not one an entry
-                            stop.wait(max(0.0, wait))
+                            # entries are coming: they gather for `wait`, then one read takes
+                            # them all (a blocking read returns with the first)
+                            activity.gather(max(0.0, wait), stop)  # a run's end: at once
                             new = self.read(self.batch - len(buffer), None)
                         else:
                             new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))

@@ -657,3 +657,29 @@ def test_an_entry_acked_before_a_lost_reply_is_not_written_again(
     assert counters(rds, key_prefix, "r1") == {"feed:stored": n, "stored": n}  # counted once
     d.update_horizon()  # nothing held: the horizon moves past them, as before
     assert jsonl._horizon is not None and jsonl._horizon > max(entry_version(e.id) for e in held)
+
+
+def test_a_run_s_last_commit_in_the_process_ends_the_drainer_s_gathering_at_once(
+    rds: redis.Redis,
+    key_prefix: str,
+    jsonl: JsonlSink,
+    drainers: list[Drainer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a drainer holds entries it gathers the next ones for a window; a commit of this
+    process that leaves its run no task (`activity.note_tasks_done`, lifecycle/commits.py)
+    ends the window, and the run's items are stored then. The window is a minute here (size,
+    age and quiet all far off): only the note can store the items in time."""
+    from external_interface.storage.outbox import drainer as drainer_mod
+
+    monkeypatch.setattr(drainer_mod, "MAX_BLOCK", 60.0)
+    rds.hset(counters_key(key_prefix, "r1"), "outstanding", 1)
+    d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=120.0, idle_flush=60.0)
+    d.start_thread()
+    drainers.append(d)
+    n = add_posts(rds, key_prefix, 1)
+    wait_until(lambda: backlog(rds, key_prefix)["pending"] == 1, 10, "the first entry held")
+    n += add_posts(rds, key_prefix, 1)  # the run's last page: its commit, then the note
+    rds.hset(counters_key(key_prefix, "r1"), "outstanding", 0)
+    activity.note_tasks_done()
+    wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
