@@ -11,7 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -24,10 +24,11 @@ from external_interface.storage.outbox.entries import (
     OutboxEntry,
     ack_call,
     default_consumer,
+    gather_window,
     merge_new,
     note_errors,
     stream_key,
-    tasks_done,
+    tasks_left,
 )
 from external_interface.storage.outbox.listeners import (
     EntriesRefused,
@@ -50,10 +51,9 @@ log = logging.getLogger("external_interface.storage.outbox")
 
 AUTOCLAIM = load_lua(__file__, "autoclaim.lua")
 MAX_BLOCK = 0.5  # seconds one XREADGROUP may block while entries come
-# while the stream stays empty the blocks double up to this: an idle worker's drainer reads
-# every 20 s, not twice a second (a new entry still returns the blocked read at once); a stop
-# ends the block in flight (reader.py), or where it cannot, blocks stay under SHORT_IDLE_BLOCK
-# (and under two thirds of the client's socket timeout, 30 s for the workers' clients)
+# while the stream stays empty the blocks double up to this (a new entry still returns the
+# blocked read at once); a stop ends the block in flight (reader.py), or blocks stay under
+# SHORT_IDLE_BLOCK and 2/3 of the client's socket timeout
 MAX_IDLE_BLOCK = 20.0
 SHORT_IDLE_BLOCK = 2.0
 HORIZON_EVERY = 5.0  # seconds between two horizon updates while entries come
@@ -97,9 +97,8 @@ class Drainer:
         self.consumer = consumer or ""
         self.claim_idle = claim_idle
         self.claim_every = claim_every if claim_every is not None else max(0.2, claim_idle / 4)
-        # claims of a dead drainer's idle entries: every `claim_every` while entries come or a
-        # task ran in the process since the last claim; else the wait doubles, up to this (an
-        # entry left pending is claimed within twice `claim_idle` by an idle drainer)
+        # claims of a dead drainer's entries: every `claim_every` while entries come or a task
+        # ran here since the last claim; else the wait doubles up to this (2x `claim_idle` max)
         self.claim_idle_max = max(self.claim_every, claim_idle)
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -162,7 +161,7 @@ class Drainer:
         first_at = 0.0
         retrying = 0  # consecutive failed flushes of `buffer` (a sink is down)
         errors = 0  # consecutive other errors (Redis down, bugs)
-        started = False
+        started, left = False, cast("int | None", None)  # left: most tasks a run read has left
         next_claim = next_horizon = next_settle = 0.0
         claim_wait = self.claim_every  # doubled while idle, up to `claim_idle_max`
         worked = False  # entries read, stored or claimed, or a task run, since the last claim
@@ -213,8 +212,8 @@ class Drainer:
                             if buffer
                             else idle_block
                         )
-                        if buffer and self.idle_flush:
-                            wait = min(wait, self.idle_flush)
+                        if buffer and self.idle_flush:  # shorter in a run's last wave
+                            wait = min(wait, gather_window(left, self.idle_flush))
                         if buffer:
                             # entries are coming: they gather for `wait`, then one read takes
                             # them all (a blocking read returns with the first)
@@ -236,7 +235,8 @@ class Drainer:
                             worked = True
                             next_claim = min(next_claim, time.monotonic() + self.claim_every)
                         merge_new(buffer, new)
-                        quiet = quiet or (bool(new) and tasks_done(self.r, self.prefix, buffer))
+                        left = tasks_left(self.r, self.prefix, buffer) if new else left
+                        quiet = quiet or (bool(new) and left is not None and left <= 0)
                     due = quiet or time.monotonic() - first_at >= self.interval
                     if buffer and (len(buffer) >= self.batch or due or retrying):
                         buffer = self.flush(buffer)

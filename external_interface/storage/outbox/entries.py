@@ -73,22 +73,44 @@ def counters_key(prefix: str, run: str) -> str:
     return Keyspace(prefix).counters(run)
 
 
-def tasks_done(r: redis.Redis, prefix: str, entries: Sequence[OutboxEntry]) -> bool:
-    """Whether every run of `entries` has no task left outstanding: no more entries will come
-    for them, so a drainer stores its partial batch now instead of waiting out its idle flush
-    (a small run's last items, and with them its end, a window sooner). False for a runless
-    entry or when Redis cannot say: the batch then waits as before."""
+LAST_WAVE = 16  # tasks left: a run's last wave of pages (the slots of one worker)
+LAST_WAVE_GATHER = 0.005  # seconds a drainer gathers entries of runs in their last wave
+
+
+def tasks_left(r: redis.Redis, prefix: str, entries: Sequence[OutboxEntry]) -> int | None:
+    """The most tasks any run of `entries` has outstanding; None for a runless entry, a run
+    without counters, or when Redis cannot say."""
     runs = list(dict.fromkeys(e.run for e in entries))
     if not runs or "" in runs:
-        return False
+        return None
     pipe = r.pipeline(transaction=False)
     for run in runs:
         pipe.hget(counters_key(prefix, run), "outstanding")
     try:
         left = pipe.execute()
     except redis.RedisError:
-        return False
-    return all(v is not None and int(v) <= 0 for v in left)
+        return None
+    return None if any(v is None for v in left) else max(int(v) for v in left)
+
+
+def tasks_done(r: redis.Redis, prefix: str, entries: Sequence[OutboxEntry]) -> bool:
+    """Whether every run of `entries` has no task left outstanding: no more entries will come
+    for them, so a drainer stores its partial batch now instead of waiting out its idle flush
+    (a small run's last items, and with them its end, a window sooner). False for a runless
+    entry or when Redis cannot say: the batch then waits as before."""
+    left = tasks_left(r, prefix, entries)
+    return left is not None and left <= 0
+
+
+def gather_window(left: int | None, idle_flush: float) -> float:
+    """How long a drainer holding entries lets the next ones gather: `idle_flush`, or
+    LAST_WAVE_GATHER once every run it read has at most LAST_WAVE tasks left (`left`). The
+    commit that ends a run wakes the drainer of its own process at once
+    (utils/activity.py); one in another process holding the run's earlier items learns of
+    the end at its next read, so in a run's last wave it reads again soon."""
+    if left is not None and left <= LAST_WAVE:
+        return min(idle_flush, LAST_WAVE_GATHER)
+    return idle_flush
 
 
 def wake_key(prefix: str, run: str) -> str:

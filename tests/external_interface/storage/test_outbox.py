@@ -25,7 +25,13 @@ from external_interface.storage.outbox import (
     xadd_entry,
 )
 from external_interface.storage.outbox.drainer import MAX_IDLE_BLOCK
-from external_interface.storage.outbox.entries import tasks_done
+from external_interface.storage.outbox.entries import (
+    LAST_WAVE,
+    LAST_WAVE_GATHER,
+    gather_window,
+    tasks_done,
+    tasks_left,
+)
 from external_interface.storage.sinks.base import PermanentSinkError, SinkError, entry_version
 from external_interface.storage.sinks.jsonl import JsonlSink, iter_records, read_items, type_files
 from utils import activity
@@ -306,6 +312,17 @@ def test_tasks_done_asks_every_run_of_the_entries(rds: redis.Redis, key_prefix: 
     assert not tasks_done(rds, key_prefix, entries("a", "unknown"))
     assert not tasks_done(rds, key_prefix, entries("a", ""))
     assert not tasks_done(rds, key_prefix, [])
+    assert tasks_left(rds, key_prefix, entries("a", "b")) == 2
+    assert tasks_left(rds, key_prefix, entries("a", "unknown")) is None
+
+
+def test_a_drainer_gathers_a_short_window_in_its_runs_last_wave() -> None:
+    """The run may end in another process (whose commit wakes only its own drainer): while
+    every run read has at most LAST_WAVE tasks left, the window is short; else `idle_flush`."""
+    assert gather_window(None, 0.05) == 0.05
+    assert gather_window(LAST_WAVE + 1, 0.05) == 0.05
+    assert gather_window(LAST_WAVE, 0.05) == gather_window(0, 0.05) == LAST_WAVE_GATHER
+    assert gather_window(1, LAST_WAVE_GATHER / 2) == LAST_WAVE_GATHER / 2
 
 
 def record_blocks(d: Drainer) -> list[int | None]:
@@ -673,7 +690,8 @@ def test_a_run_s_last_commit_in_the_process_ends_the_drainer_s_gathering_at_once
     from external_interface.storage.outbox import drainer as drainer_mod
 
     monkeypatch.setattr(drainer_mod, "MAX_BLOCK", 60.0)
-    rds.hset(counters_key(key_prefix, "r1"), "outstanding", 1)
+    activity.gather(0.0)  # no note left by an earlier drainer's stop
+    rds.hset(counters_key(key_prefix, "r1"), "outstanding", LAST_WAVE + 1)  # a long window
     d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=120.0, idle_flush=60.0)
     d.start_thread()
     drainers.append(d)
