@@ -5,6 +5,7 @@ crawling the demo site's feed -> user -> post -> comments chain and their items 
     .venv/bin/python -m bench.redis_cost --pages 10000 --repeat 2
     .venv/bin/python -m bench.redis_cost --cluster          # the state on 3 masters + replicas
     .venv/bin/python -m bench.redis_cost --features --workers 2   # demo_social, every feature on
+    .venv/bin/python -m bench.redis_cost --features --workers 2 --cluster --wait-replicas 1
 
 The broker is apart from the state (a second private redis-server as `CHAINCRAWL_BROKER_URL`),
 as in the fleet layout, so the figures are the state store's alone: run ledger, commits, dedup,
@@ -35,6 +36,15 @@ did meanwhile (leases, production, proxy checks, retries) is counted against tho
   same for the same work whatever else the machine does (its CPU time moves by half with the
   machine's moment; the kernel's share, about a third, is not counted). Under callgrind the
   server runs 50-100x slower, so the CPU figures of that run are not printed;
+- **each master** (with `--cluster`): its commands, commands' time and process CPU a page, and
+  its share of each (`per_master`); the replicas' CPU a page summed. `--wait-replicas N` gives
+  the workers `CHAINCRAWL_REDIS_WAIT_REPLICAS=N`: every commit waits for its replica, as a
+  deployment that will not lose an acknowledged page runs;
+- **pages/s** (`throughput`): the measured crawls' pages over their wall clock (from the run's
+  start to its `wait()` returning), beside the CPU a page and the cores kept busy of each part:
+  the workers, the masters, the replicas, the broker, the site, this process (the proxies'
+  event loop, the runs' polling) and the whole machine (its every process), which tell what
+  bound the rate: a part near a core of its own, or the machine near all of its cores;
 - **outbox bytes an item** (`--backlog`): one more crawl with the sink down (a Mongo URL on a
   closed port), so every item waits in the outbox: `MEMORY USAGE` of the stream over the items
   waiting, what a sink outage costs the state store's memory.
@@ -50,7 +60,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -65,145 +74,18 @@ import chains
 from bench.callgrind import VALGRIND, callgrind, totals
 from bench.chaincrawl_bench import ChaincrawlBench
 from bench.feature_cost import HEALTHY, QUEUES, FeatureSite
+from bench.redis_counts import (
+    Monitor,
+    Usage,
+    commandstats,
+    connections,
+    per_master,
+    throughput,
+)
 from bench.workload import expected_pages, site_for_pages
 from demo.testing import DemoServer
 from utils.keyspace import Keyspace
 from utils.servers import RedisClusterServer, RedisServer, redis_server_binary
-
-
-def server_cpu(nodes: list[redis.Redis]) -> list[float]:
-    """Each server process's CPU seconds (`INFO cpu`: getrusage, microsecond resolution)."""
-    out = []
-    for client in nodes:
-        info = client.info("cpu")
-        out.append(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]))
-    return out
-
-
-def connections(nodes: list[redis.Redis]) -> int:
-    """Connections the servers accepted so far (`INFO stats`)."""
-    return sum(int(n.info("stats")["total_connections_received"]) for n in nodes)
-
-
-def commandstats(nodes: list[redis.Redis]) -> dict[str, tuple[int, int]]:
-    """command -> (calls, usec), summed over the nodes."""
-    out: dict[str, tuple[int, int]] = {}
-    for client in nodes:
-        for k, v in client.info("commandstats").items():
-            c, u = out.get(k.removeprefix("cmdstat_"), (0, 0))
-            out[k.removeprefix("cmdstat_")] = (c + int(v["calls"]), u + int(v["usec"]))
-    return out
-
-
-NO_KEY = frozenset(
-    [
-        "ping",
-        "info",
-        "client",
-        "script",
-        "select",
-        "multi",
-        "exec",
-        "discard",
-        "hello",
-        "monitor",
-        "cluster",
-        "readonly",
-        "wait",
-        "time",
-        "command",
-        "config",
-        "auth",
-        "echo",
-        "dbsize",
-        "memory",
-        "slowlog",
-        "flushall",
-        "flushdb",
-        "swapdb",
-    ]
-)
-
-
-def first_key(parts: list[str]) -> str | None:
-    """The first key a command names (`parts`: its name and arguments), None for none."""
-    name = parts[0].lower()
-    if name in NO_KEY or len(parts) < 2:
-        return None
-    if name in ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"):
-        return parts[3] if len(parts) > 3 and parts[2] not in ("", "0") else None
-    if name in ("xread", "xreadgroup"):
-        upper = [p.upper() for p in parts]
-        return parts[upper.index("STREAMS") + 1] if "STREAMS" in upper[:-1] else None
-    return parts[1]
-
-
-class Monitor(threading.Thread):
-    """Counts the commands clients send (`MONITOR` marks a script's own as `lua`), and every
-    command by the family of the first key it names (`Keyspace.family`)."""
-
-    def __init__(self, url: str, keyspace: Keyspace) -> None:
-        super().__init__(daemon=True)
-        self.client = redis.Redis.from_url(url)
-        self.keyspace = keyspace
-        self.top: Counter[str] = Counter()
-        self.in_scripts = 0
-        self.families: Counter[str] = Counter()  # every command, the scripts' own included
-        self.call_families: Counter[str] = Counter()  # what clients sent
-        self.detail: Counter[str] = Counter()  # every command as "family command"
-        self.counting = False
-        self._mon: Any = None
-        self.ready = threading.Event()
-        self.marker = f"redis-cost-end-{id(self)}"
-        self.drained = threading.Event()  # the marker read: every command before it counted
-        self.at_end = 0  # commands counted when the crawl ended (the rest still unread)
-
-    def family(self, parts: list[str]) -> str:
-        key = first_key(parts)
-        return self.keyspace.family(key) if key is not None else f"({parts[0].lower()})"
-
-    def count(self, cmd: dict[str, Any]) -> None:
-        parts = str(cmd["command"]).split(" ")
-        fam = self.family(parts)
-        self.families[fam] += 1
-        self.detail[f"{fam} {parts[0].lower()}"] += 1
-        if cmd.get("client_type") == "lua":
-            self.in_scripts += 1
-        else:
-            self.top[parts[0].lower()] += 1
-            self.call_families[fam] += 1
-
-    def run(self) -> None:
-        with self.client.monitor() as mon:
-            self._mon = mon
-            self.ready.set()
-            try:
-                while True:
-                    cmd = mon.next_command()
-                    if self.marker in str(cmd["command"]):
-                        self.counting = False
-                        self.drained.set()
-                    elif self.counting:
-                        self.count(cmd)
-            except (redis.ConnectionError, OSError, ValueError, AttributeError):
-                return
-
-    def finish(self, timeout: float = 120) -> None:
-        """Count up to now: MONITOR's stream is read behind the server (parsing a line costs
-        this process more than running it costs Redis), so a marker is sent and every command
-        before it counted, not only those read when the crawl ended."""
-        self.at_end = sum(self.families.values())
-        redis.Redis(connection_pool=self.client.connection_pool).echo(self.marker)
-        self.drained.wait(timeout)
-
-    def stop(self) -> None:
-        if self._mon is not None:
-            self._mon.connection.disconnect()
-
-
-def node_usec(nodes: list[redis.Redis]) -> list[int]:
-    """Each node's commands' time (`usec`), for the masters' shares of the load."""
-    return [sum(int(v["usec"]) for v in n.info("commandstats").values()) for n in nodes]
 
 
 def side_by_side(bench: ChaincrawlBench, demo: DemoServer, runs: int) -> Any:
@@ -311,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the workers")
     ap.add_argument("--backlog", action="store_true", help="also the outbox bytes an item")
     ap.add_argument("--cluster", action="store_true", help="the state on a Redis Cluster")
+    ap.add_argument(
+        "--wait-replicas",
+        type=int,
+        default=0,
+        help="with --cluster: CHAINCRAWL_REDIS_WAIT_REPLICAS (every commit WAITs for it)",
+    )
     ap.add_argument("--no-calls", action="store_true", help="skip the MONITOR crawl")
     ap.add_argument(
         "--idle",
@@ -346,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.callgrind and a.cluster:
         ap.error("--callgrind counts one Redis: leave out --cluster")
+    if a.wait_replicas and not a.cluster:
+        ap.error("--wait-replicas needs the replicas of --cluster")
     if a.features and a.backlog:
         ap.error("--features crawls with the sink up")
     users, posts, comments = site_for_pages(a.pages)
@@ -375,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.env["CHAINCRAWL_REDIS_URL"] = cluster.url
             nodes = [n.client() for n in cluster.masters()]
             urls = [n.url for n in cluster.masters()]
-        shares = [0.0] * len(nodes)
-        load = [0] * len(nodes)
+        if a.wait_replicas:  # every commit's WAIT, in the workers and this process alike
+            bench.env["CHAINCRAWL_REDIS_WAIT_REPLICAS"] = str(a.wait_replicas)
         if a.features:  # workers, proxies, and the pools filled by one crawl, not measured
             bench.env.update(site.env())
             bench.flush()
@@ -386,41 +276,53 @@ def main(argv: list[str] | None = None) -> int:
             site.crawl(a.chain)
         elif a.runs > 1:  # workers started and warmed up by one crawl, not measured
             bench.crawl(demo, pool=a.pool, concurrency=a.concurrency, workers=a.workers, env=env)
+        replicas = (
+            [n.client() for n in cluster.nodes if n.port not in {m.port for m in cluster.masters()}]
+            if a.cluster
+            else []
+        )
         broker_client = redis.Redis.from_url(broker.url)
-        broker_cpu = 0.0
+        proc = (site.demo if a.features else demo).proc
+        site_pids = [proc.pid] if proc else []
         rows = []
-        pages = cmds = usec = 0
-        cpu = seconds = 0.0
-        conns = 0
+        pages = conns = 0
         by_cmd: Counter[str] = Counter()
         n_by_cmd: Counter[str] = Counter()
+        spent: list[dict[str, Any]] = []
+        mark: dict[str, Any] = {}
         state_pid = int(nodes[0].info("server")["process_id"])
 
-        def count_instructions(on: bool) -> None:
-            """Around a measured crawl (not its warm-up): the state store's count, on or dumped."""
-            if not a.callgrind:
-                return
-            if on:
+        def around(on: bool) -> None:
+            """Just before and after a measured crawl (not its warm-up nor the workers' start):
+            what the servers and processes had spent; the state store's instruction count on,
+            or dumped (--callgrind)."""
+            if a.callgrind and on:
                 callgrind("-i", "on", pid=state_pid)
                 callgrind("-z", pid=state_pid)
-            else:
+            elif a.callgrind:
                 callgrind("-d", pid=state_pid)
                 callgrind("-i", "off", pid=state_pid)
+            pids = [w.pid for w in bench.workers]
+            usage = Usage(nodes, replicas, broker_client, pids, site_pids)
+            stats, conn = commandstats(nodes), connections(nodes)
+            if on:
+                mark.update(usage=usage, stats=stats, conns=conn)
+                return
+            spent.append(usage.since(mark["usage"]))
+            mark.update(conns=conn - mark["conns"])
+            for k, (c, u) in stats.items():
+                by_cmd[k] += u - mark["stats"].get(k, (0, 0))[1]
+                n_by_cmd[k] += c - mark["stats"].get(k, (0, 0))[0]
 
         for i in range(a.repeat):
-            before, cpu0 = commandstats(nodes), server_cpu(nodes)
-            b0 = server_cpu([broker_client])[0]
-            t0 = node_usec(nodes)
-            c0 = connections(nodes)
-            t_crawl = time.monotonic()
             if a.features or a.runs > 1:
-                count_instructions(True)
+                around(True)
                 r = (
                     site.crawl(a.chain, runs=a.runs)
                     if a.features
                     else side_by_side(bench, demo, a.runs)
                 )
-                count_instructions(False)
+                around(False)
             else:
                 r = bench.crawl(
                     demo,
@@ -429,38 +331,32 @@ def main(argv: list[str] | None = None) -> int:
                     workers=a.workers,
                     env=env,
                     keep_workers=i > 0,
-                    around=count_instructions,
+                    around=around,
                 )
-            seconds += time.monotonic() - t_crawl
-            load = [x + t1 - t for x, t, t1 in zip(load, t0, node_usec(nodes), strict=True)]
-            after, cpu1 = commandstats(nodes), server_cpu(nodes)
-            conns += connections(nodes) - c0
-            broker_cpu += server_cpu([broker_client])[0] - b0
-            each = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
-            shares = [x + y for x, y in zip(shares, each, strict=True)]
-            d_cpu = sum(each)
-            d_calls = sum(c for c, _ in after.values()) - sum(c for c, _ in before.values())
-            d_usec = sum(u for _, u in after.values()) - sum(u for _, u in before.values())
-            for k, (c, u) in after.items():
-                by_cmd[k] += u - before.get(k, (0, 0))[1]
-                n_by_cmd[k] += c - before.get(k, (0, 0))[0]
+            s = spent[-1]
+            conns += mark["conns"]
             pages += r.pages
-            cmds += d_calls
-            usec += d_usec
-            cpu += d_cpu
             rows.append(
                 {
                     "pages": r.pages,
                     "stored": r.items,
                     "failed": r.failed,
                     **({"requests": r.requests, "retried": r.retried} if a.features else {}),
-                    "seconds": round(time.monotonic() - t_crawl, 1),
-                    "commands_per_page": round(d_calls / r.pages, 2),
-                    "usec_per_page": round(d_usec / r.pages, 1),
-                    "redis_process_us_per_page": round(1e6 * d_cpu / r.pages, 1),
+                    "seconds": round(s["wall"], 1),
+                    "pages_per_s": round(r.pages / s["wall"], 1),
+                    "worker_cpu_ms_per_page": round(1000 * s["workers"] / r.pages, 2),
+                    "machine_cores_busy": round(s["machine"] / s["wall"], 2),
+                    "commands_per_page": round(sum(s["calls"]) / r.pages, 2),
+                    "usec_per_page": round(sum(s["usec"]) / r.pages, 1),
+                    "redis_process_us_per_page": round(1e6 * sum(s["cpu"]) / r.pages, 1),
                 }
             )
             print(json.dumps({"crawl": i + 1, **rows[-1]}), flush=True)
+        seconds = sum(s["wall"] for s in spent)
+        cmds = sum(sum(s["calls"]) for s in spent)
+        usec = sum(sum(s["usec"]) for s in spent)
+        cpu = sum(sum(s["cpu"]) for s in spent)
+        masters = per_master(spent, pages)
         idle = idle_rate(nodes, a.idle)
         ks = Keyspace(bench.key_prefix)
         mons = [] if a.no_calls else [Monitor(u, ks) for u in urls]
@@ -556,10 +452,19 @@ def main(argv: list[str] | None = None) -> int:
             },
             "redis_process_us_per_page": round(1e6 * cpu / pages, 1),
             "connections_per_page": round(conns / pages, 4),
-            "cpu_share_per_master": [round(x / sum(shares), 3) for x in shares],
-            "load_share_per_master": [round(x / sum(load), 3) for x in load],
-            "busiest_master_vs_mean": round(max(load) * len(load) / sum(load), 2),
-            "broker_redis_us_per_page": round(1e6 * broker_cpu / pages, 1),
+            "cpu_share_per_master": [m["cpu_share"] for m in masters],
+            "load_share_per_master": [m["usec_share"] for m in masters],
+            "busiest_master_vs_mean": round(
+                max(m["usec_share"] for m in masters) * len(masters), 2
+            ),
+            # each master's commands, commands' time and process CPU a page, and its shares
+            "per_master": masters,
+            "replicas_process_us_per_page": round(
+                1e6 * sum(s["replicas"] for s in spent) / pages, 1
+            ),
+            "broker_redis_us_per_page": round(1e6 * sum(s["broker"] for s in spent) / pages, 1),
+            # pages/s over the measured crawls' wall clock, and the CPU each part spent
+            "throughput": throughput(spent, pages),
         }
         if a.features:  # the site's answers a committed page took (retries, logins, checks)
             out["site_requests_per_page"] = round(sum(x["requests"] for x in rows) / pages, 2)

@@ -1,7 +1,8 @@
 """bench.redis_cost: a small crawl with real workers and the broker apart reports a page's
 calls, commands and CPU, and with the sink down the outbox's bytes an item; entries of a
 batch are merged (more items than entries). The MONITOR count of a known set of commands,
-by key family; the demo chain with every feature on (`--features`)."""
+by key family; the demo chain with every feature on (`--features`), and on a cluster with
+WAIT each master's share and the crawl's pages/s."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, cast
 import pytest
 import redis
 
-from bench import redis_cost
+from bench import redis_cost, redis_counts
 from demo.config import DemoConfig
 from tests.conditions import wait_for
 from utils.keyspace import Keyspace
@@ -63,11 +64,11 @@ def test_the_monitor_counts_a_known_crawls_calls_commands_and_families(
         " redis.call('ZADD', KEYS[2], 1, 'm'); return 1"
     )
     sha = client.script_load(script)  # and the connection's handshake, before MONITOR starts
-    mon = redis_cost.Monitor(redis_server.url, ks)
+    mon = redis_counts.Monitor(redis_server.url, ks)
     mon.start()
     assert mon.ready.wait(10)
     mon.counting = True
-    before = redis_cost.commandstats([client])  # counted: its INFO is a command too
+    before = redis_counts.commandstats([client])  # counted: its INFO is a command too
     pipe = client.pipeline(transaction=False)
     for field in ("started", "succeeded", "items"):
         pipe.hincrby("rct:metrics:task:t", field, 1)
@@ -78,7 +79,7 @@ def test_the_monitor_counts_a_known_crawls_calls_commands_and_families(
     wait_for(lambda: mon.top["ping"] == 1, 10, "the MONITOR lines")
     mon.counting = False
     mon.stop()
-    after = redis_cost.commandstats([client])
+    after = redis_counts.commandstats([client])
     assert mon.top == {"info": 1, "hincrby": 3, "evalsha": 1, "set": 1, "ping": 1}
     assert mon.in_scripts == 3
     keyless = {"(info)": 1, "(ping)": 1}
@@ -101,7 +102,7 @@ def test_the_monitor_counts_a_known_crawls_calls_commands_and_families(
     ],
 )
 def test_first_key(command: str, key: str | None) -> None:
-    assert redis_cost.first_key(command.split(" ")) == key
+    assert redis_counts.first_key(command.split(" ")) == key
 
 
 @pytest.mark.integration
@@ -125,3 +126,48 @@ def test_the_demo_chain_with_every_feature_on_counts_its_pages_and_where_command
     total = out["calls_per_page"] + out["commands_in_scripts_per_page"]
     assert sum(families.values()) == pytest.approx(total, abs=0.05)
     assert out["site_requests_per_page"] >= 1
+
+
+@pytest.mark.integration
+def test_the_every_feature_chain_on_a_cluster_with_wait_counts_each_master_and_its_pages_rate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--features --cluster --wait-replicas 1` on the tiny demo site: every page committed
+    through a WAIT for its replica, each master's commands, commands' time and CPU summing to
+    the whole and its shares to 1, and the pages/s the crawl's pages over its wall clock, with
+    the CPU of the workers and of the machine beside it."""
+    argv = ["--features", "--size", "tiny", "--workers", "2", "-c", "8", "--cluster"]
+    assert redis_cost.main([*argv, "--wait-replicas", "1", "--no-calls", "--idle", "0"]) == 0
+    text = capsys.readouterr().out
+    crawl = json.loads(text.splitlines()[0])
+    expected = cast("dict[str, Any]", DemoConfig(size="tiny").expected_counts())
+    assert crawl["pages"] == expected["h5"]["requests"] and crawl["failed"] == 0
+    out = json.loads(text[text.index("{\n") :])
+    assert out["commands_by_command_per_page"]["wait"] > 0.3  # the workers' commits WAITed
+    masters = out["per_master"]
+    assert len(masters) == 3
+    for field, whole in (
+        ("commands_per_page", "commands_per_page"),
+        ("usec_per_page", "redis_usec_per_page"),
+        ("process_us_per_page", "redis_process_us_per_page"),
+    ):
+        assert sum(m[field] for m in masters) == pytest.approx(out[whole], rel=0.01), field
+    for share in ("commands_share", "usec_share", "cpu_share"):
+        assert sum(m[share] for m in masters) == pytest.approx(1, abs=0.005), share
+    assert out["replicas_process_us_per_page"] > 0
+    rate = out["throughput"]
+    assert rate["pages_per_s"] == pytest.approx(out["pages"] / out["crawl_seconds"], rel=0.05)
+    assert rate["pages_per_s"] == pytest.approx(crawl["pages_per_s"], rel=0.01)
+    per_page = rate["cpu_ms_per_page"]
+    assert per_page["workers"] == pytest.approx(crawl["worker_cpu_ms_per_page"], rel=0.01)
+    assert per_page["workers"] > 0 and per_page["site"] > 0
+    assert per_page["state_masters"] == pytest.approx(
+        out["redis_process_us_per_page"] / 1000, rel=0.01
+    )
+    # the machine's busy time holds every process of the crawl (and whatever else ran)
+    assert per_page["machine"] >= 0.9 * (per_page["workers"] + per_page["state_masters"])
+
+
+def test_wait_replicas_needs_the_cluster() -> None:
+    with pytest.raises(SystemExit):
+        redis_cost.main(["--features", "--wait-replicas", "1"])
