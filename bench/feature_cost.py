@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import time
 from typing import Any
 
+from bench.chaincrawl_bench import steady_rate
 from demo.proxy_farm import ProxyFarm
 from demo.testing import DemoServer
 
@@ -56,7 +58,13 @@ class FeatureSite(contextlib.ExitStack):
         self.farm = self.enter_context(ProxyFarm())
         listed = [self.farm.add_proxy().id for _ in range(self.healthy)]
         self.demo = self.enter_context(
-            DemoServer(size=self.size, features="all", proxies=listed, **self.overrides)
+            DemoServer(
+                size=self.size,
+                features="all",
+                proxies=listed,
+                stats_window_s=3600,  # every arrival of a crawl kept, for its steady rate
+                **self.overrides,
+            )
         )
         return self
 
@@ -94,13 +102,30 @@ class FeatureSite(contextlib.ExitStack):
         registrations, proxy checks included)."""
         import chains
 
-        before = int(self.demo.stats()["total"])
+        start, before = time.time(), self.demo.stats()
         handles = [chains.run(chain, seeds=[{}]) for _ in range(runs)]
         totals = [h.wait(timeout=timeout, poll=0.2).totals for h in handles]
+        after = self.demo.stats(timestamps=True)
+        arrivals = sorted(
+            t
+            for entry in after["recent"]["by_ip"].values()
+            for t in entry.get("timestamps", [])
+            if t >= start
+        )
         return argparse.Namespace(
             pages=sum(int(t["succeeded"]) for t in totals),
             items=sum(int(t["stored"]) for t in totals),
             failed=sum(int(t["failed"]) for t in totals),
             retried=sum(int(t.get("retried", 0)) for t in totals),
-            requests=int(self.demo.stats()["total"]) - before,
+            requests=int(after["total"]) - int(before["total"]),
+            # what the site answered and refused meanwhile (429: its per-IP rate limit), and
+            # its requests/s once started and before the tail (5th to 95th percentile)
+            statuses=_grew(before["by_status"], after["by_status"]),
+            rejections=_grew(before["rejections"], after["rejections"]),
+            steady_requests_per_s=round(steady_rate(arrivals), 1),
         )
+
+
+def _grew(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that grew from `before` to `after`, by how much."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}

@@ -45,6 +45,9 @@ did meanwhile (leases, production, proxy checks, retries) is counted against tho
   the workers, the masters, the replicas, the broker, the site, this process (the proxies'
   event loop, the runs' polling) and the whole machine (its every process), which tell what
   bound the rate: a part near a core of its own, or the machine near all of its cores;
+- **the idle fleet** (`--idle S`, after the measured crawls): the commands a second and each
+  master's process CPU a second with the workers up and no run, and the masters' CPU a page
+  net of it: what a page would cost at a pace where the work done by time weighs nothing;
 - **outbox bytes an item** (`--backlog`): one more crawl with the sink down (a Mongo URL on a
   closed port), so every item waits in the outbox: `MEMORY USAGE` of the stream over the items
   waiting, what a sink outage costs the state store's memory.
@@ -80,6 +83,7 @@ from bench.redis_counts import (
     commandstats,
     connections,
     per_master,
+    server_cpu,
     throughput,
 )
 from bench.workload import expected_pages, site_for_pages
@@ -104,21 +108,26 @@ def side_by_side(bench: ChaincrawlBench, demo: DemoServer, runs: int) -> Any:
     )
 
 
-def idle_rate(nodes: list[redis.Redis], seconds: float) -> tuple[float, dict[str, float]]:
+def idle_rate(
+    nodes: list[redis.Redis], seconds: float
+) -> tuple[float, dict[str, float], list[float]]:
     """Commands a second the servers run with the workers up and no run (`INFO
     commandstats` over `seconds`, after a second to settle): the work done by time, not by
-    page (proxy refills, the sweeper, heartbeats, metric flushes, drainer polls)."""
+    page (proxy refills, the sweeper, heartbeats, metric flushes, drainer polls); and each
+    server's process CPU a second meanwhile (µs: that work, the server's cron, a cluster's bus
+    and replication pings), which a slow crawl charges to its pages."""
     if seconds <= 0:
-        return 0.0, {}
+        return 0.0, {}, []
     time.sleep(1.0)
-    before = commandstats(nodes)
+    before, cpu0 = commandstats(nodes), server_cpu(nodes)
     time.sleep(seconds)
-    after = commandstats(nodes)
+    after, cpu1 = commandstats(nodes), server_cpu(nodes)
     by = {k: (c - before.get(k, (0, 0))[0]) / seconds for k, (c, _) in after.items()}
     by.pop("info", None)  # this function's own
     total = sum(by.values())
     top = {k: round(v, 2) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v >= 0.05}
-    return round(total, 2), top
+    cpu = [round(1e6 * (b - a) / seconds, 1) for a, b in zip(cpu0, cpu1, strict=True)]
+    return round(total, 2), top, cpu
 
 
 def closed_port() -> int:
@@ -341,7 +350,17 @@ def main(argv: list[str] | None = None) -> int:
                     "pages": r.pages,
                     "stored": r.items,
                     "failed": r.failed,
-                    **({"requests": r.requests, "retried": r.retried} if a.features else {}),
+                    **(
+                        {
+                            "requests": r.requests,
+                            "retried": r.retried,
+                            "site_statuses": r.statuses,
+                            "site_rejections": r.rejections,
+                            "steady_requests_per_s": r.steady_requests_per_s,
+                        }
+                        if a.features
+                        else {}
+                    ),
                     "seconds": round(s["wall"], 1),
                     "pages_per_s": round(r.pages / s["wall"], 1),
                     "worker_cpu_ms_per_page": round(1000 * s["workers"] / r.pages, 2),
@@ -430,6 +449,20 @@ def main(argv: list[str] | None = None) -> int:
             "idle_commands_per_second": idle[0],
             "idle_commands_by_command_per_second": idle[1],
             "commands_per_page_net_of_idle": round((cmds - idle[0] * seconds) / pages, 2),
+            "idle_process_us_per_second_per_master": idle[2],
+            # the masters' CPU a page less what they spend idle over as long: a page's own,
+            # what a faster crawl would pay a page
+            "redis_process_us_per_page_net_of_idle": round(
+                (1e6 * cpu - sum(idle[2]) * seconds) / pages, 1
+            )
+            if idle[2]
+            else None,
+            "per_master_process_us_per_page_net_of_idle": [
+                round(m["process_us_per_page"] - x * seconds / pages, 1)
+                for m, x in zip(masters, idle[2], strict=True)
+            ]
+            if idle[2]
+            else None,
             "commands_by_command_per_page": {
                 k: round(v / pages, 2) for k, v in n_by_cmd.most_common() if v / pages >= 0.01
             },
