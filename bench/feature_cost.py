@@ -122,6 +122,8 @@ class FeatureSite(contextlib.ExitStack):
             # its requests/s once started and before the tail (5th to 95th percentile)
             statuses=_grew(before["by_status"], after["by_status"]),
             rejections=_grew(before["rejections"], after["rejections"]),
+            # the requests of each client address (proxy): whether the crawl used them all
+            by_ip=dict(sorted(_grew(before["by_ip"], after["by_ip"]).items())),
             steady_requests_per_s=round(steady_rate(arrivals), 1),
         )
 

@@ -356,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                             "retried": r.retried,
                             "site_statuses": r.statuses,
                             "site_rejections": r.rejections,
+                            "site_requests_by_ip": r.by_ip,
                             "steady_requests_per_s": r.steady_requests_per_s,
                         }
                         if a.features
