@@ -3,6 +3,7 @@ task still commits at most once, whatever else the call holds."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any, cast
 
@@ -65,6 +66,31 @@ def test_a_batch_commits_in_one_script_call_with_summed_counters(
     assert set(ledger) == {orjson.loads(m)["id"] for m in a.staged + b.staged}
     for key in (state.done_key("r1", "a"), state.ledger_key("r1"), state.staged_key("r1")):
         assert 0 < rds.ttl(key) <= 7 * 24 * 3600, key
+
+
+def test_a_calls_counters_are_one_hmget_and_one_hset_with_the_sums_hincrbys_left(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """The commit script reads every counter it changes with one HMGET and writes them with
+    one HSET (no HINCRBY a counter): the same sums, other fields of the counters hash kept,
+    a capped run's `inflight` written as its net change."""
+    state.create_run("r1", "c", b"{}", 5, cap=4)
+    state.add_dispatched("r1", "s", 3)
+    rds.hset(state.counters_key("r1"), mapping={"inflight": 3, "stored": 7, "s:succeeded": 2})
+    calls: list[CommitCall] = []
+    commit(state, calls, "a", [kid("k")], n_items=2)
+    commit(state, calls, "b", [], outcome="failed")
+    rds.config_resetstat()
+    a, b = state.run_commits(calls)
+    stats = rds.info("commandstats")
+    assert "cmdstat_hincrby" not in stats
+    assert stats["cmdstat_hmget"]["calls"] == 2  # the run hash's flags, the counters
+    assert a is not None and b is not None and a.outstanding == b.outstanding == 2
+    got = state.counters("r1")
+    want = {"outstanding": 2, "inflight": 2, "stored": 7, "s:succeeded": 3, "succeeded": 1,
+            "s:failed": 1, "failed": 1, "items": 2, "s:items": 2, "k:dispatched": 1,
+            "dispatched": 4, "s:dispatched": 3}  # fmt: skip
+    assert {k: got.get(k, 0) for k in want} == want
 
 
 def test_a_batchs_entries_of_one_type_and_step_become_one_entry_of_all_their_items(
@@ -569,6 +595,7 @@ def test_last_and_the_keys_expiry_are_written_at_most_once_a_second(
     assert rds.hget(state.run_key("r1"), "last") == last
     assert rds.ttl(state.done_key("r1", "")) == -1  # within the second: not renewed
     rds.hset(state.run_key("r1"), "resend_mark", last)  # the sweeper re-sent meanwhile
+    time.sleep(0.002)  # `last` is to the millisecond: three commits can share one
     calls = []
     commit(state, calls, "c", [])
     state.run_commits(calls)
