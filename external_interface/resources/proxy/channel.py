@@ -45,6 +45,7 @@ KIND = "proxy"
 # least used first, a lost lease counts as a use; no health score (the global pool scores
 # proxies), refilled from the global pool rather than produced
 PROFILE = Profile(order="uses", lost_uses=True, scored=False, produced=False)
+DRY_REFILL_MAX = 5.0  # longest wait between watermark refills that keep finding nothing new
 
 
 class ProxyLease(Lease):
@@ -83,6 +84,7 @@ class ChannelPool(LeasePool):
         self.k_url = self.k_secret
         self.held = held  # lend through this process's holding (the provider's channel)
         self._last_refill = 0.0
+        self._dry = 0  # refills in a row that found nothing to add (their interval doubles)
         self._refill_lock = threading.Lock()
 
     def _lease(self, mid: str, token: str, uses: int, score: int, exp: int, text: str) -> Lease:
@@ -93,7 +95,7 @@ class ChannelPool(LeasePool):
         self, avoid: Collection[str] = (), lease_ttl: float | None = None
     ) -> ProxyLease | None:
         """Lend the least-used proxy not in `avoid`, refilling from the global pool when the
-        channel runs low (at most once per `refill_interval` per instance). `avoid` is a
+        channel runs low (at most once per `refill_wait()` per instance). `avoid` is a
         preference: when every proxy of the channel is in it, the least used is lent anyway.
         None when nothing is free, or the site is at its share of the fleet's proxy leases."""
         ttl = self.settings.lease_ttl if lease_ttl is None else lease_ttl
@@ -105,7 +107,7 @@ class ChannelPool(LeasePool):
         if co.shared:  # the site is at its share of the fleet's proxies: a refill cannot help
             return None
         low = co.lease is None or co.available < self.settings.refill_below
-        due = time.monotonic() - self._last_refill >= self.settings.refill_interval
+        due = time.monotonic() - self._last_refill >= self.refill_wait()
         if low and due:
             if self.refill() and held is not None:
                 held.refreshed()
@@ -114,6 +116,14 @@ class ChannelPool(LeasePool):
         if co.lease is None and avoid:  # every proxy here avoided? then one of them
             co = take(avoid, ttl, fallback=True)
         return cast("ProxyLease | None", co.lease)  # built by _lease
+
+    def refill_wait(self) -> float:
+        """Least seconds between two watermark refills of this instance: the setting, doubled
+        after each refill in a row that found nothing to add (every proxy the selection
+        ranks is in the channel or benched from it), up to DRY_REFILL_MAX (or the setting,
+        if longer); one that adds a proxy starts again from the setting."""
+        every = self.settings.refill_interval
+        return min(every * 2 ** min(self._dry, 16), max(every, DRY_REFILL_MAX))
 
     def release(
         self, lease: Lease, event: Event = Event.SUCCESS, ban_ttl: float | None = None
@@ -180,25 +190,39 @@ class ChannelPool(LeasePool):
             self._last_refill = time.monotonic()
         ranked = self.selector.select().ids
         if not ranked:
+            self._dry += 1
             return 0
-        # cheap pre-filter so `limit` counts new proxies; the script re-checks atomically
+        # cheap pre-filter so `limit` counts new proxies; the script re-checks atomically.
+        # Benched ones are left out here too: a refill while the site benches a proxy would
+        # otherwise call the add script for it every time, to skip it there
+        parts = len(self.part_keys)
         pipe = self.rds.pipeline(transaction=False)
         for key in self._key(5):  # every sub-pool's urls
             pipe.hmget(key, ranked)
+        for key in self._key(8):  # every sub-pool's bench (id -> until, ms)
+            pipe.zmscore(key, ranked)
         pipe.hmget(self.pool.keys.url, ranked)
-        *known, urls = pipe.execute()
+        got = pipe.execute()
+        known, benched, urls = got[:parts], got[parts:-1], got[-1]
+        now_ms = time.time() * 1000
         fresh = [
             (pid, url)
-            for pid, url, *k in zip(ranked, urls, *known, strict=True)
-            if all(x is None for x in k) and url is not None
+            for pid, url, *k in zip(ranked, urls, *known, *benched, strict=True)
+            if url is not None
+            and all(x is None for x in k[:parts])
+            and all(x is None or x <= now_ms for x in k[parts:])
         ][: max(limit, 0)]
         if not fresh:
+            self._dry += 1
             return 0
         self.rds.sadd(self.pool.keys.channels, self.site)
         if not is_cluster(self.rds):
             opened = [(pid, self.pool.open_url(pid, url)) for pid, url in fresh]
-            return self.add_members(opened, source=self.pool.keys.score)
-        return self._refill_in_steps(fresh)
+            added = self.add_members(opened, source=self.pool.keys.score)
+        else:
+            added = self._refill_in_steps(fresh)
+        self._dry = 0 if added else self._dry + 1
+        return added
 
     def _refill_in_steps(self, fresh: list[tuple[str, bytes]]) -> int:
         """`refill`'s add on a Redis Cluster: global check, add, global re-check (see there)."""

@@ -377,3 +377,42 @@ def test_a_proxy_leaving_the_global_pool_during_a_refill_stays_out_of_the_channe
     assert ch.members() == {y}
     lease = ch.checkout()
     assert lease is not None and lease.id == y and ch.checkout() is None
+
+
+def test_a_refill_asks_no_script_for_a_proxy_the_channel_benches(
+    pool: GlobalPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refill's read of the channel leaves out proxies it benches: a low channel refilled
+    while the site benches one does not call the add script for it each time (the script
+    would skip it), and calls it again once the ban is over."""
+    x, y = fill(pool, 2)
+    ch = ChannelPool("a", pool)
+    assert ch.refill() == 2
+    lease = ch.checkout(avoid={y})
+    assert lease is not None and lease.id == x
+    ch.release(lease, Event.BANNED, ban_ttl=0.2)
+    adds: list[Any] = []
+    real = ch.add_members
+    monkeypatch.setattr(ch, "add_members", lambda *a, **k: adds.append(a) or real(*a, **k))
+    assert ch.refill() == 0 and adds == []
+    time.sleep(0.25)
+    assert ch.refill() == 1 and len(adds) == 1 and ch.members() == {x, y}
+
+
+def test_refills_that_find_nothing_new_wait_longer_each_time(
+    rds: redis.Redis, key_prefix: str, proxy_settings: ProxySettings
+) -> None:
+    """A channel kept low by its own leases (everything the selector ranks is in it) doubles
+    the wait between watermark refills up to 5 s; a refill that adds one starts again."""
+    pool = GlobalPool(rds, key_prefix, proxy_settings.model_copy(update={"refill_interval": 0.5}))
+    fill(pool, 2)
+    ch = ChannelPool("a", pool)
+    assert ch.refill_wait() == 0.5
+    assert ch.refill() == 2 and ch.refill_wait() == 0.5
+    waits = []
+    for _ in range(5):
+        assert ch.refill() == 0
+        waits.append(ch.refill_wait())
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0]
+    fill(pool, 3)  # a new proxy in the global pool
+    assert ch.refill() == 1 and ch.refill_wait() == 0.5
