@@ -112,11 +112,18 @@ if op == 'checkout' then
     if PRODUCED then redis.call('HINCRBY', KEYS[7], 'checkouts', 1) end
   else
     chosen, secret, wait = '', '', -1
-    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    if first[2] then wait = math.max(0, tonumber(first[2]) - now) end
+    -- no candidate at all: nothing is ready (lru), nothing is idle (uses); a member that
+    -- rests (lru) says how long to wait
+    if ORDER ~= 'uses' or #cands > 0 then
+      local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+      if first[2] then wait = math.max(0, tonumber(first[2]) - now) end
+    end
   end
-  local available = ORDER == 'uses' and redis.call('ZCARD', KEYS[1])
-    or redis.call('ZCOUNT', KEYS[1], '-inf', now)
+  local available = 0  -- no candidate: none ready (and the count costs a command a call)
+  if #cands > 0 then
+    available = ORDER == 'uses' and redis.call('ZCARD', KEYS[1])
+      or redis.call('ZCOUNT', KEYS[1], '-inf', now)
+  end
   local size = PRODUCED and redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) or -1
   return {chosen, secret, uses, score, available, size, wait, exp}
 

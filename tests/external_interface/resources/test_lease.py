@@ -80,6 +80,31 @@ def test_uses_order_lends_the_least_used_and_keeps_its_count_in_idle(
     assert pool.uses("m2") == 0 and rds.zscore(pool.k_idle, "m2") == 0
 
 
+@pytest.mark.parametrize("order", ["lru", "uses"])
+def test_an_empty_checkout_reads_no_count_and_says_when_a_resting_one_is_ready(
+    rds: redis.Redis, key_prefix: str, order: str
+) -> None:
+    """A checkout that finds no candidate reads no count (nothing is ready: the caller hears
+    0 available); in the lru order it still says when the resting member is ready."""
+    pool = make(rds, key_prefix, 1, Profile(order=order, produced=False))  # no size read
+    lease = pool.take((), 10).lease
+    assert lease is not None
+    empty = pool.take((), 10)
+    assert empty.lease is None and empty.available == 0 and empty.wait is None
+    pool.give_back(lease, rest=30)
+    co = pool.take((), 10)
+    if order == "lru":  # resting 30 s: nothing ready, the wait told
+        assert co.lease is None and co.available == 0 and co.wait is not None
+        assert 29 <= co.wait <= 30
+    else:  # no cool-down in this order: lent again, nothing left
+        assert co.lease is not None and co.available == 0
+    if not isinstance(rds, redis.RedisCluster):
+        rds.config_resetstat()
+        pool.take((), 10)
+        stats = rds.info("commandstats")
+        assert "cmdstat_zcard" not in stats and "cmdstat_zcount" not in stats
+
+
 @pytest.mark.parametrize(("lost", "uses"), [(False, 0), (True, 2)])
 def test_lost_uses_count_a_reclaimed_lease_and_its_late_return(
     rds: redis.Redis, key_prefix: str, lost: bool, uses: int
