@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -229,6 +230,10 @@ def set_batch(rt: Runtime, batch: Committer | None) -> None:
     rt.local.batch = batch
 
 
+TAIL_SYNC_EVERY = 0.25  # seconds between two commits that take the metrics, in a tail's first part
+_tail_sync = [0.0]  # monotonic: this process's last such commit
+
+
 def send_commits(
     rt: Runtime,
     state: RunState,
@@ -238,11 +243,20 @@ def send_commits(
 ) -> list[Committed | None]:
     """`RunState.run_commits` with the process's metrics: while the run's backlog is shallow
     (its tail, or not seen yet) this process's pending metrics go first in the same pipeline,
-    so they are written no later than the commit that may complete the run."""
+    so they are written no later than the commit that may complete the run: in the tail's
+    first part (fewer than `tail_backlog`, not fewer than the process's slots) at most one
+    commit every TAIL_SYNC_EVERY seconds takes them (each takes all of them: a page's sums
+    are one HINCRBY a field, and a commit a page wrote them a page at a time); below the
+    slots, every commit."""
     agg = aggregator()
     seen = rt.outstanding_seen(rid)
     tail = rt.load.tail_backlog()
-    sync = seen is None or seen < tail
+    sync = in_tail = seen is None or seen < tail
+    if in_tail and seen is not None and seen >= rt.load.slots:
+        now = time.monotonic()
+        sync = now - _tail_sync[0] >= TAIL_SYNC_EVERY
+        if sync:
+            _tail_sync[0] = now
     taken: dict[str, Any] = {}
 
     def pre(pipe: Any) -> None:
@@ -264,7 +278,8 @@ def send_commits(
         if n <= 0:  # this commit completed the run: compact it now if its items are stored
             activity.note_tasks_done()  # this process's drainer stores its last items now
             compact_quietly(state, [rid])
-        if not sync and n < tail and agg.pending():  # entering the tail: write the sums now
+        # entering the tail, or completing the run with the sums left pending: write them now
+        if ((not in_tail and n < tail) or (n <= 0 and not sync)) and agg.pending():
             try:
                 agg.flush(state.r)
             except redis.exceptions.RedisError as exc:

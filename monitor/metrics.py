@@ -5,8 +5,11 @@ on: docs/monitoring.md, "Stable Redis keys").
 A worker adds each task's counts into a per-process `Aggregator` (a dict add under one lock);
 a background thread writes the sums every `CHAINCRAWL_METRICS_FLUSH_INTERVAL` (1 s) with one
 HINCRBY per changed field, instead of ~50 HINCRBYs per page. While a run's backlog is shallow
-(its tail) tasks write the pending sums in their commit pipeline, so a run's metrics are
-complete when the run is. A killed worker loses at most one interval of metrics; run counters
+(its tail) tasks write the pending sums in their commit pipeline (at most one commit every
+0.25 s a process until the backlog is below the process's slots, then every one; the commit
+that completes the run writes its process's sums at once), so a run's metrics are complete
+when the run is, or at most one interval later (another process's last commits of the run
+that left them pending). A killed worker loses at most one interval of metrics; run counters
 are exact either way (they live in the commit script). Stored fields are unchanged.
 """
 
