@@ -52,11 +52,14 @@ EMPTY_FOR = 0.2  # longest a pool's "nothing ready" answer is believed without a
 @dataclass(frozen=True)
 class HoldRule:
     """How long a process may keep a member: `requests` requests, `seconds` since checkout
-    (capped below half the lease TTL by `Holding`), `idle` seconds unused."""
+    (capped below half the lease TTL by `Holding`), `idle` seconds unused; `wait`: how long a
+    take that finds nothing free here nor in the pool waits for a member this process holds
+    to come back from its request."""
 
     requests: int = 1
     seconds: float = 5.0
     idle: float = 1.0
+    wait: float = 0.0  # longest a take waits for a member busy here (0: none)
 
     @property
     def holds(self) -> bool:
@@ -86,10 +89,12 @@ class Holding:
         self.rule = rule
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a member given back (`give`)
         self.size = -1  # the pool's size, as the last Redis call said
         self.available = 0
         self.closing = False
         self.calls = 0  # Redis calls made (checkouts and returns), for tests and benchmarks
+        self.waited = 0  # takes that waited for a member busy here
         # nothing was ready in the pool for anyone: no need to ask again before then
         self._empty_until = 0.0
         # called with a member's notes when it goes back (the proxy channel: global scores)
@@ -103,9 +108,27 @@ class Holding:
             return list(self._held)
 
     # --- lending -------------------------------------------------------------------------
-    def take(self, avoid: Collection[str], lease_ttl: float, fallback: bool = True) -> Checkout:
+    def take(
+        self, avoid: Collection[str], lease_ttl: float, fallback: bool = True, wait: bool = True
+    ) -> Checkout:
         """A held member free, rested and within its bounds (not in `avoid`), else one more
-        from the pool (`LeasePool.take`, the guard's share included)."""
+        from the pool (`LeasePool.take`, the guard's share included). When neither has one
+        and a member held here is in use (not in `avoid`), waits up to the rule's `wait` for
+        the next member given back here and tries once more (`wait`: the caller's leave to),
+        so a task meets a busy pool by waiting a request's time, not by going back to the
+        broker for a message of its own."""
+        co = self._take(avoid, lease_ttl, fallback)
+        limit = min(self.rule.wait, self.rule.seconds)
+        if co.lease is not None or not wait or limit <= 0 or self.closing:
+            return co
+        with self._freed:
+            if not any(h.busy and h.lease.id not in avoid for h in self._held.values()):
+                return co
+            self.waited += 1
+            self._freed.wait(limit)
+        return self._take(avoid, lease_ttl, fallback)
+
+    def _take(self, avoid: Collection[str], lease_ttl: float, fallback: bool) -> Checkout:
         now = time.monotonic()
         with self._lock:
             pick = self._pick(avoid, now)
@@ -166,7 +189,19 @@ class Holding:
         return True
 
     # --- returns -------------------------------------------------------------------------
-    def give(
+    def give(self, lease: Lease, action: str = "use", **how: Any) -> tuple[str, int]:
+        """`LeasePool.give_back` for a member lent from here: a use is summed and the member
+        stays held unless a bound, its use limit or a score at 0 says it goes back now; a ban
+        or a retirement goes to the pool at once; a cancel frees it unused (back to the pool
+        unless it served a request here already). Then one take waiting here tries again
+        (the member, here or back in the pool)."""
+        try:
+            return self._give(lease, action, **how)
+        finally:
+            with self._freed:
+                self._freed.notify()
+
+    def _give(
         self,
         lease: Lease,
         action: str = "use",
@@ -178,10 +213,6 @@ class Holding:
         reason: str = "",
         hold: float = 0.0,
     ) -> tuple[str, int]:
-        """`LeasePool.give_back` for a member lent from here: a use is summed and the member
-        stays held unless a bound, its use limit or a score at 0 says it goes back now; a ban
-        or a retirement goes to the pool at once; a cancel frees it unused (back to the pool
-        unless it served a request here already)."""
         now = time.monotonic()
         with self._lock:
             h = self._held.get(lease.id)

@@ -84,14 +84,16 @@ class PoolConfig:
     produce_gap: float = 1.0  # least seconds between the starts of two production runs
     # holding (holding.py): a worker process keeps a member for up to hold_requests requests
     # or hold_seconds (below half of lease_ttl), giving it back after hold_idle unused;
-    # hold_requests 1: a checkout and a return per request
+    # hold_requests 1: a checkout and a return per request; a request that finds nothing
+    # free here nor in the pool waits up to hold_wait for a member this process holds
     hold_requests: int = 8
     hold_seconds: float = 5.0
     hold_idle: float = 0.5
+    hold_wait: float = 1.0
 
     @property
     def hold(self) -> HoldRule:
-        return HoldRule(self.hold_requests, self.hold_seconds, self.hold_idle)
+        return HoldRule(self.hold_requests, self.hold_seconds, self.hold_idle, self.hold_wait)
 
 
 _KIND_DEFAULTS: dict[str, dict[str, Any]] = {}

@@ -24,6 +24,7 @@ What the engine makes atomic, for proxies:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -108,6 +109,8 @@ class ChannelPool(LeasePool):
             return None
         low = co.lease is None or co.available < self.settings.refill_below
         due = time.monotonic() - self._last_refill >= self.refill_wait()
+        if held is not None:  # the first take waited for a proxy held here already
+            take = functools.partial(held.take, wait=False)
         if low and due:
             if self.refill() and held is not None:
                 held.refreshed()

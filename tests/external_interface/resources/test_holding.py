@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -39,7 +40,8 @@ def _fresh_holdings() -> Any:
 
 
 def make(rds: redis.Redis, prefix: str, n: int = 0, **cfg: Any) -> Pool:
-    config = PoolConfig(**{"hold_requests": 4, "hold_seconds": 10, "hold_idle": 10, **cfg})
+    config = PoolConfig(**{"hold_requests": 4, "hold_seconds": 10, "hold_idle": 10, "hold_wait": 0,
+                           **cfg})  # fmt: skip
     pool = Pool("cookie", "shop", rds=rds, prefix=prefix, config=config, held=True)
     for i in range(n):
         pool.add({"cookies": {"session": f"secret-{i}"}}, f"c{i}")
@@ -293,3 +295,37 @@ def test_an_empty_pool_is_asked_once_in_a_moment(rds: redis.Redis, key_prefix: s
     assert again.lease is not None and again.local and h.calls == 2
     pool.release(again.lease, Verdict.OK)  # its second request: back to the pool
     assert h.calls == 3 and pool.checkout().lease is not None
+
+
+def test_a_take_with_nothing_free_waits_for_a_member_busy_here(
+    rds: redis.Redis, key_prefix: str
+) -> None:
+    """The pool empty and the one member held here in use: a second request waits (up to
+    `hold_wait`) for it to come back from its request and gets it from here, no Redis call;
+    with nothing held here it does not wait at all."""
+    pool = make(rds, key_prefix, 1, hold_wait=5)
+    a = pool.checkout()
+    assert a.lease is not None
+    h = held_of(pool)
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(pool.checkout()))
+    t.start()
+    wait_for(lambda: h.waited == 1, 5, "the second checkout waiting")
+    assert not got  # waiting for the member in use
+    pool.release(a.lease, Verdict.OK)
+    t.join(5)
+    assert got and got[0].lease is not None and got[0].lease.id == a.lease.id and got[0].local
+    assert h.calls == 2  # the first checkout and the empty pool's answer: none for the wait
+    empty = make(rds, f"{key_prefix}:other", 0, hold_wait=5)
+    start = time.monotonic()
+    assert empty.checkout().lease is None and time.monotonic() - start < 1
+    assert held_of(empty).waited == 0
+
+
+def test_a_take_that_waits_gives_up_after_hold_wait(rds: redis.Redis, key_prefix: str) -> None:
+    pool = make(rds, key_prefix, 1, hold_wait=0.3)
+    assert pool.checkout().lease is not None
+    start = time.monotonic()
+    co = pool.checkout()
+    assert co.lease is None and 0.25 <= time.monotonic() - start < 2
+    assert held_of(pool).waited == 1
