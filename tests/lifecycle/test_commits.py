@@ -4,6 +4,7 @@ process writing what it left pending)."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -76,7 +77,7 @@ def test_a_tails_first_part_takes_the_metrics_once_a_quarter_second_then_every_c
 ) -> None:
     rt, state, agg = setup
     clock = [1000.0]
-    monkeypatch.setattr(lifecycle.commits.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     tail = rt.load.tail_backlog()
     assert commit(rt, state, agg, 200) == 2  # not seen yet: taken
     assert commit(rt, state, agg, 150) == 0  # deep in the run: the flush thread's
@@ -96,7 +97,7 @@ def test_the_commit_that_completes_the_run_writes_what_its_process_left_pending(
     setup: tuple[Any, State, Aggregator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt, state, agg = setup
-    monkeypatch.setattr(lifecycle.commits.time, "monotonic", lambda: 1000.0)
+    monkeypatch.setattr(time, "monotonic", lambda: 1000.0)
     assert commit(rt, state, agg, 40) == 2  # not seen yet: taken
     assert commit(rt, state, agg, 30) == 2  # the tail's first commit
     assert commit(rt, state, agg, 20) == 0  # throttled: pending

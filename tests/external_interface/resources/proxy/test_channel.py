@@ -393,7 +393,12 @@ def test_a_refill_asks_no_script_for_a_proxy_the_channel_benches(
     ch.release(lease, Event.BANNED, ban_ttl=0.2)
     adds: list[Any] = []
     real = ch.add_members
-    monkeypatch.setattr(ch, "add_members", lambda *a, **k: adds.append(a) or real(*a, **k))
+
+    def add_members(*a: Any, **k: Any) -> int:
+        adds.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ch, "add_members", add_members)
     assert ch.refill() == 0 and adds == []
     time.sleep(0.25)
     assert ch.refill() == 1 and len(adds) == 1 and ch.members() == {x, y}
