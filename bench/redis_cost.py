@@ -87,6 +87,7 @@ from bench.redis_counts import (
     throughput,
 )
 from bench.workload import expected_pages, site_for_pages
+from bench.script_ops import ScriptOps
 from demo.testing import DemoServer
 from utils.keyspace import Keyspace
 from utils.servers import RedisClusterServer, RedisServer, redis_server_binary
@@ -404,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         detail: Counter[str] = Counter()
         in_scripts = 0
         at_end = 0
+        ops = ScriptOps()
         for mon in mons:
             mon.finish()
             at_end += mon.at_end
@@ -413,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             call_families.update(mon.call_families)
             detail.update(mon.detail)
             in_scripts += mon.in_scripts
+            ops.merge(mon.ops)
         top = sum(top_by.values())
         monitored = max(1, r.pages)
         out = {
@@ -468,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                 k: round(v / pages, 2) for k, v in n_by_cmd.most_common() if v / pages >= 0.01
             },
             "commands_in_scripts_per_page": round(in_scripts / monitored, 2),
+            **ops.per_page(monitored),  # the MONITOR crawl's script calls by operation
             # the MONITOR crawl by INFO commandstats, and what MONITOR had read when it ended
             "monitor_crawl_commands_per_page": round(
                 (sum(c for c, _ in mon_after.values()) - sum(c for c, _ in mon_before.values()))

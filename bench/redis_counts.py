@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 import redis
 
+from bench.script_ops import ScriptOps
 from utils.keyspace import Keyspace
 
 
@@ -99,6 +100,7 @@ class Monitor(threading.Thread):
         self.families: Counter[str] = Counter()  # every command, the scripts' own included
         self.call_families: Counter[str] = Counter()  # what clients sent
         self.detail: Counter[str] = Counter()  # every command as "family command"
+        self.ops = ScriptOps()  # script calls by operation
         self.counting = False
         self._mon: Any = None
         self.ready = threading.Event()
@@ -115,6 +117,7 @@ class Monitor(threading.Thread):
         fam = self.family(parts)
         self.families[fam] += 1
         self.detail[f"{fam} {parts[0].lower()}"] += 1
+        self.ops.count(parts, fam, cmd.get("client_type") == "lua")
         if cmd.get("client_type") == "lua":
             self.in_scripts += 1
         else:
