@@ -22,7 +22,7 @@ import argparse
 import contextlib
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 from bench.chaincrawl_bench import steady_rate
 from demo.proxy_farm import ProxyFarm
@@ -103,8 +103,10 @@ class FeatureSite(contextlib.ExitStack):
         import chains
 
         start, before = time.time(), self.demo.stats()
+        waits = waited()
         handles = [chains.run(chain, seeds=[{}]) for _ in range(runs)]
         totals = [h.wait(timeout=timeout, poll=0.2).totals for h in handles]
+        waits = {k: n - waits.get(k, 0) for k, n in waited().items() if n > waits.get(k, 0)}
         after = self.demo.stats(timestamps=True)
         arrivals = sorted(
             t
@@ -113,6 +115,7 @@ class FeatureSite(contextlib.ExitStack):
             if t >= start
         )
         return argparse.Namespace(
+            waited=waits,
             pages=sum(int(t["succeeded"]) for t in totals),
             items=sum(int(t["stored"]) for t in totals),
             failed=sum(int(t["failed"]) for t in totals),
@@ -131,3 +134,18 @@ class FeatureSite(contextlib.ExitStack):
 def _grew(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     """The counters that grew from `before` to `after`, by how much."""
     return {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+
+
+def waited() -> dict[str, int]:
+    """The demo site's waits so far by error (its metrics, `waited:<error>`: a page that found
+    no lease or slot free went back as a message of its own; the last second's may be unwritten
+    yet)."""
+    from monitor.metrics import site_key
+    from utils.redis import as_str, get_redis
+
+    got = get_redis().hgetall(site_key("demo"))
+    return {
+        as_str(k)[7:]: int(v)
+        for k, v in cast("dict[bytes, bytes]", got).items()
+        if as_str(k).startswith("waited:")
+    }

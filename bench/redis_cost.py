@@ -86,8 +86,8 @@ from bench.redis_counts import (
     server_cpu,
     throughput,
 )
-from bench.workload import expected_pages, site_for_pages
 from bench.script_ops import ScriptOps
+from bench.workload import expected_pages, site_for_pages
 from demo.testing import DemoServer
 from utils.keyspace import Keyspace
 from utils.servers import RedisClusterServer, RedisServer, redis_server_binary
@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                         {
                             "requests": r.requests,
                             "retried": r.retried,
+                            "waited": r.waited,
                             "site_statuses": r.statuses,
                             "site_rejections": r.rejections,
                             "site_requests_by_ip": r.by_ip,
