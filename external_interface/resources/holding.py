@@ -46,7 +46,9 @@ from external_interface.resources.lease import Checkout, Lease, LeasePool
 
 log = logging.getLogger(__name__)
 
-EMPTY_FOR = 0.2  # longest a pool's "nothing ready" answer is believed without asking again
+EMPTY_FOR = 0.2  # longest a pool's "nothing ready" answer is believed without asking again...
+EMPTY_MAX = 1.0  # ...doubled with each such answer in a row, up to this (a checkout that lends
+# starts again): a pool its processes keep drained is asked a few times a second, not five
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class Holding:
         self.waited = 0  # takes that waited for a member busy here
         # nothing was ready in the pool for anyone: no need to ask again before then
         self._empty_until = 0.0
+        self._empty_streak = 0  # "nothing ready" answers in a row
         # called with a member's notes when it goes back (the proxy channel: global scores)
         self.on_return: Callable[[Lease, dict[str, Any]], None] | None = None
 
@@ -147,11 +150,14 @@ class Holding:
         self.size, self.available = co.size, co.available
         if co.lease is None:
             if co.available == 0 and not co.shared:
-                self._empty_until = time.monotonic() + min(co.wait or EMPTY_FOR, EMPTY_FOR)
+                span = min(EMPTY_FOR * 2**self._empty_streak, EMPTY_MAX)
+                self._empty_streak = min(self._empty_streak + 1, 8)
+                self._empty_until = time.monotonic() + min(co.wait or span, span)
             if soonest is not None:  # a member held here rests: it is ready sooner
                 wait = max(0.0, soonest - time.monotonic())
                 co = replace(co, wait=wait if co.wait is None else min(co.wait, wait))
             return co
+        self._empty_streak = 0
         span = min(self.rule.seconds, lease_ttl / 2)
         if self.closing:
             span = 0.0

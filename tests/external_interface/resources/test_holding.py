@@ -329,3 +329,29 @@ def test_a_take_that_waits_gives_up_after_hold_wait(rds: redis.Redis, key_prefix
     co = pool.checkout()
     assert co.lease is None and 0.25 <= time.monotonic() - start < 2
     assert held_of(pool).waited == 1
+
+
+def test_a_pool_found_empty_again_and_again_is_believed_longer_each_time(
+    rds: redis.Redis, key_prefix: str
+) -> None:
+    """Each "nothing ready" in a row doubles how long it is believed (0.2 s, then 0.4, 0.8,
+    at most 1 s): a pool the fleet keeps drained is asked about once a second a process, not
+    five times; a checkout that lends starts again at 0.2 s."""
+    pool = make(rds, key_prefix, 1)
+    a = pool.checkout()
+    assert a.lease is not None
+    h = held_of(pool)
+    spans = []
+    for _ in range(5):
+        h._empty_until = 0.0  # the last answer's belief over
+        assert pool.checkout().lease is None
+        spans.append(round(h._empty_until - time.monotonic(), 1))
+    assert spans == [0.2, 0.4, 0.8, 1.0, 1.0] and h.calls == 6
+    pool.release(a.lease, Verdict.OK)  # held here: lent again from here, no call
+    pool.release(pool.checkout().lease, Verdict.OK)  # type: ignore[arg-type]
+    holding.return_all()  # back to the pool: the next checkout lends from Redis
+    h.closing = False
+    assert pool.checkout().lease is not None
+    h._empty_until = 0.0
+    assert pool.checkout().lease is None
+    assert round(h._empty_until - time.monotonic(), 1) == 0.2
