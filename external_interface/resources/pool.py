@@ -85,11 +85,12 @@ class PoolConfig:
     # holding (holding.py): a worker process keeps a member for up to hold_requests requests
     # or hold_seconds (below half of lease_ttl), giving it back after hold_idle unused;
     # hold_requests 1: a checkout and a return per request; a request that finds nothing
-    # free here nor in the pool waits up to hold_wait for a member this process holds
+    # free here nor in the pool waits up to hold_wait for a member this process holds (0: it
+    # waits as a message; 1 s measured more waits on the demo chain: docs/resources.md)
     hold_requests: int = 8
     hold_seconds: float = 5.0
     hold_idle: float = 0.5
-    hold_wait: float = 1.0
+    hold_wait: float = 0.0
 
     @property
     def hold(self) -> HoldRule:
