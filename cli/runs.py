@@ -12,16 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 
 import chains
 import sites
+from broker.workers import TaskSets
 from chains.runner import Progress, RunHandle
 from cli import RUN_ON_LOST_SLOTS, UserError
 from cli.tables import recent_table, run_table
 from config import ROOT
+from utils.redis import get_redis
 from utils.slots import SlotsLost
 
 
@@ -92,9 +95,9 @@ def trigger(
     console.print(f"run id: [bold]{handle.run_id}[/bold]  chain: {name}")
     if handle.note:
         console.print(f"[yellow]warning:[/yellow] {handle.note}", soft_wrap=True)
-    try:  # a warning only: whatever it meets (a file gone, an unvalidated chain) is not the run's
-        stale = stale_code(name)
-    except (OSError, LookupError):
+    try:  # a warning only: whatever it meets (a file gone, an unvalidated chain, Redis gone
+        stale = stale_code(name)  # since the run was sent) is not the run's
+    except (OSError, LookupError, RedisError):
         stale = []
     for note in stale:
         console.print(f"[yellow]warning:[/yellow] {escape(note)}", soft_wrap=True)
@@ -110,9 +113,6 @@ def stale_code(chain: str) -> list[str]:
     """One line per site package of the chain changed after a live worker of this machine
     that runs its tasks loaded it: a worker runs the code as it was at its start (`parse`
     runs the files as they are now), and the edit seemed to do nothing."""
-    from broker.workers import TaskSets
-    from utils.redis import get_redis
-
     here = socket.gethostname()
     live = [w for w in TaskSets(get_redis()).live().values() if w.host == here and w.started]
     if not live:
