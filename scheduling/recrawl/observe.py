@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
+import redis
 
 from external_interface.dedup import RedisDedup, Status
 from scheduling.recrawl.history import History, Observed
@@ -22,6 +23,7 @@ from scheduling.recrawl.watch import Watch
 from utils.clock import Clock
 from utils.keyspace import Keyspace
 from utils.redis import as_str
+from utils.slots import lost_now
 
 
 def dedup_for(client: Any, prefix: str, watch: Watch) -> RedisDedup:
@@ -84,7 +86,16 @@ class Observer:
         if self._read_at is None or now - self._read_at >= self.refresh:
             known = {ws.watch: ws for group in self._by_type.values() for ws in group}
             by_type: dict[str, list[WatchStores]] = {}
-            for raw in self.r.hgetall(self._key).values():
+            try:
+                watched = self.r.hgetall(self._key)
+            except redis.RedisError as exc:
+                if not lost_now(self.r, exc):
+                    raise
+                # the key is on a lost slot range: the last map, for now (raising would make
+                # the drainer hold back the items of every run, whatever their slots)
+                self._read_at = now
+                return self._by_type
+            for raw in watched.values():
                 w = Watch.from_dict(orjson.loads(as_str(raw)))
                 ws = known.get(w) or WatchStores(self.r, self.prefix, w)
                 by_type.setdefault(w.item_type, []).append(ws)
