@@ -218,9 +218,11 @@ def test_sink_outage_keeps_everything_then_stores_once(
     d = Drainer(
         rds, key_prefix, [jsonl, flaky], batch=50, interval=0.05, backoff=0.05, max_backoff=0.2
     )
+    # written before the drainer starts: its first read takes all 10 (a retrying drainer reads
+    # nothing new, so entries written while it retries stay unread in the stream, not pending)
+    n = add_posts(rds, key_prefix, 10)
     d.start_thread()
     drainers.append(d)
-    n = add_posts(rds, key_prefix, 10)
     b = wait_until(
         lambda: (x := backlog(rds, key_prefix))["errors"].get("flaky") and x, 10, "error"
     )
