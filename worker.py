@@ -40,7 +40,7 @@ from monitor.timeseries import Sampler
 from scheduling import recrawl
 from scheduling.shares import fleet_from_settings
 from settings import envcheck
-from utils import activity, affinity, logsafe, outage
+from utils import affinity, logsafe, outage, process
 from utils.redis import get_redis
 
 settings = get_settings()
@@ -224,16 +224,16 @@ def _start_sweeper(**kw: Any) -> None:
 @signals.task_prerun.connect
 def _task_started(**kw: Any) -> None:
     """A task runs here: the sweeper keeps (or goes back to) its base interval, and so do the
-    owner heartbeat, the series sampler and the drainer's claims (utils/activity.py; no
+    owner heartbeat, the series sampler and the drainer's claims (utils/process.py; no
     command)."""
-    activity.note_work()
+    process.note_work()
 
 
 @signals.task_received.connect
 def _received_work(**kw: Any) -> None:
     """The consumer took a task message: work for the idle back-offs of this process, also
-    where the task runs in another (a prefork child; utils/activity.py; no command)."""
-    activity.note_work()
+    where the task runs in another (a prefork child; utils/process.py; no command)."""
+    process.note_work()
 
 
 @signals.worker_ready.connect

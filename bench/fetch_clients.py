@@ -75,7 +75,7 @@ from external_interface.fetch import (  # noqa: E402
     header_charset,
 )
 from external_interface.fetch.response import default_user_agent  # noqa: E402
-from utils.greenlets import gevent_patched  # noqa: E402
+from utils.process import gevent_patched  # noqa: E402
 
 # optional: the bench extra (httpcore, pycurl); a client whose package is missing is skipped
 try:

@@ -46,7 +46,7 @@ from kombu.transport import virtual
 from kombu.utils.json import dumps
 
 from broker.kombu_guard import once, require_source
-from utils import activity
+from utils import process
 from utils.redis import as_str
 
 kredis: Any = kombu_redis  # its QoS internals, patched here, are not in kombu's type hints
@@ -141,7 +141,7 @@ class Heartbeat:
         self.who, self.owners = who, f"{prefix}{OWNERS}"
         self.every = max(0.2, ttl / 5)
         self.idle_every = max(self.every, ttl / 2)  # while idle (class docstring)
-        self._watch = activity.Watch()
+        self._watch = process.Watch()
         self.registered = True
         self.beats = 0
         self.set_get = True  # SET ... GET is understood (Redis 6.2 and later)

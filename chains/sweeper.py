@@ -29,7 +29,7 @@ another process won while the holder found nothing) doubles this process's wait,
 lose or restore. The wait is back to `CHAINCRAWL_SWEEP_INTERVAL` after a pass that finds any
 of those, after a lock attempt that finds the holder's `sweeper:busy` mark (set by a pass that
 found work, for three intervals: the others stay ready to take over should it die), as soon
-as this process runs a task (utils/activity.py, counted from the worker's task_prerun signal:
+as this process runs a task (utils/process.py, counted from the worker's task_prerun signal:
 no command) and while it has a dropped broker connection to report. So every sweeper tries
 every interval while work exists, and within `SWEEP_IDLE_MAX` of work appearing where no
 task of it runs.
@@ -58,7 +58,7 @@ from chains.broker_scan import BATCH_TASK, broker_task_ids, kid_id, message_ids
 from config import Settings, get_settings
 from ledger.publish import send_kid
 from ledger.state import RunState
-from utils import activity
+from utils import process
 from utils.lua import script
 from utils.redis import as_str, get_redis
 from utils.slots import known_lost, lost_for, lost_ranges
@@ -126,7 +126,7 @@ class Sweeper:
         self.wait = self.interval  # until the next pass: doubles while passes find nothing
         self.saw_work = False  # the last pass found something to watch (module docstring)
         self._busy = False  # this process ran a task since the last pass
-        self._work = activity.Watch()  # tasks started here (the worker's task_prerun signal)
+        self._work = process.Watch()  # tasks started here (the worker's task_prerun signal)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -503,7 +503,7 @@ class Sweeper:
             self._lock = None
 
     def ran_task(self) -> bool:
-        """Whether this process started a task (or other work: utils/activity.py) since the
+        """Whether this process started a task (or other work: utils/process.py) since the
         last pass began: then the next pass comes within one interval, and every interval
         after it. One integer compared, no command."""
         if self._work.worked():

@@ -33,9 +33,8 @@ from celery.utils.saferepr import saferepr
 
 from config import Settings, get_settings, is_redis_url
 from ledger.state import RunState, StagedAt, drop_staged
-from utils.greenlets import gevent_patched
-from utils.ids import new_id
 from utils.logsafe import mask, redact, task_argsrepr
+from utils.process import gevent_patched, new_id
 from utils.redis import get_redis
 from utils.wire import PRIORITY, QUEUE
 

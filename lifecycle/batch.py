@@ -32,7 +32,7 @@ from lifecycle.endpoints import EndpointSpec, get_endpoint
 from lifecycle.lost import LOST, PARK_SECONDS, STATE_STORE_ERRORS, uncount_delivery
 from lifecycle.unknown import dead_letter_unknown
 from utils.logsafe import safe_text, task_argsrepr
-from utils.ranked_slots import RankedSlots
+from utils.process import RankedSlots
 from utils.redis import NotReplicated, get_redis
 from utils.registry import UnknownNameError
 from utils.slots import SlotsLost, lost_now

@@ -30,9 +30,8 @@ from ledger.state import CommitCall, Committed, Kid, RunState, StagedAt
 from lifecycle.endpoints import EndpointSpec, Follow, Item
 from lifecycle.runtime import Runtime, pause_before_requeue
 from monitor.metrics import TaskMetrics, aggregator
-from utils import activity
-from utils.ids import new_id
 from utils.logsafe import safe_text
+from utils.process import new_id, note_tasks_done
 from utils.redis import REPLICAS, NotReplicated, get_redis
 from utils.slots import known_lost, lost_for
 from utils.wire import DEDUP, OutboxFields, TaskMeta
@@ -276,7 +275,7 @@ def send_commits(
         n = max(res.outstanding for res in done)
         rt.note_outstanding(rid, n)
         if n <= 0:  # this commit completed the run: compact it now if its items are stored
-            activity.note_tasks_done()  # this process's drainer stores its last items now
+            note_tasks_done()  # this process's drainer stores its last items now
             compact_quietly(state, [rid])
         # entering the tail, or completing the run with the sums left pending: write them now
         if ((not in_tail and n < tail) or (n <= 0 and not sync)) and agg.pending():

@@ -31,9 +31,7 @@ from ledger.model import Chain, chain_from_dict
 from ledger.publish import BATCH_CPU_MIN, Load, Publisher, batch_size
 from ledger.state import RunState
 from lifecycle.endpoints import BROWSER, EndpointSpec, queue_for
-from utils.greenlets import gevent_patched
-from utils.ids import pid
-from utils.ranked_slots import RankedSlots
+from utils.process import RankedSlots, gevent_patched, pid
 from utils.redis import get_redis
 from utils.wire import PRIORITY
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from config import Settings, get_settings
-from utils.ids import pid as process_id
+from utils.process import pid as process_id
 from utils.slots import lost_for, lost_ranges
 
 LATENCY_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)

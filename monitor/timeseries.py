@@ -28,7 +28,7 @@ from ledger.state import RunState
 from monitor import health
 from monitor.metrics import read_hashes
 from settings.monitor import get_monitor_settings
-from utils import activity
+from utils import process
 from utils.keyspace import Keyspace
 
 log = logging.getLogger("chaincrawl.series")
@@ -135,7 +135,7 @@ class Sampler:
         self.idle_max = max(self.interval, idle_max)
         self.wait = self.interval  # before the next try
         self._stop = threading.Event()
-        self._watch = activity.Watch()
+        self._watch = process.Watch()
         self._thread: threading.Thread | None = None
 
     def tick(self, now: float | None = None) -> bool:

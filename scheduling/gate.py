@@ -31,7 +31,7 @@ from scheduling.ratelimit import RedisGate
 from scheduling.shares import fleet_from_settings
 from scheduling.throttle import Throttle
 from settings.scheduling import get_fleet_settings
-from utils.ids import pid
+from utils.process import pid
 from utils.registry import Registry
 
 

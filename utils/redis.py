@@ -23,7 +23,7 @@ from redis.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCl
 from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
-from utils.ids import pid
+from utils.process import pid
 from utils.slots import SlotsLost, lost_now
 
 log = logging.getLogger("chaincrawl.redis")

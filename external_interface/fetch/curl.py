@@ -42,7 +42,7 @@ from external_interface.fetch.response import (
     full_url,
     short_error,
 )
-from utils.greenlets import gevent_patched
+from utils.process import gevent_patched
 
 try:  # a runtime dependency; its absence is said when the fetcher is chosen
     import pycurl

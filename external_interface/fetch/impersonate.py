@@ -42,7 +42,7 @@ from external_interface.fetch.profiles import (
     target_for,
 )
 from external_interface.fetch.response import Response, encode_body, full_url, short_error
-from utils.greenlets import gevent_patched
+from utils.process import gevent_patched
 
 TARGETS: tuple[str, ...] = tuple(b.value for b in BrowserType)
 

@@ -12,7 +12,7 @@ from exceptions import (
 )
 from external_interface.fetch.base import Fetcher, FetchRequest
 from external_interface.fetch.response import Response
-from utils.ranked_slots import RankedSlots
+from utils.process import RankedSlots
 
 
 class LimitedFetcher:
@@ -64,12 +64,12 @@ class LimitedFetcher:
 
 
 def _bounded_semaphore(n: int) -> Any:
-    """Ranked greenlet slots once gevent patched `threading` (utils/ranked_slots.py): the
+    """Ranked greenlet slots once gevent patched `threading` (utils/process.py): the
     stdlib semaphore is built on a Condition whose every acquire and release goes through the
     hub (three trips per request); these count in place, wake a waiter directly, and let the
     most urgent run's request go first. Threads: the stdlib semaphore, first come first served
     (a threads worker's page slots are its threads, already taken in the broker's order)."""
-    from utils.greenlets import gevent_patched
+    from utils.process import gevent_patched
 
     if gevent_patched():
         return RankedSlots(n)

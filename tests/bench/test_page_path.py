@@ -7,7 +7,7 @@ import sys
 import threading
 
 from bench.page_path import ROOT, Recorder, bottom_layer, read_path
-from utils import ids
+from utils import process
 
 DOC = ROOT / "docs" / "architecture.md"
 STAGES = ("trigger", "page", "consumer", "store")
@@ -17,15 +17,15 @@ def test_the_recorder_names_each_checkout_file_once_with_its_functions() -> None
     rec = Recorder()
     rec.install()
     try:
-        ids.new_id()
-        ids.new_id()
+        process.new_id()
+        process.new_id()
         len("not a checkout function")
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
-    (g,) = [g for g in rec.take().values() if "utils/ids.py" in g["files"]]
-    assert g["files"].count("utils/ids.py") == 1
-    assert "new_id" in g["funcs"]["utils/ids.py"]
+    (g,) = [g for g in rec.take().values() if "utils/process.py" in g["files"]]
+    assert g["files"].count("utils/process.py") == 1
+    assert "new_id" in g["funcs"]["utils/process.py"]
     assert not any(f.startswith(".venv") for f in g["files"])
     assert rec.take() == {}  # a take starts the next window empty
 

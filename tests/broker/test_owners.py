@@ -8,7 +8,7 @@ from typing import Any, cast
 import redis
 
 from broker import owners
-from utils import activity
+from utils import process
 
 
 class FakeInfo:
@@ -75,7 +75,7 @@ def test_an_idle_workers_heartbeat_beats_every_half_ttl_and_keeps_its_ttl(
     beat.beat()
     assert 10_000 < rds.pttl(f"{prefix}{owners.ALIVE}w1") <= 20_000
     assert beat.next_wait() == 10
-    activity.note_work()
+    process.note_work()
     assert beat.next_wait() == 4
     assert beat.next_wait() == 10
     owners._held.add("tag-1")  # what the tagging patch notes as kombu records a message

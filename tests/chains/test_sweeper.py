@@ -20,7 +20,7 @@ from config import Settings
 from ledger.publish import send_kid
 from ledger.state import Kid, RunState, stalled_resends
 from tests.conditions import wait_for
-from utils import activity
+from utils import process
 
 
 @pytest.fixture
@@ -678,7 +678,7 @@ def test_an_idle_fleets_sweeper_backs_off_and_comes_back_with_work(
 ) -> None:
     """With no active run and nothing unacknowledged a pass has nothing to protect: each one
     that finds nothing doubles the wait, up to `idle_max` (SWEEP_IDLE_MAX, 60 s; 1.6 s here).
-    A task run in this process (`utils.activity.note_work`) brings the base interval back at once, and a pass
+    A task run in this process (`utils.process.note_work`) brings the base interval back at once, and a pass
     that finds an active run keeps it there."""
     from chains.sweeper import SWEEP_IDLE_MAX
 
@@ -698,7 +698,7 @@ def test_an_idle_fleets_sweeper_backs_off_and_comes_back_with_work(
     try:
         wait_for(lambda: waits.count(1.6) >= 2, 30, "the wait backed off to its bound")
         assert waits[:4] == [0.4, 0.8, 1.6, 1.6]
-        activity.note_work()  # a task starts in this process (worker.py's task_prerun)
+        process.note_work()  # a task starts in this process (worker.py's task_prerun)
         n = len(waits)
         wait_for(lambda: len(waits) > n, 5, "a pass soon after the task")
         assert waits[n] == 0.2

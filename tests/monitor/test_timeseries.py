@@ -13,7 +13,7 @@ from monitor.report import gather, parse_since
 from settings.monitor import reset_monitor_settings
 from tests.conditions import wait_for
 from tests.monitor.conftest import record
-from utils import activity, environ
+from utils import environ, process
 from utils.keyspace import Keyspace
 
 
@@ -80,7 +80,7 @@ def test_an_idle_processs_sampler_backs_off_and_samples_at_the_first_task(
     are back to every interval."""
     s = timeseries.Sampler(rds, mon, interval=60, idle_max=600)
     assert [s.next_wait() for _ in range(5)] == [120, 240, 480, 600, 600]
-    activity.note_work()
+    process.note_work()
     assert s.next_wait() == 60
     assert s.next_wait() == 120
 
@@ -98,7 +98,7 @@ def test_an_idle_processs_sampler_backs_off_and_samples_at_the_first_task(
         wait_for(lambda: s.wait >= 4, 30, "backed off")
         done = len(tries)
         rds.delete(mon.key("series", "lock"))  # the last try's lock: not what is shown here
-        activity.note_work()  # the wait under way is 4 s or more
+        process.note_work()  # the wait under way is 4 s or more
         wait_for(lambda: len(tries) > done, 3, "a try at the first task")
         assert tries[done] is True
         # a task started since the last try: every interval again (then doubling)

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import threading
 
-from utils import activity
+from utils import process
 
 
 def _gather_in_thread(timeout: float) -> threading.Thread:
-    t = threading.Thread(target=activity.gather, args=(timeout,), daemon=True)
+    t = threading.Thread(target=process.gather, args=(timeout,), daemon=True)
     t.start()
     return t
 
 
 def test_a_note_of_tasks_done_ends_a_gather_under_way() -> None:
-    activity.gather(0.0)  # no note left from before
+    process.gather(0.0)  # no note left from before
     t = _gather_in_thread(600.0)
-    activity.note_tasks_done()
+    process.note_tasks_done()
     t.join(30)
     assert not t.is_alive()
 
@@ -24,15 +24,15 @@ def test_a_note_of_tasks_done_ends_a_gather_under_way() -> None:
 def test_a_note_made_before_the_gather_ends_the_next_one_and_only_that_one() -> None:
     """A run done between a drainer's read and its next window is not missed; the note is
     used up by that window, so the one after waits as usual."""
-    activity.gather(0.0)
-    activity.note_tasks_done()
+    process.gather(0.0)
+    process.note_tasks_done()
     t = _gather_in_thread(600.0)
     t.join(30)
     assert not t.is_alive()
-    assert not activity._tasks_done.is_set()
+    assert not process._tasks_done.is_set()
 
 
 def test_a_stop_set_before_the_gather_returns_at_once() -> None:
     stop = threading.Event()
     stop.set()
-    activity.gather(600.0, stop)
+    process.gather(600.0, stop)

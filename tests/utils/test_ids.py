@@ -1,11 +1,11 @@
-"""utils.ids: ids unique within a process, across threads and in a forked child."""
+"""utils.process: ids unique within a process, across threads and in a forked child."""
 
 from __future__ import annotations
 
 import os
 import threading
 
-from utils.ids import new_id
+from utils.process import new_id
 
 
 def test_ids_look_like_uuid4_hex_and_never_repeat_across_threads() -> None:

@@ -1,4 +1,4 @@
-"""utils.ranked_slots: the gevent worker's page slots serve the most urgent waiter first.
+"""utils.process: the gevent worker's page slots serve the most urgent waiter first.
 
 gevent's greenlets and events work without monkey-patching, so these run in the test process."""
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 gevent = pytest.importorskip("gevent")
 
-from utils.ranked_slots import RankedSlots  # noqa: E402
+from utils.process import RankedSlots  # noqa: E402
 
 
 def _waiter(slots: RankedSlots, rank: int, name: str, served: list[str]) -> Greenlet:

@@ -42,7 +42,7 @@ from external_interface.storage.outbox.status import backlog
 from external_interface.storage.routing import SinkRouter, build_sinks
 from external_interface.storage.sinks.base import Origin, PermanentSinkError, Sink, entry_version
 from settings.storage import get_storage_settings
-from utils import activity
+from utils import process
 from utils.lua import load_lua
 from utils.outage import OUTAGE
 from utils.redis import as_str, get_redis
@@ -145,7 +145,7 @@ class Drainer:
         """Ask `run()` (on its own event) to flush and return, ending its blocked read now."""
         self._stop.set()
         self.reader.unblock()
-        activity.note_tasks_done()  # a gathering window ends too
+        process.note_tasks_done()  # a gathering window ends too
 
     def stop(self, timeout: float | None = None) -> None:
         self.request_stop()
@@ -165,7 +165,7 @@ class Drainer:
         next_claim = next_horizon = next_settle = 0.0
         claim_wait = self.claim_every  # doubled while idle, up to `claim_idle_max`
         worked = False  # entries read, stored or claimed, or a task run, since the last claim
-        watch = activity.Watch()
+        watch = process.Watch()
         idle_block = MAX_BLOCK  # the next block while nothing comes (see MAX_IDLE_BLOCK)
         moved = True  # entries read, claimed or held since the last horizon update
         self.reader.stopping = False
@@ -217,7 +217,7 @@ class Drainer:
                         if buffer:
                             # entries are coming: they gather for `wait`, then one read takes
                             # them all (a blocking read returns with the first)
-                            activity.gather(max(0.0, wait), stop)  # a run's end: at once
+                            process.gather(max(0.0, wait), stop)  # a run's end: at once
                             new = self.read(self.batch - len(buffer), None)
                         else:
                             new = self.read(self.batch - len(buffer), max(1, int(wait * 1000)))
@@ -586,7 +586,7 @@ class Drainer:
         self.stats["stored"] += len(stored)
         self.stats["dead"] += len(dead)
         if stored or dead:  # the runs' counters moved: work for the idle back-offs
-            activity.note_work()
+            process.note_work()
         rids = list(
             dict.fromkeys([e.run for e in stored if e.run] + [e.run for e, _, _ in dead if e.run])
         )

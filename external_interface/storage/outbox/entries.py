@@ -106,7 +106,7 @@ def gather_window(left: int | None, idle_flush: float) -> float:
     """How long a drainer holding entries lets the next ones gather: `idle_flush`, or
     LAST_WAVE_GATHER once every run it read has at most LAST_WAVE tasks left (`left`). The
     commit that ends a run wakes the drainer of its own process at once
-    (utils/activity.py); one in another process holding the run's earlier items learns of
+    (utils/process.py); one in another process holding the run's earlier items learns of
     the end at its next read, so in a run's last wave it reads again soon."""
     if left is not None and left <= LAST_WAVE:
         return min(idle_flush, LAST_WAVE_GATHER)

@@ -133,7 +133,7 @@ f = LimitedFetcher(Urllib3Fetcher(), 4)
 jobs = [gevent.spawn(f.fetch, FetchRequest("GET", url + "/?s=0.1")) for _ in range(24)]
 gevent.joinall(jobs, raise_error=True)
 assert [j.value.status for j in jobs] == [200] * 24
-from utils.ranked_slots import RankedSlots
+from utils.process import RankedSlots
 assert isinstance(f._semaphore(), RankedSlots), type(f._semaphore())
 one = LimitedFetcher(Urllib3Fetcher(), 1)
 holder = gevent.spawn(one.fetch, FetchRequest("GET", url + "/?s=3"))  # far past 0.3 s

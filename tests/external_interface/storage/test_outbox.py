@@ -34,7 +34,7 @@ from external_interface.storage.outbox.entries import (
 )
 from external_interface.storage.sinks.base import PermanentSinkError, SinkError, entry_version
 from external_interface.storage.sinks.jsonl import JsonlSink, iter_records, read_items, type_files
-from utils import activity
+from utils import process
 
 T = "demo.post"
 
@@ -473,7 +473,7 @@ def test_an_idle_drainers_claims_back_off_and_come_back_with_work(
     assert gaps[2] >= 2.5 and gaps[3] >= 2.5  # 1, 2, then 3 (claim_idle) s, not 0.5
     assert gaps[3] < 6
     done = len(claims)
-    activity.note_work()  # a task starts in this process
+    process.note_work()  # a task starts in this process
     wait_until(lambda: len(claims) > done, 3, "a claim soon after the task")
     wait_until(lambda: len(claims) > done + 1, 5, "the next one at the short pace")
     assert claims[done + 1] - claims[done] < 2.5
@@ -686,13 +686,13 @@ def test_a_run_s_last_commit_in_the_process_ends_the_drainer_s_gathering_at_once
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While a drainer holds entries it gathers the next ones for a window; a commit of this
-    process that leaves its run no task (`activity.note_tasks_done`, lifecycle/commits.py)
+    process that leaves its run no task (`process.note_tasks_done`, lifecycle/commits.py)
     ends the window, and the run's items are stored then. The window is a minute here (size,
     age and quiet all far off): only the note can store the items in time."""
     from external_interface.storage.outbox import drainer as drainer_mod
 
     monkeypatch.setattr(drainer_mod, "MAX_BLOCK", 60.0)
-    activity.gather(0.0)  # no note left by an earlier drainer's stop
+    process.gather(0.0)  # no note left by an earlier drainer's stop
     rds.hset(counters_key(key_prefix, "r1"), "outstanding", LAST_WAVE + 1)  # a long window
     d = Drainer(rds, key_prefix, [jsonl], batch=1000, interval=120.0, idle_flush=60.0)
     d.start_thread()
@@ -701,5 +701,5 @@ def test_a_run_s_last_commit_in_the_process_ends_the_drainer_s_gathering_at_once
     wait_until(lambda: backlog(rds, key_prefix)["pending"] == 1, 10, "the first entry held")
     n += add_posts(rds, key_prefix, 1)  # the run's last page: its commit, then the note
     rds.hset(counters_key(key_prefix, "r1"), "outstanding", 0)
-    activity.note_tasks_done()
+    process.note_tasks_done()
     wait_until(lambda: counters(rds, key_prefix, "r1").get("stored") == n, 10, "stored")
