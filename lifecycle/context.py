@@ -35,8 +35,7 @@ from lifecycle.adaptive import AutoPage
 from lifecycle.endpoints import BROWSER, EndpointSpec, Follow, Params
 from lifecycle.runtime import Runtime
 from monitor.metrics import TaskMetrics
-from scheduling.gate import Gate, get_gate
-from scheduling.ratelimit import RENDER
+from scheduling.gate import RENDER, Gate, get_gate
 from utils.wire import TaskMeta
 
 

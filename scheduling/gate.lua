@@ -1,4 +1,4 @@
--- The admission gate's script (scheduling/ratelimit.py and scheduling/throttle.py): one script
+-- The admission gate's script (scheduling/gate.py and scheduling/throttle.py): one script
 -- of four operations, named by ARGV[1].
 --
 --   admit     take a task's concurrency leases (or say how long to wait)

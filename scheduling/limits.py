@@ -1,7 +1,7 @@
 """The limits of `CHAINCRAWL_LIMITS`: one scope's rate and concurrency cap, the inline and
 YAML/JSON syntax that gives them (docs/scheduling.md), and the defaults for sites without an
 entry (`CHAINCRAWL_DEFAULT_LIMITS`) and for their render scopes (`CHAINCRAWL_BROWSER_SITE_LIMIT`).
-`scheduling/ratelimit.py` enforces them."""
+`scheduling/gate.py` enforces them."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class BrowserSettings(ChaincrawlSettings):
         description="Extra Chromium command-line switches, space-separated (e.g. `--lang=zh-CN`).",
     )
 
-    # --- shared limits (scheduling/ratelimit.py) ------------------------------------------
+    # --- shared limits (scheduling/gate.py) -----------------------------------------------
     site_limit: str = Field(
         "4",
         description="Renders in flight per site across every worker (the `<site>.render` "

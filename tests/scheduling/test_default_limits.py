@@ -11,8 +11,8 @@ import chains
 from chains import Chain, step
 from config import Settings, get_settings, reset_settings
 from exceptions import ConfigError
-from scheduling.gate import NoopGate, get_gate, reset_gate
-from scheduling.ratelimit import RedisGate, default_limit, effective_limits
+from scheduling.gate import NoopGate, RedisGate, get_gate, reset_gate
+from scheduling.limits import default_limit, effective_limits
 from scheduling.tasks import check_limits
 from tests.scheduling.server import SchedSite
 from tests.scheduling.test_limits_workers import wait_done

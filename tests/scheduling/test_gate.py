@@ -19,8 +19,8 @@ from redis.crc import key_slot
 
 from config import Settings
 from exceptions import Throttled
-from scheduling.gate import politeness_report
-from scheduling.ratelimit import RedisGate, parse_limits
+from scheduling.gate import RedisGate, politeness_report
+from scheduling.limits import parse_limits
 from scheduling.throttle import Throttle
 
 

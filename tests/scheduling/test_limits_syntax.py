@@ -8,14 +8,8 @@ import pytest
 
 from config import reset_settings
 from exceptions import ConfigError
-from scheduling.ratelimit import (
-    Limit,
-    RedisGate,
-    load_limits,
-    parse_duration,
-    parse_limits,
-    parse_rate,
-)
+from scheduling.gate import RedisGate
+from scheduling.limits import Limit, load_limits, parse_duration, parse_limits, parse_rate
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ import pytest
 
 from config import Settings, reset_settings
 from exceptions import ConfigError, Throttled
-from scheduling.gate import NoopGate, get_gate, politeness_report, reset_gate
-from scheduling.ratelimit import RENDER, Limit, RedisGate, parse_limits, render_limit
+from scheduling.gate import RENDER, NoopGate, RedisGate, get_gate, politeness_report, reset_gate
+from scheduling.limits import Limit, parse_limits, render_limit
 from settings.browser import BrowserSettings
 
 

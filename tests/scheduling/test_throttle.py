@@ -12,7 +12,8 @@ import redis
 
 from config import Settings
 from exceptions import Throttled
-from scheduling.ratelimit import RedisGate, parse_limits
+from scheduling.gate import RedisGate
+from scheduling.limits import parse_limits
 from scheduling.throttle import Throttle
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from config import Settings
 from exceptions import Throttled
 from external_interface.fetch import FetchRequest, Urllib3Fetcher
-from scheduling.ratelimit import RedisGate
+from scheduling.gate import RedisGate
 from scheduling.throttle import Throttle
 from utils.redis import get_redis
 
