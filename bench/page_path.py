@@ -24,7 +24,10 @@ one (as long as the crawl's) and the crawl itself, each dumped by SIGUSR2. Repor
 - store: the drainer thread's files in the crawl window and not in the idle one (the outbox
   read, the sink written, the entries acknowledged).
 
-A module that is only imported is not counted: only a function of it that runs is.
+A module that is only imported is not counted, only one with a function that runs: the
+worker's start-up and the warm-up run fall in windows that are dropped, and a module imported
+inside a window read (its `<module>` code the only code of it that ran) is left out. What is
+counted is the files with code executed for the page.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ _ROOT = str(ROOT) + os.sep
 _VENV = str(ROOT / ".venv") + os.sep
 _THIS = str(Path(__file__).resolve())
 OUT_ENV = "PAGE_PATH_OUT"
+IMPORT_ONLY = frozenset({"<module>"})  # a module's own code: it ran because it was imported
 DEFAULTS_OFF = (
     "CHAINCRAWL_DEFAULT_LIMITS",
     "CHAINCRAWL_THROTTLE",
@@ -121,6 +125,8 @@ class Recorder:
         self.seen, self.roots, self.shas, self.funcs = {}, {}, {}, {}
         by: dict[int, list[tuple[int, str]]] = {}
         for (g, f), n in seen.items():
+            if funcs[(g, f)] <= IMPORT_ONLY:  # imported in the window, no function of it ran
+                continue
             by.setdefault(g, []).append((n, _rel(f)))
         scripts = loaded_scripts()
         return {
@@ -128,7 +134,11 @@ class Recorder:
                 "root": roots.get(g, "?"),
                 "first": min(n for n, _ in files),
                 "files": [f for _, f in sorted(files)],
-                "funcs": {_rel(f): sorted(funcs[(g, f)]) for (gg, f) in seen if gg == g},
+                "funcs": {
+                    _rel(f): sorted(funcs[(g, f)])
+                    for (gg, f) in seen
+                    if gg == g and not funcs[(g, f)] <= IMPORT_ONLY
+                },
                 "scripts": sorted({s for sha in shas.get(g, []) for s in scripts.get(sha, [sha])}),
             }
             for g, files in by.items()
@@ -202,6 +212,15 @@ def _files_of(window: dict[str, Any], root_has: str) -> list[str]:
         if root_has in g["root"]:
             out += [f for f in g["files"] if f not in out]
     return out
+
+
+def _funcs_of(greenlets: Any) -> dict[str, list[str]]:
+    """file -> the functions of it that ran, over the greenlets given."""
+    out: dict[str, set[str]] = {}
+    for g in greenlets:
+        for f, fs in g["funcs"].items():
+            out.setdefault(f, set()).update(fs)
+    return {f: sorted(fs) for f, fs in out.items()}
 
 
 def _scripts_of(window: dict[str, Any], root_has: str) -> list[str]:
@@ -296,6 +315,7 @@ def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
         "trigger": {
             "files": trig,
             "scripts": sorted({s for g in trigger.values() for s in g["scripts"]}),
+            "funcs": _funcs_of(trigger.values()),
         },
         "page": {
             "files": page["files"],
@@ -303,14 +323,17 @@ def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
             "root": page["root"],
             "funcs": page["funcs"],
         },
-        "consumer": {"files": list(dict.fromkeys(consumer))},
+        "consumer": {
+            "files": list(dict.fromkeys(consumer)),
+            "funcs": _funcs_of(g for g in others if not g["root"].startswith(periodic)),
+        },
         "store": {
             "files": store,
             # less what it runs idle too (its periodic claim of entries left by a dead drainer)
             "scripts": [
                 x for x in _scripts_of(crawl, "drainer") if x not in _scripts_of(idle, "drainer")
             ],
-            "funcs": {f: fs for g in drainer for f, fs in g["funcs"].items()},
+            "funcs": _funcs_of(drainer),
         },
         "batch": {"files": list(dict.fromkeys(batch))},
         "background": background,

@@ -30,6 +30,25 @@ def test_the_recorder_names_each_checkout_file_once_with_its_functions() -> None
     assert rec.take() == {}  # a take starts the next window empty
 
 
+def test_a_module_whose_only_code_run_is_its_import_is_not_counted() -> None:
+    """A module imported inside a window read runs its `<module>` code only: not a file the
+    page passes through (what it calls is counted, in its own file)."""
+    rec = Recorder()
+    imported = compile("x = 1\n", str(ROOT / "utils" / "imported_only.py"), "exec")
+    called = compile("process.new_id()\n", str(ROOT / "utils" / "calls_in.py"), "exec")
+    rec.install()
+    try:
+        exec(imported, {})
+        exec(called, {"process": process})
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    files = [f for g in rec.take().values() for f in g["files"]]
+    assert "utils/imported_only.py" not in files
+    assert "utils/calls_in.py" not in files
+    assert "utils/process.py" in files
+
+
 def test_the_bottom_layer_is_config_settings_exceptions_and_utils() -> None:
     assert all(
         bottom_layer(f) for f in ("config.py", "exceptions.py", "settings/base.py", "utils/wire.py")
