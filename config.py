@@ -369,8 +369,17 @@ class Settings(ChaincrawlSettings):
     robots_error_ttl: float = Field(
         600.0,
         gt=0,
-        description="Seconds a site whose robots.txt answered 5xx/429 or was unreachable "
-        "counts as disallowed (its requests wait) before robots.txt is fetched again.",
+        description="Seconds a site whose robots.txt answered 5xx/429 counts as disallowed "
+        "(its requests wait) before robots.txt is fetched again; the longest wait after "
+        "fetches that got no answer.",
+    )
+    robots_unreachable_ttl: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds a site whose robots.txt got no answer (connection refused or "
+        "reset, timeout) counts as disallowed (its requests wait) before robots.txt is "
+        "fetched again; doubled with each such failure in a row, up to "
+        "CHAINCRAWL_ROBOTS_ERROR_TTL.",
     )
     http_cache: str = Field(
         "",

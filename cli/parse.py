@@ -199,11 +199,13 @@ def _failed(result: LiveResult, save_fixture: bool) -> int:
 def robots_hint(site: str) -> str:
     """What to do about a robots.txt that could not be read: most often, in development, a
     site that was not up (or not at that address) when it was first asked for."""
-    ttl = get_settings().robots_error_ttl
+    s = get_settings()
     return (
         "hint: no request goes to a site whose robots.txt could not be read (nothing answered, "
-        f"a 5xx or a 429): is the site up at that address? Every process keeps the failure "
-        f"for CHAINCRAWL_ROBOTS_ERROR_TTL ({ttl:.0f}s), even once the site answers; "
+        "a 5xx or a 429): is the site up at that address? Every process keeps the failure: "
+        f"no answer for CHAINCRAWL_ROBOTS_UNREACHABLE_TTL ({s.robots_unreachable_ttl:g}s, "
+        "doubled with each failure in a row), a 5xx or 429 for CHAINCRAWL_ROBOTS_ERROR_TTL "
+        f"({s.robots_error_ttl:g}s), even once the site answers; "
         f"CHAINCRAWL_ROBOTS_IGNORE={site} skips robots.txt for the site"
     )
 

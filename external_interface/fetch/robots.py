@@ -13,12 +13,19 @@ TTL ends: a request costs one in-memory match, no Redis call.
 
 What a fetch outcome means (RFC 9309, as Google applies it):
 
-| robots.txt answer                      | rules                              | kept for        |
-| -------------------------------------- | ---------------------------------- | --------------- |
-| 2xx (after redirects)                  | its rules (first 512 KiB)          | ROBOTS_TTL      |
-| 4xx except 429 (none, or forbidden)    | everything allowed                 | ROBOTS_TTL      |
-| 429, 5xx, no answer (refused, timeout) | nothing allowed: requests *wait*   | ROBOTS_ERROR_TTL|
-| larger than the fetch's size limit     | everything allowed (logged)        | ROBOTS_TTL      |
+| robots.txt answer                      | rules                              | kept for              |
+| -------------------------------------- | ---------------------------------- | --------------------- |
+| 2xx (after redirects)                  | its rules (first 512 KiB)          | ROBOTS_TTL            |
+| 4xx except 429 (none, or forbidden)    | everything allowed                 | ROBOTS_TTL            |
+| too many redirects                     | everything allowed                 | ROBOTS_TTL            |
+| 429, 5xx                               | nothing allowed: requests *wait*   | ROBOTS_ERROR_TTL      |
+| no answer (refused, reset, timeout)    | nothing allowed: requests *wait*   | ROBOTS_UNREACHABLE_TTL|
+| larger than the fetch's size limit     | everything allowed (logged)        | ROBOTS_TTL            |
+
+No answer at all is most often a site that is down for a moment (restarting, not up yet): it is
+fetched again after ROBOTS_UNREACHABLE_TTL (seconds), the wait doubling with each failure in a
+row up to ROBOTS_ERROR_TTL, so a site that comes back is crawled within seconds and one that
+stays down costs one connection attempt per origin per wait, for every worker.
 
 A disallowed URL raises `RobotsDisallowed` (policy `skip`: counted, never retried). An
 unreadable robots.txt raises `RobotsUnavailable` (policy `wait`): the page comes back after
@@ -49,6 +56,7 @@ from exceptions import (
     ResponseTooLarge,
     RobotsDisallowed,
     RobotsUnavailable,
+    TooManyRedirects,
 )
 from external_interface.fetch import Fetcher, FetchRequest
 from external_interface.fetch.response import default_user_agent, has_user_agent
@@ -60,6 +68,7 @@ MAX_PARSED_BYTES = 512 * 1024  # RFC 9309: parse at least the first 500 KiB
 FETCH_MAX_BYTES = 2 * 1024 * 1024
 LOCK_WAIT = 20.0  # seconds a worker waits for another worker's fetch before fetching itself
 LOCAL_ORIGINS = 4096  # parsed robots.txt kept in memory per process
+NO_ANSWER = ", no answer"  # the end of the detail of a fetch that got no HTTP answer
 
 # fetch(url) -> an object with `.status` and `.content` (a fetch.Response), or a FetchError
 FetchFn = Callable[[str], Any]
@@ -145,6 +154,7 @@ class RobotsPolicy:
         self.user_agent = s.robots_user_agent
         self.ttl = s.robots_ttl
         self.error_ttl = s.robots_error_ttl
+        self.unreachable_ttl = min(s.robots_unreachable_ttl, s.robots_error_ttl)
         self.clock = clock
         self._local: OrderedDict[str, RobotsRules] = OrderedDict()
         self._locks: dict[str, Any] = {}
@@ -243,7 +253,8 @@ class RobotsPolicy:
 
     def _shared(self, origin: str) -> RobotsRules:
         key = self.key(origin)
-        stored = self._load(origin, self.r.get(key))
+        raw = self.r.get(key)
+        stored = self._load(origin, raw)
         if stored is not None:
             return stored
         lock_key = f"{key}:lock"
@@ -252,24 +263,29 @@ class RobotsPolicy:
             if time.monotonic() > deadline:
                 break  # the fetching worker died or hangs: fetch it here
             time.sleep(0.05)
-            stored = self._load(origin, self.r.get(key))
+            raw = self.r.get(key)
+            stored = self._load(origin, raw)
             if stored is not None:
                 return stored
         try:
             state, detail, body = self._fetch(origin)
-            ttl = self.error_ttl if state == "unreachable" else self.ttl
             fetched = self.clock()
-            doc = {
-                "state": state,
-                "detail": detail,
-                "body": body,
-                "fetched": fetched,
-                "expires": fetched + ttl,
-            }
-            self.r.set(key, orjson.dumps(doc), px=max(1, round(ttl * 1000)))
+            doc: dict[str, Any] = {"state": state, "detail": detail, "body": body}
+            keep = ttl = self.error_ttl if state == "unreachable" else self.ttl
+            if state == "unreachable" and detail.endswith(NO_ANSWER):
+                # a site down for a moment: fetched again soon, then less and less often; the
+                # document outlives its expiry so that the next fetch counts the failures
+                failures = _previous_failures(raw) + 1
+                ttl = min(self.error_ttl, self.unreachable_ttl * 2 ** (failures - 1))
+                keep = ttl + self.error_ttl
+                doc["failures"] = failures
+                if failures > 1:
+                    doc["detail"] = f"{detail}, {failures} times in a row"
+            doc.update(fetched=fetched, expires=fetched + ttl)
+            self.r.set(key, orjson.dumps(doc), px=max(1, round(keep * 1000)))
         finally:
             self.r.delete(lock_key)
-        log.info("robots.txt of %s: %s (%s)", origin, state, detail)
+        log.info("robots.txt of %s: %s (%s)", origin, state, doc["detail"])
         return _rules(origin, doc)
 
     def _load(self, origin: str, raw: bytes | str | None) -> RobotsRules | None:
@@ -290,10 +306,22 @@ class RobotsPolicy:
         except ResponseTooLarge:
             log.warning("robots.txt of %s is over the fetch's size limit: not obeyed", origin)
             return "allow_all", "too large", ""
-        except FetchError as exc:
-            return "unreachable", type(exc).__name__, ""
+        except TooManyRedirects:  # RFC 9309 2.3.1.2: no robots.txt after the redirects
+            return "allow_all", "too many redirects", ""
+        except FetchError as exc:  # refused, reset, timed out, cut short: no answer
+            return "unreachable", f"{type(exc).__name__}{NO_ANSWER}", ""
         body = bytes(resp.content[:MAX_PARSED_BYTES]).decode("utf-8", errors="replace")
         return _by_status(int(resp.status), body)
+
+
+def _previous_failures(raw: bytes | str | None) -> int:
+    """How many fetches in a row got no answer before this one (0 after any answer)."""
+    if raw is None:
+        return 0
+    try:
+        return int(orjson.loads(raw).get("failures", 0))
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return 0
 
 
 def _by_status(status: int, body: str) -> tuple[State, str, str]:

@@ -165,8 +165,8 @@ def test_errors_are_one_line(site: TestSite, env: dict[str, str]) -> None:
 
 def test_a_site_that_does_not_answer_gets_a_hint_on_robots_txt(env: dict[str, str]) -> None:
     """Nothing listens at the site's address: the page waits on its robots.txt, which every
-    process then keeps for CHAINCRAWL_ROBOTS_ERROR_TTL; parse says what to look at and how
-    to skip robots.txt while developing, not only 'RobotsUnavailable'."""
+    process then keeps for a few seconds (CHAINCRAWL_ROBOTS_UNREACHABLE_TTL); parse says what
+    to look at and how to skip robots.txt while developing, not only 'RobotsUnavailable'."""
     down = control(
         "parse",
         "testsite.local.listing",
@@ -181,6 +181,8 @@ def test_a_site_that_does_not_answer_gets_a_hint_on_robots_txt(env: dict[str, st
     assert "raised RobotsUnavailable: robots.txt of http://127.0.0.1:1 unreadable" in down.stderr
     assert "hint: no request goes to a site whose robots.txt could not be read" in down.stderr
     assert "is the site up at that address?" in down.stderr
+    assert "next try in 5s" in down.stderr  # no answer: asked again soon, not in 10 minutes
+    assert "CHAINCRAWL_ROBOTS_UNREACHABLE_TTL (5s" in down.stderr
     assert "CHAINCRAWL_ROBOTS_IGNORE=testsite skips robots.txt for the site" in down.stderr
 
 

@@ -107,9 +107,10 @@ def test_instances_are_cached_until_reset(monkeypatch) -> None:
 def test_the_written_reference_is_current() -> None:
     """docs/configuration.md and the README's tables (when it has the markers) are generated
     from the classes: `python -m settings.reference --write` after changing a field."""
-    assert reference.DOC.read_text() == reference.markdown()
+    stale = "out of date: run `.venv/bin/python -m settings.reference --write`"
+    assert reference.DOC.read_text() == reference.markdown(), f"docs/configuration.md {stale}"
     readme = reference.README.read_text()
-    assert reference.with_readme_block(readme) == readme
+    assert reference.with_readme_block(readme) == readme, f"README.md's settings table {stale}"
     stale = readme.replace(
         "| `CHAINCRAWL_KEY_PREFIX` | `cc` |", "| `CHAINCRAWL_KEY_PREFIX` | `xx` |"
     )

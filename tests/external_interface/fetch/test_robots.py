@@ -14,10 +14,12 @@ import redis
 from config import Settings
 from exceptions import (
     ConnectError,
+    FetchTimeout,
     NotFound,
     Policy,
     RobotsDisallowed,
     RobotsUnavailable,
+    TooManyRedirects,
     policy_for,
 )
 from external_interface.fetch import Urllib3Fetcher
@@ -142,9 +144,8 @@ def test_a_fetch_function_that_raises_for_status_is_understood(make_policy) -> N
 
 @pytest.mark.parametrize(
     "site",
-    [FakeSite(status=503), FakeSite(status=500), FakeSite(status=429),
-     FakeSite(error=ConnectError("connection refused"))],
-    ids=["503", "500", "429", "unreachable"],
+    [FakeSite(status=503), FakeSite(status=500), FakeSite(status=429)],
+    ids=["503", "500", "429"],
 )  # fmt: skip
 def test_unreadable_robots_makes_requests_wait_then_is_fetched_again(make_policy, site) -> None:
     clock = Clock()
@@ -160,6 +161,64 @@ def test_unreadable_robots_makes_requests_wait_then_is_fetched_again(make_policy
     assert p.allowed("https://example.com/items/1")
     assert not p.allowed("https://example.com/private/1")
     assert len(site.calls) == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConnectError("connection refused"), FetchTimeout("timed out")],
+    ids=["refused", "timeout"],
+)
+def test_no_answer_waits_seconds_doubling_then_an_answer_resets(make_policy, error) -> None:
+    """A site down for a moment (refused, timed out) is asked again within seconds, not after
+    the 5xx wait; each failure in a row doubles the wait up to ROBOTS_ERROR_TTL."""
+    clock = Clock()
+    site = FakeSite(error=error)
+    p = make_policy(site, clock, robots_unreachable_ttl=5, robots_error_ttl=30)
+    waits = []
+    for _ in range(5):
+        with pytest.raises(RobotsUnavailable) as err:
+            p.check("https://example.com/items/1")
+        assert policy_for(err.value) is Policy.WAIT
+        assert type(error).__name__ in str(err.value) and "no answer" in str(err.value)
+        waits.append(round(err.value.retry_after))
+        assert not p.allowed("https://example.com/items/2")  # kept until it expires
+        clock.now += err.value.retry_after + 0.01
+    assert waits == [5, 10, 20, 30, 30]
+    assert len(site.calls) == 5
+    assert "5 times in a row" in str(err.value)
+    site.error = None  # the site is back: its rules, at once
+    assert p.allowed("https://example.com/items/1")
+    assert not p.allowed("https://example.com/private/1")
+    assert len(site.calls) == 6
+    # a failure after an answer starts from the short wait again
+    site.error = error
+    p.forget("https://example.com/")
+    with pytest.raises(RobotsUnavailable) as err:
+        p.check("https://example.com/items/1")
+    assert round(err.value.retry_after) == 5
+
+
+def test_a_site_that_answers_again_is_fetched_by_every_worker_within_seconds(
+    make_policy,
+) -> None:
+    """The failure is shared (one fetch for every worker), and so is its short life."""
+    clock = Clock()
+    site = FakeSite(error=ConnectError("connection refused"))
+    a = make_policy(site, clock)  # the defaults: 5 s, ROBOTS_ERROR_TTL 600 s
+    b = make_policy(site, clock)
+    assert not a.allowed("https://example.com/items/1")
+    assert not b.allowed("https://example.com/items/1")
+    assert len(site.calls) == 1
+    site.error = None
+    clock.now += 6
+    assert b.allowed("https://example.com/items/1") and a.allowed("https://example.com/items/1")
+    assert len(site.calls) == 2
+
+
+def test_too_many_redirects_means_everything_is_allowed(make_policy) -> None:
+    """RFC 9309 2.3.1.2: no robots.txt found after the redirects is an unavailable one."""
+    p = make_policy(FakeSite(error=TooManyRedirects("too many redirects")))
+    assert p.allowed("https://example.com/private/1")
 
 
 def test_rules_are_fetched_again_after_their_ttl(make_policy) -> None:
@@ -248,5 +307,6 @@ def test_against_a_local_site(make_policy, polite_site: PoliteSite) -> None:
             q.check(f"{base}/page/1")
     finally:
         polite_site.robots_status = 200
-    with pytest.raises(RobotsUnavailable):  # an origin nobody listens on
+    with pytest.raises(RobotsUnavailable) as err:  # an origin nobody listens on
         make_policy(fetch_with(Urllib3Fetcher())).check(f"http://127.0.0.1:{free_port()}/x")
+    assert err.value.retry_after <= 5  # no answer: asked again within seconds
