@@ -370,14 +370,18 @@ def run(
     where = base_url or f"${env}"
     sample = SAMPLE_PATH[kind].format(endpoint=endpoint)
     test = plan.test.relative_to(ROOT) if plan.test else ""
-    print(f"""
-the site's base URL: {base_url or "(none yet)"}; {env} overrides it
-next:
-  ./control.sh shell {where}{sample} --site {site}     try selectors on the live page
-  edit sites/{site}/{platform}/{endpoint}.py until this prints the right items:
-  {plan.record.removesuffix(" --save-fixture")}
-  {plan.record}                 record the page
-  ./control.sh test {test}          replays it, offline""")
+    steps = [
+        (f"./control.sh shell {where}{sample} --site {site}", "try selectors on the live page"),
+        (f"edit sites/{site}/{platform}/{endpoint}.py until this prints the right items:", ""),
+        (plan.record.removesuffix(" --save-fixture"), ""),
+        (plan.record, "record the page"),
+        (f"./control.sh test {test}", "replays it, offline"),
+        ("./control.sh restart", "workers already running load it"),
+    ]
+    width = max(len(cmd) for cmd, note in steps if note) + 3
+    print(f"\nthe site's base URL: {base_url or '(none yet)'}; {env} overrides it\nnext:")
+    for cmd, note in steps:
+        print(f"  {cmd.ljust(width)}{note}".rstrip())
     return 0
 
 

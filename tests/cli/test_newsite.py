@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from cli import UserError
-from cli.newsite import _written_base_url, generate
+from cli.newsite import _written_base_url, generate, run
 from config import ROOT
 from tests.threaded_site import ThreadedSite
 
@@ -225,3 +225,18 @@ def test_the_generated_tests_hold_after_a_real_edit_and_a_new_recording(
         capture_output=True, text=True, env={**os.environ, env_name: "http://mirror.example"},
     )  # fmt: skip
     assert elsewhere.returncode == 0 and "2 passed" in elsewhere.stdout, elsewhere.stdout
+
+
+def test_the_next_steps_line_up_and_name_the_restart(
+    site_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What to do next, one command a line with its note in one column; the last line says
+    that workers already running need a restart to load the new endpoint."""
+    assert run(site_name, "pc", "listing", base_url="http://127.0.0.1:9") == 0
+    out = capsys.readouterr().out
+    steps = out.split("next:\n", 1)[1].splitlines()
+    noted = [line for line in steps if not line.rstrip().endswith(":") and "   " in line.strip()]
+    assert len(noted) == 4, steps
+    columns = {line.index(line.strip().split("   ")[-1].strip()) for line in noted}
+    assert len(columns) == 1, steps  # every note starts in the same column
+    assert steps[-1].split()[:2] == ["./control.sh", "restart"]
