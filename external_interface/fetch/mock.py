@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import orjson
+from urllib3 import HTTPHeaderDict
 
 from exceptions import NotFound
 from external_interface.fetch import FetchRequest, Response, header_charset
@@ -75,7 +76,7 @@ class FixtureFetcher(MockFetcher):
                 return Response(
                     url=req.url,
                     status=self.status,
-                    headers={"content-type": ctype},
+                    headers=HTTPHeaderDict({"content-type": ctype}),  # any case, as live
                     content=body,
                     elapsed=0.0,
                 )
@@ -223,7 +224,7 @@ class ReplayFetcher(MockFetcher):
         return Response(
             url=a.final_url,
             status=a.status,
-            headers={"content-type": a.content_type},
+            headers=HTTPHeaderDict({"content-type": a.content_type}),
             content=(self.case.dir / a.body).read_bytes(),
             elapsed=0.0,
             declared_encoding=header_charset(a.content_type),
