@@ -28,9 +28,9 @@ row up to ROBOTS_ERROR_TTL, so a site that comes back is crawled within seconds 
 stays down costs one connection attempt per origin per wait, for every worker.
 
 A disallowed URL raises `RobotsDisallowed` (policy `skip`: counted, never retried). An
-unreadable robots.txt raises `RobotsUnavailable` (policy `wait`): the page comes back after
-the error TTL rather than being dropped for good over a passing server error; pages waiting
-longer than `RESOURCE_WAIT_MAX` end as failures, as for any resource that never comes.
+unreadable robots.txt raises `RobotsUnavailable` (policy `wait`): the page comes back when the
+outcome expires rather than being dropped for good over a passing failure; pages waiting longer
+than `RESOURCE_WAIT_MAX` end as failures, as for any resource that never comes.
 robots.txt itself and non-HTTP URLs are always allowed. A site opts out with
 `CHAINCRAWL_ROBOTS_IGNORE=site,...`; `CHAINCRAWL_ROBOTS=off` turns the check off everywhere.
 """
