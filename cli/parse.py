@@ -140,7 +140,10 @@ def run(
         " nothing stored",
         file=sys.stderr,
     )
-    if not result.items and spec.item_types and result.exchanges:
+    if result.dropped:
+        why = ", ".join(f"{reason} {n}" for reason, n in sorted(result.dropped.items()))
+        print(f"dropped by before_store hooks: {why}", file=sys.stderr)
+    if not result.items and not result.dropped and spec.item_types and result.exchanges:
         url = result.exchanges[-1][1].url
         print(
             f"note: no item from a page that answered: do the selectors match it? Try them on "

@@ -86,6 +86,7 @@ class LiveResult:
     exchanges: list[tuple[FetchRequest, Response]] = field(default_factory=list)
     renders: list[RenderedPage] = field(default_factory=list)  # the pages `ctx.render` rendered
     error: Exception | None = None  # what the endpoint raised (items and follows are then empty)
+    dropped: dict[str, int] = field(default_factory=dict)  # items before_store hooks skipped
 
 
 def context(
@@ -172,6 +173,8 @@ def run_live(
     except Exception as exc:
         result.error = exc
         return result
+    counts = ctx._metrics.counts  # the page's own counters: what a worker would add to metrics
+    result.dropped = {k[8:]: n for k, n in counts.items() if k.startswith("dropped:") and n}
     if chain is not None and step:
         dumped = [it.model_dump(mode="json") for it in result.items]
         result.children = children(

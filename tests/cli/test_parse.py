@@ -229,3 +229,29 @@ def test_shell_fetch_echoes_one_line_and_a_blocked_fetch_clears_resp(
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["200", "None"]
     assert f"GET {polite.url}/private/page blocked by robots.txt" in out.stderr
+
+
+def test_items_dropped_by_a_hook_are_said_so_not_blamed_on_the_selectors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A page whose one item a before_store hook skipped: parse names the hook's reason and
+    does not suggest that the selectors found nothing."""
+    from cli import parse
+    from external_interface.fetch import FetchRequest, Response
+    from lifecycle.live import LiveResult
+    from sites import get_endpoint
+
+    spec = get_endpoint("testsite.local.detail")
+    url = "http://127.0.0.1:9/detail/e1"
+    answer = Response(url=url, status=200, headers={}, content=b"{}", elapsed=0.0)
+    result = LiveResult(spec, {"entry_id": "e1"}, exchanges=[(FetchRequest("GET", url), answer)])
+    result.dropped = {"odd": 1}
+    monkeypatch.setattr(parse.procs, "ensure_redis", lambda s: "running")
+    monkeypatch.setattr(parse, "run_live", lambda *a, **kw: result)
+    assert parse.run("testsite.local.detail", {"entry_id": "e1"}) == 0
+    err = capsys.readouterr().err
+    assert "0 item(s)" in err and "dropped by before_store hooks: odd 1" in err
+    assert "do the selectors match it?" not in err
+    result.dropped = {}
+    assert parse.run("testsite.local.detail", {"entry_id": "e1"}) == 0
+    assert "do the selectors match it?" in capsys.readouterr().err  # nothing at all: the note

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from exceptions import NotFound, ParamsError
+from lifecycle import hooks as h
 from lifecycle.endpoints import EndpointSpec
 from lifecycle.live import run_live, site_spec
 from sites import get_endpoint
@@ -71,3 +72,19 @@ def test_a_site_stand_in_borrows_what_its_endpoints_borrow() -> None:
     assert site_spec("demo", "app").platform == "app"
     with pytest.raises(UnknownNameError, match="did you mean 'demo'"):
         site_spec("dmeo")
+
+
+def test_items_a_before_store_hook_drops_are_counted_by_reason(
+    site: TestSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`parse` says an item went to a hook, not that the selectors found nothing."""
+    monkeypatch.setattr(h, "HOOKS", h.HookRegistry())
+
+    @h.before_store("testsite.local.listing")
+    def odd(ctx: object, item: object) -> object:
+        return h.skip("odd") if getattr(item, "n", 0) % 2 else None
+
+    res = run_live(get_endpoint("testsite.local.listing"), {"page": 1, "per": 3})
+    assert [i.model_dump()["n"] for i in res.items] == [0, 2]
+    assert res.dropped == {"odd": 1}
+    assert run_live(get_endpoint("testsite.local.probe"), {"path": "/list"}).dropped == {}
