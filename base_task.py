@@ -95,6 +95,7 @@ from lifecycle.lost import (
     LOST,
     PARK_SECONDS,
     STATE_STORE_ERRORS,
+    lost_for_message,
     parked_meta,
     uncount_delivery,
     uncount_pending,
@@ -106,7 +107,7 @@ from monitor.metrics import TaskMetrics
 from settings.sitevars import site_env
 from utils.logsafe import task_argsrepr
 from utils.redis import NotReplicated, get_redis
-from utils.slots import SlotsLost, lost_now, lost_ranges
+from utils.slots import SlotsLost, lost_ranges
 from utils.wire import TaskMeta
 
 log = logging.getLogger("chaincrawl.task")
@@ -238,8 +239,10 @@ class SiteTask(Task[Any, Any]):
                 self.uncount(rt, meta)
                 requeue_unreplicated(rt, self.name, exc)
             except STATE_STORE_ERRORS as exc:
-                ranges = lost_now(get_redis(rt.settings.redis_url), exc)
-                if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
+                ranges = lost_for_message(
+                    get_redis(rt.settings.redis_url), exc, [(self.name, meta)]
+                )
+                if ranges:  # its slots no node serves: parked quietly (lifecycle/lost.py)
                     LOST.parked_one(self.name, ranges)
                     raise self.retry_later(
                         params, parked_meta(meta), PARK_SECONDS, SlotsLost(ranges)

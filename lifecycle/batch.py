@@ -29,13 +29,19 @@ from ledger.state import Begun
 from lifecycle import runtime
 from lifecycle.commits import Committer, requeue_unreplicated, set_batch
 from lifecycle.endpoints import EndpointSpec, get_endpoint
-from lifecycle.lost import LOST, PARK_SECONDS, STATE_STORE_ERRORS, uncount_delivery
+from lifecycle.lost import (
+    LOST,
+    PARK_SECONDS,
+    STATE_STORE_ERRORS,
+    lost_for_message,
+    uncount_delivery,
+)
 from lifecycle.unknown import dead_letter_unknown
 from utils.logsafe import safe_text, task_argsrepr
 from utils.process import RankedSlots
 from utils.redis import NotReplicated, get_redis
 from utils.registry import UnknownNameError
-from utils.slots import SlotsLost, lost_now
+from utils.slots import SlotsLost
 from utils.wire import RETRY_BASE, RUN
 
 log = logging.getLogger("chaincrawl.task")
@@ -60,7 +66,8 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
         uncount_delivery(runtime.current().state(), "", self.request.id or "", 0)
         requeue_unreplicated(runtime.current(), BATCH_TASK, exc)
     except STATE_STORE_ERRORS as exc:
-        ranges = lost_now(get_redis(runtime.current().settings.redis_url), exc)
+        tasks = [(str(e.get("task", "")), e.get("meta")) for e in entries]
+        ranges = lost_for_message(get_redis(runtime.current().settings.redis_url), exc, tasks)
         if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
             LOST.parked_one(BATCH_TASK, ranges)
             raise self.retry(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import redis
@@ -30,9 +30,10 @@ import redis
 from config import get_settings
 from ledger.state import RunState
 from monitor.metrics import aggregator
+from utils.keyspace import Keyspace
 from utils.outage import OUTAGE, Outage
-from utils.redis import get_redis
-from utils.slots import LostRange, reason
+from utils.redis import failed_node, get_redis
+from utils.slots import LostRange, SlotsLost, concerning, lost_now, reason
 from utils.wire import TaskMeta
 
 # the errors of a state store that may mean a lost slot range (`utils.slots.lost_now` tells)
@@ -102,6 +103,29 @@ def _count(counts: dict[str, int]) -> None:
     s = get_settings()
     aggregator().start(get_redis(s.redis_url), s.metrics_flush_interval)
     aggregator().add((s.key("metrics", "cluster"),), counts)
+
+
+def lost_for_message(
+    client: Any, error: BaseException, tasks: Iterable[tuple[str, Mapping[str, Any] | None]]
+) -> list[LostRange]:
+    """The lost slot ranges a state-store `error` met by a message concerns (its tasks: each
+    task's name and wire metadata; a batch has several): those of the node the error came
+    from, of its tasks' runs and sites, or all of them when the cluster refuses every
+    command (`utils.slots.concerning`). [] when no range is lost, or the error is about
+    another node while one is (a failover elsewhere): the message is requeued as in any
+    outage, not parked for the lost range's whole length."""
+    ranges = lost_now(client, error)
+    if not ranges:
+        return []
+    cause = error.__cause__ if isinstance(error, SlotsLost) and error.__cause__ else error
+    ks = Keyspace(get_settings().key_prefix)
+    keys: list[str] = []
+    for task, wire in tasks:
+        rid = TaskMeta.from_wire(wire).run_id
+        if rid:
+            keys.append(ks.run(rid))
+        keys.append(ks.site(task.split(".", 1)[0]))
+    return concerning(ranges, keys, failed_node(cause), cause)
 
 
 def parked_meta(wire: Mapping[str, Any] | None) -> TaskMeta:

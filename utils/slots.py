@@ -15,6 +15,7 @@ slot, and `reason` names the slots and the nodes:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -221,6 +222,30 @@ def lost_for(ranges: Iterable[LostRange], key: str | bytes) -> LostRange | None:
     """The lost range holding `key`'s slot, if any."""
     slot = key_slot(key.encode() if isinstance(key, str) else key)
     return next((r for r in ranges if r.holds(slot)), None)
+
+
+_SLOT_NAMED = re.compile(r'[Ss]lot "?(\d+)"?')
+
+
+def concerning(
+    ranges: Iterable[LostRange], keys: Iterable[str | bytes], node: str, error: BaseException
+) -> list[LostRange]:
+    """Of the lost `ranges`, those a state-store `error` met by work whose keys are `keys`
+    (a task's run and site) concerns: every range when the cluster refuses every command
+    (`CLUSTERDOWN`: no key of the work can be served); else the range of `node` (host:port,
+    the node the error came from), of a slot the error names (a slot not covered) and those
+    holding a slot of `keys`. [] when none: the error is another outage (a failover of
+    another master while a range is lost), not a reason to park the work."""
+    ranges = list(ranges)
+    if isinstance(error, redis.exceptions.ClusterDownError):
+        return ranges
+    slots = {key_slot(k.encode() if isinstance(k, str) else k) for k in keys}
+    slots |= {int(m) for m in _SLOT_NAMED.findall(str(error))}  # 'Slot "42" not covered'
+    return [
+        r
+        for r in ranges
+        if (node and (node == r.master or node in r.replicas)) or any(r.holds(s) for s in slots)
+    ]
 
 
 def lost_now(client: Any, error: BaseException) -> list[LostRange]:

@@ -10,12 +10,16 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 import lifecycle.lost
 import utils.slots
-from lifecycle.lost import LostOutage
+from config import get_settings
+from lifecycle.lost import LostOutage, lost_for_message
+from utils.keyspace import Keyspace
 from utils.outage import Outage, OutageFilter
-from utils.slots import LostRange
+from utils.slots import LostRange, SlotsLost
+from utils.wire import TaskMeta
 
 LOST = [LostRange(5461, 10922, "127.0.0.1:17102", ("127.0.0.1:17105",))]
 REFUSED = redis.ConnectionError("Error 111 connecting to 127.0.0.1:17102. Connection refused.")
@@ -130,3 +134,55 @@ def test_a_loop_that_read_nothing_since_the_failure_does_not_end_it(
     assert len(handler.lines) == 1, handler.lines
     outage.answered(time.monotonic())
     assert len(handler.lines) == 2 and handler.lines[1].startswith("Redis answers again after")
+
+
+def _rid(inside: bool) -> str:
+    """A run id whose keys are (or are not) on the lost range of `LOST`."""
+    ks = Keyspace(get_settings().key_prefix)
+    return next(
+        rid
+        for rid in (f"r{n}" for n in range(10_000))
+        if LOST[0].holds(key_slot(ks.run(rid).encode())) == inside
+    )
+
+
+def _task() -> str:
+    """A task whose site's keys are not on the lost range."""
+    ks = Keyspace(get_settings().key_prefix)
+    site = next(
+        s for s in (f"s{n}" for n in range(10_000)) if not LOST[0].holds(key_slot(ks.site(s).encode()))
+    )
+    return f"{site}.page"
+
+
+@pytest.mark.parametrize(
+    ("error", "inside", "parked"),
+    [
+        # a failover of another master while the range is lost: requeued, not parked
+        (redis.ConnectionError("Error 111 connecting to 127.0.0.1:17101. Refused."), False, False),
+        (REFUSED, False, True),  # the lost master itself: whatever the keys
+        (redis.TimeoutError("Timeout reading from socket"), True, True),  # the run's slot
+        (redis.TimeoutError("Timeout reading from socket"), False, False),
+        (redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"), False, True),
+        (redis.exceptions.SlotNotCoveredError('Slot "6000" is not covered'), False, True),
+        (redis.exceptions.SlotNotCoveredError('Slot "17" is not covered'), False, False),
+    ],
+)
+def test_a_message_is_parked_only_for_a_lost_range_its_error_concerns(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, inside: bool, parked: bool
+) -> None:
+    """An error of the state store while some range is lost parks the message only when it
+    concerns the message: its node, its run's or site's slots, or the whole cluster refusing;
+    any error parked every message while a range was lost, also a failover elsewhere's."""
+    monkeypatch.setattr(lifecycle.lost, "lost_now", lambda client, exc: list(LOST))
+    wire, task = TaskMeta(run_id=_rid(inside)).to_wire(), _task()
+    got = lost_for_message(None, error, [(task, wire)])
+    assert got == (LOST if parked else [])
+    # a batch with an entry whose run is on the lost range: parked whole
+    other = TaskMeta(run_id=_rid(True)).to_wire()
+    assert lost_for_message(None, error, [(task, wire), (task, other)]) == LOST
+    # the same error raised as `SlotsLost` by a patient client is judged by its cause
+    try:
+        raise SlotsLost(LOST) from error
+    except SlotsLost as lost:
+        assert lost_for_message(None, lost, [(task, wire)]) == got
