@@ -10,6 +10,8 @@ once: a repeated batch finds its values unchanged and its keys just visited, and
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,7 +25,9 @@ from scheduling.recrawl.watch import Watch
 from utils.clock import Clock
 from utils.keyspace import Keyspace
 from utils.redis import as_str
-from utils.slots import lost_now
+from utils.slots import lost_now, reason
+
+log = logging.getLogger("chaincrawl.recrawl")
 
 
 def dedup_for(client: Any, prefix: str, watch: Watch) -> RedisDedup:
@@ -36,22 +40,54 @@ class WatchStores:
     first use: a few round trips a process, not a batch)."""
 
     def __init__(self, client: Any, prefix: str, watch: Watch) -> None:
+        self.r = client
         self.watch = watch
         self.dedup = dedup_for(client, prefix, watch)
         self.history = History(client, prefix, watch)
+        self.lock = threading.Lock()
+        self.skipped = 0  # batches not observed since the watch's keys were seen lost
 
     def observe(self, items: Sequence[Mapping[str, Any]], now: float) -> Observed:
         """Visits of the watch's keys: the items' values marked in its dedup store (which
         judges each changed or not), then recorded in its history. Items without the key
-        are ignored."""
+        are ignored.
+
+        While the watch's keys are on a lost slot range (docs/cluster.md) the batch is not
+        observed (its visits are not counted: a change among them is seen at the key's next
+        visit, its plan stays as it was), with one warning line when the first batch is
+        skipped and one when a batch is observed again: raising would make the drainer hold
+        back the items of every run of this type, whatever their slots."""
         w = self.watch
         keyed = [(k, it) for it in items if (k := w.key_of(it)) is not None]
         if not keyed:
             return Observed()
-        seen = self.dedup.mark_many([k for k, _ in keyed], [w.value_of(it) for _, it in keyed])
-        return self.history.observe(
-            ((k, s.status is Status.CHANGED) for (k, _), s in zip(keyed, seen, strict=True)), now
-        )
+        try:
+            seen = self.dedup.mark_many([k for k, _ in keyed], [w.value_of(it) for _, it in keyed])
+            out = self.history.observe(
+                ((k, s.status is Status.CHANGED) for (k, _), s in zip(keyed, seen, strict=True)),
+                now,
+            )
+        except redis.RedisError as exc:
+            ranges = lost_now(self.r, exc)
+            if not ranges:
+                raise
+            with self.lock:
+                self.skipped += 1
+                first = self.skipped == 1
+            if first:
+                log.warning(
+                    "re-crawl watch %s: %s; its stored items are not observed meanwhile "
+                    "(one line when they are again)",
+                    w.name,
+                    reason(ranges),
+                )
+            return Observed()
+        if self.skipped:
+            with self.lock:
+                n, self.skipped = self.skipped, 0
+            if n:
+                log.warning("re-crawl watch %s: observed again (%d batch(es) skipped)", w.name, n)
+        return out
 
 
 def observe_items(

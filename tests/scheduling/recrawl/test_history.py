@@ -148,3 +148,40 @@ def test_the_observer_hook_reads_the_watches_published(rds, key_prefix) -> None:
     obs.hook("demo.post", [{"post_id": "p1", "likes": 1}])
     obs.hook("demo.user", [{"post_id": "p9"}])  # not watched
     assert h.record("p1") is not None and h.record("p9") is None
+
+
+def test_a_watch_whose_keys_are_lost_skips_its_batches_with_one_line(
+    rds, key_prefix, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A watched set whose keys are on a lost slot range: its batches are not observed (the
+    hook raised, and the drainer held back every run's items of the type, whatever their
+    slots), one line says so, one when they are observed again."""
+    import redis
+
+    import scheduling.recrawl.observe as observe
+    from utils.slots import LostRange
+
+    lost = [LostRange(0, 5460, "127.0.0.1:17101", ("127.0.0.1:17104",))]
+    ws = observe.WatchStores(rds, key_prefix, watch())
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:17101. Refused.")
+
+    def down(*a: object, **kw: object) -> None:
+        raise refused
+
+    monkeypatch.setattr(observe, "lost_now", lambda client, exc: lost if exc is refused else [])
+    monkeypatch.setattr(ws.dedup, "mark_many", down)
+    caplog.set_level("WARNING", logger="chaincrawl.recrawl")
+    for _ in range(5):
+        assert ws.observe([{"post_id": "p1", "likes": 1}], T0) == observe.Observed()
+    monkeypatch.undo()
+    res = ws.observe([{"post_id": "p1", "likes": 1}], T0)
+    assert res.enrolled == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "chaincrawl.recrawl"]
+    assert len(lines) == 2, lines
+    assert "slots 0-5460 lost: 127.0.0.1:17101 and its replica 127.0.0.1:17104" in lines[0]
+    assert "observed again (5 batch(es) skipped)" in lines[1]
+    # another error (no range lost) is raised as before: the drainer retries the batch
+    monkeypatch.setattr(observe, "lost_now", lambda client, exc: [])
+    monkeypatch.setattr(ws.dedup, "mark_many", down)
+    with pytest.raises(redis.ConnectionError):
+        ws.observe([{"post_id": "p2", "likes": 1}], T0)
