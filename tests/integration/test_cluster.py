@@ -564,3 +564,69 @@ def test_a_lost_range_stops_the_storage_of_no_run_on_another_master(tmp_path, ke
         d._next_refresh = 0.0
         assert d.drain_once() == 1
         assert client.smembers(ks.outbox_dead_runs) == {rid.encode()} and not d._unnoted
+
+
+def test_a_lost_range_holds_back_only_its_runs_entries_in_a_drainers_batch(
+    tmp_path, key_prefix, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drainer holding entries of two runs when one's range is lost: the other run's are
+    stored and acknowledged at once, the lost run's held back (pending in their stream) with
+    one line naming the slots, and stored once the range is served again, with one line (a
+    cluster pipeline with one command for the lost range failed the whole batch, every run's
+    items unstored for the loss's length)."""
+    with RedisClusterServer(tmp_path / "cluster", node_timeout_ms=1000,
+                            full_coverage=False) as cluster:  # fmt: skip
+        client = cluster_client(cluster.url)
+        slot0 = int(client.get_default_node().port)
+
+        def port(key: str) -> int:
+            return int(client.get_node_from_key(key).port)
+
+        # a master that holds neither the runless stream (one slot whatever the prefix) nor,
+        # if it can be helped, slot 0
+        norun = port(Keyspace(key_prefix).run_outbox(""))
+        lost = sorted((int(n.port) for n in client.get_primaries() if int(n.port) != norun),
+                      key=lambda p: p == slot0)[0]  # fmt: skip
+        ks = next(k for k in (Keyspace(f"{key_prefix}{i}") for i in range(5000))
+                  if lost not in {port(k.outbox_errors), port(k.outbox_dead_runs),
+                                  port(k.active_runs), port(k.storing_runs)})  # fmt: skip
+        rid_lost = next(r for r in (uuid.uuid4().hex[:12] for _ in range(1000))
+                        if port(ks.run(r)) == lost)  # fmt: skip
+        rid_ok = next(r for r in (uuid.uuid4().hex[:12] for _ in range(1000))
+                      if port(ks.run(r)) != lost)  # fmt: skip
+        state = RunState(cast(redis.Redis, client), _settings(cluster.url, ks.prefix))
+        for rid in (rid_lost, rid_ok):
+            state.create_run(rid, "tree", b"{}", 5)
+            client.hset(state.run_key(rid), "status", "done")
+            client.hset(state.counters_key(rid), "items", 2)
+            client.sadd(ks.storing_runs, rid)
+            entry = {"run": rid, "step": "s", "task": "t", "type": "thing", "key": '["k"]'}
+            client.xadd(ks.run_outbox(rid), {**entry, "items": b'[{"k": 1}]'})  # type: ignore[dict-item]
+        d = ClusterDrainer(client, ks.prefix, [JsonlSink(tmp_path / "items", fsync=False)],
+                           hooks=[], runs_hooks=[], consumer="c")  # fmt: skip
+        buffer = d.read(100, None)
+        assert {e.run for e in buffer} == {rid_lost, rid_ok}
+        nodes = [n for n in cluster.nodes  # the master and its replica
+                 if n.port == lost or n.client().info("replication").get("master_port") == lost]  # fmt: skip
+        for n in nodes:
+            n.kill()
+        wait_for(lambda: lost_ranges(client, fresh=True), 60, "the range seen lost")
+        caplog.set_level("WARNING", logger="external_interface.storage.outbox")
+        assert d.flush(buffer) == []  # nothing to retry: the lost run's entry is held back
+        assert state.counters(rid_ok)["stored"] == 1
+        assert [e.run for e in d.held.entries.values()] == [rid_lost]
+        client.xadd(ks.run_outbox(rid_ok), {**entry, "items": b'[{"k": 2}]'})  # type: ignore[dict-item]
+        d._next_refresh = 0.0
+        assert d.drain_once() == 1  # the healthy run goes on
+        assert state.counters(rid_ok)["stored"] == 2 and state.status(rid_ok) == "done"
+        lines = [r.getMessage() for r in caplog.records if "outbox drainer" in r.getMessage()]
+        assert len(lines) == 1 and "lost" in lines[0] and "1 entries" in lines[0], lines
+        for n in nodes:
+            n.start()
+        cluster.wait_ok(60)
+        wait_for(lambda: not lost_ranges(client, fresh=True), 60, "the range served again")
+        d._next_refresh = 0.0
+        assert d.drain_once() == 1  # the entry held back, given back by `read`
+        assert state.counters(rid_lost)["stored"] == 1 and not d.held
+        lines = [r.getMessage() for r in caplog.records if "outbox drainer" in r.getMessage()]
+        assert len(lines) == 2 and "served again" in lines[1], lines

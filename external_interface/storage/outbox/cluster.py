@@ -53,7 +53,7 @@ from external_interface.storage.outbox.entries import (
 from external_interface.storage.sinks.base import entry_version
 from utils.keyspace import Keyspace
 from utils.redis import as_str, is_cluster
-from utils.slots import known_lost, lost_for, lost_now
+from utils.slots import LostRange, known_lost, lost_for, lost_now, reason
 
 log = logging.getLogger("external_interface.storage.outbox")
 
@@ -92,6 +92,7 @@ class ClusterDrainer(Drainer):
         self._poll = 0.0  # seconds from the last empty read to the next read (`read`)
         self._next_poll = 0.0  # when the next read is due (monotonic)
         self.read_at = 0.0  # when every stream was last read (monotonic)
+        self.held = HeldBack()  # entries read before their stream's slots were lost
 
     # --- the streams -------------------------------------------------------------------------
 
@@ -204,6 +205,9 @@ class ClusterDrainer(Drainer):
         time to the next one, from `POLL_MIN` up to `POLL_MAX`; a read that returns entries
         makes the next one immediate. A call before the next read is due waits (at most
         `block_ms`) and returns nothing. `block_ms=None` (drain_once) always reads."""
+        back = self.held.served(known_lost(self.r) if self.held else [])
+        if back:  # their slots are served again: stored with the next batch
+            return back
         now = time.monotonic()
         if block_ms is not None and now < self._next_poll:
             time.sleep(min(block_ms / 1000, self._next_poll - now))
@@ -296,6 +300,23 @@ class ClusterDrainer(Drainer):
                     s, self.group, "-", "+", 1, consumername=self.consumer
                 ):
                     self.r.xgroup_delconsumer(s, self.group, self.consumer)
+
+    def flush(self, entries: Sequence[OutboxEntry]) -> list[OutboxEntry]:
+        """As on one Redis, without the entries of streams on a lost slot range: a cluster
+        pipeline with one command for a lost range fails whole, so their acknowledgement
+        would fail every run's. They are held back (`HeldBack`: pending in their stream,
+        given back by `read` once their slots are served) and the other runs' entries are
+        stored and acknowledged. A range found lost by this flush (its acknowledgement
+        failed) is left out the same way, and the rest flushed again (written twice to the
+        sinks: an entry is written at least once)."""
+        rest = self.held.hold(entries, known_lost(self.r))
+        try:
+            return super().flush(rest)
+        except redis.RedisError as e:
+            again = self.held.hold(rest, lost_now(self.r, e))
+            if len(again) == len(rest):
+                raise  # not a lost range's (or none of these entries is on it)
+            return super().flush(again)
 
     def _acknowledge(
         self,
@@ -398,6 +419,58 @@ class ClusterDrainer(Drainer):
             for (key, field), n in sums.items():
                 pipe.hincrby(key, field, n)
             pipe.execute()
+
+
+class HeldBack:
+    """The entries a cluster drainer holds back while their stream's slots are lost, and the
+    one line an outage the drainer's log says about them: when the first is held (naming the
+    slots and nodes, not held back by `utils.outage.OutageFilter`: it carries no error), and
+    when the last is given back."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, OutboxEntry] = {}
+        self.since: float | None = None
+        self.total = 0  # entries held back this outage
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def hold(self, entries: Sequence[OutboxEntry], lost: Sequence[LostRange]) -> list[OutboxEntry]:
+        """Hold back the `entries` whose stream is on a `lost` range; -> the others."""
+        if not lost:
+            return list(entries)
+        held = [e for e in entries if _stream(e) and lost_for(lost, _stream(e))]
+        if not held:
+            return list(entries)
+        self.total += sum(1 for e in held if e.id not in self.entries)
+        for e in held:
+            self.entries[e.id] = e
+        if self.since is None:
+            self.since = time.monotonic()
+            ranges = [r for r in lost if any(r is lost_for(lost, _stream(e)) for e in held)]
+            log.warning(
+                "outbox drainer: %s; %d entries of the runs on those slots held back (pending, "
+                "stored once the slots are served: one line then), the other runs' stored",
+                reason(ranges),
+                len(held),
+            )
+        ids = {e.id for e in held}
+        return [e for e in entries if e.id not in ids]
+
+    def served(self, lost: Sequence[LostRange]) -> list[OutboxEntry]:
+        """The entries held back whose stream is not on a `lost` range any more (taken)."""
+        back = [e for e in self.entries.values() if not lost_for(lost, _stream(e))]
+        for e in back:
+            del self.entries[e.id]
+        if back and not self.entries and self.since is not None:
+            log.warning(
+                "outbox drainer: lost slots served again after %.1fs; the %d entries held "
+                "back are stored",
+                time.monotonic() - self.since,
+                self.total,
+            )
+            self.since, self.total = None, 0
+        return back
 
 
 def _stream(e: OutboxEntry) -> str:
