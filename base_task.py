@@ -242,6 +242,8 @@ class SiteTask(Task[Any, Any]):
                 ranges = lost_for_message(
                     get_redis(rt.settings.redis_url), exc, [(self.name, meta)]
                 )
+                if ranges and LOST.surplus(self.request.id or ""):
+                    return "parked already"  # its parked copy is out (lifecycle/lost.py)
                 if ranges:  # its slots no node serves: parked quietly (lifecycle/lost.py)
                     LOST.parked_one(self.name, ranges)
                     raise self.retry_later(

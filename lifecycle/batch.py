@@ -68,6 +68,8 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
     except STATE_STORE_ERRORS as exc:
         tasks = [(str(e.get("task", "")), e.get("meta")) for e in entries]
         ranges = lost_for_message(get_redis(runtime.current().settings.redis_url), exc, tasks)
+        if ranges and LOST.surplus(self.request.id or ""):
+            return "parked already"  # its parked copy is out (lifecycle/lost.py)
         if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
             LOST.parked_one(BATCH_TASK, ranges)
             raise self.retry(

@@ -44,6 +44,7 @@ STATE_STORE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.RedisClusterException,
 )
 PARK_SECONDS = 10.0  # a parked message's countdown: the slots' return is seen within it
+SURPLUS_MARGIN = 1.0  # a park's own message comes back PARK_SECONDS after it, never sooner
 
 log = logging.getLogger("chaincrawl.redis")
 
@@ -61,6 +62,29 @@ class LostOutage:
         self.lock = threading.Lock()
         self.since: float | None = None
         self.parked = 0
+        self.dropped = 0  # surplus copies acknowledged without a new message (`surplus`)
+        self._last: dict[str, float] = {}  # task id -> when this process last parked it
+
+    def surplus(self, tid: str, now: float | None = None) -> bool:
+        """A delivery of task `tid` that meets its lost slots less than a countdown after
+        this process parked the same task: the message that park sent is still waiting for
+        its countdown, so this one is a surplus copy (a redelivery of a message parked
+        before, a re-send): acknowledged without a new message. Each park of a copy sends
+        one, so the copies of a task never die out and any duplication multiplied over a
+        long loss (206 parks in 77 s for 2 tasks; 1,250 copies of each waiting in a
+        worker). Else the park is noted (True once a countdown for each task id)."""
+        if not tid:
+            return False
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            last = self._last.get(tid)
+            if last is not None and now - last < PARK_SECONDS - SURPLUS_MARGIN:
+                self.dropped += 1
+                return True
+            self._last[tid] = now
+            if len(self._last) > 10_000:  # the parks older than two countdowns are done with
+                self._last = {t: at for t, at in self._last.items() if now - at < 2 * PARK_SECONDS}
+        return False
 
     def parked_one(self, task: str, ranges: list[LostRange]) -> None:
         """A message parked: the first of an outage says so (one line) and counts it."""
@@ -91,9 +115,15 @@ class LostOutage:
         with self.lock:
             if self.since is None:
                 return
-            took, n = time.monotonic() - self.since, self.parked
-            self.since, self.parked = None, 0
-        log.warning("lost slots served again after %.1fs (%d message(s) parked meanwhile)", took, n)
+            took, n, dropped = time.monotonic() - self.since, self.parked, self.dropped
+            self.since, self.parked, self.dropped = None, 0, 0
+            self._last.clear()
+        log.warning(
+            "lost slots served again after %.1fs (%d message(s) parked meanwhile%s)",
+            took,
+            n,
+            f", {dropped} surplus copies dropped" if dropped else "",
+        )
 
 
 LOST = LostOutage()

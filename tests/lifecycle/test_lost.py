@@ -186,3 +186,29 @@ def test_a_message_is_parked_only_for_a_lost_range_its_error_concerns(
         raise SlotsLost(LOST) from error
     except SlotsLost as lost:
         assert lost_for_message(None, lost, [(task, wire)]) == got
+
+
+def test_surplus_copies_of_a_parked_task_die_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each park of a copy sent one more, so copies of a parked task never died out and any
+    duplication (a redelivery, a re-send) multiplied over a long loss (206 parks in 77 s for
+    2 tasks; 1,250 copies of each waiting in a worker). A delivery that meets the lost slots
+    less than a countdown after this process parked the same task is a surplus copy: it is
+    acknowledged without a new message, and copies converge to one chain per task."""
+    monkeypatch.setattr(lifecycle.lost, "_count", lambda counts: None)
+    lost = LostOutage(Outage())
+    step = lifecycle.lost.PARK_SECONDS
+    assert not lost.surplus("t1", 100.0)  # parked: its message comes back after a countdown
+    assert lost.surplus("t1", 103.0)  # a copy meanwhile (a redelivery): dropped
+    assert not lost.surplus("t2", 103.0)  # another task is parked on its own
+    assert not lost.surplus("t1", 100.0 + step)  # the park's own message: parked again
+    # two chains of the same task a fraction of a countdown apart: one of them dies out
+    chains, parks = [100.0 + step, 100.0 + step + 0.5 * step], 0
+    for _ in range(20):
+        nxt = []
+        for at in sorted(chains):
+            if not lost.surplus("t1", at + step):
+                nxt.append(at + step)
+                parks += 1
+        chains = nxt
+    assert len(chains) == 1 and parks == 20, (chains, parks)
+    assert lost.dropped == 2  # the copy at 103 s, the second chain's first return
