@@ -150,7 +150,9 @@ def _task() -> str:
     """A task whose site's keys are not on the lost range."""
     ks = Keyspace(get_settings().key_prefix)
     site = next(
-        s for s in (f"s{n}" for n in range(10_000)) if not LOST[0].holds(key_slot(ks.site(s).encode()))
+        s
+        for s in (f"s{n}" for n in range(10_000))
+        if not LOST[0].holds(key_slot(ks.site(s).encode()))
     )
     return f"{site}.page"
 
