@@ -179,11 +179,39 @@ def test_a_message_parked_on_a_lost_range_spends_no_retry(
     monkeypatch.setattr(SiteTask, "retry", retried)
     wire: dict[str, Any] = {"run": "r1", "step": "local.detail"}
     for n in range(5):
+        lifecycle.lost.LOST._last.clear()  # each park's message comes a countdown later
         with pytest.raises(Retry):
             _deliver(page, wire, retries=n)
         wire = sent[-1]["args"][1]
         meta = TaskMeta.from_wire(wire)
         assert (n + 1) + meta.retry_base - meta.waits == 0, wire  # retries used: none
+
+
+def test_a_copy_of_a_message_parked_a_moment_ago_is_dropped_not_parked_again(
+    page: SiteTask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second delivery of a task this process parked less than a countdown before (a
+    redelivered or re-sent copy) is acknowledged without a new message: every copy parked
+    sent one more, so the copies of a parked task multiplied over a long loss."""
+    lost = [LostRange(0, 16383, "127.0.0.1:17102", ())]
+    sent: list[dict[str, Any]] = []
+
+    def met_lost(self: SiteTask, params: Any, wire: Any, begun: Any = None) -> str:
+        raise SlotsLost(lost)
+
+    def retried(self: SiteTask, **kw: Any) -> Exception:
+        sent.append(kw)
+        return Retry("parked", kw["exc"])
+
+    monkeypatch.setattr(SiteTask, "run_page", met_lost)
+    monkeypatch.setattr(SiteTask, "retry", retried)
+    lifecycle.lost.LOST._last.clear()
+    wire: dict[str, Any] = {"run": "r1", "step": "local.detail"}
+    with pytest.raises(Retry):
+        _deliver(page, wire)
+    for _ in range(3):  # copies of the same message within the countdown
+        assert _deliver(page, wire) == "parked already"
+    assert len(sent) == 1
 
 
 def test_each_requeue_while_redis_is_away_is_taken_back(
