@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from celery import Task, shared_task
 from celery.app.task import Context as RequestContext
 from celery.exceptions import Reject, Retry
@@ -163,7 +162,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         except Retry as exc:  # already sent as its own message, same id
             if events:
                 _entry_event(task, "task-retried", exception=safe_text(exc))
-        except (Reject, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        except (Reject, *STATE_STORE_ERRORS):  # the batch requeued or parked whole
             raise
         except Exception as exc:  # as for a single message: logged, not committed
             log.exception("%s[%s] raised inside %s", spec.name, e["id"], BATCH_TASK)
