@@ -162,7 +162,9 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         except Retry as exc:  # already sent as its own message, same id
             if events:
                 _entry_event(task, "task-retried", exception=safe_text(exc))
-        except (Reject, *STATE_STORE_ERRORS):  # the batch requeued or parked whole
+        except Reject:
+            raise
+        except STATE_STORE_ERRORS:  # the batch requeued or parked whole
             raise
         except Exception as exc:  # as for a single message: logged, not committed
             log.exception("%s[%s] raised inside %s", spec.name, e["id"], BATCH_TASK)
