@@ -5,7 +5,8 @@ lease.py puts the pool's profile in front of this source, as constants (so they 
 argument on the page path):
   ORDER     'lru': the idle score is "ready at" (ms), the member idle longest goes first;
             'uses': the idle score is the use count (always <= now: always ready), the least
-            used goes first and there is no cool-down
+            used goes first; a cool-down (`rest_ms` of a use) is spent in :lease without a
+            token (not lent, not idle) and the prologue puts the member back to idle
   LOST      a lease that ends without its holder's return (reclaimed on expiry, or returned
             after that) still counts as a use
   SCORED    members carry a health score
@@ -42,17 +43,21 @@ repeat
   expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, RECLAIM)
   for _, id in ipairs(expired) do
     redis.call('ZREM', KEYS[2], id)
-    redis.call('HDEL', KEYS[3], id)
+    -- no token: a member of a pool ordered by use resting after its return (`release`),
+    -- not a lost lease: back to idle with no use counted
+    local lent = redis.call('HDEL', KEYS[3], id) == 1
     if redis.call('HEXISTS', KEYS[6], id) == 1 then
       local uses = 0
-      if LOST then
+      if LOST and lent then
         uses = redis.call('HINCRBY', KEYS[4], id, 1)
       elseif ORDER == 'uses' then
         uses = tonumber(redis.call('HGET', KEYS[4], id) or '0')
       end
       redis.call('ZADD', KEYS[1], ORDER == 'uses' and uses or now, id)
-      redis.call('HINCRBY', KEYS[7], 'reclaimed', 1)
-      reclaimed = reclaimed + 1
+      if lent then
+        redis.call('HINCRBY', KEYS[7], 'reclaimed', 1)
+        reclaimed = reclaimed + 1
+      end
     end
   end
 until op ~= 'reclaim' or #expired < RECLAIM
@@ -132,7 +137,7 @@ elseif op == 'release' then
   --   use     [rest_ms [max_uses [delta [max_score [uses]]]]] (each 0 when left out, uses
   --           1): requests were sent: counts `uses` uses (a process's held member returns
   --           its sum: holding.py), the score moves by delta (0: left alone, else capped at
-  --           max_score), then rest_ms of cool-down (lru), retired at max_uses (0: never) or
+  --           max_score), then rest_ms of cool-down, retired at max_uses (0: never) or
   --           at a score <= 0
   --   cancel  the request was never sent: back at once, nothing counted
   --   ban | retire   reason hold_ms: forget it, its id benched for hold_ms
@@ -182,7 +187,14 @@ elseif op == 'release' then
         gone[1], reason, state = id, 'used_up', 2
       else
         if score then redis.call('HSET', KEYS[5], id, score) end
-        redis.call('ZADD', KEYS[1], ORDER == 'uses' and uses or now + tonumber(ARGV[5] or 0), id)
+        local rest = tonumber(ARGV[5] or 0)
+        if ORDER == 'uses' and rest > 0 then
+          -- the idle score is the use count, so a rest waits in :lease with no token (no
+          -- checkout, renewal or return can touch it); the prologue puts it back when due
+          redis.call('ZADD', KEYS[2], now + rest, id)
+        else
+          redis.call('ZADD', KEYS[1], ORDER == 'uses' and uses or now + rest, id)
+        end
       end
     end
   end

@@ -69,7 +69,7 @@ def test_uses_order_lends_the_least_used_and_keeps_its_count_in_idle(
     for _ in range(2):
         lease = pool.take(["m2"], 10).lease
         assert lease is not None and lease.id in ("m0", "m1")
-        pool.give_back(lease, rest=30)  # no cool-down in this order
+        pool.give_back(lease)
     scores = dict(
         cast("list[tuple[bytes, float]]", rds.zrange(pool.k_idle, 0, -1, withscores=True))
     )
@@ -96,8 +96,11 @@ def test_an_empty_checkout_reads_no_count_and_says_when_a_resting_one_is_ready(
     if order == "lru":  # resting 30 s: nothing ready, the wait told
         assert co.lease is None and co.available == 0 and co.wait is not None
         assert 29 <= co.wait <= 30
-    else:  # no cool-down in this order: lent again, nothing left
-        assert co.lease is not None and co.available == 0
+    else:  # resting 30 s in :lease (its idle score is its use count): not lent, not idle
+        assert co.lease is None and co.available == 0
+        let_time_pass(rds, pool, 31)
+        again = pool.take((), 10).lease
+        assert again is not None and again.uses == 1  # back by itself, no use counted
     if not isinstance(rds, redis.RedisCluster):
         rds.config_resetstat()
         pool.take((), 10)
