@@ -31,7 +31,8 @@ one part: a new one goes to the part its id hashes to (`home`: CRC-32 of the id,
 another part knows it already (a member added before the split stays in the first part, whose
 keys are the layout before sub-pools, and is lent from there). A checkout asks the parts in
 turn, starting with the next one of this process's round robin, and falls over to the next
-while one has nothing ready (an avoided member only after no part has another); the lease
+while one has nothing ready (an avoided member only after no part has another); for a second
+after a checkout found every part empty, a checkout asks only the one its round robin names; the lease
 names its part, so its release, renewal, ban and expiry happen in that part's script. Reads and
 retirements by id ask every part; a pool's counters are the parts' sums.
 
@@ -176,6 +177,7 @@ class LeasePool:
         self._avail: list[int] = [0] * len(self.bases)
         self._turns: list[int] = [0] * len(self.bases)  # `_start`'s weighted round robin
         self._heard: list[float] = [0.0] * len(self.bases)  # monotonic: each part's last answer
+        self._dry_at = -KNOWN_FOR  # monotonic: a checkout last found every part empty
         (
             self.k_idle,
             self.k_lease,
@@ -250,6 +252,12 @@ class LeasePool:
         avoided = sum(1 for scores in got[1::2] for x in scores if x is not None)
         return total - avoided <= 0
 
+    def time_passed(self, seconds: float) -> None:
+        """As if `seconds` had gone by for this instance's memory of its parts (tests that
+        move the pool's Redis times instead of sleeping)."""
+        self._dry_at -= seconds
+        self._heard = [t - seconds for t in self._heard]
+
     def home(self, member_id: str) -> int:
         """The part a new member goes to: a stable hash of its id."""
         n = len(self.part_keys)
@@ -290,8 +298,16 @@ class LeasePool:
         never end, so the first avoided one is lent after all."""
         token = secrets.token_hex(8)
         n = len(self.part_keys)
-        start = self._start() if n > 1 else 0
-        order = [(start + k) % n for k in range(n)]
+        # every part had nothing ready a moment ago: ask one, not each of them (one this
+        # process gave a member back to since, else the next in turn)
+        dry = n > 1 and time.monotonic() - self._dry_at < KNOWN_FOR
+        if dry:
+            back = [i for i in range(n) if self._avail[i] > 0]
+            self._next = (self._next + 1) % n
+            order = [back[self._next % len(back)] if back else self._next]
+        else:
+            start = self._start() if n > 1 else 0
+            order = [(start + k) % n for k in range(n)]
         # avoided members are a last resort: lent only once no part has another member
         passes = [0, 1] if fallback and avoid and n > 1 else [int(fallback)]
         ttl_ms = int(lease_ttl * 1000)
@@ -316,10 +332,13 @@ class LeasePool:
         avail = sum(self._avail)
         if res is None or not res[0]:
             self._heard = [0.0] * n  # members may come to any part: ask each again
+            if not dry:
+                self._dry_at = time.monotonic()
             known = [w for w in waits if w >= 0]
             return Checkout(None, avail, size, min(known) / 1000 if known else None)
         mid, raw, uses, score, _, _, _, exp = res
         mid = as_str(mid)
+        self._dry_at = -KNOWN_FOR
         guard = _guard
         if guard is not None:
             wait_s = guard.take_lease(self.kind, self.site, token, lease_ttl)
@@ -404,6 +423,8 @@ class LeasePool:
         for part, flat in sorted(by_part.items()):
             keys = [*self.part_keys[part], source] if source else None
             added += int(self._run("add", [initial_score, *flat], keys, part=part))
+        if added:  # new members: the next checkout asks every part again
+            self._dry_at = -KNOWN_FOR
         return added
 
     def _not_elsewhere(self, members: list[tuple[str, str]]) -> list[tuple[str, str]]:

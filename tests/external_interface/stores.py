@@ -53,6 +53,7 @@ def let_time_pass(rds: Any, pool: LeasePool, seconds: float) -> None:
         scores = rds.zrange(key, 0, -1, withscores=True)
         if scores:
             rds.zadd(key, {member: score - shift for member, score in scores}, xx=True)
+    pool.time_passed(seconds)  # and for what the instance remembers of its sub-pools
 
 
 def let_ttl_pass(rds: Any, key: str, seconds: float) -> None:
