@@ -36,6 +36,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -61,7 +62,7 @@ class HoldRule:
     requests: int = 1
     seconds: float = 5.0
     idle: float = 1.0
-    wait: float = 0.0  # longest a take waits for a member busy here (0: none)
+    wait: float = 0.0  # longest a take waits for a member held here to come back (0: none)
 
     @property
     def holds(self) -> bool:
@@ -83,6 +84,16 @@ class _Held:
     notes: dict[str, Any] = field(default_factory=dict)  # the pool's own sums (`note`)
 
 
+@dataclass(eq=False)
+class _Waiter:
+    """A take waiting in the process for a member held here (`Holding.take`)."""
+
+    avoid: Collection[str]
+    event: threading.Event = field(default_factory=threading.Event)
+    got: _Held | None = None  # handed over, busy for this take (None: ask again)
+    at: float = 0.0  # monotonic: when asking again may find the member (its rest in the pool)
+
+
 class Holding:
     """The members this process holds of one pool; thread- and greenlet-safe."""
 
@@ -91,12 +102,13 @@ class Holding:
         self.rule = rule
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)  # a member given back (`give`)
+        self._waiters: deque[_Waiter] = deque()  # takes waiting for a member, first come first
         self.size = -1  # the pool's size, as the last Redis call said
         self.available = 0
         self.closing = False
         self.calls = 0  # Redis calls made (checkouts and returns), for tests and benchmarks
-        self.waited = 0  # takes that waited for a member busy here
+        self.waited = 0  # takes that waited in the process for a member held here
+        self.handed = 0  # members handed from a return straight to a waiting take
         # nothing was ready in the pool for anyone: no need to ask again before then
         self._empty_until = 0.0
         self._empty_streak = 0  # "nothing ready" answers in a row
@@ -116,20 +128,93 @@ class Holding:
     ) -> Checkout:
         """A held member free, rested and within its bounds (not in `avoid`), else one more
         from the pool (`LeasePool.take`, the guard's share included). When neither has one
-        and a member held here is in use (not in `avoid`), waits up to the rule's `wait` for
-        the next member given back here and tries once more (`wait`: the caller's leave to),
-        so a task meets a busy pool by waiting a request's time, not by going back to the
-        broker for a message of its own."""
+        and a member held here may serve this take soon (in use, or resting), waits up to the
+        rule's `wait` for it (`wait`: the caller's leave to): the takes waiting in a process
+        queue first come first served on an in-process event, a member given back here goes
+        straight to the first of them it may serve (after its rest), and one that goes back
+        to the pool wakes the first to ask the pool once; no waiting take polls Redis. So a
+        task meets a busy pool by waiting a request's time, not by going back to the broker
+        for a message of its own. A take that still has nothing says, in `wait`, the soonest
+        return it knows of (a member resting here or in the pool)."""
         co = self._take(avoid, lease_ttl, fallback)
         limit = min(self.rule.wait, self.rule.seconds)
         if co.lease is not None or not wait or limit <= 0 or self.closing:
             return co
-        with self._freed:
-            if not any(h.busy and h.lease.id not in avoid for h in self._held.values()):
-                return co
-            self.waited += 1
-            self._freed.wait(limit)
-        return self._take(avoid, lease_ttl, fallback)
+        deadline = time.monotonic() + limit
+        while True:
+            got = self._await(avoid, deadline)
+            if isinstance(got, _Held):
+                return self._lent(got)
+            if got is None:  # nothing held here will serve it in time
+                break
+            co = self._take(avoid, lease_ttl, fallback)  # a member went back to the pool
+            if co.lease is not None or time.monotonic() >= deadline:
+                break
+        if co.lease is None:
+            co = replace(co, wait=self._soonest(avoid, co.wait))
+        return co
+
+    def _await(self, avoid: Collection[str], deadline: float) -> _Held | bool | None:
+        """Wait for a member held here: the member (busy for this take, rested), True when
+        one went back to the pool (ask it), None when none comes before `deadline`."""
+        now = time.monotonic()
+        with self._lock:
+            h = self._claim(avoid, now, deadline)
+            if h is None:
+                if not any(x.busy and x.lease.id not in avoid for x in self._held.values()):
+                    return None
+                w = _Waiter(avoid)
+                self._waiters.append(w)
+                self.waited += 1
+        if h is None:
+            w.event.wait(max(0.0, deadline - now))
+            with self._lock:  # a hand-over sets the event under the lock: read it there
+                if not w.event.is_set():
+                    self._waiters.remove(w)
+                    return None
+            h = w.got
+            if h is None:
+                pause = min(w.at, deadline) - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                return True
+        pause = h.ready - time.monotonic()
+        if pause > 0:  # its rest: kept busy meanwhile, so no one else takes it
+            time.sleep(pause)
+        return h
+
+    def _claim(self, avoid: Collection[str], now: float, deadline: float) -> _Held | None:
+        """A held member free and within its bounds, ready by `deadline` (the first ready),
+        made busy; under the lock."""
+        best: _Held | None = None
+        for h in self._held.values():
+            if h.busy or h.lease.id in avoid or h.ready > deadline or not self._lendable(h, now):
+                continue
+            if best is None or h.ready < best.ready:
+                best = h
+        if best is not None:
+            best.busy = True
+        return best
+
+    def _lendable(self, h: _Held, now: float) -> bool:
+        """Within its bounds: its requests, its time (its rest included)."""
+        return h.served < self.rule.requests and max(now, h.ready) < h.deadline
+
+    def _lent(self, h: _Held) -> Checkout:
+        lease = replace(h.lease, uses=h.lease.uses + h.served, score=h.score)
+        return Checkout(lease, self.available, self.size, 0.0, local=True)
+
+    def _soonest(self, avoid: Collection[str], wait: float | None) -> float | None:
+        """The soonest return known: a member resting here, or the pool's `wait`."""
+        now = time.monotonic()
+        with self._lock:
+            ready = [
+                h.ready - now for h in self._held.values() if not h.busy and h.lease.id not in avoid
+            ]
+        known = [max(0.0, x) for x in ready if x > 0]
+        if wait is not None:
+            known.append(wait)
+        return min(known) if known else None
 
     def _take(self, avoid: Collection[str], lease_ttl: float, fallback: bool) -> Checkout:
         now = time.monotonic()
@@ -137,8 +222,7 @@ class Holding:
             pick = self._pick(avoid, now)
             if pick is not None:
                 pick.busy = True
-                lease = replace(pick.lease, uses=pick.lease.uses + pick.served, score=pick.score)
-                return Checkout(lease, self.available, self.size, 0.0, local=True)
+                return self._lent(pick)
             soonest = min(
                 (h.ready for h in self._held.values() if not h.busy and h.lease.id not in avoid),
                 default=None,
@@ -168,9 +252,7 @@ class Holding:
     def _pick(self, avoid: Collection[str], now: float) -> _Held | None:
         best: _Held | None = None
         for h in self._held.values():
-            if h.busy or h.lease.id in avoid or h.ready > now or now >= h.deadline:
-                continue
-            if h.served >= self.rule.requests:
+            if h.busy or h.lease.id in avoid or h.ready > now or not self._lendable(h, now):
                 continue
             if self.pool.profile.order == "uses":
                 if best is None or h.lease.uses + h.served < best.lease.uses + best.served:
@@ -199,13 +281,30 @@ class Holding:
         """`LeasePool.give_back` for a member lent from here: a use is summed and the member
         stays held unless a bound, its use limit or a score at 0 says it goes back now; a ban
         or a retirement goes to the pool at once; a cancel frees it unused (back to the pool
-        unless it served a request here already). Then one take waiting here tries again
-        (the member, here or back in the pool)."""
+        unless it served a request here already). A member that stays held goes to the first
+        take waiting here that may have it; one that left wakes the first waiting take to ask
+        the pool (after the member's rest there)."""
         try:
             return self._give(lease, action, **how)
         finally:
-            with self._freed:
-                self._freed.notify()
+            with self._lock:
+                h = self._held.get(lease.id)
+                if (h is None or h.lease.token != lease.token) and self._waiters:
+                    w = self._waiters.popleft()
+                    w.at = time.monotonic() + float(how.get("rest", 0.0))
+                    w.event.set()
+
+    def _hand_over(self, h: _Held, now: float) -> None:
+        """A member free again, held: to the first waiting take it may serve; under the lock."""
+        if not self._lendable(h, now):
+            return
+        for w in self._waiters:
+            if h.lease.id not in w.avoid:
+                self._waiters.remove(w)
+                h.busy, w.got = True, h
+                self.handed += 1
+                w.event.set()
+                return
 
     def _give(
         self,
@@ -229,6 +328,7 @@ class Holding:
             elif action == "cancel":
                 h.busy, h.idle_since = False, now
                 if h.served > 0 and not self._due(h, now):
+                    self._hand_over(h, now)
                     return "returned", self.size
                 # taken for a request that never went out (a later provider made the task
                 # wait): straight back, so no other worker waits for it meanwhile
@@ -243,6 +343,7 @@ class Holding:
                 used_up = max_uses > 0 and h.lease.uses + h.served >= max_uses
                 unhealthy = self.pool.profile.scored and delta != 0 and h.score <= 0
                 if not (used_up or unhealthy or self._due(h, now)):
+                    self._hand_over(h, now)
                     return "returned", self.size
                 del self._held[lease.id]
         if h is None:  # not held here (taken before holding, or the lease went back)
@@ -320,6 +421,15 @@ class Holding:
             ]
             for h in gone:
                 del self._held[h.lease.id]
+        try:
+            self._flush_all(gone, now)
+        finally:
+            with self._lock:  # back in the pool: as many waiting takes ask it
+                for _ in gone[: len(self._waiters)]:
+                    self._waiters.popleft().event.set()
+        return len(gone)
+
+    def _flush_all(self, gone: list[_Held], now: float) -> None:
         for h in gone:
             try:
                 self._flush(h, now)
@@ -329,7 +439,6 @@ class Holding:
                     self.pool.kind,
                     h.lease.id,
                 )
-        return len(gone)
 
     def return_all(self) -> int:
         """Shutdown: everything not in use goes back now, the rest with its feedback."""
