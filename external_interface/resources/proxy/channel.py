@@ -34,7 +34,7 @@ from typing import Any, cast
 from config import get_settings
 from external_interface.resources.holding import Holding
 from external_interface.resources.lease import Lease, LeasePool, Profile
-from external_interface.resources.pool import pool_config, pool_holding
+from external_interface.resources.pool import configure_pool, pool_config, pool_holding
 from external_interface.resources.proxy.models import Event
 from external_interface.resources.proxy.pool import GlobalPool
 from external_interface.resources.proxy.select import Selector
@@ -47,6 +47,10 @@ KIND = "proxy"
 # proxies), refilled from the global pool rather than produced
 PROFILE = Profile(order="uses", lost_uses=True, scored=False, produced=False)
 DRY_REFILL_MAX = 5.0  # longest wait between watermark refills that keep finding nothing new
+# a request with no proxy free waits in its process up to this long for one held there
+# (`hold_wait`, holding.py): the proxies rest between requests (`cooldown`), so a held one
+# is back within a request's time and its rest
+configure_pool(KIND, hold_wait=1.0)
 
 
 class ProxyLease(Lease):
@@ -87,6 +91,7 @@ class ChannelPool(LeasePool):
         self._last_refill = 0.0
         self._dry = 0  # refills in a row that found nothing to add (their interval doubles)
         self._refill_lock = threading.Lock()
+        self._bench_ends_ms = 0.0  # the soonest bench end (unix ms) the last refill read
 
     def _lease(self, mid: str, token: str, uses: int, score: int, exp: int, text: str) -> Lease:
         return ProxyLease(self.kind, self.site, mid, token, uses, score, exp, text)
@@ -99,14 +104,22 @@ class ChannelPool(LeasePool):
         channel runs low (at most once per `refill_wait()` per instance). `avoid` is a
         preference: when every proxy of the channel is in it, the least used is lent anyway.
         None when nothing is free, or the site is at its share of the fleet's proxy leases."""
+        return self.lend(avoid, lease_ttl)[0]
+
+    def lend(
+        self, avoid: Collection[str] = (), lease_ttl: float | None = None
+    ) -> tuple[ProxyLease | None, float | None]:
+        """`checkout`, with the seconds until the soonest return it knows of when it lends
+        nothing (a proxy resting here or in the channel, the end of a bench, the fleet
+        share's wait; None: none known)."""
         ttl = self.settings.lease_ttl if lease_ttl is None else lease_ttl
         held = self.holding()
         take = held.take if held is not None else self.take
         co = take(avoid, ttl, fallback=False)
         if co.local:  # lent from this process's holding: the channel was not touched
-            return cast("ProxyLease", co.lease)
+            return cast("ProxyLease", co.lease), None
         if co.shared:  # the site is at its share of the fleet's proxies: a refill cannot help
-            return None
+            return None, co.wait
         low = co.lease is None or co.available < self.settings.refill_below
         due = time.monotonic() - self._last_refill >= self.refill_wait()
         if held is not None:  # the first take waited for a proxy held here already
@@ -118,7 +131,25 @@ class ChannelPool(LeasePool):
                 co = take(avoid, ttl, fallback=False)
         if co.lease is None and avoid:  # every proxy here avoided? then one of them
             co = take(avoid, ttl, fallback=True)
-        return cast("ProxyLease | None", co.lease)  # built by _lease
+        if co.lease is not None:
+            return cast("ProxyLease", co.lease), None  # built by _lease
+        known = [w for w in (co.wait, self.bench_ends()) if w is not None]
+        return None, min(known) if known else None
+
+    def bench_ends(self) -> float | None:
+        """Seconds until the soonest bench of this site ends, as the last refill read it (a
+        benched proxy comes back with the refill after that); None if none is known."""
+        if not self._bench_ends_ms:
+            return None
+        left = self._bench_ends_ms / 1000 - time.time()
+        return left if left > 0 else None
+
+    def rest(self) -> float:
+        """Seconds a proxy rests after each request for this site before it is lent again:
+        the pool setting `cooldown` (`CHAINCRAWL_POOL_PROXY[_<SITE>]`, or the site's
+        `configure_pool("proxy", site, cooldown=...)`), 1 / the site's per-address rate, so
+        requests back to back through one proxy keep under the site's per-IP limit."""
+        return pool_config(KIND, self.site).cooldown
 
     def refill_wait(self) -> float:
         """Least seconds between two watermark refills of this instance: the setting, doubled
@@ -131,7 +162,8 @@ class ChannelPool(LeasePool):
     def release(
         self, lease: Lease, event: Event = Event.SUCCESS, ban_ttl: float | None = None
     ) -> str:
-        """Give a lease back. Success, timeout and neutral return it; dead drops it; banned
+        """Give a lease back. Success, timeout and neutral return it (it rests `rest()`
+        seconds before it is lent again, here or in the channel); dead drops it; banned
         drops it and keeps it out of this channel for `ban_ttl` (default: the setting; a site
         that says how long, e.g. a 429's retry-after, passes that). Returns "returned",
         "dropped" or "stale" (the lease had expired; the use still counts)."""
@@ -144,7 +176,7 @@ class ChannelPool(LeasePool):
         elif event is Event.DEAD:
             state, _ = give(lease, "retire", reason="dead")
         else:
-            state, _ = give(lease)
+            state, _ = give(lease, rest=self.rest())
         if state == "stale":
             log.warning(
                 "proxy %s: lease for site %s had expired before release", lease.id, self.site
@@ -208,6 +240,8 @@ class ChannelPool(LeasePool):
         got = pipe.execute()
         known, benched, urls = got[:parts], got[parts:-1], got[-1]
         now_ms = time.time() * 1000
+        ends = [x for part in benched for x in part if x is not None and x > now_ms]
+        self._bench_ends_ms = min(ends) if ends else 0.0
         fresh = [
             (pid, url)
             for pid, url, *k in zip(ranked, urls, *known, *benched, strict=True)

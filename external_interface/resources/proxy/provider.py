@@ -42,6 +42,8 @@ from settings.proxy import ProxySettings, get_proxy_settings
 
 log = logging.getLogger(__name__)
 
+NO_PROXY_WAIT = 2.0  # a task with no proxy free waits this long, or until the soonest return
+
 
 class ChannelProxyProvider:
     """Exclusive proxies per site: checkout in `prepare`, return in `feedback`. Leases of
@@ -65,11 +67,11 @@ class ChannelProxyProvider:
         self.channel = ChannelPool(site, self.pool, held=True)
 
     def prepare(self, req: OutgoingRequest, task: TaskState) -> None:
-        lease = self.channel.checkout(avoid=avoided_proxies(task))
-        if lease is None:
+        lease, wait = self.channel.lend(avoid=avoided_proxies(task))
+        if lease is None:  # back when the soonest return known is due (a rest, a bench)
             raise ResourceUnavailable(
                 f"no proxy free for site {self.site} (or it is at its fleet share of proxies)",
-                retry_after=2.0,
+                retry_after=NO_PROXY_WAIT if wait is None else min(max(wait, 0.1), NO_PROXY_WAIT),
             )
         IN_FLIGHT.put(req, self.channel, lease)
         req.proxy = lease.url

@@ -88,4 +88,6 @@ add_rules(
 # Leases are exclusive, so `target` bounds how many comment (cookie) or app (device) requests
 # run at once; producing either costs the demo a few cheap requests.
 configure_pool("cookie", SITE, low_water=6, target=16, lease_ttl=60)
+# The demo allows 20 requests a second per client address: a proxy rests 1/20 s after each
+configure_pool("proxy", SITE, cooldown=0.05)
 configure_pool("device_id", SITE, low_water=6, target=16, lease_ttl=60)
