@@ -22,6 +22,10 @@ on (captcha login, devices, signing, the user-agent check, a per-IP rate limit),
 local forward proxies, with cookie and device pools filled by the production chains
 (bench/feature_cost.py); a page is a task the run committed, and everything the state store
 did meanwhile (leases, production, proxy checks, retries) is counted against those pages.
+The site's defences are reset before each crawl (`POST /admin/reset`: its per-IP rate windows,
+strikes and bans, the session and device rate windows; registered sessions and devices kept),
+so a proxy banned at the end of one crawl does not start the next one benched and the
+repeats are comparable.
 
 - **calls a page**: commands clients sent (a pipelined command counts one, a script call one),
   counted by a `MONITOR` connection in one extra crawl (MONITOR slows the server, so that crawl's
@@ -325,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                 n_by_cmd[k] += c - mark["stats"].get(k, (0, 0))[0]
 
         for i in range(a.repeat):
+            if a.features:  # the site's rate windows, strikes and bans of the crawl before
+                site.demo.reset()  # forgotten, so every crawl meets the site alike
             if a.features or a.runs > 1:
                 around(True)
                 r = (
@@ -388,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             mon.counting = True
         mon_before = commandstats(nodes)
         if mons and a.features:
+            site.demo.reset()
             r = site.crawl(a.chain)
         elif mons:
             r = bench.crawl(
