@@ -150,8 +150,9 @@ class Holding:
             co = self._take(avoid, lease_ttl, fallback)  # a member went back to the pool
             if co.lease is not None or time.monotonic() >= deadline:
                 break
-        if co.lease is None:
-            co = replace(co, wait=self._soonest(avoid, co.wait))
+        rest = self.soonest(avoid) if co.lease is None else None
+        if rest is not None:
+            co = replace(co, wait=rest if co.wait is None else min(co.wait, rest))
         return co
 
     def _await(self, avoid: Collection[str], deadline: float) -> _Held | bool | None:
@@ -204,17 +205,15 @@ class Holding:
         lease = replace(h.lease, uses=h.lease.uses + h.served, score=h.score)
         return Checkout(lease, self.available, self.size, 0.0, local=True)
 
-    def _soonest(self, avoid: Collection[str], wait: float | None) -> float | None:
-        """The soonest return known: a member resting here, or the pool's `wait`."""
+    def soonest(self, avoid: Collection[str] = ()) -> float | None:
+        """Seconds until the first member held here and resting (not in `avoid`) is ready;
+        None if none rests."""
         now = time.monotonic()
         with self._lock:
             ready = [
                 h.ready - now for h in self._held.values() if not h.busy and h.lease.id not in avoid
             ]
-        known = [max(0.0, x) for x in ready if x > 0]
-        if wait is not None:
-            known.append(wait)
-        return min(known) if known else None
+        return min((x for x in ready if x > 0), default=None)
 
     def _take(self, avoid: Collection[str], lease_ttl: float, fallback: bool) -> Checkout:
         now = time.monotonic()

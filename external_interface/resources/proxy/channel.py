@@ -133,7 +133,10 @@ class ChannelPool(LeasePool):
             co = take(avoid, ttl, fallback=True)
         if co.lease is not None:
             return cast("ProxyLease", co.lease), None  # built by _lease
-        known = [w for w in (co.wait, self.bench_ends()) if w is not None]
+        # returns known: a proxy resting in this process, a bench's end (a checkout's own
+        # `wait` may only say how long the holding believes the channel empty)
+        rest = held.soonest(avoid) if held is not None else None
+        known = [w for w in (rest, self.bench_ends()) if w is not None]
         return None, min(known) if known else None
 
     def bench_ends(self) -> float | None:
