@@ -168,7 +168,15 @@ class Holding:
                 self._waiters.append(w)
                 self.waited += 1
         if h is None:
-            w.event.wait(max(0.0, deadline - now))
+            try:
+                w.event.wait(max(0.0, deadline - now))
+            except BaseException:  # the take killed while waiting (a time limit)
+                with self._lock:
+                    if not w.event.is_set():
+                        self._waiters.remove(w)
+                if w.got is not None:  # handed over meanwhile: not lost with the take
+                    self._unclaim(w.got)
+                raise
             with self._lock:  # a hand-over sets the event under the lock: read it there
                 if not w.event.is_set():
                     self._waiters.remove(w)
@@ -181,8 +189,20 @@ class Holding:
                 return True
         pause = h.ready - time.monotonic()
         if pause > 0:  # its rest: kept busy meanwhile, so no one else takes it
-            time.sleep(pause)
+            try:
+                time.sleep(pause)
+            except BaseException:  # the take killed meanwhile (a time limit): not lost
+                self._unclaim(h)
+                raise
         return h
+
+    def _unclaim(self, h: _Held) -> None:
+        """A member claimed for a take that ended before using it: free (or to the next)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._held.get(h.lease.id) is h:
+                h.busy, h.idle_since = False, now
+                self._hand_over(h, now)
 
     def _claim(self, avoid: Collection[str], now: float, deadline: float) -> _Held | None:
         """A held member free and within its bounds, ready by `deadline` (the first ready),

@@ -294,3 +294,35 @@ def test_a_drained_pool_asks_the_part_a_member_went_back_to(
     asked = counting(ch)
     again = ch.take((), 10, fallback=False).lease
     assert again is not None and again.id == back.id and asked == [back.part]
+
+
+class Killed(BaseException):
+    """A take ended while it waited (a task's time limit, a greenlet killed)."""
+
+
+def test_a_take_killed_while_it_waits_loses_no_proxy(
+    rds: redis.Redis, key_prefix: str, held: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy is handed to the waiting take just as that take is killed: the proxy is
+    free in the holding again, and the next request gets it from there."""
+    name = site(hold_requests=8, hold_seconds=20, hold_idle=10, hold_wait=20)
+    pool = gpool(rds, key_prefix)
+    fill(pool, 1)
+    ch = ChannelPool(name, pool, held=True, parts=1)
+    lent = ch.checkout()
+    assert lent is not None
+    first: ProxyLease = lent
+
+    class Dying(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            ch.release(first)  # the proxy comes back, handed over...
+            raise Killed  # ...and the take is killed before it uses it
+
+    monkeypatch.setattr(holding, "_Waiter", functools.partial(holding._Waiter, event=Dying()))
+    with pytest.raises(Killed):
+        ch.checkout()
+    h = holding_of(ch)
+    assert h.handed == 1 and not h._waiters
+    monkeypatch.undo()
+    again = ch.lend()[0]
+    assert again is not None and again.id == first.id and ch.lent() == [first.id]
