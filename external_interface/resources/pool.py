@@ -86,7 +86,8 @@ class PoolConfig:
     # or hold_seconds (below half of lease_ttl), giving it back after hold_idle unused;
     # hold_requests 1: a checkout and a return per request; a request that finds nothing
     # free here nor in the pool waits up to hold_wait for a member this process holds (0: it
-    # waits as a message; 1 s measured more waits on the demo chain: docs/resources.md)
+    # waits as a message; the proxy channels default to 1 s, their proxies resting `cooldown`
+    # between requests: docs/resources.md)
     hold_requests: int = 8
     hold_seconds: float = 5.0
     hold_idle: float = 0.5
