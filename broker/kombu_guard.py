@@ -495,6 +495,7 @@ def _patch_long_brpop() -> None:
     transport_init = kredis.Transport.__init__
     brpop_start = kredis.Channel._brpop_start
     close = kredis.Channel.close
+    basic_consume = kredis.Channel.basic_consume
 
     @functools.wraps(transport_init)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -517,9 +518,20 @@ def _patch_long_brpop() -> None:
             unblock(self)
         return close(self)
 
+    # a queue consumed while a BRPOP is in flight (Celery's task queues after mingle's reply
+    # queue at a worker's start, an added consumer) is not in that BRPOP's keys: unblocked, it
+    # is sent again at once with the new queue, not after the rest of its long timeout
+    @functools.wraps(basic_consume)
+    def consume_at_once(self: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        ret = basic_consume(self, queue, *args, **kwargs)
+        if self._in_poll and not self.closed and queue not in self._fanout_queues:
+            unblock(self)
+        return ret
+
     kredis.Transport.__init__ = init
     kredis.Channel._brpop_start = long_brpop_start
     kredis.Channel.close = unblocking_close
+    kredis.Channel.basic_consume = consume_at_once
 
 
 def _brpop_client_id(channel: Any) -> int | None:

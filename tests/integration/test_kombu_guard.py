@@ -378,6 +378,41 @@ def test_a_long_brpop_is_unblocked_at_close_and_loses_nothing(
         sender.release()
 
 
+def test_a_queue_consumed_during_a_long_brpop_is_served_at_once(
+    redis_url: str, key_prefix: str, rds: redis.Redis
+) -> None:
+    """A worker's start: mingle's reply queue is consumed first, its BRPOP sent with the long
+    timeout (here 60 s), then the task queues. The BRPOP in flight does not name them; the
+    guard unblocks it when a queue is added, so a message sent to the new queue is delivered
+    on the next polls, not after the 60 s (the first crawl after `start` waited up to 10 s)."""
+    kombu_guard.apply()
+    opts = {"global_keyprefix": f"{key_prefix}:q:", "brpop_timeout": 60}
+    conn = Connection(redis_url, transport_options=opts)
+    got: list[Any] = []
+    try:
+        ch: Any = consumer(conn, got)  # consumes `g`
+        with contextlib.suppress(TimeoutError):  # the BRPOP on `g` alone is in flight
+            conn.drain_events(timeout=0.3)
+        assert ch._in_poll
+        before = kombu_guard.counts["unblocked"]
+        Consumer(
+            ch,
+            [Queue("h", routing_key="h")],
+            callbacks=[lambda body, message: (got.append(body), message.ack())],
+            accept=["json"],
+        ).consume()
+        assert kombu_guard.counts["unblocked"] == before + 1
+        sender = Connection(redis_url, transport_options=opts)
+        try:
+            Producer(sender.channel()).publish({"n": 2}, routing_key="h", serializer="json")
+        finally:
+            sender.release()
+        drain_until(conn, lambda: got, rounds=25)  # kombu alone: nothing before the 60 s
+        assert got == [{"n": 2}]
+    finally:
+        conn.release()
+
+
 def test_a_brpop_whose_client_id_is_unknown_keeps_kombus_short_timeout(
     redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
