@@ -23,7 +23,7 @@ def worker_argv(
 ) -> list[str]:
     """`python -m celery -A <app> worker`: `pool` (-P), `concurrency` (-c), `queues` (-Q, comma
     separated), `node` (-n, "<name>@%h"), task events (-E, for Flower's task list) only when
-    `events`, INFO logs (the readiness wait reads " ready." in them), no gossip between
+    `events`, INFO logs (the readiness wait reads " ready." in them), no gossip or mingle between
     workers, a heartbeat event every `HEARTBEAT_INTERVAL` s; `extra` flags last."""
     return [
         sys.executable,
@@ -44,6 +44,9 @@ def worker_argv(
         "-l",
         "INFO",
         "--without-gossip",
+        # mingle asks the other workers for their revoked task ids at start (chaincrawl cancels
+        # runs in Redis, not by revoke) and waits a second for answers: a start without it
+        "--without-mingle",
         # Flower's worker list reads these events; an idle worker published one every 2 s
         # (Celery's default), Flower counts a worker offline after two intervals without one
         "--heartbeat-interval",

@@ -14,7 +14,7 @@ def test_the_worker_command_as_control_sh_starts_it() -> None:
                        node="w1@%h", events=False)  # fmt: skip
     assert argv == [*CELERY, "-A", "worker", "worker", "-P", "threads", "-c", "8",
                     "-Q", "demo,default", "-n", "w1@%h", "-l", "INFO", "--without-gossip",
-                    "--heartbeat-interval", "10"]  # fmt: skip
+                    "--without-mingle", "--heartbeat-interval", "10"]  # fmt: skip
 
 
 def test_task_events_come_before_the_log_level_and_extra_flags_last() -> None:
@@ -22,4 +22,4 @@ def test_task_events_come_before_the_log_level_and_extra_flags_last() -> None:
                        node="b1@%h", events=True, extra=["--prefetch-multiplier", "4"])  # fmt: skip
     assert argv == [*CELERY, "-A", "bench.tuned_worker", "worker", "-P", "gevent", "-c", "256",
                     "-Q", "benchsite", "-n", "b1@%h", "-E", "-l", "INFO", "--without-gossip",
-                    "--heartbeat-interval", "10", "--prefetch-multiplier", "4"]  # fmt: skip
+                    "--without-mingle", "--heartbeat-interval", "10", "--prefetch-multiplier", "4"]  # fmt: skip
