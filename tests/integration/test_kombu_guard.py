@@ -395,11 +395,13 @@ def test_a_queue_consumed_during_a_long_brpop_is_served_at_once(
             conn.drain_events(timeout=0.3)
         assert ch._in_poll
         before = kombu_guard.counts["unblocked"]
+
+        def on_message(body: Any, message: Any) -> None:
+            got.append(body)
+            message.ack()
+
         Consumer(
-            ch,
-            [Queue("h", routing_key="h")],
-            callbacks=[lambda body, message: (got.append(body), message.ack())],
-            accept=["json"],
+            ch, [Queue("h", routing_key="h")], callbacks=[on_message], accept=["json"]
         ).consume()
         assert kombu_guard.counts["unblocked"] == before + 1
         sender = Connection(redis_url, transport_options=opts)
