@@ -192,7 +192,7 @@ def cmd_flower(a: argparse.Namespace) -> None:
 
 
 def cmd_trigger(a: argparse.Namespace) -> int:
-    """Exit status (documented in `trigger --help` and docs/cli.md): 0 every task succeeded,
+    """Exit status (documented in `trigger --help` and docs/cli.md): 0 no task failed,
     1 ended with failed tasks or refused items, 2 usage error, 3 cancelled, 4 still running."""
     from cli import procs, runs
     from cli.tables import empty_warning
@@ -226,10 +226,22 @@ def cmd_trigger(a: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"run {p.run_id} complete: every task succeeded")
+    print(_complete(p.run_id, p.totals))
     if warn := empty_warning(p.as_dict()):
         print(warn, file=sys.stderr)
     return 0
+
+
+def _complete(run_id: str, totals: dict[str, int]) -> str:
+    """The summary of a run that ended without failures: no success is claimed for tasks
+    robots.txt skipped (`skipped`), least of all when they were all the run had."""
+    ok, robots = totals.get("succeeded", 0), totals.get("skipped", 0)
+    if not robots:
+        return f"run {run_id} complete: every task succeeded"
+    skipped = f"{robots} task{'s' if robots != 1 else ''} skipped (robots.txt)"
+    if not ok:
+        return f"run {run_id} complete: no task succeeded, {skipped}"
+    return f"run {run_id} complete: {ok} task{'s' if ok != 1 else ''} succeeded, {skipped}"
 
 
 def cmd_cancel(a: argparse.Namespace) -> None:

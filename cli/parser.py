@@ -34,7 +34,7 @@ SHELL_COMMANDS = ("setup", "lock", "test", "lint")
 
 TRIGGER_EXIT_CODES = """\
 exit status:
-  0  the run is complete and every task succeeded
+  0  the run is complete and no task failed (the summary counts tasks robots.txt skipped)
   1  the run ended with failed tasks (dead letters; `deadletter list --run RUN_ID`)
   2  usage error (a bad argument, unknown chain, unreadable seeds), or live workers
      that lack a task of the chain or consume none of its queues (nothing was sent)
