@@ -52,9 +52,10 @@ def spec_for(site: str | None, task: str | None) -> EndpointSpec | None:
 class Session:
     """What the session's `fetch` does: a request through `ctx`, which becomes `resp`."""
 
-    def __init__(self, ctx: Context, namespace: dict[str, Any]) -> None:
-        self.ctx, self.ns = ctx, namespace
+    def __init__(self, ctx: Context, namespace: dict[str, Any], site: str = "") -> None:
+        self.ctx, self.ns, self.site = ctx, namespace, site
         self.shown: Response | None = None  # the response `fetch` just announced
+        self.why_none = ""  # why `resp` is None: the last fetch's failure, said again by `run`
 
     def fetch(self, url: str, method: str = "GET", **kw: Any) -> Response | None:
         """`url` may be relative to the current `resp`; any status is shown, not raised."""
@@ -72,12 +73,15 @@ class Session:
                     f"{method} {url} blocked by robots.txt ({exc}); resp is None now",
                     file=sys.stderr,
                 )
+                self.why_none = robots_help(method, url, exc.user_agent, self.site or "SITE")
             else:
                 print(
                     f"{method} {url} failed: {type(exc).__name__}: {exc}; resp is None now",
                     file=sys.stderr,
                 )
+                self.why_none = f"{method} {url} failed ({type(exc).__name__}: {exc})"
             return None
+        self.why_none = ""
         cached = ", from the HTTP cache" if resp.from_cache else ""
         ctype = resp.headers.get("content-type", "?")
         print(
@@ -118,20 +122,42 @@ def run(
         ctx = context(site_less(), {}, online=False)
         how = "the bare fetch layer (--site SITE sends the site's headers, cookies, proxies)"
     namespace: dict[str, Any] = {"ctx": ctx, "resp": None}
-    session = Session(ctx, namespace)
+    session = Session(ctx, namespace, spec.site if spec is not None else "")
     namespace["fetch"] = session.fetch
     session.fetch(url)
     session.shown = None
     if command is not None:
         try:
             exec(compile(command, "<shell -c>", "exec"), namespace)
-        except Exception:
-            traceback.print_exc()
+        except Exception as exc:
+            if no_page(exc, namespace) and session.why_none:  # not a bug of CODE's
+                print(f"error: resp is None: {session.why_none}", file=sys.stderr)
+            else:
+                traceback.print_exc()
             return 1
         return 0
     sys.displayhook = session.displayhook
     interact(namespace, BANNER.format(how=how))
     return 0
+
+
+def robots_help(method: str, url: str, user_agent: str, site: str) -> str:
+    """A URL robots.txt forbids: said with where to look and how to fetch it anyway."""
+    return (
+        f"robots.txt disallows {method} {url} for user agent {user_agent!r}; "
+        "`./control.sh limits` shows the robots.txt setting and `./control.sh parse TASK` "
+        f"fetches as a worker would; CHAINCRAWL_ROBOTS_IGNORE={site} skips robots.txt for "
+        "the site (CHAINCRAWL_ROBOTS=off for every site)"
+    )
+
+
+def no_page(exc: Exception, namespace: dict[str, Any]) -> bool:
+    """CODE read `resp` (`resp.css`, ...) while it was None: the last fetch got no page."""
+    return (
+        isinstance(exc, AttributeError)
+        and namespace.get("resp") is None
+        and "'NoneType'" in str(exc)
+    )
 
 
 def site_less() -> EndpointSpec:
