@@ -129,7 +129,10 @@ def cmd_limits(a: argparse.Namespace) -> None:
     ignored = f"; not for {', '.join(r['ignored_sites'])}" if r["ignored_sites"] else ""
     print(
         f"robots.txt: {'honoured' if r['on'] else 'off'} (user agent {r['user_agent']!r}, "
-        f"kept {r['ttl']:g}s{ignored})"
+        f"kept {r['ttl']:g}s{ignored}); a site's requests wait {r['error_ttl']:g}s after its "
+        f"robots.txt answers 5xx/429 (CHAINCRAWL_ROBOTS_ERROR_TTL), "
+        f"{r['unreachable_ttl']:g}s after a fetch of it gets no answer, doubling with each "
+        f"in a row up to {r['error_ttl']:g}s (CHAINCRAWL_ROBOTS_UNREACHABLE_TTL)"
     )
 
 

@@ -535,6 +535,8 @@ def politeness_report(settings: Settings | None = None) -> dict[str, Any]:
             "user_agent": s.robots_user_agent,
             "ignored_sites": sorted(x.strip() for x in s.robots_ignore.split(",") if x.strip()),
             "ttl": s.robots_ttl,
+            "error_ttl": s.robots_error_ttl,
+            "unreachable_ttl": min(s.robots_unreachable_ttl, s.robots_error_ttl),
         },
         "defaults": {"limits": s.default_limits, "gate": s.gate or "auto"},
     }
