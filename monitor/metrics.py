@@ -3,8 +3,10 @@ endpoint task and one per site (their keys and fields, which dashboards and the 
 on: docs/monitoring.md, "Stable Redis keys").
 
 A worker adds each task's counts into a per-process `Aggregator` (a dict add under one lock);
-a background thread writes the sums every `CHAINCRAWL_METRICS_FLUSH_INTERVAL` (1 s) with one
-HINCRBY per changed field, instead of ~50 HINCRBYs per page. While a run's backlog is shallow
+a background thread writes the sums every `CHAINCRAWL_METRICS_FLUSH_INTERVAL` (1 s) in one
+script call (`metrics_add.lua`: one HMGET and one HSET a hash, summed atomically, where a
+HINCRBY a changed field cost ~25 commands a hash an interval; on a cluster one call a hash,
+whose keys live on different slots). While a run's backlog is shallow
 (its tail) tasks write the pending sums in their commit pipeline (at most one commit every
 0.25 s a process until the backlog is below the process's slots, then every one; the commit
 that completes the run writes its process's sums at once), so a run's metrics are complete
@@ -22,7 +24,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from redis.cluster import ClusterPipeline
+
 from config import Settings, get_settings
+from utils.lua import load_lua
 from utils.process import pid as process_id
 from utils.slots import lost_for, lost_ranges
 
@@ -31,6 +36,29 @@ _LE_FIELDS = (*(f"latency_le:{b}" for b in LATENCY_BUCKETS_MS), "latency_le:+Inf
 # by bucket index: the cumulative fields a latency in that bucket adds one to
 _LE_ONES = tuple(dict.fromkeys(_LE_FIELDS[i:], 1) for i in range(len(_LE_FIELDS)))
 log = logging.getLogger("chaincrawl.metrics")
+_ADD = load_lua(__file__, "metrics_add.lua")
+
+
+def add_sums(pipe: Any, sums: Mapping[str, Mapping[str, int]]) -> None:
+    """Queue `sums` (key -> field -> n, added to the hash's fields) on `pipe`: one script call
+    for every key (one a key on a cluster pipeline, the keys' slots differ). EVAL, not EVALSHA:
+    a flushed or restarted server has nothing to lose a flush to (NOSCRIPT in a commit's
+    pipeline would be its error), and the body is sent once an interval."""
+    calls: list[tuple[list[str], list[Any]]] = []
+    for key, counts in sums.items():
+        fields = [(f, n) for f, n in counts.items() if n]
+        if not fields:
+            continue
+        args: list[Any] = [len(fields)]
+        for f, n in fields:
+            args += (f, n)
+        calls.append(([key], args))
+    if not calls:
+        return
+    if not isinstance(pipe, ClusterPipeline):
+        calls = [([k for ks, _ in calls for k in ks], [a for _, args in calls for a in args])]
+    for keys, args in calls:
+        pipe.execute_command("EVAL", _ADD, len(keys), *keys, *args)
 
 
 def task_key(task: str, s: Settings | None = None) -> str:
@@ -73,10 +101,7 @@ class TaskMetrics:
     def flush(self, pipe: Any, task: str, site: str, s: Settings | None = None) -> None:
         if not self.counts:
             return
-        for key in (task_key(task, s), site_key(site, s)):
-            for field, n in self.counts.items():
-                if n:
-                    pipe.hincrby(key, field, n)
+        add_sums(pipe, {task_key(task, s): self.counts, site_key(site, s): self.counts})
         self.counts.clear()
 
     def aggregate(self, task: str, site: str, s: Settings | None = None) -> None:
@@ -133,17 +158,14 @@ class Aggregator:
     def drain_into(
         self, pipe: Any, keep: Callable[[str], bool] | None = None
     ) -> dict[str, Counter[str]]:
-        """Queue every pending sum as HINCRBYs on `pipe` (but those whose key `keep` says
+        """Queue every pending sum on `pipe` (`add_sums`; but those whose key `keep` says
         to keep: left pending); returns what was taken, for `restore` if the pipeline fails."""
         taken = self._take()
         if keep is not None:
             kept = {k: c for k, c in taken.items() if keep(k)}
             taken = {k: c for k, c in taken.items() if k not in kept}
             self.restore(kept)
-        for key, counts in taken.items():
-            for field, n in counts.items():
-                if n:
-                    pipe.hincrby(key, field, n)
+        add_sums(pipe, taken)
         return taken
 
     def restore(self, taken: Mapping[str, Mapping[str, int]]) -> None:
@@ -178,10 +200,7 @@ class Aggregator:
         served = {k: c for k, c in taken.items() if k not in kept}
         self.restore(kept)
         pipe = client.pipeline(transaction=False)
-        for key, counts in served.items():
-            for field, n in counts.items():
-                if n:
-                    pipe.hincrby(key, field, n)
+        add_sums(pipe, served)
         try:
             pipe.execute()
         except Exception:

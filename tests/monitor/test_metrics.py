@@ -101,3 +101,48 @@ def test_under_gevent_starting_the_running_thread_never_waits(redis_url: str) ->
     out = subprocess.run([sys.executable, "-c", GEVENT_STARTS, redis_url], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.stdout.strip() == "0", out.stdout + out.stderr[-2000:]
+
+
+def _calls(client: redis.Redis) -> dict[str, int]:
+    return {k: int(v["calls"]) for k, v in client.info("commandstats").items()}
+
+
+def test_a_flush_adds_like_hincrby_in_one_script_call(rds: redis.Redis, key_prefix: str) -> None:
+    """Every pending hash in one call (one HMGET and one HSET a hash inside it): fields add to
+    what is there, new ones start at 0, big sums stay exact, zeros are not written."""
+    task, site = f"{key_prefix}:metrics:task:a.b", f"{key_prefix}:metrics:site:a"
+    rds.hset(task, mapping={"succeeded": 5, "bytes": 2**40})
+    agg = Aggregator()
+    agg.add((task, site), {"succeeded": 2, "bytes": 2**50, "http:200": 2, "failed": 0})
+    agg.add((task,), {"latency_le:+Inf": 1})
+    before = _calls(rds)
+    agg.flush(rds)
+    after = _calls(rds)
+    assert after["cmdstat_eval"] - before.get("cmdstat_eval", 0) == 1
+    assert "cmdstat_hincrby" not in after or after["cmdstat_hincrby"] == before["cmdstat_hincrby"]
+    assert rds.hgetall(task) == {
+        b"succeeded": b"7",
+        b"bytes": str(2**40 + 2**50).encode(),
+        b"http:200": b"2",
+        b"latency_le:+Inf": b"1",
+    }
+    assert rds.hgetall(site) == {b"succeeded": b"2", b"bytes": str(2**50).encode(), b"http:200": b"2"}
+    assert not agg.pending()
+    agg.flush(rds)  # nothing pending: nothing sent
+    assert _calls(rds)["cmdstat_eval"] == after["cmdstat_eval"]
+
+
+def test_a_flush_on_a_cluster_writes_each_hash_on_its_own_slot(
+    redis_cluster: object, key_prefix: str
+) -> None:
+    """The metric keys are untagged (spread over the slots): one script call a hash."""
+    from utils.redis import get_redis
+
+    client = get_redis(redis_cluster.url)  # type: ignore[attr-defined]
+    keys = [f"{key_prefix}:metrics:task:t{i}" for i in range(6)]
+    agg = Aggregator()
+    for k in keys:
+        agg.add((k,), {"succeeded": 3, "items": 4})
+    agg.flush(client)
+    for k in keys:
+        assert client.hgetall(k) == {b"succeeded": b"3", b"items": b"4"}
