@@ -122,6 +122,46 @@ elseif run ~= '' and not compacted and n > 0 then
     touched[KEYS[8]] = true
   end
 end
+-- The run's counters this call adds to, read once before the loop (`pre`: field -> value,
+-- false for an absent field): their names follow from the ARGV and the fresh ids, a superset
+-- of what the loop counts (a kid's `skipped_unique` read whether or not it is one). The same
+-- HMGET reads `inflight` for the cap, where a HGET of its own cost a command a call.
+local pre = nil
+if run ~= '' and next(fresh_ids) ~= nil then
+  local names, seen = {'outstanding', 'inflight'}, {outstanding = true, inflight = true}
+  local function want(f)
+    if not seen[f] then seen[f] = true; names[#names + 1] = f end
+  end
+  local j = i
+  for c = 1, n do
+    local fresh = fresh_ids[tids[c]] == true
+    local step, outcome, n_items = ARGV[j], ARGV[j + 1], num(ARGV[j + 2])
+    j = j + 3
+    j = j + 1 + 2 * num(ARGV[j])  -- its outbox entries
+    local n_kids = num(ARGV[j]); j = j + 1
+    if fresh then
+      want(step .. ':' .. outcome); want(outcome)
+      if n_items > 0 then want(step .. ':items'); want('items') end
+      for k = j, j + 3 * n_kids - 1, 3 do
+        want('dispatched'); want(ARGV[k] .. ':dispatched')
+        if ARGV[k + 1] ~= '' then want(ARGV[k] .. ':skipped_unique'); want('skipped_unique') end
+      end
+    end
+    j = j + 3 * n_kids
+    local n_counts = num(ARGV[j]); j = j + 1
+    if fresh then
+      for k = j, j + 3 * n_counts - 1, 3 do
+        want(ARGV[k] .. ':' .. ARGV[k + 1]); want(ARGV[k + 1])
+      end
+    end
+    j = j + 3 * n_counts
+  end
+  if #names <= 4000 then  -- else read at the end, as many as unpack() takes at once
+    local got = rcall('HMGET', KEYS[1], unpack(names))
+    pre = {}
+    for k = 1, #names do pre[names[k]] = got[k] end
+  end
+end
 local inflight0, inflight, waiting = nil, 0, nil  -- with a cap: tasks in the broker; pending's length
 local function count(field, by) counts[field] = (counts[field] or 0) + by end
 local function waits()  -- the waiting list's length: read once per call, then kept here
@@ -171,7 +211,9 @@ for c = 1, n do
     if run ~= '' then ledger_del[#ledger_del + 1] = tid end
     if cap > 0 then  -- backpressure: this task leaves the broker (`inflight` is written once, at
       if inflight0 == nil then  -- the end, as the net change)
-        inflight0 = tonumber(rcall('HGET', KEYS[1], 'inflight') or '0')
+        local v
+        if pre then v = pre['inflight'] else v = rcall('HGET', KEYS[1], 'inflight') end
+        inflight0 = tonumber(v or '0')
         inflight = inflight0
       end
       inflight = inflight - 1
@@ -267,13 +309,22 @@ if #ledger_set > 0 then
 end
 local left = 0
 if run ~= '' and committed > 0 then
-  -- every counter of the call in one HMGET and one HSET (a HINCRBY each cost a command a
-  -- counter: 5-7 a page); the script is atomic, so the sums are what HINCRBYs would leave
+  -- every counter of the call in one HMGET (`pre`, before the loop) and one HSET (a HINCRBY
+  -- each cost a command a counter: 5-7 a page); the script is atomic and writes the counters
+  -- only here, so the sums are what HINCRBYs would leave
   local names, bys = {'outstanding'}, {delta}
   for field, by in pairs(counts) do
     if by ~= 0 then names[#names + 1] = field; bys[#bys + 1] = by end
   end
-  local cur = rcall('HMGET', KEYS[1], unpack(names))
+  local cur, missing, at = {}, {}, {}
+  for k = 1, #names do
+    local v = pre and pre[names[k]]
+    if v == nil then missing[#missing + 1] = names[k]; at[#at + 1] = k else cur[k] = v end
+  end
+  if #missing > 0 then  -- not read before the loop (none is, when `pre` was read)
+    local got = rcall('HMGET', KEYS[1], unpack(missing))
+    for x = 1, #missing do cur[at[x]] = got[x] end
+  end
   local set = {}
   for k = 1, #names do
     set[#set + 1] = names[k]

@@ -72,7 +72,8 @@ def test_a_calls_counters_are_one_hmget_and_one_hset_with_the_sums_hincrbys_left
 ) -> None:
     """The commit script reads every counter it changes with one HMGET and writes them with
     one HSET (no HINCRBY a counter): the same sums, other fields of the counters hash kept,
-    a capped run's `inflight` written as its net change."""
+    a capped run's `inflight` read by that same HMGET (no HGET) and written as its net
+    change."""
     state.create_run("r1", "c", b"{}", 5, cap=4)
     state.add_dispatched("r1", "s", 3)
     rds.hset(state.counters_key("r1"), mapping={"inflight": 3, "stored": 7, "s:succeeded": 2})
@@ -84,6 +85,7 @@ def test_a_calls_counters_are_one_hmget_and_one_hset_with_the_sums_hincrbys_left
     stats = rds.info("commandstats")
     assert "cmdstat_hincrby" not in stats
     assert stats["cmdstat_hmget"]["calls"] == 2  # the run hash's flags, the counters
+    assert "cmdstat_hget" not in stats
     assert a is not None and b is not None and a.outstanding == b.outstanding == 2
     got = state.counters("r1")
     want = {"outstanding": 2, "inflight": 2, "stored": 7, "s:succeeded": 3, "succeeded": 1,
@@ -539,9 +541,10 @@ def test_the_retention_is_a_setting(rds: redis.Redis, redis_url: str, key_prefix
     assert 0 < rds.ttl(st.run_key("r2")) <= 3600
 
 
-def test_skips_are_counted_with_the_commit_once(state: RunState) -> None:
+def test_skips_are_counted_with_the_commit_once(state: RunState, rds: redis.Redis) -> None:
     """A `unique` child sent before counts as `skipped_unique` on its step; counts handed to
-    the commit (`skipped_seen`) are added once per task id, like the rest."""
+    the commit (`skipped_seen`) are added once per task id, like the rest; the counters they
+    change are among those the script reads before its loop (no second HMGET)."""
     state.create_run("r1", "c", b"{}", 5)
     state.add_dispatched("r1", "s", 2)
     calls: list[CommitCall] = []
@@ -549,7 +552,9 @@ def test_skips_are_counted_with_the_commit_once(state: RunState) -> None:
     commit(state, calls, "a", [kid("k", "u1"), kid("k", "u1")], counts=seen)
     commit(state, calls, "b", [kid("k", "u1")], counts={("k", "skipped_seen"): 0})
     commit(state, calls, "a", [kid("k", "u2")], counts=seen)  # a again: nothing
+    rds.config_resetstat()
     state.run_commits(calls)
+    assert rds.info("commandstats")["cmdstat_hmget"]["calls"] == 2  # run flags, counters
     c = state.counters("r1")
     assert c["k:skipped_unique"] == c["skipped_unique"] == 2
     assert c["k:skipped_seen"] == c["skipped_seen"] == 3
