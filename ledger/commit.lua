@@ -56,6 +56,11 @@ for g = 1, n_groups do
   i = i + 2 + nf
 end
 local cap, cancelled, paused, compacted, watched = 0, false, false, false, false
+-- `nowait` in the run hash: its waiting list (KEYS[5]) is empty. Set by a call that read the
+-- list empty and left it so, dropped by whatever pushes to it (this script, park.lua, a
+-- client's `enqueue_and_release`) with the push: a capped run's calls read no LLEN while
+-- nothing waits (a command a call).
+local nowait = false
 -- The run's `last` commit time and the expiry of its done set, ledger and staged hash are
 -- written at most once a second (RENEW): a run committing faster saves an HSET and three
 -- EXPIREs a call. `last` is what the sweeper's stall clock and the views read (to the second
@@ -66,12 +71,13 @@ local RENEW = 1
 local renew = true
 if run ~= '' then
   local rh = rcall('HMGET', KEYS[2], 'cap', 'cancelled', 'paused', 'compacted', 'watch', 'last',
-    'resend_mark')
+    'resend_mark', 'nowait')
   cap, cancelled, paused = tonumber(rh[1] or '0'), rh[2] ~= false, rh[3] ~= false
   compacted = rh[4] ~= false  -- finished and its done set dropped: every task of it committed
   watched = rh[5] ~= false and tonumber(rh[5]) > tonumber(now)  -- a progress view is open
   renew = not rh[6] or tonumber(now) - (tonumber(rh[6]) or 0) >= RENEW
     or (rh[7] ~= false and rh[7] == rh[6])
+  nowait = rh[8] ~= false
 end
 -- include: ../utils/wake.lua
 local function chunked(cmd, key, list, step)  -- unpack() has a limit (the Lua C stack)
@@ -165,7 +171,7 @@ end
 local inflight0, inflight, waiting = nil, 0, nil  -- with a cap: tasks in the broker; pending's length
 local function count(field, by) counts[field] = (counts[field] or 0) + by end
 local function waits()  -- the waiting list's length: read once per call, then kept here
-  if waiting == nil then waiting = rcall('LLEN', KEYS[5]) end
+  if waiting == nil then waiting = nowait and 0 or rcall('LLEN', KEYS[5]) end
   return waiting
 end
 for c = 1, n do
@@ -337,7 +343,14 @@ if run ~= '' and committed > 0 then
   end
   rcall('HSET', KEYS[1], unpack(set))
   if left <= 0 then renew = true end  -- the run's last commit writes them all
-  if renew then rcall('HSET', KEYS[2], 'last', now) end
+  local mark = not nowait and waiting == 0 and not touched[KEYS[5]]  -- read empty, left so
+  if renew and mark then
+    rcall('HSET', KEYS[2], 'last', now, 'nowait', '1')
+  elseif renew then
+    rcall('HSET', KEYS[2], 'last', now)
+  elseif mark then
+    rcall('HSET', KEYS[2], 'nowait', '1')
+  end
   if left <= 0 then
     wake(KEYS[2], 'e')  -- ended, or storing its last items (the outbox's ack wakes it again)
     rcall('HSET', KEYS[2], 'status', cancelled and 'cancelled' or 'done', 'finished', now)
@@ -363,6 +376,7 @@ if run ~= '' and not renew then  -- within RENEW of the last renewal: left as th
 elseif run ~= '' and left > 0 then  -- a staged hash created within the second, touched or not
   touched[KEYS[9]] = true
 end
+if nowait and touched[KEYS[5]] then rcall('HDEL', KEYS[2], 'nowait') end  -- it waits now
 for key in pairs(touched) do rcall('EXPIRE', key, ttl) end
 reply[1] = left
 return reply

@@ -13,6 +13,7 @@ end
 if redis.call('SADD', KEYS[7], ARGV[1]) == 0 then return 1 end
 redis.call('EXPIRE', KEYS[7], tonumber(ARGV[3]))
 redis.call('RPUSH', KEYS[3], ARGV[2])
+redis.call('HDEL', KEYS[1], 'nowait')  -- it waits now (commit.lua reads no LLEN with it)
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 if tonumber(rh[3] or '0') > 0 then redis.call('HINCRBY', KEYS[2], 'inflight', -1) end

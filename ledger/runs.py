@@ -131,9 +131,12 @@ class Runs(RunKeys):
         fits into `staging` for the caller to send."""
         self.add_dispatched(rid, step, len(msgs))
         self.ledger_add(rid, msgs)
-        if msgs:
-            self.r.rpush(self.pending_key(rid), *msgs)
-            self.r.expire(self.pending_key(rid), self.ttl)
+        if msgs:  # the push, then `nowait` dropped (commit.lua: nothing waits while it is set)
+            pipe = self.r.pipeline(transaction=False)
+            pipe.rpush(self.pending_key(rid), *msgs)
+            pipe.expire(self.pending_key(rid), self.ttl)
+            pipe.hdel(self.run_key(rid), "nowait")
+            pipe.execute()
         self._release(
             keys=[self.counters_key(rid), self.run_key(rid), self.pending_key(rid), staging]
         )

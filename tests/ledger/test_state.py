@@ -608,3 +608,39 @@ def test_last_and_the_keys_expiry_are_written_at_most_once_a_second(
     state.run_commits(calls)
     assert rds.hget(state.run_key("r1"), "last") != last  # the re-send's progress is seen
     assert rds.ttl(state.done_key("r1", "")) > 0
+
+
+def test_a_capped_run_reads_its_waiting_list_once_while_nothing_waits(
+    state: RunState, rds: redis.Redis
+) -> None:
+    """The first commit that finds nothing waiting marks the run (`nowait`); later commits
+    read no LLEN. A client's queueing drops the mark with its push, so the next commit reads
+    the list again and releases the waiting task into its freed slot before its own child."""
+    state.create_run("r1", "c", b"{}", 5, cap=2)
+    state.add_dispatched("r1", "s", 2)
+    rds.hset(state.counters_key("r1"), "inflight", 2)
+    calls: list[CommitCall] = []
+    commit(state, calls, "a", [])
+    rds.config_resetstat()
+    state.run_commits(calls)
+    assert rds.info("commandstats")["cmdstat_llen"]["calls"] == 1
+    assert rds.hget(state.run_key("r1"), "nowait") == b"1"
+    calls.clear()
+    commit(state, calls, "b", [kid("k"), kid("k")])  # two slots, nothing waits: no LLEN
+    rds.config_resetstat()
+    (b,) = state.run_commits(calls)
+    assert "cmdstat_llen" not in rds.info("commandstats")
+    assert b is not None and len(b.staged) == 2
+    seed = kid("s")
+    state.enqueue_and_release("r1", "s", [seed.encode()], state.kids_key("r1", "client"))
+    assert rds.hget(state.run_key("r1"), "nowait") is None
+    assert rds.llen(state.pending_key("r1")) == 1  # the cap is full: it waits
+    calls.clear()
+    own = kid("k")
+    commit(state, calls, orjson.loads(b.staged[0])["id"], [own], step="k")
+    (c,) = state.run_commits(calls)
+    assert c is not None and [orjson.loads(m)["id"] for m in c.staged] == [seed.task_id]
+    assert [orjson.loads(m)["id"] for m in rds.lrange(state.pending_key("r1"), 0, -1)] == [
+        own.task_id
+    ]
+    assert rds.hget(state.run_key("r1"), "nowait") is None  # its child waits now
