@@ -24,6 +24,18 @@ class Pipe:
     def hincrby(self, *args: Any) -> None:
         self.log.append(args)
 
+    def execute_command(self, *args: Any) -> None:
+        """The metrics script's call (`monitor.metrics.add_sums`), logged as the (key, field,
+        n) adds it makes, one a field of each key as HINCRBYs were."""
+        assert args[0] == "EVAL"
+        n_keys = args[2]
+        keys, argv = args[3 : 3 + n_keys], list(args[3 + n_keys :])
+        for key in keys:
+            n, argv = argv[0], argv[1:]
+            for f in range(n):
+                self.log.append((key, argv[2 * f], argv[2 * f + 1]))
+            argv = argv[2 * n :]
+
     def execute(self) -> list[Any]:
         return []
 
