@@ -126,7 +126,11 @@ def test_a_flush_adds_like_hincrby_in_one_script_call(rds: redis.Redis, key_pref
         b"http:200": b"2",
         b"latency_le:+Inf": b"1",
     }
-    assert rds.hgetall(site) == {b"succeeded": b"2", b"bytes": str(2**50).encode(), b"http:200": b"2"}
+    assert rds.hgetall(site) == {
+        b"succeeded": b"2",
+        b"bytes": str(2**50).encode(),
+        b"http:200": b"2",
+    }
     assert not agg.pending()
     agg.flush(rds)  # nothing pending: nothing sent
     assert _calls(rds)["cmdstat_eval"] == after["cmdstat_eval"]
