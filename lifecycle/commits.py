@@ -244,8 +244,8 @@ def send_commits(
     (its tail, or not seen yet) this process's pending metrics go first in the same pipeline,
     so they are written no later than the commit that may complete the run: in the tail's
     first part (fewer than `tail_backlog`, not fewer than the process's slots) at most one
-    commit every TAIL_SYNC_EVERY seconds takes them (each takes all of them: a page's sums
-    are one HINCRBY a field, and a commit a page wrote them a page at a time); below the
+    commit every TAIL_SYNC_EVERY seconds takes them (each takes all of them: a script call
+    of 2 commands a hash, and a commit a page wrote them a page at a time); below the
     slots, every commit."""
     agg = aggregator()
     seen = rt.outstanding_seen(rid)
