@@ -87,6 +87,18 @@ def first_key(parts: list[str]) -> str | None:
     return parts[1]
 
 
+def script_parts(parts: list[str], prefix: str) -> list[str]:
+    """An EVAL's parts with its body as one: `MONITOR` joins a command's arguments with spaces,
+    so a body's own spaces split it over many parts. Its end is found where a number of keys is
+    followed by a key under `prefix` (an EVAL of no keys is left as it is)."""
+    if parts[0].lower() not in ("eval", "eval_ro"):
+        return parts
+    for j in range(2, len(parts) - 1):
+        if parts[j].isdigit() and parts[j + 1].startswith(prefix + ":"):
+            return [parts[0], " ".join(parts[1:j]), *parts[j:]]
+    return parts
+
+
 class Monitor(threading.Thread):
     """Counts the commands clients send (`MONITOR` marks a script's own as `lua`), and every
     command by the family of the first key it names (`Keyspace.family`)."""
@@ -113,7 +125,7 @@ class Monitor(threading.Thread):
         return self.keyspace.family(key) if key is not None else f"({parts[0].lower()})"
 
     def count(self, cmd: dict[str, Any]) -> None:
-        parts = str(cmd["command"]).split(" ")
+        parts = script_parts(str(cmd["command"]).split(" "), self.keyspace.prefix)
         fam = self.family(parts)
         self.families[fam] += 1
         self.detail[f"{fam} {parts[0].lower()}"] += 1

@@ -105,6 +105,18 @@ def test_first_key(command: str, key: str | None) -> None:
     assert redis_counts.first_key(command.split(" ")) == key
 
 
+def test_an_evals_body_is_one_part_and_its_first_key_is_found() -> None:
+    """`MONITOR` shows an EVAL's body with its spaces: the metrics flush's calls belong to the
+    metrics family, not to whatever word of the body came third."""
+    line = "EVAL local i = 1\\nreturn #KEYS 2 cc:metrics:task:t cc:metrics:site:s 1 ok 1 1 ok 1"
+    parts = redis_counts.script_parts(line.split(" "), "cc")
+    assert parts[:4] == ["EVAL", "local i = 1\\nreturn #KEYS", "2", "cc:metrics:task:t"]
+    assert redis_counts.first_key(parts) == "cc:metrics:task:t"
+    assert Keyspace("cc").family(redis_counts.first_key(parts) or "") == "metrics"
+    keyless = "EVAL return 1 0".split(" ")
+    assert redis_counts.script_parts(keyless, "cc") == keyless
+
+
 @pytest.mark.integration
 def test_the_demo_chain_with_every_feature_on_counts_its_pages_and_where_commands_go(
     capsys: pytest.CaptureFixture[str],
