@@ -113,7 +113,7 @@ def test_an_evals_body_is_one_part_and_its_first_key_is_found() -> None:
     assert parts[:4] == ["EVAL", "local i = 1\\nreturn #KEYS", "2", "cc:metrics:task:t"]
     assert redis_counts.first_key(parts) == "cc:metrics:task:t"
     assert Keyspace("cc").family(redis_counts.first_key(parts) or "") == "metrics"
-    keyless = "EVAL return 1 0".split(" ")
+    keyless = ["EVAL", "return", "1", "0"]
     assert redis_counts.script_parts(keyless, "cc") == keyless
 
 
