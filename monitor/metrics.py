@@ -36,7 +36,10 @@ _LE_FIELDS = (*(f"latency_le:{b}" for b in LATENCY_BUCKETS_MS), "latency_le:+Inf
 # by bucket index: the cumulative fields a latency in that bucket adds one to
 _LE_ONES = tuple(dict.fromkeys(_LE_FIELDS[i:], 1) for i in range(len(_LE_FIELDS)))
 log = logging.getLogger("chaincrawl.metrics")
-_ADD = load_lua(__file__, "metrics_add.lua")
+# sent whole by every call (EVAL hashes it each time): its comment lines left out
+_ADD = "\n".join(
+    line for line in load_lua(__file__, "metrics_add.lua").splitlines() if not line.startswith("--")
+)
 
 
 def add_sums(pipe: Any, sums: Mapping[str, Mapping[str, int]]) -> None:
