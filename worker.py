@@ -21,7 +21,7 @@ import lifecycle.batch  # noqa: F401 - registers the batch task
 import scheduling.tasks  # noqa: F401 - the periodic chain trigger and limit checks
 import sites
 from broker import app as broker_app
-from broker import drops, kombu_guard, owners
+from broker import drops, kombu_guard, owners, ready_check
 from broker.workers import Beat, TaskSets
 from chains.sweeper import Sweeper
 from config import Settings, get_settings
@@ -49,6 +49,7 @@ log = logging.getLogger("chaincrawl.worker")
 # (docs/reliability.md); the guard fails loudly if kombu changed under the patches
 kombu_guard.apply()
 drops.apply()  # a dropped broker connection has the sweeper check every run
+ready_check.apply()  # gevent: a pooled Redis connection checked without a hub round trip
 
 app = Celery(broker_app.APP_NAME)
 broker_app.set_default(app)
