@@ -215,14 +215,17 @@ def _side_by_side(
     why). Errors that must requeue the message (Reject, Redis unreachable) are raised once
     every entry has finished: nothing is committed before the batch's one commit anyway."""
     import gevent  # only ever reached on the gevent pool
+    from gevent.event import Event
 
     left: dict[int, dict[str, Any]] = {}
     whys: list[str] = []
     errors: list[BaseException] = []
+    running = [len(entries)]
+    done = Event()  # set by the last entry to finish: the batch wakes once, not once an entry
 
     def entry(k: int, spec: EndpointSpec, e: dict[str, Any], b: Begun) -> None:
-        set_batch(rt, run)  # greenlet-local under gevent: each entry defers to the batch
         try:
+            set_batch(rt, run)  # greenlet-local under gevent: each entry defers to the batch
             with sem.slot(rt.page_rank(e["meta"])):
                 why = hand_out(k)
                 if why:
@@ -232,10 +235,15 @@ def _side_by_side(
                 one(spec, e, b)
         except BaseException as exc:
             errors.append(exc)
+        finally:
+            running[0] -= 1
+            if not running[0]:
+                done.set()
 
     greenlets = [gevent.spawn(entry, k, spec, e, b) for k, ((spec, e), b) in enumerate(entries)]
     try:
-        gevent.joinall(greenlets)
+        if greenlets:
+            done.wait()
     except BaseException:  # the batch itself is being killed (cold shutdown): its entries too
         gevent.killall(greenlets)
         raise
