@@ -117,7 +117,8 @@ def run_page(
         call = state.commit_call(rid=rid, tid=tid, step=step, outcome="cancelled", forget=forget)
         _commit_alone(task, state, rid, call)
         return "cancelled"
-    aggregate(rt, metrics, spec)
+    # its "started" goes to the process's sums with its outcome's counts, in one hand-over
+    # (every ending below writes them: the commit's, a retry's or a failure's)
     ctx: Context | None = None
     gate = get_gate()
     admitted = False
