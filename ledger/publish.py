@@ -115,6 +115,7 @@ class CpuMeter:
         self.cpu_share = 0.0  # CPU used over the last (or current) window, in cores
         self.wait_share = 0.0  # run-queue wait over the last full window, in cores
         self._last = 0.0
+        self._read = 0.0  # when the window so far was last read
         self._lock = threading.Lock()
 
     def demand(self) -> float:
@@ -139,8 +140,11 @@ class CpuMeter:
                     else 0.0
                 )
                 self._start, self._cpu_start, self._wait_start = now, cpu, waited
-            elif span >= self.window / 5:  # the window so far
+            elif span >= self.window / 5 and now - self._read >= self.window / 20:
+                # the window so far, read at most every 1/20 of a window: the process's CPU
+                # clock is a system call summing every thread (a page asks several times)
                 self.cpu_share = (self._cpu() - self._cpu_start) / span
+                self._read = now
             self._last = self.cpu_share + self.wait_share
             return self._last
         finally:

@@ -134,3 +134,30 @@ def test_threads_reading_it_together_never_see_a_negative_share() -> None:
         t.join()
     assert len(seen) > 1000
     assert min(seen) >= 0.0, sorted(seen)[:5]
+
+
+def test_the_window_so_far_reads_the_cpu_clock_at_most_every_twentieth_of_a_window() -> None:
+    """Every page asks the meter; the process's CPU clock (a system call over every thread) is
+    read once per 1/20 of a window at most, the reading in between kept."""
+    clock = {"wall": 1000.0, "cpu": 50.0}
+    reads = [0]
+
+    def cpu() -> float:
+        reads[0] += 1
+        return clock["cpu"]
+
+    meter = CpuMeter(0.125, clock=lambda: clock["wall"], cpu=cpu, waited=lambda: 7.0)
+    meter.demand()  # the first window starts
+    clock["wall"] += 0.03125  # a quarter in: past the fifth, so the window so far is read
+    clock["cpu"] += 0.03125
+    start = reads[0]
+    assert meter.demand() == pytest.approx(1.0)
+    assert reads[0] == start + 1
+    for _ in range(10):  # ten asks within 1/20 of the window: no further read, same answer
+        clock["wall"] += 0.0004
+        assert meter.demand() == pytest.approx(1.0)
+    assert reads[0] == start + 1
+    clock["wall"] += 0.00625  # past 1/20 of the window since the read: read again
+    clock["cpu"] += 0.0
+    assert meter.demand() < 1.0
+    assert reads[0] == start + 2
