@@ -16,9 +16,19 @@ from broker import ready_check
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def recording(calls: list[Any], answer: bool) -> Any:
+    """A stand-in for redis-py's check: records the timeouts it is asked with."""
+
+    def check(sock: Any, timeout: float | None) -> bool:
+        calls.append(timeout)
+        return answer
+
+    return check
+
+
 def test_a_zero_timeout_polls_the_socket_itself() -> None:
     calls: list[Any] = []
-    check = ready_check.ready_now(lambda s, t: calls.append(t) or True, select.poll)
+    check = ready_check.ready_now(recording(calls, True), select.poll)
     a, b = socket.socketpair()
     try:
         assert check(a, 0) is False  # nothing to read
@@ -35,7 +45,7 @@ def test_a_zero_timeout_polls_the_socket_itself() -> None:
 
 def test_a_wait_goes_to_redis_pys_check() -> None:
     calls: list[Any] = []
-    check = ready_check.ready_now(lambda s, t: calls.append(t) or False, select.poll)
+    check = ready_check.ready_now(recording(calls, False), select.poll)
     a, b = socket.socketpair()
     try:
         assert check(a, 0.5) is False
