@@ -5,6 +5,7 @@ from the first child (CHAINCRAWL_BATCH_BACKLOG=1) with small batches."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -24,6 +25,17 @@ def batches_done(log: str) -> list[tuple[float, int]]:
     """(seconds, entries) of every batch message the worker finished (its 'succeeded' lines)."""
     pattern = r"chaincrawl\.batch\[\w+\] succeeded in ([\d.]+)s: '(\d+) pages'"
     return [(float(t), int(n)) for t, n in re.findall(pattern, log)]
+
+
+def log_with_batches(w, n: int, wait: float = 10.0) -> str:
+    """The worker's log once it holds `n` batches' 'succeeded' lines (or `wait` s on): a run
+    is complete at its batch's commit, and Celery writes the line after the batch's ack."""
+    deadline = time.monotonic() + wait
+    while True:
+        log = w.log.read_text(errors="replace")
+        if len(batches_done(log)) >= n or time.monotonic() > deadline:
+            return log
+        time.sleep(0.05)
 
 
 def batches_run(log: str) -> list[int]:
@@ -98,7 +110,7 @@ def test_gevent_runs_a_batchs_pages_side_by_side_within_the_workers_slots(
     probe = p.steps["local.probe"]
     assert probe["succeeded"] == PER_PAGE and probe["failed"] == 0
     assert all(test_site.hits[f"flaky:e1-{i}-{key}"] == 1 for i in range(PER_PAGE))
-    log = w.log.read_text(errors="replace")
+    log = log_with_batches(w, 1)
     took = [t for t, n in batches_done(log) if n == 4]
     assert len(took) == 1, log[-3000:]
     rounds = PER_PAGE // slots  # 1.5 s each; one round more would be 1.5 s more
@@ -121,5 +133,5 @@ def test_gevent_sends_a_small_fan_out_in_a_few_messages(
     probe = p.steps["local.probe"]
     assert probe["succeeded"] == 10 and probe["failed"] == 0 and probe["retried"] == 0
     assert all(test_site.hits[f"flaky:e1-{i}-{key}"] == 1 for i in range(10))
-    log = w.log.read_text(errors="replace")
+    log = log_with_batches(w, len(sizes)) if sizes else w.log.read_text(errors="replace")
     assert sorted(batches_run(log)) == sizes, log[-3000:]
