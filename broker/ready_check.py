@@ -29,7 +29,7 @@ def apply() -> bool:
     global _applied
     if _applied:
         return True
-    from utils.greenlets import gevent_patched
+    from utils.process import gevent_patched
 
     if not gevent_patched():
         return False
