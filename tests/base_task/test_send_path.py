@@ -4,6 +4,8 @@ envelopes are real kombu messages, and a failed publish after a commit requeues.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any, cast
@@ -18,7 +20,7 @@ from kombu import Connection
 import lifecycle.batch
 from base_task import SiteTask
 from chains.sweeper import message_ids
-from config import Settings
+from config import Settings, reset_settings
 from ledger.publish import (
     BATCH_TASK,
     FANOUT_MESSAGES,
@@ -341,14 +343,35 @@ def test_a_publish_failure_after_the_commit_requeues_and_keeps_the_children(
     assert rds.llen(f"{settings.key_prefix}:q:testsite") == 2
 
 
+@pytest.fixture
+def process_on_test_redis(redis_url: str, key_prefix: str) -> Iterator[None]:
+    """The process's settings (and so its runtime) on this test's Redis: a requeue takes its
+    delivery back there, whatever an earlier test left the process's settings pointing at."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CHAINCRAWL_REDIS_URL", redis_url)
+        mp.setenv("CHAINCRAWL_KEY_PREFIX", key_prefix)
+        reset_settings()
+        yield
+    reset_settings()
+
+
 def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
-    app: Celery, monkeypatch: pytest.MonkeyPatch
+    app: Celery, process_on_test_redis: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the broker elsewhere a requeued message comes straight back: each slot waits
     `REQUEUE_PAUSE` first instead of spinning through the queue while Redis is down."""
     task: SiteTask = get_endpoint(TASK).task
     pauses: list[float] = []
-    monkeypatch.setattr(runtime.time, "sleep", pauses.append)
+    me = threading.get_ident()
+    sleep = time.sleep
+
+    def record(seconds: float) -> None:  # this thread's sleeps only
+        if threading.get_ident() == me:
+            pauses.append(seconds)
+        else:
+            sleep(seconds)
+
+    monkeypatch.setattr(runtime.time, "sleep", record)
 
     def down(*a: Any, **kw: Any) -> str:
         raise redis.exceptions.ConnectionError("Connection refused")
