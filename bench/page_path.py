@@ -12,8 +12,8 @@ run warms both processes up, the second is the one read. This process triggers t
 pages with this module as its Celery app, which installs the same hook in the worker before
 it consumes. Every Python function call into a file of the checkout is recorded with the
 greenlet or thread that made it; the Lua scripts a call path runs are read off the `EVALSHA`
-commands it sends (the sha matched to the scripts loaded in the process, a script to the
-`.lua` files its source holds). The worker records two windows after it is ready: an idle
+and `EVAL` commands it sends (the sha matched to the scripts loaded in the process, a script
+or an EVAL's body to the `.lua` files whose code it holds). The worker records two windows after it is ready: an idle
 one (as long as the crawl's) and the crawl itself, each dumped by SIGUSR2. Reported:
 
 - trigger: every checkout file `chains.run()` calls into, in order of first call;
@@ -86,6 +86,7 @@ class Recorder:
         if f.endswith("redis/client.py") and code.co_name in ("execute_command",):
             args = frame.f_locals.get("args") or ()
             if args and str(args[0]).upper() in ("EVALSHA", "EVAL") and len(args) > 1:
+                # EVALSHA names a loaded script by its sha; EVAL sends the body itself
                 self.shas.setdefault(id(self._current()), []).append(str(args[1]))
             return
         if not f.startswith(_ROOT) or f.startswith(_VENV) or f == _THIS:
@@ -129,6 +130,10 @@ class Recorder:
                 continue
             by.setdefault(g, []).append((n, _rel(f)))
         scripts = loaded_scripts()
+        files = lua_files()
+        for sent in {x for xs in shas.values() for x in xs} - scripts.keys():
+            if "\n" in sent or " " in sent:  # an EVAL's body, not a sha
+                scripts[sent] = script_files(sent, files)
         return {
             str(g): {
                 "root": roots.get(g, "?"),
@@ -170,11 +175,25 @@ def loaded_scripts() -> dict[str, list[str]]:
     for obj in gc.get_objects():
         if isinstance(obj, Script):
             src = obj.script if isinstance(obj.script, str) else bytes(obj.script).decode()
-            names = [n for n, text in files.items() if text.strip() and text.strip() in src]
-            # a fragment another script includes is listed with it; the script itself first
-            names.sort(key=lambda n: -len(files[n]))
-            out[obj.sha] = names or ["(inline script)"]
+            out[obj.sha] = script_files(src, files)
     return out
+
+
+def _code_lines(text: str) -> str:
+    """A script's text without its comment and blank lines: a caller may send it so (EVAL
+    sends the whole body each call), and the file is still the one it runs."""
+    return "\n".join(
+        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("--")
+    )
+
+
+def script_files(src: str, files: dict[str, str]) -> list[str]:
+    """The `.lua` files (of `files`, path -> text) whose code the script `src` holds; a
+    fragment another script includes is listed with it, the script itself first."""
+    body = _code_lines(src)
+    names = [n for n, text in files.items() if (code := _code_lines(text)) and code in body]
+    names.sort(key=lambda n: -len(files[n]))
+    return names or ["(inline script)"]
 
 
 # -- the worker side: this module as its Celery app ------------------------------------------

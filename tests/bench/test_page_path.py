@@ -6,7 +6,7 @@ import re
 import sys
 import threading
 
-from bench.page_path import ROOT, Recorder, bottom_layer, read_path
+from bench.page_path import ROOT, Recorder, bottom_layer, lua_files, read_path, script_files
 from utils import process
 
 DOC = ROOT / "docs" / "architecture.md"
@@ -47,6 +47,17 @@ def test_a_module_whose_only_code_run_is_its_import_is_not_counted() -> None:
     assert "utils/imported_only.py" not in files
     assert "utils/calls_in.py" not in files
     assert "utils/process.py" in files
+
+
+def test_an_evals_body_sent_without_its_comments_is_named_by_its_file() -> None:
+    """EVAL sends the script's body each call (the metrics flush leaves its comments out);
+    the body still names the `.lua` file it came from, not an inline script."""
+    files = lua_files()
+    text = files["monitor/metrics_add.lua"]
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
+    assert body != text
+    assert script_files(body, files)[0] == "monitor/metrics_add.lua"
+    assert script_files("return 1", files) == ["(inline script)"]
 
 
 def test_the_bottom_layer_is_config_settings_exceptions_and_utils() -> None:
