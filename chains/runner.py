@@ -172,8 +172,9 @@ class RunHandle:
         which the ledger's scripts push to when the run may have ended (its last commit, its
         last item stored, a cancel), so it returns as soon as the run ends. With
         `on_progress`, every commit wakes it too, and the callback runs when the run moved,
-        at most once every `poll` seconds. Without any event it reads the run again every
-        `SAFETY_READ` seconds (a wake lost in a failover costs that much, never the run).
+        at most once every `poll` seconds, and at each read without an event (a live view's
+        elapsed time goes on; its totals may be unchanged). Without any event it reads the
+        run again every `SAFETY_READ` seconds (a wake lost in a failover costs that much).
 
         A complete run may still have failed tasks (dead letters): check `p.ok` (or
         `p.failed`, `p.ending`) before reading complete as success."""
