@@ -4,9 +4,10 @@
     var/items/demo.post/demo.post.2.jsonl    the next part, once the first is full
     var/items/demo.post/.journal             bookkeeping (which outbox entry wrote which lines)
 
-Modules: `store` (a type's folder: parts, journal, crash repair), `sink` (`JsonlSink`: exactly
-once per outbox entry, latest version per key or append mode), `compact` (dropping older
-versions), `read` (snapshots, `read_items`, `iter_records`).
+Modules: `store` (the write path: a type's folder, its journal, crash repair, and `JsonlWriter`,
+exactly once per outbox entry), `sink` (`JsonlSink`: the writer with its settings, compaction
+and history: latest version per key or append mode), `compact` (dropping older versions),
+`read` (snapshots, `read_items`, `iter_records`).
 """
 
 from __future__ import annotations

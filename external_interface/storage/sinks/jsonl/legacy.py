@@ -73,6 +73,28 @@ class KeyGuess:
         return [c[0] for c in self.candidates]
 
 
+def legacy_lines(files: list[Path]) -> tuple[list[bytes], list[list[Any]], list[str]]:
+    """The committed items of the files as the current layout's lines, the journal groups
+    describing them and the key fields (guessed: the old files hold key values, not names)."""
+    lines: list[bytes] = []
+    groups: list[list[Any]] = []
+    key = KeyGuess()
+    for rec in legacy_records(files):
+        key.add(rec)
+        lines.append(orjson.dumps(rec["item"], option=orjson.OPT_NON_STR_KEYS) + b"\n")
+        head = [
+            version_of(rec),
+            rec.get("entry") or "",
+            rec.get("run") or "",
+            rec.get("step") or "",
+        ]
+        if groups and groups[-1][:4] == head:
+            groups[-1][4] += 1
+        else:
+            groups.append([*head, 1])
+    return lines, groups, key.fields()
+
+
 def version_of(rec: dict[str, Any]) -> int:
     """The record's version as the current layout counts it (entry order, else write time)."""
     entry = rec.get("entry")

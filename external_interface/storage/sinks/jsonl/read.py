@@ -17,11 +17,10 @@ from typing import Any
 import orjson
 
 from config import get_settings
-from external_interface.storage.sinks.jsonl.store import JOURNAL, Group, TypeStore
+from external_interface.storage.sinks.jsonl.store import DUMPS_OPTS, JOURNAL, Group, TypeStore
 from external_interface.storage.sinks.jsonl.store import type_dir as _type_dir
 from settings.storage import get_storage_settings
 
-DUMPS_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 _CHUNK = 1 << 20
 
 

@@ -1,4 +1,5 @@
-"""One item type's folder in the JSONL store: its part files, its journal, their repair.
+"""The JSONL store's write path: one item type's folder (its part files, its journal, their
+repair) and `JsonlWriter`, which writes each outbox entry's items once.
 
     <root>/<type>/<type>.jsonl        part 1: the items, one JSON object a line, nothing else
     <root>/<type>/<type>.2.jsonl      part 2, 3, ...: once a part is full (size or age)
@@ -20,6 +21,15 @@ their new committed ends. The groups of all records, in order, describe the line
 in order: that is how a reader knows each line's entry, version and run without a byte of
 bookkeeping in the user's file. `clean` says a compaction found nothing to drop.
 
+Exactly once per outbox entry, although a file cannot upsert: a writer of a type (every thread
+and process) holds the type's flock, reads the journal records it has not seen (`refresh`),
+skips every entry already committed, appends the rest and commits them with one journal
+record. The drainer acknowledges an entry only after `write` returned, so a redelivered entry
+is either cut off with the uncommitted lines (a crash before the commit record) and written
+whole, once, or found committed and skipped. Memory stays bounded by the drainer's horizon:
+entries older than the oldest entry still in the stream are never delivered again, so their
+ids are forgotten.
+
 Crashes: a write appends its lines, fsyncs them, then appends and fsyncs its commit record;
 lines past a part's committed end, a part file the journal does not know and a torn last
 journal record are the leftovers of a write that never committed, cut or removed by the next
@@ -39,26 +49,32 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from external_interface.storage.sinks.base import entry_version, safe_name
-from external_interface.storage.sinks.jsonl.legacy import (
-    KeyGuess,
-    legacy_files,
-    legacy_records,
-    version_of,
+from external_interface.storage.sinks.base import (
+    Origin,
+    PermanentSinkError,
+    Policies,
+    SinkError,
+    entry_version,
+    key_values,
+    safe_name,
 )
+from external_interface.storage.sinks.jsonl.legacy import legacy_files, legacy_lines
 
 log = logging.getLogger("external_interface.storage.sinks.jsonl")
 
 JOURNAL = ".journal"
 LOCK = ".lock"
 TMP_PREFIX = ".tmp-"  # a compaction's new parts and journal before they are renamed into place
+DUMPS_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY  # an item as a line
+MODES = ("latest", "append")
+DUTY = 0.1  # the largest share of the time compaction may take
 
 # [version, entry, run, step, n]: n consecutive lines of one outbox entry (entry "" for writes
 # without one: their version is the time they were written, in nanoseconds)
@@ -320,23 +336,7 @@ class TypeStore:
 
     def _take_over(self, files: list[Path]) -> None:
         log.warning("jsonl %s: converting %d file(s) of the earlier layout", self.name, len(files))
-        lines: list[bytes] = []
-        groups: list[Group] = []
-        key = KeyGuess()
-        for rec in legacy_records(files):
-            key.add(rec)
-            lines.append(orjson.dumps(rec["item"], option=orjson.OPT_NON_STR_KEYS) + b"\n")
-            head = [
-                version_of(rec),
-                rec.get("entry") or "",
-                rec.get("run") or "",
-                rec.get("step") or "",
-            ]
-            if groups and groups[-1][:4] == head:
-                groups[-1][4] += 1
-            else:
-                groups.append([*head, 1])
-        self.key = key.fields()  # the old files hold key values, not field names
+        lines, groups, self.key = legacy_lines(files)
         self.write_base([], [])
         if lines:
             self.append(lines, groups, self.key, now=time.time())
@@ -442,3 +442,155 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+class JsonlWriter:
+    """JSON Lines files per item type, each outbox entry's items written once (module
+    docstring); a type's files are compacted by `settle` in latest mode (the sink's
+    `_rewrite`: a writer alone only appends)."""
+
+    name = "jsonl"
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        max_bytes: int = 64 * 1024 * 1024,
+        max_age: float = 3600.0,
+        fsync: bool = True,
+        mode: str = "latest",
+        compact_after: float = 1.0,
+        policies: Policies | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"jsonl mode {mode!r}: expected one of {', '.join(MODES)}")
+        if max_bytes <= 0:
+            raise ValueError(f"jsonl max_bytes must be positive, got {max_bytes}")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.fsync = fsync
+        self.mode = mode
+        self.compact_after = compact_after
+        self.policies = policies or Policies()
+        self._stores: dict[str, TypeStore] = {}
+        self._stores_lock = threading.Lock()
+        self._horizon: int | None = None  # entry version below which nothing is redelivered
+        self._next_compact: dict[str, float] = {}
+
+    def write(
+        self,
+        item_type: str,
+        key_fields: list[str],
+        items: list[dict[str, Any]],
+        *,
+        origins: Sequence[Origin] | None = None,
+    ) -> None:
+        if not items:
+            return
+        origins = list(origins) if origins is not None else [Origin()] * len(items)
+        if len(origins) != len(items):
+            raise ValueError("origins and items differ in length")
+        for item in items:  # data errors before any I/O
+            key_values(item, key_fields)
+        st = self._store(item_type)
+        try:
+            with st.locked():
+                st.refresh()
+                todo = [i for i, o in enumerate(origins) if not o.entry or o.entry not in st.done]
+                if not todo:
+                    return
+                now = time.time()
+                lines = self._encode(items, todo)
+                groups = _groups(origins, todo, time.time_ns())
+                st.append(lines, groups, list(key_fields), now=now)
+                st.done.update(origins[i].entry for i in todo if origins[i].entry)
+        except OSError as e:  # disk full, permissions: the items wait in the outbox
+            raise SinkError(f"jsonl {item_type}: {e}", self.name) from e
+
+    def horizon(self, min_entry: str) -> None:
+        """Entries older than `min_entry` will never be delivered again: forget their ids."""
+        version = entry_version(min_entry)
+        if self._horizon is not None and version <= self._horizon:
+            return
+        self._horizon = version
+        for st in self._all_stores():
+            with st.lock:
+                st.forget_before(version)
+
+    def settle(self) -> None:
+        """The outbox is empty for now: compact each type written since its last compaction,
+        once no write has come for `compact_after` seconds; compacting never takes more than
+        a tenth of the time (`DUTY`)."""
+        if self.mode != "latest":
+            return
+        for st in self._all_stores():
+            if time.monotonic() < self._next_compact.get(st.name, 0.0):
+                continue
+            try:
+                self._compact(st, quiet_for=self.compact_after)
+            except OSError as e:
+                log.warning("jsonl %s: compaction failed (%s); it is tried again later", st.name, e)
+                self._next_compact[st.name] = time.monotonic() + 10.0
+
+    def _compact(self, st: TypeStore, quiet_for: float) -> int:
+        started = time.monotonic()
+        with st.locked():
+            st.refresh()
+            if not st.dirty:
+                return 0
+            if quiet_for and time.time() - os.stat(st.journal).st_mtime < quiet_for:
+                return 0  # still being written: wait for a quiet moment
+            dropped = self._rewrite(st)
+        took = time.monotonic() - started
+        self._next_compact[st.name] = time.monotonic() + took * (1 - DUTY) / DUTY
+        if dropped:
+            log.info(
+                "jsonl %s: compacted, %d older version(s) dropped in %.2fs", st.name, dropped, took
+            )
+        return dropped
+
+    def _rewrite(self, st: TypeStore) -> int:
+        """Compact a type whose journal is locked and read; -> lines dropped."""
+        return 0
+
+    def _store(self, item_type: str) -> TypeStore:
+        name = safe_name(item_type)
+        with self._stores_lock:
+            st = self._stores.get(name)
+            if st is None:
+                st = TypeStore(
+                    self.root,
+                    item_type,
+                    fsync=self.fsync,
+                    horizon=self._horizon,
+                    max_bytes=self.max_bytes,
+                    max_age=self.max_age,
+                )
+                self._stores[name] = st
+            return st
+
+    def _all_stores(self) -> list[TypeStore]:
+        with self._stores_lock:
+            return list(self._stores.values())
+
+    def _encode(self, items: list[dict[str, Any]], todo: list[int]) -> list[bytes]:
+        try:
+            return [orjson.dumps(items[i], option=DUMPS_OPTS) + b"\n" for i in todo]
+        except TypeError as e:
+            raise PermanentSinkError(f"jsonl: item is not JSON-serialisable: {e}", self.name) from e
+
+
+def _groups(origins: list[Origin], todo: list[int], now_ns: int) -> list[Group]:
+    """The journal's description of the lines written: consecutive lines of one origin."""
+    groups: list[Group] = []
+    last: Origin | None = None
+    for i in todo:
+        o = origins[i]
+        if groups and o == last:
+            groups[-1][4] += 1
+            continue
+        version = o.version if o.version is not None else now_ns
+        groups.append([version, o.entry, o.run, o.step, 1])
+        last = o
+    return groups
