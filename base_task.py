@@ -294,7 +294,8 @@ class SiteTask(Task[Any, Any]):
                 ctx._check_deadline()
             if not (items or follows):  # a selector that matched nothing? counted or failed
                 yielded_nothing(ctx, self.spec)
-            items = hooks.filter_items(ctx, self.spec.name, items)  # before_store hooks
+            if "before_store" in hooks.HOOKS.points:
+                items = hooks.filter_items(ctx, self.spec.name, items)
         except ValidationError as exc:
             raise ItemValidationError(f"{self.spec.name}: item invalid: {describe(exc)}") from None
         except SoftTimeLimitExceeded:

@@ -166,7 +166,7 @@ class Context:
             data=data,
             json=json,
         )
-        if self._online:
+        if self._online and "before_request" in hooks.HOOKS.points:
             hooks.in_page(self, "before_request", self._spec.name, f"{method} {url}", out)
             remaining = self.remaining()
         method, url = out.method, out.url
@@ -318,7 +318,7 @@ class Context:
         """An answer the status and the providers accepted: the after_response hooks."""
         if len(self.report.answered_urls) < 3:
             self.report.answered_urls.append(resp.url or url)
-        if self._online:
+        if self._online and "after_response" in hooks.HOOKS.points:
             hooks.in_page(self, "after_response", self._spec.name, f"{method} {url}", resp)
 
     def _render(

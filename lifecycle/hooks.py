@@ -90,6 +90,9 @@ class HookRegistry:
         self._hooks: list[Hook] = []
         self._cache: dict[tuple[str, str], tuple[Hook, ...]] = {}
         self._lock = threading.Lock()
+        # the points some hook is registered at: a page tests this before calling in here, so
+        # a point without hooks costs it no call (the common case: no hooks at all)
+        self.points: frozenset[str] = frozenset()
 
     def add(self, hook: Hook) -> None:
         with self._lock:
@@ -101,12 +104,18 @@ class HookRegistry:
                 != (hook.point, hook.name, hook.endpoint, hook.site)
             ]
             self._hooks.append(hook)
-            self._cache.clear()
+            self._changed()
+        if hook.point == "after_store" and after_store_entries not in on_stored_entries:
+            on_stored_entries.append(after_store_entries)  # the drainer calls it from now on
 
     def remove(self, fn: Callable[..., Any]) -> None:
         with self._lock:
             self._hooks = [h for h in self._hooks if h.fn is not fn]
-            self._cache.clear()
+            self._changed()
+
+    def _changed(self) -> None:
+        self._cache.clear()
+        self.points = frozenset(h.point for h in self._hooks)
 
     def of(self, point: str, task: str) -> tuple[Hook, ...]:
         key = (point, task)
@@ -342,9 +351,6 @@ def _flush(contexts: Iterable[StoredContext]) -> None:
     if pipe is not None:
         pipe.execute()
 
-
-if after_store_entries not in on_stored_entries:
-    on_stored_entries.append(after_store_entries)
 
 __all__ = [
     "CONTINUE",
