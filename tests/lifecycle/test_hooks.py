@@ -171,3 +171,26 @@ def test_after_store_sets_entries_apart_for_now_or_for_good(registry, monkeypatc
     assert counts["after_store_skipped:quiet"] == 1
     assert counts["seen:never"] == 0  # the entry's items after a fail are not hooked
     assert all(c.task == "shop.pc.item" and c.site == "shop" for c in flushed)
+
+
+def test_the_points_with_a_hook_are_known_without_a_call(
+    registry: h.HookRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page tests `HOOKS.points` before calling in: a point without hooks costs no call;
+    the drainer's entries hook is registered with the first after_store hook."""
+    entries_hooks: list[Any] = []
+    monkeypatch.setattr(h, "on_stored_entries", entries_hooks)
+    assert registry.points == frozenset()
+
+    def keep(ctx: Any, item: Any) -> None:
+        return None
+
+    h.before_store("shop.pc.item")(keep)
+    assert registry.points == {"before_store"} and entries_hooks == []
+    h.after_store(site="shop")(keep)
+    assert registry.points == {"before_store", "after_store"}
+    assert entries_hooks == [h.after_store_entries]
+    h.after_store("shop.pc.item")(keep)
+    assert entries_hooks == [h.after_store_entries]  # once
+    registry.remove(keep)
+    assert registry.points == frozenset()

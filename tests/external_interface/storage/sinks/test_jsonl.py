@@ -23,6 +23,7 @@ from external_interface.storage.sinks.jsonl import (
     type_files,
 )
 from external_interface.storage.sinks.jsonl import compact as compact_module
+from external_interface.storage.sinks.jsonl.store import JsonlWriter
 
 T = "demo.post"
 
@@ -390,3 +391,17 @@ def test_a_damaged_journal_is_rebuilt_from_the_files(
     assert "journal is unreadable" in caplog.text
     JsonlSink(tmp_path).write(T, ["post_id"], [{"post_id": 3}], origins=[origin("3-0")])
     assert file_lines(tmp_path) == [{"post_id": 1}, {"post_id": 2}, {"post_id": 3}]
+
+
+def test_a_writer_alone_appends_once_per_entry_and_never_compacts(tmp_path: Path) -> None:
+    """`JsonlWriter` is the write path (store.py); compaction is the sink's (`_rewrite`)."""
+    w = JsonlWriter(tmp_path, compact_after=0.0)
+    w.write(T, ["post_id"], [{"post_id": 1, "likes": 1}], origins=[origin("100-0")])
+    w.write(T, ["post_id"], [{"post_id": 1, "likes": 1}], origins=[origin("100-0")])  # again
+    w.write(T, ["post_id"], [{"post_id": 1, "likes": 2}], origins=[origin("200-0")])
+    w.settle()
+    assert [x["likes"] for x in file_lines(tmp_path)] == [1, 2]
+    sink = JsonlSink(tmp_path, compact_after=0.0)
+    sink.settle()  # nothing written through this one yet
+    assert sink.compact(T) == 1
+    assert [x["likes"] for x in file_lines(tmp_path)] == [2]
