@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -55,6 +56,22 @@ def gpool(rds: redis.Redis, prefix: str) -> GlobalPool:
     return GlobalPool(rds, prefix, ProxySettings(refill_interval=0.0))
 
 
+Channel = Callable[..., ChannelPool]
+
+
+@pytest.fixture
+def channel(rds: redis.Redis, key_prefix: str) -> Channel:
+    """`channel(proxies=1, parts=1, held=False, **cfg)`: the channel of a site of its own
+    with these pool settings, over the test's pool filled with `proxies` (`ch.pool`, `ch.site`)."""
+
+    def make(proxies: int = 1, parts: int = 1, held: bool = False, **cfg: Any) -> ChannelPool:
+        pool = gpool(rds, key_prefix)
+        fill(pool, proxies)
+        return ChannelPool(site(**cfg), pool, held=held, parts=parts)
+
+    return make
+
+
 def holding_of(ch: ChannelPool) -> holding.Holding:
     h = ch.holding()
     assert h is not None
@@ -65,16 +82,15 @@ def holding_of(ch: ChannelPool) -> holding.Holding:
 
 
 def test_a_returned_proxy_rests_in_the_channel_then_comes_back_with_no_use_counted(
-    rds: redis.Redis, key_prefix: str
+    rds: redis.Redis, channel: Channel
 ) -> None:
     """Not held: the return itself rests the proxy (in :lease, without a token) for the site's
     cooldown; nothing lends it meanwhile, and it is back by itself afterwards, its count the
     one request it served (no lost lease counted, nothing reclaimed)."""
-    pool = gpool(rds, key_prefix)
-    [x] = fill(pool, 1)
-    ch = ChannelPool(site(cooldown=30), pool, parts=1)
+    ch = channel(cooldown=30)
     lease = ch.checkout()
     assert lease is not None and ch.release(lease) == "returned"
+    x = lease.id
     assert ch.checkout() is None and ch.idle() == [] and x in ch.members()
     assert ch.renew(lease) is False  # a resting proxy is nobody's lease
     let_time_pass(rds, ch, 31)
@@ -83,12 +99,11 @@ def test_a_returned_proxy_rests_in_the_channel_then_comes_back_with_no_use_count
     assert ch.counters().get("reclaimed", 0) == 0
 
 
-def test_a_resting_proxy_can_still_be_banned(rds: redis.Redis, key_prefix: str) -> None:
-    pool = gpool(rds, key_prefix)
-    [x] = fill(pool, 1)
-    ch = ChannelPool(site(cooldown=30), pool, parts=1)
+def test_a_resting_proxy_can_still_be_banned(channel: Channel) -> None:
+    ch = channel(cooldown=30)
     lease = ch.checkout()
     assert lease is not None
+    x = lease.id
     ch.release(lease)
     assert ch.release(lease, Event.BANNED, ban_ttl=60) == "dropped"  # a late ban still counts
     assert x not in ch.members() and ch.banned() == [x] and ch.lent() == []
@@ -122,12 +137,10 @@ def test_with_nothing_known_the_retry_is_the_fixed_one(
     assert err.value.retry_after == NO_PROXY_WAIT
 
 
-def test_a_bench_s_end_is_a_known_return(rds: redis.Redis, key_prefix: str) -> None:
+def test_a_bench_s_end_is_a_known_return(channel: Channel) -> None:
     """The only proxy benched by the site for 1.5 s: the next request is told to come back
     then (the refill takes it back after the bench)."""
-    pool = gpool(rds, key_prefix)
-    fill(pool, 1)
-    ch = ChannelPool(site(), pool, parts=1)
+    ch = channel()
     lease = ch.checkout()
     assert lease is not None
     ch.release(lease, Event.BANNED, ban_ttl=1.5)
@@ -139,14 +152,13 @@ def test_a_bench_s_end_is_a_known_return(rds: redis.Redis, key_prefix: str) -> N
 
 
 def test_waiting_takes_are_served_first_come_first_served_without_redis(
-    rds: redis.Redis, key_prefix: str, held: None
+    channel: Channel, held: None
 ) -> None:
     """One proxy, held here and in use; three more requests wait in the process. Each return
     hands the proxy to the longest waiting (after its rest); the waits cost no Redis call."""
-    name = site(cooldown=0.01, hold_requests=8, hold_seconds=20, hold_idle=10, hold_wait=20)
-    pool = gpool(rds, key_prefix)
-    fill(pool, 1)
-    ch = ChannelPool(name, pool, held=True, parts=1)
+    ch = channel(
+        held=True, cooldown=0.01, hold_requests=8, hold_seconds=20, hold_idle=10, hold_wait=20
+    )
     first = ch.checkout()
     assert first is not None
     h = holding_of(ch)
@@ -181,14 +193,11 @@ def test_waiting_takes_are_served_first_come_first_served_without_redis(
 
 
 def test_a_proxy_that_goes_back_to_the_channel_wakes_the_first_waiting_take(
-    rds: redis.Redis, key_prefix: str, held: None
+    channel: Channel, held: None
 ) -> None:
     """The held proxy reaches its request bound at its return: it goes back to the channel,
     and the waiting take asks the channel once and gets it from there."""
-    name = site(hold_requests=2, hold_seconds=20, hold_idle=10, hold_wait=20)
-    pool = gpool(rds, key_prefix)
-    fill(pool, 1)
-    ch = ChannelPool(name, pool, held=True, parts=1)
+    ch = channel(held=True, hold_requests=2, hold_seconds=20, hold_idle=10, hold_wait=20)
     first = ch.checkout()
     assert first is not None
     ch.release(first)  # one request served, still held
@@ -206,12 +215,9 @@ def test_a_proxy_that_goes_back_to_the_channel_wakes_the_first_waiting_take(
 
 
 def test_a_take_does_not_wait_for_a_proxy_it_avoids_nor_when_nothing_is_held(
-    rds: redis.Redis, key_prefix: str, held: None
+    rds: redis.Redis, key_prefix: str, channel: Channel, held: None
 ) -> None:
-    name = site(hold_requests=8, hold_seconds=20, hold_idle=10, hold_wait=20)
-    pool = gpool(rds, key_prefix)
-    fill(pool, 1)
-    ch = ChannelPool(name, pool, held=True, parts=1)
+    ch = channel(held=True, hold_requests=8, hold_seconds=20, hold_idle=10, hold_wait=20)
     first = ch.checkout()
     assert first is not None
     h = holding_of(ch)
@@ -224,18 +230,15 @@ def test_a_take_does_not_wait_for_a_proxy_it_avoids_nor_when_nothing_is_held(
 
 
 def test_a_crashed_holder_s_proxy_still_comes_back_by_expiry(
-    rds: redis.Redis, key_prefix: str, held: None
+    rds: redis.Redis, channel: Channel, held: None
 ) -> None:
     """The holding (and its waiting takes) gone with its process: the proxy's lease expires
     and the channel lends it again."""
-    name = site(cooldown=0.01, hold_requests=8, hold_seconds=20, hold_idle=10)
-    pool = gpool(rds, key_prefix)
-    fill(pool, 1)
-    ch = ChannelPool(name, pool, held=True, parts=1)
+    ch = channel(held=True, cooldown=0.01, hold_requests=8, hold_seconds=20, hold_idle=10)
     lease = ch.checkout(lease_ttl=60)
     assert lease is not None
     holding.forget()  # the process died: nothing returns it
-    fresh = ChannelPool(name, pool, parts=1)
+    fresh = ChannelPool(ch.site, ch.pool, parts=1)
     assert fresh.checkout() is None
     let_time_pass(rds, fresh, 61)
     again = fresh.checkout()
@@ -259,13 +262,11 @@ def counting(pool: LeasePool) -> list[int]:
     return asked
 
 
-def test_a_drained_pool_asks_one_sub_pool_for_a_second(rds: redis.Redis, key_prefix: str) -> None:
+def test_a_drained_pool_asks_one_sub_pool_for_a_second(channel: Channel) -> None:
     """Three parts, every member lent: the checkout that finds them all empty asks each; for
     a second after, a checkout asks one (in turn); then each again."""
-    pool = gpool(rds, key_prefix)
-    ids = fill(pool, 3)
-    ch = ChannelPool(site(), pool, parts=3)
-    leases = [ch.checkout() for _ in ids]
+    ch = channel(proxies=3, parts=3)
+    leases = [ch.checkout() for _ in range(3)]
     assert all(leases)
     asked = counting(ch)
     assert ch.take((), 10, fallback=False).lease is None
@@ -280,13 +281,9 @@ def test_a_drained_pool_asks_one_sub_pool_for_a_second(rds: redis.Redis, key_pre
     assert sorted(asked) == [0, 1, 2]
 
 
-def test_a_drained_pool_asks_the_part_a_member_went_back_to(
-    rds: redis.Redis, key_prefix: str
-) -> None:
-    pool = gpool(rds, key_prefix)
-    ids = fill(pool, 3)
-    ch = ChannelPool(site(), pool, parts=3)
-    leases = [ch.checkout() for _ in ids]
+def test_a_drained_pool_asks_the_part_a_member_went_back_to(channel: Channel) -> None:
+    ch = channel(proxies=3, parts=3)
+    leases = [ch.checkout() for _ in range(3)]
     assert ch.take((), 10, fallback=False).lease is None  # all seen empty
     back = leases[1]
     assert back is not None
@@ -301,14 +298,11 @@ class Killed(BaseException):
 
 
 def test_a_take_killed_while_it_waits_loses_no_proxy(
-    rds: redis.Redis, key_prefix: str, held: None, monkeypatch: pytest.MonkeyPatch
+    channel: Channel, held: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The proxy is handed to the waiting take just as that take is killed: the proxy is
     free in the holding again, and the next request gets it from there."""
-    name = site(hold_requests=8, hold_seconds=20, hold_idle=10, hold_wait=20)
-    pool = gpool(rds, key_prefix)
-    fill(pool, 1)
-    ch = ChannelPool(name, pool, held=True, parts=1)
+    ch = channel(held=True, hold_requests=8, hold_seconds=20, hold_idle=10, hold_wait=20)
     lent = ch.checkout()
     assert lent is not None
     first: ProxyLease = lent
