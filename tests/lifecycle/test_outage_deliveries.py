@@ -160,23 +160,29 @@ def test_a_worker_death_is_still_a_redelivery(
     assert dl.error_type == "PoisonMessage"
 
 
-def test_a_message_parked_on_a_lost_range_spends_no_retry(
-    page: SiteTask, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Parked (sent again as a retry of the same attempt), its retry budget is untouched:
-    each park is a wait, not a retry the page's own errors would have spent."""
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every page meets a lost slot range (parked); the retries it sends, as `retry`'s keywords."""
     lost = [LostRange(0, 16383, "127.0.0.1:17102", ())]
-    sent: list[dict[str, Any]] = []
+    retries: list[dict[str, Any]] = []
 
     def met_lost(self: SiteTask, params: Any, wire: Any, begun: Any = None) -> str:
         raise SlotsLost(lost)
 
     def retried(self: SiteTask, **kw: Any) -> Exception:
-        sent.append(kw)
+        retries.append(kw)
         return Retry("parked", kw["exc"])
 
     monkeypatch.setattr(SiteTask, "run_page", met_lost)
     monkeypatch.setattr(SiteTask, "retry", retried)
+    return retries
+
+
+def test_a_message_parked_on_a_lost_range_spends_no_retry(
+    page: SiteTask, sent: list[dict[str, Any]]
+) -> None:
+    """Parked (sent again as a retry of the same attempt), its retry budget is untouched:
+    each park is a wait, not a retry the page's own errors would have spent."""
     wire: dict[str, Any] = {"run": "r1", "step": "local.detail"}
     for n in range(5):
         lifecycle.lost.LOST._last.clear()  # each park's message comes a countdown later
@@ -188,23 +194,11 @@ def test_a_message_parked_on_a_lost_range_spends_no_retry(
 
 
 def test_a_copy_of_a_message_parked_a_moment_ago_is_dropped_not_parked_again(
-    page: SiteTask, monkeypatch: pytest.MonkeyPatch
+    page: SiteTask, sent: list[dict[str, Any]]
 ) -> None:
     """A second delivery of a task this process parked less than a countdown before (a
     redelivered or re-sent copy) is acknowledged without a new message: every copy parked
     sent one more, so the copies of a parked task multiplied over a long loss."""
-    lost = [LostRange(0, 16383, "127.0.0.1:17102", ())]
-    sent: list[dict[str, Any]] = []
-
-    def met_lost(self: SiteTask, params: Any, wire: Any, begun: Any = None) -> str:
-        raise SlotsLost(lost)
-
-    def retried(self: SiteTask, **kw: Any) -> Exception:
-        sent.append(kw)
-        return Retry("parked", kw["exc"])
-
-    monkeypatch.setattr(SiteTask, "run_page", met_lost)
-    monkeypatch.setattr(SiteTask, "retry", retried)
     lifecycle.lost.LOST._last.clear()
     wire: dict[str, Any] = {"run": "r1", "step": "local.detail"}
     with pytest.raises(Retry):
