@@ -515,6 +515,29 @@ def _check_crawled(state: RunState, rid: str, env: dict[str, str]) -> None:
 ENTRIES = PAGES * PER_PAGE
 
 
+def _storing_run(
+    client: Any, state: RunState, ks: Keyspace, rid: str, items: int
+) -> dict[str, str]:
+    """A run done crawling with `items` items counted, storing, its outbox holding one entry
+    (`{"k": 1}`); the entry's fields without its items, to add more."""
+    state.create_run(rid, "tree", b"{}", 5)
+    client.hset(state.run_key(rid), "status", "done")
+    client.hset(state.counters_key(rid), "items", items)
+    client.sadd(ks.storing_runs, rid)
+    entry = {"run": rid, "step": "s", "task": "t", "type": "thing", "key": '["k"]'}
+    client.xadd(ks.run_outbox(rid), {**entry, "items": b'[{"k": 1}]'})
+    return entry
+
+
+def _kill_master(cluster: RedisClusterServer, port: int) -> list[Any]:
+    """Kill the master on `port` and its replica (its slots lost); the nodes, to start again."""
+    nodes = [n for n in cluster.nodes
+             if n.port == port or n.client().info("replication").get("master_port") == port]  # fmt: skip
+    for n in nodes:
+        n.kill()
+    return nodes
+
+
 def test_a_lost_range_stops_the_storage_of_no_run_on_another_master(tmp_path, key_prefix) -> None:
     """The range lost is the one of redis-py's default node (the master of slot 0, which it
     asked the keys of every script call in a pipeline) and holds the drainer's global keys
@@ -537,18 +560,10 @@ def test_a_lost_range_stops_the_storage_of_no_run_on_another_master(tmp_path, ke
         rid = next(r for r in (uuid.uuid4().hex[:12] for _ in range(1000))
                    if port(ks.run(r)) != lost)  # fmt: skip
         state = RunState(cast(redis.Redis, client), _settings(cluster.url, ks.prefix))
-        state.create_run(rid, "tree", b"{}", 5)
-        client.hset(state.run_key(rid), "status", "done")
-        client.hset(state.counters_key(rid), "items", 1)
-        client.sadd(ks.storing_runs, rid)
-        entry = {"run": rid, "step": "s", "task": "t", "type": "thing", "key": '["k"]'}
-        client.xadd(ks.run_outbox(rid), {**entry, "items": b'[{"k": 1}]'})  # type: ignore[dict-item]
+        entry = _storing_run(client, state, ks, rid, 1)
         client.xadd(ks.run_outbox(rid), {**entry, "items": b"[{"})  # type: ignore[dict-item]
         assert state.status(rid) == "storing"
-        nodes = [n for n in cluster.nodes  # the master and its replica
-                 if n.port == lost or n.client().info("replication").get("master_port") == lost]  # fmt: skip
-        for n in nodes:
-            n.kill()
+        nodes = _kill_master(cluster, lost)
         wait_for(lambda: lost_ranges(client, fresh=True), 60, "the range seen lost")
         d = ClusterDrainer(client, ks.prefix, [JsonlSink(tmp_path / "items", fsync=False)],
                            hooks=[], runs_hooks=[], consumer="c")  # fmt: skip
@@ -595,21 +610,13 @@ def test_a_lost_range_holds_back_only_its_runs_entries_in_a_drainers_batch(
         rid_ok = next(r for r in (uuid.uuid4().hex[:12] for _ in range(1000))
                       if port(ks.run(r)) != lost)  # fmt: skip
         state = RunState(cast(redis.Redis, client), _settings(cluster.url, ks.prefix))
-        for rid in (rid_lost, rid_ok):
-            state.create_run(rid, "tree", b"{}", 5)
-            client.hset(state.run_key(rid), "status", "done")
-            client.hset(state.counters_key(rid), "items", 2)
-            client.sadd(ks.storing_runs, rid)
-            entry = {"run": rid, "step": "s", "task": "t", "type": "thing", "key": '["k"]'}
-            client.xadd(ks.run_outbox(rid), {**entry, "items": b'[{"k": 1}]'})  # type: ignore[dict-item]
+        _storing_run(client, state, ks, rid_lost, 2)
+        entry = _storing_run(client, state, ks, rid_ok, 2)
         d = ClusterDrainer(client, ks.prefix, [JsonlSink(tmp_path / "items", fsync=False)],
                            hooks=[], runs_hooks=[], consumer="c")  # fmt: skip
         buffer = d.read(100, None)
         assert {e.run for e in buffer} == {rid_lost, rid_ok}
-        nodes = [n for n in cluster.nodes  # the master and its replica
-                 if n.port == lost or n.client().info("replication").get("master_port") == lost]  # fmt: skip
-        for n in nodes:
-            n.kill()
+        nodes = _kill_master(cluster, lost)
         wait_for(lambda: lost_ranges(client, fresh=True), 60, "the range seen lost")
         caplog.set_level("WARNING", logger="external_interface.storage.outbox")
         assert d.flush(buffer) == []  # nothing to retry: the lost run's entry is held back
