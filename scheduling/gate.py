@@ -152,6 +152,11 @@ class RedisGate:
         leases are asked for, which tests count."""
         return self._script(keys=keys, args=args)
 
+    def _args(self, op: str, holder: str, first: int, second: int, *rest: Any) -> list[Any]:
+        """The script's ARGV: the operation, the holder (a task id, an `enter`'s id), how many
+        keys of each kind in the order KEYS lists them, max_sleep, then each kind's arguments."""
+        return [op, holder, first, second, _us(self.max_sleep), *rest]
+
     # scopes and keys
 
     def scopes(self, site: str, endpoint: str) -> list[Limit]:
@@ -232,15 +237,14 @@ class RedisGate:
         if plan.empty:
             return 0.0
         keys = [*plan.lease_keys, *plan.rate_keys]
-        args: list[Any] = [
+        args = self._args(
             "admit",
             task_id,
             len(plan.lease_keys),
             len(plan.rate_keys),
-            _us(self.max_sleep),
             *plan.lease_args,
             *plan.rate_args,
-        ]
+        )
         for _ in range(3):
             status, backlog_us = self._admit(keys=keys, args=args)
             if status == 0:
@@ -271,15 +275,14 @@ class RedisGate:
         if rate_keys or plan.lease_keys:
             tid = getattr(self._local, "task_id", "") or ""
             keys = [*rate_keys, *plan.lease_keys]
-            args = [
+            args = self._args(
                 "token" if throttle is None else "request",
                 tid,
                 len(rate_keys),
                 len(plan.lease_keys),
-                _us(self.max_sleep),
                 *rate_args,
                 *plan.lease_ttls,
-            ]
+            )
             if throttle is None:
                 token = self._script(keys=keys, args=args)
             else:  # both in one call; a slot one side reserved when the other refuses is
@@ -329,15 +332,7 @@ class RedisGate:
         while True:
             status, backlog_us = self._admit(
                 keys=[*leases, *rates],
-                args=[
-                    "admit",
-                    holder,
-                    len(leases),
-                    len(rates),
-                    _us(self.max_sleep),
-                    *lease_args,
-                    *rate_args,
-                ],
+                args=self._args("admit", holder, len(leases), len(rates), *lease_args, *rate_args),
             )
             if status == 0:
                 break
@@ -353,15 +348,14 @@ class RedisGate:
         if rates:  # reserve the rate slot, as a request takes its token
             status, wait_us = self._script(
                 keys=[*rates, *leases],
-                args=[
+                args=self._args(
                     "token",
                     holder,
                     len(rates),
                     len(leases),
-                    _us(self.max_sleep),
                     *rate_args,
                     *([ttl_us] if leases else []),
-                ],
+                ),
             )
             if status != 0:
                 self.leave(site, work, holder)
