@@ -13,7 +13,9 @@ import pytest
 import redis
 
 import sites
-from config import ROOT, get_settings, reset_settings
+from config import ROOT, get_settings, reset_settings, settings_classes
+from lifecycle import runtime
+from settings import base as settings_base
 from tests.polite_site import PoliteSite
 from utils.servers import RedisClusterServer, RedisServer
 
@@ -77,6 +79,41 @@ def _testsite_endpoints() -> None:
         os.environ["CHAINCRAWL_EXTRA_SITE_PACKAGES"] = "tests.testsite"
         reset_settings()
     sites.load_all()
+
+
+# the variables the settings read: CHAINCRAWL_* and the plain names some fields also take
+_SETTINGS_VARS = frozenset(
+    n for cls in settings_classes() for names in cls.env_names().values() for n in names
+)
+
+
+def _settings_var(name: str) -> bool:
+    return name.startswith(settings_base.PREFIX) or name in _SETTINGS_VARS
+
+
+@pytest.fixture(autouse=True)
+def _process_settings_restored() -> Iterator[None]:
+    """Each test leaves the process's settings as it found them: the settings variables, the
+    cached settings objects (`get_settings()`, each area's `current()`) and the runtime
+    (`lifecycle.runtime.current()`) are put back after it. A test that pointed them elsewhere
+    and did not undo it (a `reset_settings()` after changing the environment, a runtime
+    installed) made every later test in its process run on that. What a session or module
+    fixture set before the test is what is put back, so those stay in force for their scope.
+    A few microseconds a test: the environment is compared as its raw mapping, and decoded
+    only when the test changed it."""
+    raw = dict(os.environ._data)  # type: ignore[attr-defined]
+    cached = dict(settings_base._current)
+    rt = runtime._current
+    yield
+    if os.environ._data != raw:  # type: ignore[attr-defined]
+        decoded = ((os.fsdecode(k), os.fsdecode(v)) for k, v in raw.items())
+        environ = {k: v for k, v in decoded if _settings_var(k)}
+        for k in [k for k in os.environ if _settings_var(k) and k not in environ]:
+            del os.environ[k]
+        os.environ.update(environ)
+    settings_base._current.clear()
+    settings_base._current.update(cached)
+    runtime._current = rt
 
 
 @pytest.fixture(scope="session")
