@@ -56,12 +56,20 @@ class Session:
         self.ctx, self.ns, self.site = ctx, namespace, site
         self.shown: Response | None = None  # the response `fetch` just announced
         self.why_none = ""  # why `resp` is None: the last fetch's failure, said again by `run`
+        self.base = ""  # what a relative URL is resolved against: the last page, or URL asked
+
+    def explain(self, exc: BaseException) -> str | None:
+        """The line for an error of the session's code that is no bug of it: `resp` read
+        while the last fetch got no page (None: show the traceback)."""
+        if isinstance(exc, Exception) and no_page(exc, self.ns) and self.why_none:
+            return f"error: resp is None: {self.why_none}"
+        return None
 
     def fetch(self, url: str, method: str = "GET", **kw: Any) -> Response | None:
         """`url` may be relative to the current `resp`; any status is shown, not raised."""
         current = self.ns.get("resp")
-        if current is not None:
-            url = urljoin(current.url, url)
+        url = urljoin(current.url if current is not None else self.base, url)
+        self.base = url  # a failed fetch leaves `resp` None: the next relative URL needs a base
         kw.setdefault("ok_statuses", ANY_STATUS)
         try:
             resp = self.ctx.request(method, url, **kw)
@@ -130,15 +138,33 @@ def run(
         try:
             exec(compile(command, "<shell -c>", "exec"), namespace)
         except Exception as exc:
-            if no_page(exc, namespace) and session.why_none:  # not a bug of CODE's
-                print(f"error: resp is None: {session.why_none}", file=sys.stderr)
+            line = session.explain(exc)  # not a bug of CODE's
+            if line is not None:
+                print(line, file=sys.stderr)
             else:
                 traceback.print_exc()
             return 1
         return 0
     sys.displayhook = session.displayhook
-    interact(namespace, BANNER.format(how=how))
+    interact(session, BANNER.format(how=how))
     return 0
+
+
+class Console(code.InteractiveConsole):
+    """Python's console, with a `resp` read after a failed fetch said in one line (why the
+    fetch got no page), not as an AttributeError's traceback."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(locals=session.ns)
+        self.session = session
+
+    def showtraceback(self) -> None:
+        exc = sys.exc_info()[1]
+        line = self.session.explain(exc) if exc is not None else None
+        if line is None:
+            super().showtraceback()
+        else:
+            self.write(line + "\n")
 
 
 def robots_help(method: str, url: str, user_agent: str, site: str) -> str:
@@ -174,7 +200,7 @@ def site_less() -> EndpointSpec:
     )
 
 
-def interact(namespace: dict[str, Any], banner: str) -> None:
+def interact(session: Session, banner: str) -> None:
     if sys.stdin.isatty():
         try:
             from IPython import start_ipython  # optional, third-party: only when installed
@@ -182,9 +208,9 @@ def interact(namespace: dict[str, Any], banner: str) -> None:
             pass
         else:
             print(banner)
-            start_ipython(argv=[], user_ns=namespace)
+            start_ipython(argv=[], user_ns=session.ns)
             return
-    code.interact(banner=banner, local=namespace, exitmsg="")
+    Console(session).interact(banner=banner, exitmsg="")
 
 
 def main(a: argparse.Namespace) -> int:

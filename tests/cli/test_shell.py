@@ -1,8 +1,11 @@
-"""`control.sh shell -c CODE` after a fetch that got no page: CODE reading `resp` (None) ends
-in one line that says why (robots.txt, with how to check or override it), not a traceback."""
+"""`control.sh shell` after a fetch that got no page: CODE (`-c`) or a line typed in the session
+reading `resp` (None) ends in one line that says why (robots.txt, with how to check or
+override it), not a traceback; a relative URL after it still has the URL asked to go by."""
 
 from __future__ import annotations
 
+import io
+import sys
 from typing import Any
 
 import pytest
@@ -19,23 +22,34 @@ class Refusing:
 
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
+        self.asked: list[str] = []  # the URLs requested
+        self.status = -1  # the shell's exit status, once it ran
 
     def request(self, method: str, url: str, **kw: Any) -> None:
+        self.asked.append(url)
         raise self.exc
 
 
-def run_with(monkeypatch: pytest.MonkeyPatch, exc: Exception, code: str) -> int:
+def run_with(
+    monkeypatch: pytest.MonkeyPatch, exc: Exception, code: str | None, typed: str = ""
+) -> Refusing:
+    """`shell.run` with every request refused by `exc`: `code` as `-c`, or None: the lines
+    `typed` on a piped stdin (Python's console). The context, with the URLs it was asked."""
+    ctx = Refusing(exc)
     monkeypatch.setattr(shell, "spec_for", lambda s, t: sites.get_endpoint("testsite.local.detail"))
     monkeypatch.setattr(shell.procs, "ensure_redis", lambda s: "running")
-    monkeypatch.setattr(shell, "context", lambda *a, **kw: Refusing(exc))
-    return shell.run(URL, site="testsite", command=code)
+    monkeypatch.setattr(shell, "context", lambda *a, **kw: ctx)
+    monkeypatch.setattr("sys.stdin", io.StringIO(typed))
+    monkeypatch.setattr("sys.displayhook", sys.displayhook)  # the session replaces it
+    ctx.status = shell.run(URL, site="testsite", command=code)
+    return ctx
 
 
 def test_reading_resp_after_a_robots_block_says_why_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blocked = RobotsDisallowed(f"robots.txt disallows {URL}", url=URL, user_agent="chaincrawl")
-    assert run_with(monkeypatch, blocked, "print(resp.css('h1::text').get())") == 1
+    assert run_with(monkeypatch, blocked, "print(resp.css('h1::text').get())").status == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "AttributeError" not in err, err
     last = err.splitlines()[-1]
@@ -49,7 +63,7 @@ def test_reading_resp_after_a_robots_block_says_why_without_a_traceback(
 def test_a_failed_fetch_is_named_too(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_with(monkeypatch, FetchError("connection refused"), "resp.status") == 1
+    assert run_with(monkeypatch, FetchError("connection refused"), "resp.status").status == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     assert err.splitlines()[-1] == (
@@ -61,5 +75,21 @@ def test_a_bug_of_the_code_itself_keeps_its_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blocked = RobotsDisallowed("no", url=URL, user_agent="chaincrawl")
-    assert run_with(monkeypatch, blocked, "undefined_name") == 1
+    assert run_with(monkeypatch, blocked, "undefined_name").status == 1
     assert "NameError" in capsys.readouterr().err
+
+
+def test_the_interactive_session_says_why_resp_is_none_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Typed in the session (stdin piped: Python's console), `resp.css(...)` after the fetch
+    failed is the same one line, and the session goes on; a bug of the line typed keeps its
+    traceback. `fetch("/other")` then resolves against the URL asked before."""
+    typed = 'resp.css("h1")\nfetch("/other")\nresp.status\nundefined_name\n'
+    ctx = run_with(monkeypatch, FetchError("connection refused"), None, typed)
+    assert ctx.status == 0
+    err = capsys.readouterr().err
+    why = f"error: resp is None: GET {URL} failed (FetchError: connection refused)"
+    assert why in err and "AttributeError" not in err, err
+    assert ctx.asked == [URL, "http://127.0.0.1:9/other"]
+    assert "NameError" in err and err.count("Traceback") == 1, err
