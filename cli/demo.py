@@ -27,6 +27,12 @@ def _demo_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def site_line(url: str, size: str, features: str) -> str:
+    """The demo's line naming its site: within 80 columns with the default features (it
+    wrapped in the middle of the feature list)."""
+    return f"[bold]demo site[/bold]: {url} ({size}: {features or 'no anti-crawl features'})"
+
+
 def start_demo_site(s: Settings, a: argparse.Namespace) -> str:
     url = _demo_url(a.port)
     if procs.port_open("127.0.0.1", a.port):
@@ -210,7 +216,7 @@ def cmd_demo(a: argparse.Namespace) -> None:
         os.environ["CHAINCRAWL_DEFAULT_LIMITS"] = "off"
     if "throttle" not in s.model_fields_set:
         os.environ["CHAINCRAWL_THROTTLE"] = "off"
-    console.print(f"[bold]demo site[/bold]: {url} (size {a.size}, features {a.features or 'none'})")
+    console.print(site_line(url, a.size, a.features), soft_wrap=True)
     if stale := _workers_elsewhere(s, url):
         console.print(
             f"[bold]workers[/bold]: restarting {', '.join(stale)}: they crawl "

@@ -8,7 +8,8 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from cli.demo import show_summary
+from cli.demo import show_summary, site_line
+from cli.parser import DEMO_FEATURES
 
 PATH = "/home/someone/projects/chaincrawl/var/items/demo.comment/demo.comment.jsonl"
 
@@ -41,3 +42,18 @@ def test_a_wide_terminal_gets_the_table() -> None:
     out = shown(200)
     assert "┃" in out or "│" in out
     assert PATH in out
+
+
+def test_the_demo_site_line_fits_80_columns_with_the_default_features() -> None:
+    """It wrapped in the middle of the feature list (92 characters)."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, color_system=None)
+    for port in (8700, 65535):
+        console.print(
+            site_line(f"http://127.0.0.1:{port}", "medium", DEMO_FEATURES), soft_wrap=True
+        )
+    console.print(site_line("http://127.0.0.1:8700", "small", ""), soft_wrap=True)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 3 and all(len(line) <= 80 for line in lines), lines
+    assert lines[0] == f"demo site: http://127.0.0.1:8700 (medium: {DEMO_FEATURES})"
+    assert lines[2].endswith("(small: no anti-crawl features)")
