@@ -6,9 +6,9 @@ Prints what the endpoint yields as JSON lines on stdout, one object a line:
     {"kind": "follow", "params": {...}}                          the same step, next page
     {"kind": "child", "step": "...", "task": "...", "params": {...}}   with --chain
 
-and on stderr the endpoint's `ctx.log` lines (INFO and up) as they come, then the requests
-it made and the pages it rendered (`RENDER url -> status`, with what each action did and the
-answers captured), with a summary. Nothing is stored, nothing is sent to a broker. With `CHAINCRAWL_HTTP_CACHE` set, a second run answers from disk. `--save-fixture`
+and on stderr, as they come, the endpoint's `ctx.log` lines (INFO and up), the requests it
+makes and the pages it renders (`RENDER url -> status`, with what each action did and the
+answers captured), then a summary. Nothing is stored, nothing is sent to a broker. With `CHAINCRAWL_HTTP_CACHE` set, a second run answers from disk. `--save-fixture`
 records the answers for the endpoint's parser test (external_interface/fetch/mock.py).
 """
 
@@ -34,6 +34,8 @@ import sites
 from cli import UserError, procs
 from config import ROOT, SITE_VARS, get_settings
 from exceptions import ChainCrawlError, RobotsUnavailable
+from external_interface.browser import RenderedPage
+from external_interface.fetch import FetchRequest, Response
 from external_interface.fetch.mock import fixture_dir, outputs_of, save_case
 from ledger.model import Chain
 from lifecycle.endpoints import EndpointSpec
@@ -109,14 +111,11 @@ def run(
     if procs.ensure_redis(get_settings()) == "started":  # providers and the gate live in Redis
         print("redis: started the embedded Redis", file=sys.stderr)
     started = time.monotonic()
-    with endpoint_log(spec.name):
-        result = run_live(spec, params, chain=chain_obj, step=step_id)
+    with endpoint_log(spec.name):  # each request as it is answered, among the endpoint's log
+        result = run_live(
+            spec, params, chain=chain_obj, step=step_id, on_exchange=said, on_render=rendered
+        )
     took = time.monotonic() - started
-    for req, resp in result.exchanges:
-        cached = " (from the HTTP cache)" if resp.from_cache else ""
-        print(f"{req.method} {resp.url} -> {resp.status}{cached}", file=sys.stderr)
-    for page in result.renders:
-        print(render_line(page.url, page.status, page.steps, len(page.captured)), file=sys.stderr)
     if result.error is not None:
         return _failed(result, save_fixture)
     try:
@@ -153,6 +152,17 @@ def run(
     if save_fixture:
         _save(result, fixtures)
     return 0
+
+
+def said(exchange: tuple[FetchRequest, Response]) -> None:
+    """A request's line, `GET URL -> 200`, printed when its answer came."""
+    req, resp = exchange
+    cached = " (from the HTTP cache)" if resp.from_cache else ""
+    print(f"{req.method} {resp.url} -> {resp.status}{cached}", file=sys.stderr)
+
+
+def rendered(page: RenderedPage) -> None:
+    print(render_line(page.url, page.status, page.steps, len(page.captured)), file=sys.stderr)
 
 
 @contextmanager

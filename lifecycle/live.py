@@ -14,9 +14,9 @@ no providers, no gate.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from external_interface.browser import RenderedPage
 from external_interface.fetch import CachingFetcher, Fetcher, FetchRequest, Response
@@ -31,13 +31,32 @@ from monitor.metrics import TaskMetrics
 from utils.registry import UnknownNameError
 from utils.wire import TaskMeta
 
+T = TypeVar("T")
+
+
+class Announced(list[T]):
+    """A list that calls `hook` with each element appended (`parse` prints each request and
+    rendered page as it happens, beside the endpoint's log lines, not all after the run)."""
+
+    def __init__(self, hook: Callable[[T], None] | None = None) -> None:
+        super().__init__()
+        self.hook = hook
+
+    def append(self, value: T) -> None:
+        super().append(value)
+        if self.hook is not None:
+            self.hook(value)
+
+
+Exchange = tuple[FetchRequest, Response]
+
 
 class RecordingFetcher:
     """Passes every request on to `inner` and keeps each request with its response."""
 
-    def __init__(self, inner: Fetcher) -> None:
+    def __init__(self, inner: Fetcher, exchanges: list[Exchange] | None = None) -> None:
         self.inner = inner
-        self.exchanges: list[tuple[FetchRequest, Response]] = []
+        self.exchanges: list[Exchange] = [] if exchanges is None else exchanges
 
     def fetch(self, req: FetchRequest) -> Response:
         resp = self.inner.fetch(req)
@@ -49,9 +68,11 @@ class RecordingCache(CachingFetcher):
     """The development HTTP cache keeping each answer it gives, from disk or from the site. A
     `CachingFetcher` still, so `Context` answers from the cache before anything goes out."""
 
-    def __init__(self, inner: Fetcher, cache: HttpCache) -> None:
+    def __init__(
+        self, inner: Fetcher, cache: HttpCache, exchanges: list[Exchange] | None = None
+    ) -> None:
         super().__init__(inner, cache)
-        self.exchanges: list[tuple[FetchRequest, Response]] = []
+        self.exchanges: list[Exchange] = [] if exchanges is None else exchanges
 
     def lookup(self, req: FetchRequest) -> Response | None:
         hit = super().lookup(req)
@@ -67,11 +88,13 @@ class RecordingCache(CachingFetcher):
         return resp
 
 
-def recording(fetcher: Fetcher) -> RecordingFetcher | RecordingCache:
-    """`fetcher` keeping what it answers (`.exchanges`)."""
+def recording(
+    fetcher: Fetcher, exchanges: list[Exchange] | None = None
+) -> RecordingFetcher | RecordingCache:
+    """`fetcher` keeping what it answers (`.exchanges`: `exchanges` when given)."""
     if isinstance(fetcher, CachingFetcher):
-        return RecordingCache(fetcher.inner, fetcher.cache)
-    return RecordingFetcher(fetcher)
+        return RecordingCache(fetcher.inner, fetcher.cache, exchanges)
+    return RecordingFetcher(fetcher, exchanges)
 
 
 @dataclass
@@ -157,13 +180,16 @@ def run_live(
     fetcher: Fetcher | None = None,
     chain: Chain | None = None,
     step: str = "",
+    on_exchange: Callable[[Exchange], None] | None = None,
+    on_render: Callable[[RenderedPage], None] | None = None,
 ) -> LiveResult:
     """Run `spec` once on `params` (a ParamsError for bad ones, before any request). The
     endpoint's own errors are returned in `error`, with the requests made and the pages
-    rendered until then."""
-    recorder = recording(fetcher or runtime.current().fetcher())
+    rendered until then. `on_exchange` / `on_render` are called with each request (with its
+    answer) and each rendered page as it happens."""
+    recorder = recording(fetcher or runtime.current().fetcher(), Announced(on_exchange))
     meta = TaskMeta(step=step)
-    rendered: list[RenderedPage] = []
+    rendered: list[RenderedPage] = Announced(on_render)
     ctx = context(spec, params, recorder, meta, renders=rendered)
     result = LiveResult(
         spec, ctx.params.model_dump(mode="json"), exchanges=recorder.exchanges, renders=rendered

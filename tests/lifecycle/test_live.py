@@ -10,6 +10,7 @@ import pytest
 
 from exceptions import NotFound, ParamsError
 from lifecycle import hooks as h
+from lifecycle.context import Context
 from lifecycle.endpoints import EndpointSpec
 from lifecycle.live import run_live, site_spec
 from sites import get_endpoint
@@ -88,3 +89,22 @@ def test_items_a_before_store_hook_drops_are_counted_by_reason(
     assert [i.model_dump()["n"] for i in res.items] == [0, 2]
     assert res.dropped == {"odd": 1}
     assert run_live(get_endpoint("testsite.local.probe"), {"path": "/list"}).dropped == {}
+
+
+def test_parse_says_each_request_as_it_happens_among_the_endpoints_log(
+    site: TestSite, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A line the endpoint logs after its request comes after that request's `GET` line
+    (every request was printed after the run, below log lines about its answer)."""
+    from cli import parse
+
+    monkeypatch.setattr(h, "HOOKS", h.HookRegistry())
+
+    @h.before_store("testsite.local.listing")
+    def said(ctx: Context, item: object) -> None:
+        ctx.log.info("read the answer")
+
+    monkeypatch.setattr(parse.procs, "ensure_redis", lambda s: "running")
+    assert parse.run("testsite.local.listing", {"page": 1, "per": 1}) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == [f"GET {site.url}/list?page=1&per=1 -> 200", "log: INFO read the answer"]
