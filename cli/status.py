@@ -63,8 +63,9 @@ def _workers_table(snap: dict[str, Any]) -> Table | Fit:
     t.add_column("active", justify="right")
     t.add_column("running now", no_wrap=True)  # task names, one a line
     procs = snap.get("processes") or {}
+    started = ""
     if procs:
-        t.caption = "started here: " + ", ".join(
+        started = "started here: " + ", ".join(
             f"{n} ({p})"
             if not n.startswith("worker-") or _has_child(p)
             else f"{n} ({p}, no worker process: starting it again)"
@@ -75,13 +76,13 @@ def _workers_table(snap: dict[str, Any]) -> Table | Fit:
     elif not w:
         t.add_row(Text("no worker answered", style="bold red"), "0", "")
     if not w:
-        return t
+        return Fit(t, "workers", [], started, below=True)
     rows: list[tuple[Part, list[Part]]] = []
     for name, info in sorted(w.items()):
         names = sorted({x["name"] or "?" for x in info["tasks"]})
         t.add_row(name, str(info["active"]), "\n".join(names))
         rows.append((name, [f"active {info['active']}", *names]))
-    return Fit(t, "workers", rows, str(t.caption or ""))
+    return Fit(t, "workers", rows, started, below=True)
 
 
 def _has_child(pid: int) -> bool:

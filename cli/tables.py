@@ -47,14 +47,20 @@ class Fit:
         rows: list[tuple[Part, list[Part]]],
         caption: str = "",
         bars: list[tuple[int, int]] | None = None,
+        below: bool = False,
     ) -> None:
         self.wide, self.title, self.rows, self.caption = wide, title, rows, caption
         self.bars = bars  # per row, (completed, total): its progress bar, in lines too
+        # `caption` on lines of its own under the wide table too, at the console's width (a
+        # table's own caption wraps at the table's width: a narrow table broke it mid-list)
+        self.below = below
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         natural = Measurement.get(console, options.update_width(100_000), self.wide).maximum
         if natural <= options.max_width:
             yield self.wide
+            if self.below and self.caption:
+                yield Text(self.caption, style="dim", overflow="fold")
             return
         yield Text(self.title, style="italic", overflow="fold")
         for n, (head, parts) in enumerate(self.rows):

@@ -54,3 +54,16 @@ def test_throttle_waits_are_shown_apart_from_errors() -> None:
     header = next(line for line in quiet.splitlines() if "top errors" in line)
     row = next(line for line in quiet.splitlines() if line.lstrip("│ ").startswith("t "))
     assert row.index("Throttled 9") >= header.index("waits")
+
+
+def test_what_was_started_here_is_one_line_under_a_narrow_workers_table() -> None:
+    """The workers table is narrow: as its caption the list wrapped at the table's width,
+    mid-list ('started here: redis (30525),' / 'worker-w1 (5926)')."""
+    workers = {"w1@vm": {"active": 0, "tasks": []}}
+    started = {"redis": 30525, "flower": 5926, "monitor": 5930}  # (a worker's pid is looked at)
+    for w in (workers, {}):  # workers answering, and none
+        console = Console(width=100, record=True)
+        console.print(render(snap(workers=w, processes=started)))
+        lines = console.export_text().splitlines()
+        want = "started here: redis (30525), flower (5926), monitor (5930)"
+        assert any(line.rstrip() == want for line in lines), lines
