@@ -78,14 +78,19 @@ setup_browser() {
 # Redis, sites and temporary directories): its tests mostly wait on their servers and workers,
 # so 3 at a time share 2 cores. One at a time, as given: a run choosing a mark (`-m extended`,
 # `-m slow`: long tests that kill servers, time crawls or measure the machine), naming tests
-# (`::`), choosing its own width (`-n 4`, `-n 0`, `-p no:xdist`) or a debugger.
+# (`::`), choosing its own width (`-n 4`, `-n 0`, `-p no:xdist`) or a debugger; and a run of
+# sites' parser tests alone (every path under tests/sites/): offline replays that take a
+# second, where starting three pytest workers took ten.
 test_width() {
-  local a
+  local a paths=0 sites=0
   for a in "$@"; do
     case $a in
       -m | -m* | --markexpr* | -n | -n* | --numprocesses* | no:xdist | --pdb | --trace | *::*) return ;;
+      -*) ;;
+      *) paths=$((paths + 1)); case ${a#./} in tests/sites | tests/sites/*) sites=$((sites + 1)) ;; esac ;;
     esac
   done
+  if ((paths > 0 && paths == sites)); then return; fi
   echo "-n 3"
 }
 
