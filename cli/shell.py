@@ -122,7 +122,8 @@ def run(
     """The command; -> exit status (1 when `command` raised)."""
     spec = spec_for(site, task)
     if spec is not None:
-        procs.ensure_redis(get_settings())  # providers and shared limits live in Redis
+        if procs.ensure_redis(get_settings()) == "started":  # providers, limits live there
+            print("redis: started the embedded Redis", file=sys.stderr)  # as `parse` says
         # the endpoint's parameters are not needed to fetch a URL as it would
         ctx = context(spec, spec.params.model_construct())
         how = f"requests as {spec.name} (resources: {', '.join(spec.resources) or 'none'})"

@@ -31,13 +31,17 @@ class Refusing:
 
 
 def run_with(
-    monkeypatch: pytest.MonkeyPatch, exc: Exception, code: str | None, typed: str = ""
+    monkeypatch: pytest.MonkeyPatch,
+    exc: Exception,
+    code: str | None,
+    typed: str = "",
+    redis: str = "running",
 ) -> Refusing:
     """`shell.run` with every request refused by `exc`: `code` as `-c`, or None: the lines
     `typed` on a piped stdin (Python's console). The context, with the URLs it was asked."""
     ctx = Refusing(exc)
     monkeypatch.setattr(shell, "spec_for", lambda s, t: sites.get_endpoint("testsite.local.detail"))
-    monkeypatch.setattr(shell.procs, "ensure_redis", lambda s: "running")
+    monkeypatch.setattr(shell.procs, "ensure_redis", lambda s: redis)
     monkeypatch.setattr(shell, "context", lambda *a, **kw: ctx)
     monkeypatch.setattr("sys.stdin", io.StringIO(typed))
     monkeypatch.setattr("sys.displayhook", sys.displayhook)  # the session replaces it
@@ -93,3 +97,13 @@ def test_the_interactive_session_says_why_resp_is_none_too(
     assert why in err and "AttributeError" not in err, err
     assert ctx.asked == [URL, "http://127.0.0.1:9/other"]
     assert "NameError" in err and err.count("Traceback") == 1, err
+
+
+def test_the_embedded_redis_started_for_it_is_said(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `parse` says it: a first command of a fresh clone otherwise paused without a word."""
+    run_with(monkeypatch, FetchError("refused"), "pass", redis="started")
+    assert capsys.readouterr().err.startswith("redis: started the embedded Redis\n")
+    run_with(monkeypatch, FetchError("refused"), "pass")
+    assert "redis:" not in capsys.readouterr().err
