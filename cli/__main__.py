@@ -246,18 +246,32 @@ def _complete(run_id: str, totals: dict[str, int]) -> str:
 
 def cmd_cancel(a: argparse.Namespace) -> None:
     import chains
+    from broker.workers import TaskSets
     from cli import procs
+    from utils.redis import get_redis
 
     procs.ensure_redis(procs.settings())
     out = chains.cancel(a.run_id, a.reason or "")
-    if out.was in ("done", "cancelled"):
-        print(f"run {a.run_id} had already ended ({out.was}): nothing to cancel")
-        return
-    print(
-        f"run {a.run_id} cancelled: {out.dropped} waiting task(s) dropped; "
-        f"{out.outstanding} in the broker or running will be skipped as they come up "
+    up = out.outstanding == 0 or bool(TaskSets(get_redis()).live())
+    print(cancel_line(a.run_id, out.was, out.dropped, out.outstanding, up))
+
+
+def cancel_line(run_id: str, was: str, dropped: int, outstanding: int, workers_up: bool) -> str:
+    """What `cancel` did; with tasks left and no live worker, why the run stays `cancelling`
+    (nothing takes its messages from the broker to skip them)."""
+    if was in ("done", "cancelled"):
+        return f"run {run_id} had already ended ({was}): nothing to cancel"
+    line = (
+        f"run {run_id} cancelled: {dropped} waiting task(s) dropped; "
+        f"{outstanding} in the broker or running will be skipped as they come up "
         "(items already stored stay)"
     )
+    if not workers_up:
+        line += (
+            "; no worker is up, so they wait in the broker and the run shows cancelling until "
+            "one starts and skips them (./control.sh start)"
+        )
+    return line
 
 
 def cmd_runs(a: argparse.Namespace) -> None:
