@@ -231,6 +231,13 @@ def fail_page(
     def flush(pipe: Any) -> None:
         metrics.flush(pipe, spec.name, spec.site, settings)
 
+    if decision.action in ("wait", "retry") and rid and rt.hold(state, rid) == "cancelled":
+        # its run was cancelled since it began: committed as its next delivery's begin would,
+        # not sent again (the countdown, up to RETRY_BACKOFF_MAX, kept the run cancelling)
+        metrics.outcome("cancelled")
+        call = state.commit_call(rid=rid, tid=tid, step=step, outcome="cancelled", forget=forget)
+        _commit_alone(task, state, rid, call, flush)
+        return "cancelled"
     if decision.action in ("wait", "retry"):
         if decision.action == "wait":  # a contended pool: no retry spent
             meta.waits += 1

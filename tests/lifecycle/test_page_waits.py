@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from config import reset_settings
-from exceptions import ResourceUnavailable
+from exceptions import FetchError, ResourceUnavailable
 from lifecycle import page, runtime
 from monitor.metrics import TaskMetrics
 from utils import environ
@@ -83,3 +83,43 @@ def test_a_waiting_page_hands_its_metrics_to_the_process_sums(
     assert not rds.exists(deliveries)
     assert len(handed) == 1 and handed[0]["waited:ResourceUnavailable"] == 1
     assert handed[0]["started"] == 1 and handed[0]["latency_count"] == 1
+
+
+class Published:
+    """The app a committed page sends its released children with (none here)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+
+def test_a_page_of_a_run_cancelled_meanwhile_is_committed_cancelled_not_retried(
+    settings_on: None, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page failing with a retryable error after its run was cancelled: no retry with a
+    countdown (the run stayed `cancelling` until it came up, up to RETRY_BACKOFF_MAX later);
+    committed `cancelled`, which ends the run."""
+    monkeypatch.setattr(page, "aggregate", lambda rt, m, spec: None)
+    rt = runtime.current()
+    state = rt.state()
+    state.create_run("r1", "c", b"{}", 5)
+    state.add_dispatched("r1", "s", 1)
+    state.cancel("r1")
+    assert state.status("r1") == "cancelling"
+    task = FakeTask()
+    task.app = Published()  # type: ignore[attr-defined]
+    metrics = TaskMetrics()
+    metrics.outcome("started")
+    for exc in (FetchError("connection reset"), ResourceUnavailable("no cookie", retry_after=1.0)):
+        out = page.fail_page(
+            cast("page.PageTask", task),
+            exc,
+            {},
+            TaskMeta(run_id="r1", step="s"),
+            None,
+            state,
+            metrics,
+            time.monotonic(),
+        )
+        assert out == "cancelled"
+    assert state.status("r1") == "cancelled"
+    assert state.counters("r1")["cancelled"] == 1  # the second commit of the task: a duplicate
