@@ -231,7 +231,7 @@ def fail_page(
     def flush(pipe: Any) -> None:
         metrics.flush(pipe, spec.name, spec.site, settings)
 
-    if decision.action in ("wait", "retry") and rid and rt.hold(state, rid) == "cancelled":
+    if decision.action in ("wait", "retry") and rid and _cancelled(rt, state, rid):
         # its run was cancelled since it began: committed as its next delivery's begin would,
         # not sent again (the countdown, up to RETRY_BACKOFF_MAX, kept the run cancelling)
         metrics.outcome("cancelled")
@@ -311,3 +311,13 @@ def fail_page(
         tid,
     )
     return f"failed: {err}"
+
+
+def _cancelled(rt: runtime.Runtime, state: RunState, rid: str) -> bool:
+    """Whether the run was cancelled, for a page about to be retried. Whatever the read
+    meets (Redis not answering, which the page may have failed for; a lost slot range) leaves
+    it unknown: the retry goes as it did before the look."""
+    try:
+        return rt.hold(state, rid) == "cancelled"
+    except Exception:  # the page's own failure is being handled: never a second one here
+        return False

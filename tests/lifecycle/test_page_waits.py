@@ -123,3 +123,26 @@ def test_a_page_of_a_run_cancelled_meanwhile_is_committed_cancelled_not_retried(
         assert out == "cancelled"
     assert state.status("r1") == "cancelled"
     assert state.counters("r1")["cancelled"] == 1  # the second commit of the task: a duplicate
+
+
+def test_a_cancel_look_that_meets_no_redis_leaves_the_retry_as_it_was(
+    settings_on: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(page, "aggregate", lambda rt, m, spec: None)
+    rt = runtime.current()
+
+    def down(state: Any, rid: str) -> str:
+        raise redis.ConnectionError("Redis does not answer")
+
+    monkeypatch.setattr(rt, "hold", down)
+    with pytest.raises(Retried):
+        page.fail_page(
+            cast("page.PageTask", FakeTask()),
+            FetchError("connection reset"),
+            {},
+            TaskMeta(run_id="r1", step="s"),
+            None,
+            rt.state(),
+            TaskMetrics(),
+            time.monotonic(),
+        )
