@@ -44,6 +44,7 @@ from typing import Any
 import redis
 
 from external_interface.resources.lease import Checkout, Lease, LeasePool
+from external_interface.resources.share import Share
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class HoldRule:
     seconds: float = 5.0
     idle: float = 1.0
     wait: float = 0.0  # longest a take waits for a member held here to come back (0: none)
+    share: bool = False  # hold at most this process's share of the pool (share.py)
 
     @property
     def holds(self) -> bool:
@@ -114,6 +116,8 @@ class Holding:
         self._empty_streak = 0  # "nothing ready" answers in a row
         # called with a member's notes when it goes back (the proxy channel: global scores)
         self.on_return: Callable[[Lease, dict[str, Any]], None] | None = None
+        self.share: Share | None = None  # with the rule's `share`: this process's share
+        self.capped = 0  # takes that found this process at its share (waited for its own)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -235,8 +239,17 @@ class Holding:
             ]
         return min((x for x in ready if x > 0), default=None)
 
+    def _cap(self, now: float) -> int | None:
+        """The most members this process may hold (the rule's `share`), else None."""
+        if not self.rule.share or self.closing:
+            return None
+        if self.share is None:
+            self.share = Share(self.pool)
+        return self.share.cap(now)
+
     def _take(self, avoid: Collection[str], lease_ttl: float, fallback: bool) -> Checkout:
         now = time.monotonic()
+        cap = self._cap(now)
         with self._lock:
             pick = self._pick(avoid, now)
             if pick is not None:
@@ -246,6 +259,15 @@ class Holding:
                 (h.ready for h in self._held.values() if not h.busy and h.lease.id not in avoid),
                 default=None,
             )
+            # at its share: wait for a member held here (one the take may have), no Redis call
+            if (
+                cap is not None
+                and len(self._held) >= cap
+                and any(i not in avoid for i in self._held)
+            ):
+                self.capped += 1
+                wait = None if soonest is None else max(0.0, soonest - now)
+                return Checkout(None, 0, self.size, wait, shared=True)
         if now < self._empty_until:  # the pool said nothing is ready, a moment ago
             return Checkout(None, 0, self.size, max(self._empty_until - now, 0.0))
         co = self.pool.take(avoid, lease_ttl, fallback)
@@ -372,7 +394,9 @@ class Holding:
         return self._flush(h, now)
 
     def _due(self, h: _Held, now: float) -> bool:
-        return self.closing or now >= h.deadline or h.served >= self.rule.requests
+        """Whether `h` goes back to the pool: a bound, shutdown, or more held than the share."""
+        over = self.share is not None and len(self._held) > (self.share.limit or len(self._held))
+        return self.closing or now >= h.deadline or h.served >= self.rule.requests or over
 
     def _flush(self, h: _Held, now: float) -> tuple[str, int]:
         """Give a member no longer held back to the pool with what it did here, one call."""
@@ -462,7 +486,11 @@ class Holding:
     def return_all(self) -> int:
         """Shutdown: everything not in use goes back now, the rest with its feedback."""
         self.closing = True
-        return self.release_idle()
+        try:
+            return self.release_idle()
+        finally:
+            if self.share is not None:
+                self.share.leave()
 
 
 # --- the process's holdings -------------------------------------------------------------------

@@ -23,6 +23,8 @@ Cluster slot:
                                           (checkouts: in pools that are `produced`)
     :retired  zset  id -> unix time       the last 1000 retired ids, for inspection
     :ban      zset  id -> until (ms)      retired ids that may not be added again before then
+    :holders  zset  process -> until (ms) the processes holding members (first part only;
+                                          pools with `hold_share`: share.py)
 
 **Sub-pools.** A pool may be split into parts (`parts`: the bases of `Keyspace.pool_parts`,
 `CHAINCRAWL_POOL_PARTS`), each a pool of its own with all the keys above under its own hash tag,
@@ -534,6 +536,7 @@ class LeasePool:
     def clear(self) -> None:
         for keys in self.part_keys:  # one slot a call
             self.rds.delete(*keys)
+        self.rds.delete(f"{self.base}:holders")  # the holding processes' count (share.py)
 
 
 @functools.lru_cache(maxsize=8)

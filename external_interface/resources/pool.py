@@ -88,14 +88,19 @@ class PoolConfig:
     # free here nor in the pool waits up to hold_wait for a member this process holds (0: it
     # waits as a message; the proxy channels default to 1 s, their proxies resting `cooldown`
     # between requests: docs/resources.md)
-    hold_requests: int = 8
+    hold_requests: int = 32
     hold_seconds: float = 5.0
     hold_idle: float = 0.5
     hold_wait: float = 0.0
+    # hold_share: a process holds at most its share of the pool, ceil(members / the live
+    # processes holding from it) (share.py; the proxy channels: on)
+    hold_share: bool = False
 
     @property
     def hold(self) -> HoldRule:
-        return HoldRule(self.hold_requests, self.hold_seconds, self.hold_idle, self.hold_wait)
+        return HoldRule(
+            self.hold_requests, self.hold_seconds, self.hold_idle, self.hold_wait, self.hold_share
+        )
 
 
 _KIND_DEFAULTS: dict[str, dict[str, Any]] = {}

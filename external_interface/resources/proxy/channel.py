@@ -49,8 +49,10 @@ PROFILE = Profile(order="uses", lost_uses=True, scored=False, produced=False)
 DRY_REFILL_MAX = 5.0  # longest wait between watermark refills that keep finding nothing new
 # a request with no proxy free waits in its process up to this long for one held there
 # (`hold_wait`, holding.py): the proxies rest between requests (`cooldown`), so a held one
-# is back within a request's time and its rest
-configure_pool(KIND, hold_wait=1.0)
+# is back within a request's time and its rest; each process holds at most its share of
+# the channel (`hold_share`, share.py), so the processes wait for their own proxies instead
+# of competing for the channel's
+configure_pool(KIND, hold_wait=1.0, hold_share=True)
 
 
 class ProxyLease(Lease):
