@@ -436,7 +436,12 @@ class Holding:
             except redis.RedisError:
                 log.warning("%s %s: its sums were not written", self.pool.kind, lease.id)
         self.calls += 1
-        self._empty_until = 0.0  # a member goes back: the pool has one ready again
+        # a member goes back: the pool has one ready again; once its rest there is over, if
+        # the pool had none ready at the last checkout (a take asking meanwhile would only
+        # find it resting)
+        drained = action == "use" and rest > 0 and self.available <= 0
+        self._empty_until = time.monotonic() + rest if drained else 0.0
+        self._empty_streak = 0
         state, size = self.pool.give_back(
             lease,
             action,
