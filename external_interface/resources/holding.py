@@ -20,6 +20,9 @@ lease once and lends the member to its own requests, one at a time:
   idle longest (or least used, for channels ordered by use) goes first, and a member not in
   use for `idle` seconds goes back (`Reaper`, a thread per process), so an idle process
   hoards nothing;
+* **share** (`HoldRule.share`): the process holds at most its share of the pool (share.py:
+  ceil(members / live holding processes)); a take at it waits for a member held here with
+  no Redis call, a member over it goes back at its return;
 * **shutdown**: `return_all` gives everything back (the worker's shutdown signals); a member
   in flight then goes back with its request's feedback.
 

@@ -152,3 +152,26 @@ def test_pool_clear_drops_the_count(
     assert ch_a.checkout() is not None and rds.exists(share.holders_key(ch_a))
     ch_a.clear()
     assert not rds.exists(share.holders_key(ch_a))
+
+
+def test_a_proxy_back_to_a_drained_channel_is_not_asked_for_during_its_rest(
+    rds: redis.Redis, redis_url: str, key_prefix: str, held: None
+) -> None:
+    """A held proxy that goes back (its time bound: 0 here) rests in the channel; when the
+    channel had nothing else ready, the process's next take asks Redis nothing while it
+    rests (it would only find it resting). With another proxy ready, it asks and gets it."""
+    name, _ = setup(rds, key_prefix, 1, cooldown=30, hold_seconds=0)
+    ch, h = process(rds, key_prefix, name, redis_url)
+    lease = ch.checkout()
+    assert lease is not None and h.available == 0
+    assert ch.release(lease) == "returned" and len(h) == 0  # back to the channel, resting
+    calls = h.calls
+    assert ch.checkout() is None and h.calls == calls
+
+    name, _ = setup(rds, key_prefix, 2, cooldown=30, hold_seconds=0)
+    ch, h = process(rds, key_prefix, name, redis_url)
+    first = ch.checkout()
+    assert first is not None and h.available == 1
+    assert ch.release(first) == "returned"
+    second = ch.checkout()
+    assert second is not None and second.id != first.id
