@@ -15,11 +15,12 @@ import pytest
 import redis
 
 from external_interface.resources import holding, share
-from external_interface.resources.pool import configure_pool
+from external_interface.resources.pool import Pool, configure_pool
 from external_interface.resources.proxy.channel import ChannelPool
 from external_interface.resources.proxy.models import ProxyAddress
 from external_interface.resources.proxy.pool import GlobalPool
 from settings.proxy import ProxySettings
+from utils.redis import cluster_client
 
 
 @pytest.fixture
@@ -175,3 +176,25 @@ def test_a_proxy_back_to_a_drained_channel_is_not_asked_for_during_its_rest(
     assert ch.release(first) == "returned"
     second = ch.checkout()
     assert second is not None and second.id != first.id
+
+
+@pytest.mark.integration
+def test_the_count_reads_every_sub_pool_on_a_cluster(redis_cluster: Any, key_prefix: str) -> None:
+    """The refresh's pipeline names the holders' slot and each sub-pool's: on a Redis Cluster
+    it still counts the processes and every part's members."""
+    client = cluster_client(str(redis_cluster.url))
+    try:
+        pool = Pool("cookie", "shop", rds=client, prefix=key_prefix, parts=3)  # type: ignore[arg-type]
+        for i in range(7):
+            pool.add({"cookies": {"session": f"s{i}"}}, f"c{i}")
+        assert len({pool.home(f"c{i}") for i in range(7)}) > 1  # members in more than one part
+        one, two = share.Share(pool), share.Share(pool)
+        one.refresh()
+        two.refresh()
+        assert (two.processes, two.members, two.limit) == (2, 7, 4)
+        one.leave()
+        two.refresh()
+        assert (two.processes, two.limit) == (1, None)
+        pool.clear()
+    finally:
+        client.close()
