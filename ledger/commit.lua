@@ -13,7 +13,8 @@
 --       group, the inside of its items' JSON array; n_kids, per kid: step, uniq, json;
 --       n_counts, per count: step, counter, n (counted with the commit)
 -- Reply: one flat array (a table a commit cost as much to convert as the rest of the reply):
--- the run's outstanding tasks (0 without a run), then per commit -1 (already committed) or
+-- the run's outstanding tasks (0 without a run), its hold as read here (2 cancelled, 1 paused,
+-- 0 neither: the caller's begins reuse it for a second), then per commit -1 (already committed) or
 -- the number m of what it staged followed by those m: the number (1-based) of each of its
 -- kids staged, whose message the caller holds, and the message of each waiting child
 -- released, so the caller publishes them with no read-back round trip.
@@ -98,7 +99,7 @@ local function write_entries()
     end
   end
 end
-local reply, counts, touched = {0}, {}, {}
+local reply, counts, touched = {0, cancelled and 2 or paused and 1 or 0}, {}, {}
 local delta, committed = 0, 0
 local ledger_set, ledger_del = {}, {}  -- written with one HSET and one HDEL a call
 local staged_set = {}  -- tid, its staged children's ids: one HSET of the staged hash a call

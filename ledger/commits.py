@@ -14,12 +14,15 @@ from ledger.runs import Runs
 from utils.redis import wait_replicas
 from utils.wire import CommitArgs, KidArgs, commit_argv
 
+HOLDS = ("", "paused", "cancelled")  # the commit script's hold code -> `Runs.hold`'s answer
+
 
 def _committed(reply: list[Any], calls: Sequence[CommitCall]) -> list[Committed | None]:
-    """A commit script's flat reply for `calls`: outstanding, then per commit -1 (had already
-    committed) or m and its m staged children: a kid staged as its number (the script does
-    not copy back a message the caller holds), a waiting child released as its message."""
-    left, pos = int(reply[0]), 1
+    """A commit script's flat reply for `calls`: outstanding, the run's hold, then per commit
+    -1 (had already committed) or m and its m staged children: a kid staged as its number
+    (the script does not copy back a message the caller holds), a waiting child released as
+    its message."""
+    left, hold, pos = int(reply[0]), HOLDS[int(reply[1])], 2
     out: list[Committed | None] = []
     for c in calls:
         m = int(reply[pos])
@@ -29,7 +32,8 @@ def _committed(reply: list[Any], calls: Sequence[CommitCall]) -> list[Committed 
             continue
         got = reply[pos : pos + m]
         pos += m
-        out.append(Committed(left, [c.kids[x - 1] if isinstance(x, int) else x for x in got]))
+        staged = [c.kids[x - 1] if isinstance(x, int) else x for x in got]
+        out.append(Committed(left, staged, hold))
     return out
 
 
@@ -37,16 +41,26 @@ class Commits(Runs):
     """A task's begin and commit, exactly once per task id."""
 
     # task lifecycle
-    def begin(self, rid: str, tid: str, retries: int, redelivered: bool | None = None) -> Begun:
+    def begin(
+        self,
+        rid: str,
+        tid: str,
+        retries: int,
+        redelivered: bool | None = None,
+        hold: str | None = None,
+    ) -> Begun:
         """(already committed?, deliveries of this attempt, run cancelled?) in one round trip
-        (`redelivered`: the broker's flag, `begin_many`)."""
-        return self.begin_many([(rid, tid, retries)], redelivered=redelivered)[0][0]
+        (`redelivered`: the broker's flag; `hold`: the run's hold as the caller knows it;
+        `begin_many`)."""
+        known = {rid: hold} if rid and hold is not None else None
+        return self.begin_many([(rid, tid, retries)], redelivered=redelivered, known=known)[0][0]
 
     def begin_many(
         self,
         calls: Sequence[tuple[str, str, int]],
         batch_id: str = "",
         redelivered: bool | None = None,
+        known: Mapping[str, str] | None = None,
     ) -> tuple[list[Begun], int]:
         """`begin` for several (rid, tid, retries) in one round trip (a batch's entries).
 
@@ -60,19 +74,34 @@ class Commits(Runs):
         delivery is the counter + 1 (the first was not counted). So the counter (INCR,
         EXPIRE, and its UNLINK with the commit: three commands of a page on the run's keys)
         is paid only by a message delivered again, and the poison cap counts the same
-        deliveries. None: every delivery counted, the first as 1 (no flag to go by)."""
+        deliveries. None: every delivery counted, the first as 1 (no flag to go by).
+
+        A first delivery (`redelivered` False) is not looked up in the done set either: only a
+        message delivered again (a requeue, a restore: kombu and AMQP flag both) can be of a
+        task that has committed, or a copy the broker never flagged (a re-send that raced its
+        task's commit, a park's new message after a commit whose reply was lost). Such a copy
+        runs its page again and its commit is refused (the script's `SADD` of the done set):
+        the caller then sends what the first commit staged (`Committer.commit` reads it back),
+        so a missed duplicate costs a fetch, never a second commit. It says not committed.
+
+        `known`: run -> its hold ("cancelled", "paused" or "") as the caller read it lately
+        (`lifecycle.runtime.Runtime.hold`): not read again (a compacted run is read as not:
+        its late duplicate's commit is refused as compacted)."""
         pipe = self.r.pipeline(transaction=False)
+        known = known or {}
         rids = sorted({rid for rid, _, _ in calls if rid})
-        for rid in rids:
+        read = [rid for rid in rids if rid not in known]
+        for rid in read:
             pipe.hmget(self.run_key(rid), "cancelled", "paused", "compacted")
         # committed already? one SMISMEMBER a run (a batch's entries share a few runs)
+        looked = redelivered is not False
         of_run: dict[str, list[str]] = {rid: [] for rid in rids}
         for rid, tid, _ in calls:
             if rid:
                 of_run[rid].append(tid)
-        for rid in rids:
+        for rid in rids if looked else ():
             pipe.smismember(self.done_key(rid, ""), of_run[rid])
-        runless = [tid for rid, tid, _ in calls if not rid]
+        runless = [tid for rid, tid, _ in calls if not rid] if looked else []
         for tid in runless:
             pipe.exists(self.done_key("", tid))
         if redelivered is False:  # a first delivery: nothing to count
@@ -84,18 +113,21 @@ class Commits(Runs):
         for deliv_key in counted:
             pipe.incr(deliv_key)
             pipe.expire(deliv_key, DELIV_TTL)
-        res = pipe.execute()
-        off = len(rids)
-        cancelled = {rid for rid, (c, _, _) in zip(rids, res[:off], strict=True) if c}
-        paused = {rid for rid, (_, p, _) in zip(rids, res[:off], strict=True) if p}
-        compacted = {rid for rid, (_, _, x) in zip(rids, res[:off], strict=True) if x}
+        res = pipe.execute() if len(pipe) else []
+        off = len(read)
+        cancelled = {rid for rid, (c, _, _) in zip(read, res[:off], strict=True) if c}
+        paused = {rid for rid, (_, p, _) in zip(read, res[:off], strict=True) if p}
+        compacted = {rid for rid, (_, _, x) in zip(read, res[:off], strict=True) if x}
+        cancelled.update(rid for rid, h in known.items() if h == "cancelled")
+        paused.update(rid for rid, h in known.items() if h == "paused")
         done: dict[tuple[str, str], bool] = {}
-        for rid, flags in zip(rids, res[off : off + len(rids)], strict=True):
-            done.update(((rid, t), bool(f)) for t, f in zip(of_run[rid], flags, strict=True))
-        off += len(rids)
-        flags = res[off : off + len(runless)]
-        done.update((("", t), bool(f)) for t, f in zip(runless, flags, strict=True))
-        off += len(runless)
+        if looked:
+            for rid, flags in zip(rids, res[off : off + len(rids)], strict=True):
+                done.update(((rid, t), bool(f)) for t, f in zip(of_run[rid], flags, strict=True))
+            off += len(rids)
+            flags = res[off : off + len(runless)]
+            done.update((("", t), bool(f)) for t, f in zip(runless, flags, strict=True))
+            off += len(runless)
         # INCR replies (EXPIRE's between them), + the uncounted first delivery when flagged
         if redelivered is False:
             counts = [1] * max(1, len(calls))
@@ -103,7 +135,7 @@ class Commits(Runs):
             counts = [int(c) + (redelivered is True) for c in res[off::2]]
         begun = [
             Begun(
-                done[(rid, tid)] or rid in compacted,
+                done.get((rid, tid), False) or rid in compacted,
                 0 if batch_id else counts[n],
                 rid in cancelled,
                 rid in paused,

@@ -87,10 +87,12 @@ class CommitCall:
 @dataclass
 class Committed:
     """What a commit left: the run's outstanding tasks (0 without a run) and the child
-    messages (`Kid.encode()` form) it staged, that the task must now send."""
+    messages (`Kid.encode()` form) it staged, that the task must now send; the run's hold
+    as the commit read it ("cancelled", "paused" or "", `Runs.hold`)."""
 
     outstanding: int
     staged: list[bytes]
+    hold: str = ""
 
 
 class Begun(NamedTuple):
@@ -100,6 +102,11 @@ class Begun(NamedTuple):
     deliveries: int  # of this attempt (0 inside a batch: the batch message's count)
     cancelled: bool = False  # its run was cancelled: skip it (commit it as `cancelled`)
     paused: bool = False  # its run is paused: park it in the run's waiting list (`park`)
+
+    @property
+    def hold(self) -> str:
+        """The run's hold as `Runs.hold` says it."""
+        return "cancelled" if self.cancelled else "paused" if self.paused else ""
 
 
 @dataclass

@@ -90,9 +90,24 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
             todo.append((get_endpoint(e["task"]), e))
         except UnknownNameError:
             dead_letter_unknown(state, settings, e, btask.request.hostname or "", btask.app)
+    # the broker's flag, as for a message of its own: a first delivery writes no counter and
+    # looks up no done set (lifecycle/page.py); runs whose hold this process read within a
+    # second are not read again
+    info = btask.request.delivery_info
+    redelivered = bool(info.get("redelivered")) if info else None
+    rids = sorted({e["meta"].get(RUN, "") for _, e in todo} - {""})
+    known = {r: h for r in rids if (h := rt.known_hold(r)) is not None}
     begun, deliveries = state.begin_many(
-        [(e["meta"].get(RUN, ""), e["id"], 0) for _, e in todo], batch_id=btask.request.id or ""
+        [(e["meta"].get(RUN, ""), e["id"], 0) for _, e in todo],
+        batch_id=btask.request.id or "",
+        redelivered=redelivered,
+        known=known,
     )
+    for (_, e), b in zip(todo, begun, strict=True):
+        r = e["meta"].get(RUN, "")
+        if r and r not in known:
+            rt.note_hold(r, b.hold)
+            known[r] = b.hold
     # A redelivered batch (its worker died, or it was requeued) runs entry by entry: each
     # entry counts its own delivery as it starts and commits at once, so a poison entry is
     # charged alone and the work done before a death is kept.
@@ -194,7 +209,8 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
             "%s %s: %d of %d pages handed to new messages", BATCH_TASK, why, len(rest), len(entries)
         )
     bkey = state.deliveries_key("", btask.request.id or "", 0)  # the batch's delivery counter
-    run.finish(btask.app, pipe_extra=lambda p: p.unlink(bkey), front=rest)  # goes with its commits
+    drop = (lambda p: p.unlink(bkey)) if redelivered is not False else None  # none if uncounted
+    run.finish(btask.app, pipe_extra=drop, front=rest)  # goes with its commits
     if rest:
         return f"{len(entries) - len(rest)} pages, {len(rest)} re-queued"
     return f"{len(entries)} pages"

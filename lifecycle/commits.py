@@ -272,6 +272,7 @@ def send_commits(
         raise
     done = [res for res in results if res is not None]
     if rid and done:
+        rt.note_hold(rid, done[-1].hold)  # read by the script: the next begins need not
         n = max(res.outstanding for res in done)
         rt.note_outstanding(rid, n)
         if n <= 0:  # this commit completed the run: compact it now if its items are stored

@@ -78,7 +78,15 @@ def run_page(
     info = None if begun is not None else task.request.delivery_info
     redelivered = bool(info.get("redelivered")) if info else None
     if begun is None:
-        begun = state.begin(rid, tid, attempt, redelivered)
+        # the run's hold as this process knows it from the last second (its commits' replies
+        # say it): a first attempt's begin, or a wait's, then reads nothing at all; a retry
+        # comes back after its backoff, when a pause is what an operator may have done
+        # meanwhile: it reads the run
+        retried = attempt > meta.waits
+        known = rt.known_hold(rid) if rid and not retried else None
+        begun = state.begin(rid, tid, attempt, redelivered, known)
+        if rid and known is None:
+            rt.note_hold(rid, begun.hold)
     elif rid and not (begun.cancelled or begun.paused):
         hold = rt.hold(state, rid)  # cancelled or paused since its batch began?
         if hold:

@@ -158,13 +158,28 @@ class Runtime:
         seen = self._holds.get(rid)
         if seen is not None and now - seen[0] < HOLD_TTL:
             return seen[1]
+        # one reader per second: the other greenlets and threads keep the last answer meanwhile
+        self.note_hold(rid, seen[1] if seen is not None else "", now)
+        hold = state.hold(rid)
+        self.note_hold(rid, hold)
+        return hold
+
+    def known_hold(self, rid: str) -> str | None:
+        """Run `rid`'s hold ("cancelled", "paused" or "") as this process read it within
+        HOLD_TTL seconds (a begin's read, `hold`, or the reply of a commit of the run, which
+        reads it anyway); None: not that lately. A begin that knows it reads nothing: a
+        cancel or pause reaches the process's next begins with its next commit of the run,
+        at most HOLD_TTL later (the commit script itself reads it at every commit)."""
+        seen = self._holds.get(rid)
+        if seen is not None and time.monotonic() - seen[0] < HOLD_TTL:
+            return seen[1]
+        return None
+
+    def note_hold(self, rid: str, hold: str, at: float | None = None) -> None:
+        """Run `rid`'s hold as just read (by a begin, a commit's script)."""
         if len(self._holds) > 10_000:  # old runs: forget them all, the next read costs one call
             self._holds.clear()
-        # one reader per second: the other greenlets and threads keep the last answer meanwhile
-        self._holds[rid] = (now, seen[1] if seen is not None else "")
-        hold = state.hold(rid)
-        self._holds[rid] = (time.monotonic(), hold)
-        return hold
+        self._holds[rid] = (time.monotonic() if at is None else at, hold)
 
     def note_outstanding(self, rid: str, n: int) -> None:
         if len(self._outstanding) > RUNS_SEEN_KEPT:

@@ -71,6 +71,7 @@ def setup(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, State, Aggregator]:
         load=Load(slots=16),
         outstanding_seen=seen.get,
         note_outstanding=seen.__setitem__,
+        note_hold=lambda rid, hold: None,
     )
     return rt, State(), agg
 
