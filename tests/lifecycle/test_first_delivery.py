@@ -52,7 +52,7 @@ def page(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> SiteTask:
 
     monkeypatch.setattr(SiteTask, "_collect", collect)
     task = get_endpoint(TASK).task
-    task.fetched = fetched  # type: ignore[attr-defined]
+    task.fetched = fetched
     return task
 
 
