@@ -133,6 +133,7 @@ class Committer:
     def __init__(self, rt: Runtime, state: RunState, rid: str, who: str) -> None:
         self.rt, self.state, self.rid, self.who = rt, state, rid, who
         self.calls: list[CommitCall] = []
+        self.tasks: list[str] = []  # the task name of each call (its metrics' keys)
         self.after: list[tuple[str, str, str]] = []  # (task name, tid, dedup id) per call
         self.groups: list[tuple[list[bytes], StagedAt]] = []
         self.outstanding = 0
@@ -140,6 +141,7 @@ class Committer:
     def add(self, call: CommitCall, task: str = "", dedup: str = "") -> None:
         """A page's commit, sent with the others by `commit`."""
         self.calls.append(call)
+        self.tasks.append(task)
         self.after.append((task, call.args.tid, dedup))
 
     def commit(
@@ -149,6 +151,7 @@ class Committer:
         `publish`. A commit that finds its task committed already (another delivery's) sends
         what that one staged, read back, unless `read_back` is off."""
         calls, self.calls = self.calls, []
+        tasks, self.tasks = self.tasks, []
         if not calls:
             if pipe_extra is not None:
                 pipe = self.state.r.pipeline(transaction=False)
@@ -156,9 +159,11 @@ class Committer:
                 pipe.execute()
             return []
         results = send_commits(self.rt, self.state, self.rid, calls, pipe_extra)
-        for call, res in zip(calls, results, strict=True):
+        for call, res, name in zip(calls, results, tasks, strict=True):
             if res is not None or read_back:
                 self.stage(call.args.tid, res)
+            if res is None and name and call.args.outcome == "succeeded":
+                recount_duplicate(self.rt, name, call.args.n_items)
         return results
 
     def stage(self, tid: str, res: Committed | None = None) -> None:
@@ -218,6 +223,15 @@ class Committer:
         self.publish(app, front)
         self.mark()
         return results
+
+
+def recount_duplicate(rt: Runtime, task: str, n_items: int) -> None:
+    """A page that ran and whose commit was refused (a copy of a task committed already: two
+    deliveries side by side, or a first delivery, which looks up no done set): its metrics,
+    counted `succeeded` before the commit, count it a `duplicate` of no items."""
+    fix = TaskMetrics()
+    fix.counts.update({"succeeded": -1, "duplicate": 1, **({"items": -n_items} if n_items else {})})
+    fix.aggregate(task, task.split(".", 1)[0], rt.settings)
 
 
 def current_batch(rt: Runtime) -> Committer | None:

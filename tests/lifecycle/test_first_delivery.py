@@ -20,6 +20,7 @@ from config import Settings, get_settings, reset_settings
 from ledger.state import Kid, RunState
 from lifecycle import runtime
 from lifecycle.endpoints import get_endpoint
+from monitor.metrics import aggregator
 
 TASK = "testsite.local.detail"
 CHAIN = orjson.dumps(Chain("c", step(TASK)).to_dict())
@@ -85,6 +86,9 @@ def test_an_unflagged_copy_of_a_committed_task_is_refused_and_sends_what_was_sta
     assert state.staged("r1", "t1") == []  # the first commit's children sent
     sent = [k for k in rds.scan_iter("*testsite*") if rds.type(k) == b"list"]
     assert sum(rds.llen(k) for k in sent) == 2, sent
+    aggregator().flush(rds)  # its metrics: a duplicate, not a second success
+    m = rds.hgetall(settings.key("metrics", "task", TASK))
+    assert (int(m[b"succeeded"]), int(m[b"duplicate"]), int(m[b"started"])) == (0, 1, 1), m
 
 
 def test_a_cancel_reaches_the_next_begin_through_a_commit_and_a_begin_reads_nothing(
