@@ -93,9 +93,9 @@ from lifecycle.hooks import (
 )
 from lifecycle.lost import (
     LOST,
-    PARK_SECONDS,
     STATE_STORE_ERRORS,
     lost_for_message,
+    park_seconds,
     parked_meta,
     uncount_delivery,
     uncount_pending,
@@ -242,12 +242,13 @@ class SiteTask(Task[Any, Any]):
                 ranges = lost_for_message(
                     get_redis(rt.settings.redis_url), exc, [(self.name, meta)]
                 )
-                if ranges and LOST.surplus(self.request.id or ""):
+                wait = park_seconds(rt.settings)  # under the visibility timeout
+                if ranges and LOST.surplus(self.request.id or "", countdown=wait):
                     return "parked already"  # its parked copy is out (lifecycle/lost.py)
                 if ranges:  # its slots no node serves: parked quietly (lifecycle/lost.py)
-                    LOST.parked_one(self.name, ranges)
+                    LOST.parked_one(self.name, ranges, wait)
                     raise self.retry_later(
-                        params, parked_meta(meta), PARK_SECONDS, SlotsLost(ranges)
+                        params, parked_meta(meta), wait, SlotsLost(ranges)
                     ) from None
                 # Our state store is unreachable (or a cluster is failing over): the message
                 # must not be acknowledged.

@@ -30,9 +30,9 @@ from lifecycle.commits import Committer, requeue_unreplicated, set_batch
 from lifecycle.endpoints import EndpointSpec, get_endpoint
 from lifecycle.lost import (
     LOST,
-    PARK_SECONDS,
     STATE_STORE_ERRORS,
     lost_for_message,
+    park_seconds,
     uncount_delivery,
 )
 from lifecycle.unknown import dead_letter_unknown
@@ -67,13 +67,12 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
     except STATE_STORE_ERRORS as exc:
         tasks = [(str(e.get("task", "")), e.get("meta")) for e in entries]
         ranges = lost_for_message(get_redis(runtime.current().settings.redis_url), exc, tasks)
-        if ranges and LOST.surplus(self.request.id or ""):
+        wait = park_seconds(runtime.current().settings)  # under the visibility timeout
+        if ranges and LOST.surplus(self.request.id or "", countdown=wait):
             return "parked already"  # its parked copy is out (lifecycle/lost.py)
         if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
-            LOST.parked_one(BATCH_TASK, ranges)
-            raise self.retry(
-                countdown=PARK_SECONDS, max_retries=None, exc=SlotsLost(ranges)
-            ) from None
+            LOST.parked_one(BATCH_TASK, ranges, wait)
+            raise self.retry(countdown=wait, max_retries=None, exc=SlotsLost(ranges)) from None
         uncount_delivery(runtime.current().state(), "", self.request.id or "", 0)
         log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
         runtime.pause_before_requeue()

@@ -2,9 +2,15 @@
 
 Requeued at once, such a message comes straight back: every slot of every worker would spin
 through it, a warning and a traceback a delivery, while the runs on the surviving masters
-wait behind it. Parked instead: sent again with a countdown (`PARK_SECONDS`, the message
+wait behind it. Parked instead: sent again with a countdown (`park_seconds`, the message
 held by the broker or the worker until then, no slot of the worker held) and the delivery
-acknowledged once the new one is out, as a retry is. Nothing of the run's state changed (its
+acknowledged once the new one is out, as a retry is. The countdown stays under the broker's
+visibility timeout (half of it), as every retry's (`lifecycle.policy.countdown_cap`): a
+Redis broker holds a countdown message in `unacked` while the worker waits for it, and
+kombu's visibility sweep gives back any message held longer while the worker still holds
+it, so each park ran twice and the copies of a parked task doubled every countdown
+(measured: 148 parks in 93 s for 2 tasks under a 6 s visibility timeout and a 10 s
+countdown). Nothing of the run's state changed (its
 slots do not answer), so the redelivery finds the task as it was: committed once or not at
 all, the outbox untouched.
 
@@ -27,7 +33,7 @@ from typing import Any
 
 import redis
 
-from config import get_settings
+from config import Settings, get_settings
 from ledger.state import RunState
 from monitor.metrics import aggregator
 from utils.keyspace import Keyspace
@@ -43,8 +49,8 @@ STATE_STORE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.ClusterError,
     redis.exceptions.RedisClusterException,
 )
-PARK_SECONDS = 10.0  # a parked message's countdown: the slots' return is seen within it
-SURPLUS_MARGIN = 1.0  # a park's own message comes back PARK_SECONDS after it, never sooner
+PARK_SECONDS = 10.0  # a parked message's longest countdown: the slots' return is seen within it
+SURPLUS_MARGIN = 1.0  # a park's own message comes back a countdown after it, never sooner
 
 log = logging.getLogger("chaincrawl.redis")
 
@@ -52,6 +58,14 @@ log = logging.getLogger("chaincrawl.redis")
 _UNCOUNT = """local n = tonumber(redis.call('GET', KEYS[1]) or '0')
 if n > 0 then return redis.call('DECR', KEYS[1]) end
 return 0"""
+
+
+def park_seconds(s: Settings | None = None) -> float:
+    """A parked message's countdown: `PARK_SECONDS`, under the broker's visibility timeout
+    (half of it, at least 1 s, as `countdown_cap`; not the retries' backoff cap), or kombu
+    gives the waiting message back while the worker holds it and both copies park again
+    (the module docstring)."""
+    return min(PARK_SECONDS, max(1.0, 0.5 * (s or get_settings()).visibility_timeout))
 
 
 class LostOutage:
@@ -65,20 +79,25 @@ class LostOutage:
         self.dropped = 0  # surplus copies acknowledged without a new message (`surplus`)
         self._last: dict[str, float] = {}  # task id -> when this process last parked it
 
-    def surplus(self, tid: str, now: float | None = None) -> bool:
+    def surplus(self, tid: str, now: float | None = None, countdown: float = PARK_SECONDS) -> bool:
         """A delivery of task `tid` that meets its lost slots less than a countdown after
         this process parked the same task: the message that park sent is still waiting for
         its countdown, so this one is a surplus copy (a redelivery of a message parked
         before, a re-send): acknowledged without a new message. Each park of a copy sends
         one, so the copies of a task never die out and any duplication multiplied over a
         long loss (206 parks in 77 s for 2 tasks; 1,250 copies of each waiting in a
-        worker). Else the park is noted (True once a countdown for each task id)."""
+        worker). Else the park is noted (True once a countdown for each task id).
+
+        The cause of those copies was a countdown longer than the visibility timeout (see
+        the module docstring); this stays as a guard against the copies other causes make
+        in one process (a delivery held past the visibility timeout, a sweeper's re-send)."""
         if not tid:
             return False
         now = time.monotonic() if now is None else now
         with self.lock:
             last = self._last.get(tid)
-            if last is not None and now - last < PARK_SECONDS - SURPLUS_MARGIN:
+            window = countdown - min(SURPLUS_MARGIN, countdown / 4)
+            if last is not None and now - last < window:
                 self.dropped += 1
                 return True
             self._last[tid] = now
@@ -86,7 +105,9 @@ class LostOutage:
                 self._last = {t: at for t, at in self._last.items() if now - at < 2 * PARK_SECONDS}
         return False
 
-    def parked_one(self, task: str, ranges: list[LostRange]) -> None:
+    def parked_one(
+        self, task: str, ranges: list[LostRange], countdown: float = PARK_SECONDS
+    ) -> None:
         """A message parked: the first of an outage says so (one line) and counts it."""
         with self.lock:
             self.parked += 1
@@ -105,7 +126,7 @@ class LostOutage:
                 "every %.0fs, not acknowledged until they run); one line when they are served",
                 task,
                 reason(ranges),
-                PARK_SECONDS,
+                countdown,
             )
 
     def served(self) -> None:

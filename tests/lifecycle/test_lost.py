@@ -14,7 +14,7 @@ from redis.crc import key_slot
 
 import lifecycle.lost
 import utils.slots
-from config import get_settings
+from config import Settings, get_settings
 from lifecycle.lost import LostOutage, lost_for_message
 from utils.keyspace import Keyspace
 from utils.outage import Outage, OutageFilter
@@ -214,3 +214,15 @@ def test_surplus_copies_of_a_parked_task_die_out(monkeypatch: pytest.MonkeyPatch
         chains = nxt
     assert len(chains) == 1 and parks == 20, (chains, parks)
     assert lost.dropped == 2  # the copy at 103 s, the second chain's first return
+
+
+def test_a_shorter_countdown_narrows_the_surplus_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a short visibility timeout the countdown is shorter (`park_seconds`): a park's
+    own message comes back sooner, and is parked again, not taken for a surplus copy."""
+    monkeypatch.setattr(lifecycle.lost, "_count", lambda counts: None)
+    lost = LostOutage(Outage())
+    wait = lifecycle.lost.park_seconds(Settings(visibility_timeout=6))
+    assert wait == 3.0
+    assert not lost.surplus("t1", 100.0, countdown=wait)
+    assert lost.surplus("t1", 102.0, countdown=wait)  # a copy within the countdown: dropped
+    assert not lost.surplus("t1", 100.0 + wait, countdown=wait)  # the park's own message
