@@ -61,7 +61,7 @@ from ledger.state import RunState
 from utils import process
 from utils.lua import script
 from utils.redis import as_str, get_redis
-from utils.slots import known_lost, lost_for, lost_ranges
+from utils.slots import LostRange, known_lost, lost_for, lost_ranges
 from utils.wire import TaskEnvelope
 
 log = logging.getLogger("chaincrawl.sweeper")
@@ -167,15 +167,20 @@ class Sweeper:
         rids = [rid for rid in rids if not lost_for(ranges, self.state.run_key(rid))]
         if not rids:
             return []
+        # a run's clean mark is a global key (its own slot, not the run's): one on a lost
+        # range is not read (as if none), or its error would fail the pass for every run
+        unmarked = self._marks_lost(rids, ranges)
         pipe = self.r.pipeline(transaction=False)
         for rid in rids:
             pipe.hmget(self.state.run_key(rid), "last", "created", "paused")
             pipe.hlen(self.state.ledger_key(rid))
-            pipe.get(self.clean_key(rid))
-        res = pipe.execute()
+            if rid not in unmarked:
+                pipe.get(self.clean_key(rid))
+        res = iter(pipe.execute())
         out = []
-        for i, rid in enumerate(rids):
-            (last, created, paused), ledger, mark = res[3 * i : 3 * i + 3]
+        for rid in rids:
+            (last, created, paused), ledger = next(res), next(res)
+            mark = None if rid in unmarked else next(res)
             stamp = last or created or b"0"
             if not ledger or (stall > 0 and (paused or now - float(stamp) < stall)):
                 continue
@@ -189,6 +194,13 @@ class Sweeper:
     def clean_key(self, rid: str) -> str:
         return self.s.key("sweeper", "clean", rid)
 
+    def _marks_lost(self, rids: Iterable[str], ranges: list[LostRange] | None = None) -> set[str]:
+        """Those of `rids` whose clean mark is on a lost slot range (`utils.slots`)."""
+        ranges = lost_ranges(self.r) if ranges is None else ranges
+        if not ranges:
+            return set()
+        return {rid for rid in rids if lost_for(ranges, self.clean_key(rid))}
+
     def mark_clean(self, rids: Iterable[str], now: float | None = None) -> None:
         """Stalled runs found whole: not looked at again until `stall` seconds later, then
         twice as long each time (up to CLEAN_MAX), while they make no commit. A run stalled
@@ -196,6 +208,8 @@ class Sweeper:
         whole broker read every interval; with a backlog of 100,000 messages one look costs
         seconds of CPU (`bench/sweep_scan.py`). A death or a restart still checks it at once."""
         rids = list(rids)
+        lost = self._marks_lost(rids)  # not marked: looked at again at the next stall
+        rids = [rid for rid in rids if rid not in lost]
         if not rids:
             return
         now = time.time() if now is None else now

@@ -751,3 +751,30 @@ def test_a_sweeper_that_lost_the_lock_to_a_busy_one_keeps_the_interval(
     other.saw_work = False
     other.try_sweep()  # lost to a holder that found work
     assert other.saw_work and other.next_wait() == 5
+
+
+def test_a_clean_mark_on_a_lost_slot_range_fails_no_pass(
+    app: Celery, rds: redis.Redis, settings: Settings, monkeypatch: Any
+) -> None:
+    """A run's clean mark is a key of its own slot, not the run's: on a cluster with a range
+    lost, the mark of a run served elsewhere may be there. Read in the same pipeline as the
+    run keys, its error failed the pass for every run (no message re-sent while the range was
+    lost); it is left unread (as if none) and unwritten instead. Here one Redis stands for the
+    cluster: the mark is a hash, whose GET fails as the lost node's would."""
+    import chains.sweeper as sweeper_mod
+    from redis.crc import key_slot
+
+    from utils.slots import LostRange
+
+    seed = lost_seed(rds, settings, app)
+    rid = next(iter(RunState(rds, settings).active_runs()))
+    sent: list[dict[str, Any]] = []
+    sw = sweeper(rds, settings, sent)
+    slot = key_slot(sw.clean_key(rid).encode())
+    assert slot != key_slot(sw.state.run_key(rid).encode())
+    lost = [LostRange(slot, slot, "127.0.0.1:1", ())]
+    monkeypatch.setattr(sweeper_mod, "lost_ranges", lambda client, fresh=False: lost)
+    rds.hset(sw.clean_key(rid), "x", "1")  # any read of it fails
+    assert sw.sweep_once() == 1 and [k["id"] for k in sent] == [seed]
+    sw.mark_clean([rid])
+    assert rds.type(sw.clean_key(rid)) == b"hash"  # not written either
