@@ -761,9 +761,9 @@ def test_a_clean_mark_on_a_lost_slot_range_fails_no_pass(
     run keys, its error failed the pass for every run (no message re-sent while the range was
     lost); it is left unread (as if none) and unwritten instead. Here one Redis stands for the
     cluster: the mark is a hash, whose GET fails as the lost node's would."""
-    import chains.sweeper as sweeper_mod
     from redis.crc import key_slot
 
+    import chains.sweeper as sweeper_mod
     from utils.slots import LostRange
 
     seed = lost_seed(rds, settings, app)

@@ -186,8 +186,8 @@ def test_a_lost_slot_range_pauses_its_runs_and_they_resume_when_it_returns(
         # one line from the tasks that park (each worker process that parks one), at most one
         # from the drainer holding back the lost run's entries (and from a re-crawl watch
         # whose keys are lost)
-        said = [log.count(f"{reason}; the runs on those slots are paused") for log in logs]
-        assert sum(said) >= 1 and max(said) == 1, (said, [log[-4000:] for log in logs])
+        lines = [log.count(f"{reason}; the runs on those slots are paused") for log in logs]
+        assert sum(lines) >= 1 and max(lines) == 1, (lines, [log[-4000:] for log in logs])
         for log in logs:
             assert log.count(f"outbox drainer: {reason}") <= 1, log[-4000:]
         # the lost run's messages parked about once a countdown each, not multiplied: the
