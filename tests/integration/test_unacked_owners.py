@@ -20,6 +20,7 @@ from kombu.transport import redis as kredis
 
 import chains
 from broker import kombu_guard, owners
+from chains.broker_scan import message_ids
 from config import get_settings, reset_settings
 from tests.testsite import chains as tchains
 from utils.redis import get_redis, reset_clients
@@ -290,3 +291,49 @@ def test_a_message_lost_with_a_dropped_connection_is_resent_within_seconds(
     assert "the broker connection dropped" in log and "re-sent (" in log, log[-3000:]
     print(f"\nrun complete {took:.1f}s after the connection was cut (sweep stall 600 s)")
     assert took < 300  # seconds, where the visibility timeout alone would take 600
+
+
+def test_two_live_workers_take_back_a_dead_ones_batches_once_and_count_each_page_once(
+    start_worker, test_site: Any
+) -> None:
+    """As above with batch messages (4 pages each) and two survivors, each with a sweeper:
+    the dead worker's batches are restored by one of them, once (kombu's restore is a
+    transaction on `unacked`), and their redeliveries, run entry by entry, count each page
+    once: every page succeeded once in the run's counts, whatever ran twice."""
+    env = {
+        "CHAINCRAWL_VISIBILITY_TIMEOUT": "600",
+        "CHAINCRAWL_DEAD_WORKER_AFTER": "3",
+        "CHAINCRAWL_SWEEP_INTERVAL": "1",
+        "CHAINCRAWL_BATCH": "4",
+        "CHAINCRAWL_BATCH_BACKLOG": "1",  # the root's 16 children always go 4 to a message
+    }
+    metric = get_settings().key("metrics", "broker")
+    before = int(cast("bytes | None", get_redis().hget(metric, "dead_worker_restored")) or 0)
+    doomed = start_worker(concurrency=2, name="doomed", **env)
+    key = f"batches{int(time.time())}"
+    run = chains.run(
+        tchains.probe(f"/flaky/{{entry_id}}-{key}?fails=0&delay=5"), seeds=[{"per": 16}]
+    )
+    deadline = time.monotonic() + 60
+    while sum(test_site.hits[f"flaky:e1-{i}-{key}"] for i in range(16)) < 2:
+        assert time.monotonic() < deadline, run.progress().totals
+        time.sleep(0.05)
+    s = get_settings()
+    unacked = get_redis(s.broker_url).hvals(f"{s.broker_key_prefix}unacked")
+    # it holds batch messages (their ids: the batch's own and its 4 pages')
+    assert max(len(message_ids(raw)) for raw in unacked) == 5
+    doomed.kill()  # within its pages' 5 s: it holds its batches, unacknowledged
+    survivors = [start_worker(concurrency=4, name=f"survivor{i}", **env) for i in range(2)]
+    p = run.wait(timeout=240)
+    assert p.complete, p.totals
+    probe = p.steps["local.probe"]
+    assert probe["succeeded"] == 16 and probe["failed"] == 0, probe
+    hits = [test_site.hits[f"flaky:e1-{i}-{key}"] for i in range(16)]
+    assert all(1 <= h <= 2 for h in hits) and 2 in hits, hits  # the dead one's, run again
+    said = [
+        line for w in survivors for line in w.text().splitlines() if "is gone (no heartbeat" in line
+    ]
+    assert len(said) == 1, said  # one survivor restored them, the other found nothing left
+    restored = int(cast(bytes, get_redis().hget(metric, "dead_worker_restored"))) - before
+    n = int(said[0].split("s): ")[1].split(" of")[0])
+    assert n >= 1 and restored == n, (said, restored)
