@@ -4,7 +4,7 @@ committed in one script call (a batch's pages in one round trip)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -107,7 +107,7 @@ class Commits(Runs):
         if redelivered is False:  # a first delivery: nothing to count
             counted = []
         elif batch_id:
-            counted = [self.deliveries_key("", batch_id, 0)]
+            counted = [self.batch_deliveries_key([rid for rid, _, _ in calls], batch_id)]
         else:
             counted = [self.deliveries_key(rid, tid, retries) for rid, tid, retries in calls]
         for deliv_key in counted:
@@ -143,6 +143,13 @@ class Commits(Runs):
             for n, (rid, tid, _) in enumerate(calls)
         ]
         return begun, counts[0] if batch_id else 0
+
+    def batch_deliveries_key(self, rids: Iterable[str], batch_id: str) -> str:
+        """A batch message's delivery counter (`begin_many`): on the slot of its pages' run
+        when they share one, else of its own. On a slot of its own, a range lost elsewhere
+        failed every delivery of a batch whose run is served, parking it for the whole loss."""
+        one = set(rids)
+        return self.deliveries_key(one.pop() if len(one) == 1 else "", batch_id, 0)
 
     def commit_call(
         self,

@@ -62,7 +62,7 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
     try:
         return _run_batch(self, entries)
     except NotReplicated as exc:  # its replicas did not confirm: not acked, quietly
-        uncount_delivery(runtime.current().state(), "", self.request.id or "", 0)
+        _uncount_batch(self, entries)
         requeue_unreplicated(runtime.current(), BATCH_TASK, exc)
     except STATE_STORE_ERRORS as exc:
         tasks = [(str(e.get("task", "")), e.get("meta")) for e in entries]
@@ -73,10 +73,24 @@ def run_batch(self: Task, entries: list[dict[str, Any]]) -> str:
         if ranges:  # a slot range no node serves: parked quietly (lifecycle/lost.py)
             LOST.parked_one(BATCH_TASK, ranges, wait)
             raise self.retry(countdown=wait, max_retries=None, exc=SlotsLost(ranges)) from None
-        uncount_delivery(runtime.current().state(), "", self.request.id or "", 0)
+        _uncount_batch(self, entries)
         log.warning("%s: state store unreachable (%s); message requeued", BATCH_TASK, exc)
         runtime.pause_before_requeue()
         raise Reject(exc, requeue=True) from None
+
+
+def _batch_key(state: Any, btask: Task, entries: list[dict[str, Any]]) -> str:
+    """The batch message's delivery counter (`begin_many`: on its run's slot)."""
+    rids = [str((e.get("meta") or {}).get(RUN, "")) for e in entries]
+    return str(state.batch_deliveries_key(rids, btask.request.id or ""))
+
+
+def _uncount_batch(btask: Task, entries: list[dict[str, Any]]) -> None:
+    """A requeue the state store caused is not a delivery of the batch (lifecycle/lost.py)."""
+    state = runtime.current().state()
+    runs = {str((e.get("meta") or {}).get(RUN, "")) for e in entries}
+    rid = runs.pop() if len(runs) == 1 else ""
+    uncount_delivery(state, rid, btask.request.id or "", 0)
 
 
 def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
@@ -207,7 +221,7 @@ def _run_batch(btask: Task, entries: list[dict[str, Any]]) -> str:
         log.info(
             "%s %s: %d of %d pages handed to new messages", BATCH_TASK, why, len(rest), len(entries)
         )
-    bkey = state.deliveries_key("", btask.request.id or "", 0)  # the batch's delivery counter
+    bkey = _batch_key(state, btask, [e for _, e in todo])  # the batch's delivery counter
     drop = (lambda p: p.unlink(bkey)) if redelivered is not False else None  # none if uncounted
     run.finish(btask.app, pipe_extra=drop, front=rest)  # goes with its commits
     if rest:

@@ -226,3 +226,19 @@ def test_a_shorter_countdown_narrows_the_surplus_window(monkeypatch: pytest.Monk
     assert not lost.surplus("t1", 100.0, countdown=wait)
     assert lost.surplus("t1", 102.0, countdown=wait)  # a copy within the countdown: dropped
     assert not lost.surplus("t1", 100.0 + wait, countdown=wait)  # the park's own message
+
+
+def test_a_batchs_delivery_counter_is_on_its_runs_slot(
+    rds: redis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    """On a slot of its own, the counter of a batch whose run is served could be on a lost
+    range: every delivery of the batch failed at its begin and was parked for the whole loss.
+    On its pages' run's slot it goes with the run (a batch of several runs keeps its own)."""
+    from ledger.state import RunState
+
+    state = RunState(rds, Settings(redis_url=redis_url, key_prefix=key_prefix))
+    key = state.batch_deliveries_key(["r1", "r1"], "b1")
+    assert key_slot(key.encode()) == key_slot(state.run_key("r1").encode())
+    _, n = state.begin_many([("r1", "t1", 0), ("r1", "t2", 0)], batch_id="b1")
+    assert n == 1 and rds.get(key) == b"1"
+    assert state.batch_deliveries_key(["r1", "r2"], "b1") == state.deliveries_key("", "b1", 0)
