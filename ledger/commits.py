@@ -11,7 +11,7 @@ import redis
 
 from ledger.records import DELIV_TTL, Begun, CommitCall, Committed, Kid
 from ledger.runs import Runs
-from utils.redis import wait_replicas
+from utils.redis import as_str, wait_replicas
 from utils.wire import CommitArgs, KidArgs, commit_argv
 
 HOLDS = ("", "paused", "cancelled")  # the commit script's hold code -> `Runs.hold`'s answer
@@ -259,8 +259,9 @@ class Commits(Runs):
         for g, (idx, sc) in enumerate(zip(groups.values(), script_calls, strict=True)):
             r = res[first + g]
             if isinstance(r, redis.exceptions.NoScriptError):  # a restarted or flushed server
-                self.r.script_load(self._commit.script)
-                r = self.r.evalsha(sha, *sc)
+                # EVAL caches it on the node of the run's slot alone (SCRIPT LOAD goes to
+                # every master of a cluster, failing while any of them is down)
+                r = self.r.eval(as_str(self._commit.script), *sc)
             elif isinstance(r, Exception):
                 error = error or r
                 continue

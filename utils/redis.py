@@ -439,17 +439,28 @@ def reset_clients() -> None:
         _clients.clear()
 
 
+def eval_script(client: redis.Redis, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """One registered script's call (`script.sha`): EVALSHA, and on NOSCRIPT (a restarted or
+    flushed server) EVAL of its code, which the node that answered NOSCRIPT caches. Not
+    `Script.__call__`: its SCRIPT LOAD goes to every master of a cluster (a round trip each,
+    and an error while any master is down, though only one lost the script)."""
+    try:
+        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        return client.eval(as_str(script.script), len(keys), *keys, *args)
+
+
 def eval_scripts(
     client: redis.Redis, calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]
 ) -> list[Any]:
     """Run several registered scripts (`(script, keys, args)`) in one round trip.
 
     A pipeline of `Script` objects first asks `SCRIPT EXISTS` on every execute (a second round
-    trip); plain EVALSHAs do not, and the rare NOSCRIPT (a restarted or flushed server) loads
-    that script and runs its call again on its own."""
+    trip); plain EVALSHAs do not, and the rare NOSCRIPT (a restarted or flushed server) runs
+    that call again on its own by EVAL, on the node of its keys alone (`eval_script`)."""
     if len(calls) == 1:
         script, keys, args = calls[0]
-        return [script(keys=keys, args=args)]
+        return [eval_script(client, script, keys, args)]
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
         pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # cluster-safe too
@@ -457,7 +468,7 @@ def eval_scripts(
     for i, res in enumerate(results):
         if isinstance(res, redis.exceptions.NoScriptError):
             script, keys, args = calls[i]
-            results[i] = script(keys=keys, args=args)  # Script.__call__ loads it
+            results[i] = client.eval(as_str(script.script), len(keys), *keys, *args)
         elif isinstance(res, Exception):
             raise res
     return results
