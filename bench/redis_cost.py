@@ -41,7 +41,8 @@ repeats are comparable.
   machine's moment; the kernel's share, about a third, is not counted). Under callgrind the
   server runs 50-100x slower, so the CPU figures of that run are not printed;
 - **each master** (with `--cluster`): its commands, commands' time and process CPU a page, and
-  its share of each (`per_master`); the replicas' CPU a page summed. `--wait-replicas N` gives
+  its share of each (`per_master`), and the `MONITOR` crawl's commands a page by family on each
+  master (`commands_by_family_per_master_per_page`: which keys load which master); the replicas' CPU a page summed. `--wait-replicas N` gives
   the workers `CHAINCRAWL_REDIS_WAIT_REPLICAS=N`: every commit waits for its replica, as a
   deployment that will not lose an acknowledged page runs;
 - **pages/s** (`throughput`): the measured crawls' pages over their wall clock (from the run's
@@ -414,8 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         in_scripts = 0
         at_end = 0
         ops = ScriptOps()
+        master_families: list[Counter[str]] = []
         for mon in mons:
             mon.finish()
+            master_families.append(Counter(mon.families))
             at_end += mon.at_end
             mon.stop()
             top_by.update(mon.top)
@@ -448,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
             "commands_by_family_per_page": {
                 k: round(v / monitored, 3) for k, v in families.most_common()
             },
+            # the same, each master's apart (with --cluster: which keys load which master)
+            "commands_by_family_per_master_per_page": [
+                {k: round(v / monitored, 3) for k, v in f.most_common() if v / monitored >= 0.01}
+                for f in master_families
+            ]
+            if len(master_families) > 1
+            else None,
             "calls_by_family_per_page": {
                 k: round(v / monitored, 3) for k, v in call_families.most_common()
             },
