@@ -316,7 +316,7 @@ def run(
     note = workers_check(ch, wait_for_workers) if check_workers else ""
     cap = settings.run_max_in_flight if max_in_flight is None else int(max_in_flight)
     state = RunState(get_redis(), settings)
-    rid = run_id or state.new_run_id(_busy_keys(state, ch) if state.cluster else ())
+    rid = run_id or state.new_run_id()
     state.create_run(rid, ch.name, ch.to_json(), prio, cap)
     meta = TaskMeta(run_id=rid, step=ch.root.id, priority=prio, queue=ch.root.options.queue or "")
     wire = meta.to_wire()
@@ -330,14 +330,6 @@ def run(
     handle = RunHandle(rid, ch, state)
     handle.note = note
     return handle
-
-
-def _busy_keys(state: RunState, ch: Chain) -> list[str]:
-    """A key on each busy slot a run of `ch` also loads, besides its own: each of its sites'
-    `{<site>}` (limits, throttle, the first sub-pool of each pool) and the global proxy pool:
-    placement keeps a lone run's master clear of them when it can (`new_run_id`)."""
-    names = {sites.get_endpoint(s.task).site for s in ch.root.walk()}
-    return [state.ks.site(n) for n in sorted(names)] + [state.ks.proxy()]
 
 
 def workers_check(ch: Chain, wait_for_workers: bool = True) -> str:

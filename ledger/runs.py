@@ -28,25 +28,19 @@ class Runs(RunKeys):
     sets."""
 
     # run lifecycle
-    def new_run_id(self, beside: Sequence[str] = ()) -> str:
+    def new_run_id(self) -> str:
         """A fresh run id. On a cluster all of a run's keys live on its slot's master, so the
         id is drawn until that master is one holding the fewest active runs: runs started
         one after another spread evenly over the masters, where random ids leave some with
-        twice the mean. Among those, one that holds none of the keys `beside` (the run's
-        sites' own slots, the global proxy pool: its other busy slots) is preferred when
-        there is one, so a lone run does not share its master with its site's limits and
-        first sub-pools. One run's own load is never split; two triggers at the same
-        instant may pick the same master (both read the same counts)."""
+        twice the mean. One run's own load is never split; two triggers at the same instant
+        may pick the same master (both read the same counts)."""
         rid = uuid.uuid4().hex[:16]
         if not self.cluster:
             return rid
-        cluster = cast(RedisCluster, self.r)
-        masters = [n.name for n in cluster.get_primaries()]
+        masters = [n.name for n in cast(RedisCluster, self.r).get_primaries()]
         load = Counter(self._master(r) for r in self.active_runs())
         least = min(load[m] for m in masters)
         wanted = {m for m in masters if load[m] == least}
-        busy = {str(cluster.get_node_from_key(k).name) for k in beside}
-        wanted = (wanted - busy) or wanted
         for _ in range(64 * len(masters)):  # each draw hits a wanted master >= 1/len(masters)
             if self._master(rid) in wanted:
                 break

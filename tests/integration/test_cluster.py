@@ -153,31 +153,6 @@ def test_new_runs_are_placed_on_the_master_with_the_fewest_active_runs(
     assert len(one.new_run_id()) == 16  # one Redis: a plain random id, nothing read
 
 
-def test_a_lone_run_is_placed_off_the_masters_of_its_sites_slot_and_the_proxy_pool(
-    redis_cluster, key_prefix
-) -> None:
-    """The run's sites' `{<site>}` slot (limits, throttle, first sub-pools) and `{proxy}` are
-    its other busy slots: among the masters with the fewest runs, one holding neither."""
-    from chains.registry import get_chain
-    from chains.runner import _busy_keys
-
-    client = cluster_client(redis_cluster.url)
-    state = RunState(cast(redis.Redis, client), _settings(redis_cluster.url, key_prefix))
-    beside = _busy_keys(state, get_chain("demo_social"))
-    assert beside == [state.ks.site("demo"), state.ks.proxy()]
-    busy = {client.get_node_from_key(k).name for k in beside}
-    assert len(busy) == 2  # {demo} and {proxy} on two of the three masters
-    assert all(state._master(state.new_run_id(beside)) not in busy for _ in range(8))
-    first = state.new_run_id(beside)
-    state.create_run(first, "c", b"{}", 5)
-    later = []
-    for _ in range(2):  # the free master holds a run: the others have the fewest now
-        rid = state.new_run_id(beside)
-        state.create_run(rid, "c", b"{}", 5)
-        later.append(state._master(rid))
-    assert set(later) == busy
-
-
 def test_a_crawl_on_the_cluster_has_exact_counts(redis_cluster, key_prefix) -> None:
     state = RunState(
         cast(redis.Redis, cluster_client(redis_cluster.url)),
