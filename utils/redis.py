@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCluster
+from redis.commands.core import Script
 from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
@@ -317,7 +318,21 @@ def cluster_client(url: str, **kw: Any) -> RedisCluster:
     if cls is PatientCluster:  # a node answered with the slot map: a refusal now is a failure
         _reached = True
     client.commands_parser = StreamKeys(client.commands_parser)  # type: ignore[assignment]  # its pipelines share it
+    client.register_script = lambda script: NodeScript(client, script)  # type: ignore[method-assign]
     return client
+
+
+class NodeScript(Script):
+    """A registered script of a cluster client: a NOSCRIPT (a restarted or flushed master)
+    is answered by `eval_script`, EVAL on the node of the call's keys, which caches it there;
+    redis-py's `Script` would SCRIPT LOAD it on every master first (a round trip each, and an
+    error while any master is down)."""
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        client = client or self.registered_client
+        if not is_cluster(client):  # a plain Redis or pipeline: redis-py's own way
+            return super().__call__(keys, args, client)
+        return eval_script(client, self, list(keys or ()), list(args or ()))
 
 
 SCRIPT_CALLS = ("EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO")

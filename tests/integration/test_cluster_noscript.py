@@ -86,3 +86,26 @@ def test_eval_scripts_after_noscript_reloads_on_the_node_that_answered_it(
     assert eval_scripts(cast(redis.Redis, client), calls[:1]) == [[a.encode(), b"1"]]
     assert [_script_calls(m) for m in masters] == [0, 0, 0]
     assert lost.script_exists(script.sha) == [True]
+
+
+def test_a_registered_script_after_noscript_reloads_on_its_keys_node_alone(
+    redis_cluster, key_prefix
+) -> None:
+    """Every script a cluster client registers (the run's cancel, pause, park..., the leases)."""
+    client = cluster_client(redis_cluster.url)
+    script = client.register_script("return {KEYS[1], ARGV[1]}")
+    masters = [n.client() for n in redis_cluster.masters()]
+    key = f"{key_prefix}:{{r1}}:k"
+    port = int(client.get_node_from_key(key).port)
+    home = next(m for m in masters if m.connection_pool.connection_kwargs["port"] == port)
+    client.script_load(script.script)
+    home.script_flush()
+    _reset(masters)
+    assert script(keys=[key], args=["x"]) == [key.encode(), b"x"]
+    assert script(keys=[key], args=["y"]) == [key.encode(), b"y"]  # EVALSHA again, cached
+    assert [_script_calls(m) for m in masters] == [0, 0, 0]
+    stats = home.info("commandstats")
+    assert stats["cmdstat_eval"]["calls"] == 1 and stats["cmdstat_evalsha"]["calls"] == 2
+    assert home.script_exists(script.sha) == [True]
+    plain = masters[0].register_script("return ARGV[1]")  # one Redis: redis-py's own Script
+    assert plain(args=["z"]) == b"z"
