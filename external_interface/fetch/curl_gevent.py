@@ -49,7 +49,8 @@ class HubMulti:
     def perform(self, c: Any) -> None:
         waiter = Waiter(self.hub)
         self.waiting[c] = waiter
-        self.multi.add_handle(c)  # libcurl asks for a timeout at once: the loop starts it
+        self.multi.add_handle(c)
+        self._start()
         try:
             code, text = waiter.get()
         except BaseException:  # killed, or a gevent.Timeout: the transfer is dropped
@@ -58,6 +59,31 @@ class HubMulti:
             raise
         if code:
             raise pycurl.error(code, text)
+
+    def _start(self) -> None:
+        """Let libcurl start the transfer just added (connect, or send on a kept connection)
+        now, in the adding greenlet, rather than at its 0 ms timer: that fires only once the
+        hub has run every greenlet ready before it, a page's parse or more (at 250 ms and 16
+        in flight a request reached the server 1-2 ms after its slot was taken, 0.2-0.3 ms so).
+        Transfers that end here are woken from the hub, as every other one."""
+        m = self.multi
+        try:
+            while m.socket_action(pycurl.SOCKET_TIMEOUT, 0)[0] == pycurl.E_CALL_MULTI_PERFORM:
+                pass
+            while True:
+                queued, ok, failed = m.info_read()
+                for c in ok:
+                    self.loop.run_callback(self._done_later, c, 0, "")
+                for c, code, text in failed:
+                    self.loop.run_callback(self._done_later, c, code, text)
+                if not queued:
+                    return
+        except pycurl.error:  # the hub's next action on the multi reports it
+            pass
+
+    def _done_later(self, c: Any, code: int, text: str) -> None:
+        if c in self.waiting:  # not dropped meanwhile (its greenlet killed)
+            self._done(c, code, text)
 
     def _socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
         """libcurl's socket callback: watch `fd` for what it waits for, or stop watching."""

@@ -58,9 +58,15 @@ class LimitedFetcher:
             waited = time.monotonic() - t0
             if waited > 0.001:
                 req = replace(req, timeout=max(0.001, req.timeout - waited))
-            return self.inner.fetch(req)
-        finally:
+            resp = self.inner.fetch(req)
+        except BaseException:
             sem.release()
+            raise
+        if self._ranked:  # the next request goes out before this response is parsed
+            sem.pass_on()
+        else:
+            sem.release()
+        return resp
 
 
 def _bounded_semaphore(n: int) -> Any:

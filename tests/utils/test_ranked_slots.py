@@ -135,3 +135,22 @@ def test_a_waiter_served_before_its_timeout_keeps_the_slot() -> None:
     assert got == [True] and (slots.free, slots.waiting) == (0, 0)
     slots.release()
     assert slots.free == 1
+
+
+def test_pass_on_lets_the_waiter_run_before_the_releaser_goes_on() -> None:
+    """A fetch slot given back with `pass_on` goes to the waiter, which runs (sends its
+    request) before the releaser parses its response; with nobody waiting nothing yields."""
+    slots = RankedSlots(1)
+    order: list[str] = []
+    slots.acquire()
+    g = _waiter(slots, 0, "waiter", order)
+    gevent.sleep(0)  # queued
+    slots.pass_on()
+    order.append("releaser")
+    g.join()
+    assert order == ["waiter", "releaser"]
+    slots.acquire()
+    later = gevent.spawn(order.append, "spawned")
+    slots.pass_on()  # nobody waits: no switch, the spawned greenlet has not run yet
+    assert order == ["waiter", "releaser"] and slots.free == 1
+    later.join()
