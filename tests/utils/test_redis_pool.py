@@ -1,0 +1,61 @@
+"""utils.redis.LeanPool: redis-py's pool with a lighter checkout keeps its behaviour: one
+connection reused, nothing left in use after commands and pipelines, a connection the server
+closed replaced at checkout, another process's connection never pooled, and redis-py's own
+path wherever its checkout does more (a credential provider, a client-side cache)."""
+
+from __future__ import annotations
+
+import redis
+from redis.credentials import UsernamePasswordCredentialProvider
+
+from utils.redis import LeanPool, get_redis, reset_clients
+
+
+def test_the_shared_client_takes_the_lean_pool_and_reuses_one_connection(redis_url: str) -> None:
+    reset_clients()
+    try:
+        client = get_redis(redis_url)
+        pool = client.connection_pool
+        assert isinstance(pool, LeanPool) and pool.lean
+        for i in range(5):
+            client.set("lean:pool:k", i)
+        pipe = client.pipeline()
+        pipe.get("lean:pool:k")
+        pipe.incr("lean:pool:k")
+        assert pipe.execute() == [b"4", 5]
+        assert pool._created_connections == 1 and not pool._in_use_connections
+        assert len(pool._available_connections) == 1
+        client.delete("lean:pool:k")
+    finally:
+        reset_clients()
+
+
+def test_a_connection_the_server_closed_is_replaced_at_checkout(redis_url: str) -> None:
+    pool = LeanPool.from_url(redis_url)
+    client = redis.Redis(connection_pool=pool)
+    client.ping()
+    assert len(pool._available_connections) == 1
+    killer = redis.Redis.from_url(redis_url)
+    killer.client_kill_filter(_id=str(client.client_id()))
+    killer.close()
+    assert client.ping()  # checkout saw the hang-up and reconnected; no error
+    assert not pool._in_use_connections and len(pool._available_connections) == 1
+    pool.disconnect()
+
+
+def test_another_process_s_connection_is_not_pooled(redis_url: str) -> None:
+    pool = LeanPool.from_url(redis_url)
+    conn = pool.get_connection()
+    conn.pid = -1  # as if made before a fork
+    pool.release(conn)
+    assert not pool._available_connections and not pool._in_use_connections
+    pool.disconnect()
+
+
+def test_a_credential_provider_keeps_redis_py_s_own_checkout(redis_url: str) -> None:
+    provider = UsernamePasswordCredentialProvider()
+    pool = LeanPool.from_url(redis_url, credential_provider=provider)
+    assert not pool.lean
+    assert redis.Redis(connection_pool=pool).ping()
+    assert not pool._in_use_connections
+    pool.disconnect()
