@@ -20,7 +20,11 @@ detection by `Response` and the same typed errors; the headers are the default f
 (`chaincrawl/VERSION` unless one is lent, `Accept-Encoding: gzip, deflate`).
 
 One easy handle per request in flight, reused: the connection (keep-alive) and libcurl's
-parsed state stay warm. Threads (and a process without gevent) run the transfer on the
+parsed state stay warm, and so do its options: after a GET without body or cookie the handle
+is not reset, and the next request sets only the options whose value differs (the URL and
+the cookie list's erasure each time; the deadline, size limit, proxy, headers and redirects
+when they change); a request with a method, body or cookie of its own has its handle reset
+after it, as every handle was before. Threads (and a process without gevent) run the transfer on the
 calling thread, libcurl releasing the GIL. On the gevent pool the transfers of a hub go
 through one `CurlMulti` whose sockets and timer the hub's loop watches (`curl_gevent.py`):
 no thread hand-off, and the multi's connection cache shared by every handle.
@@ -87,7 +91,7 @@ class CurlFetcher:
             "user-agent": ("User-Agent", default_user_agent()),
             "accept": ("Accept", "*/*"),
         }
-        self.handles = Handles(pycurl.Curl)
+        self.handles = Handles(pycurl.Curl, keep=_keep)
         self.connections = 0  # connections opened, for tests and the benchmark
         self._threadpool = HubThreadpool()
 
@@ -120,10 +124,16 @@ class CurlFetcher:
 
     def _send(self, c: Any, t: Transfer) -> tuple[int, str]:
         """One transfer on handle `c`: its status and the last hop's URL."""
-        libcurl.configure(c.setopt, t, self.max_redirects, self.cacert)
+        held: dict[int, Any] | None = getattr(c, "held", None)
+        if held is None:  # a new handle, or one reset after its last request
+            held = c.held = {}
+            libcurl.settle(c.setopt, self.max_redirects, self.cacert)
+            c.setopt(HTTP_VERSION, HTTP_1_1)  # as the other fetchers, https too (docstring)
+        libcurl.configure_kept(c.setopt, t, held)
+        if not libcurl.plain(t):
+            c.held = None  # its method, body or cookie stay on it: reset after this one
         c.setopt(libcurl.WRITEFUNCTION, t.body)
         c.setopt(libcurl.HEADERFUNCTION, t.lines.append)  # None: every byte taken
-        c.setopt(HTTP_VERSION, HTTP_1_1)  # as the other fetchers, https too (module docstring)
         self._perform(c, t)
         self.connections += c.getinfo(pycurl.NUM_CONNECTS)
         return c.getinfo(pycurl.RESPONSE_CODE), c.getinfo(pycurl.EFFECTIVE_URL)
@@ -139,6 +149,12 @@ class CurlFetcher:
         except pycurl.error as exc:
             code, text = exc.args[0], short_error(exc.args[-1])
             raise t.error or libcurl.map_error(code, text, t.req, self.max_redirects) from None
+
+
+def _keep(c: Any) -> bool:
+    """Whether handle `c` goes back with its options (they are all in `c.held`): a handle
+    whose request set a method, body or cookie is reset, and sets everything next time."""
+    return getattr(c, "held", None) is not None
 
 
 def hub_multi() -> Any:

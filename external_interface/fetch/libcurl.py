@@ -50,6 +50,9 @@ MAXFILESIZE_LARGE = int(_O.MAXFILESIZE_LARGE)
 WRITEFUNCTION, HEADERFUNCTION = int(_O.WRITEFUNCTION), int(_O.HEADERFUNCTION)
 
 
+_UNSET = object()
+
+
 def cacert(ca_bundle: str) -> str:
     """The CA bundle a handle trusts: the deployment's (CHAINCRAWL_CA_BUNDLE), else certifi's."""
     return ca_bundle or certifi.where()
@@ -64,25 +67,50 @@ def request_body(body: Any) -> bytes | None:
 
 def configure(setopt: Callable[..., Any], t: Transfer, max_redirects: int, ca: str) -> None:
     """Set transfer `t`'s options on a freshly reset handle through its `setopt`."""
-    req, body = t.req, t.send
-    left_ms = max(1, int(req.timeout * 1000))
-    setopt(URL, t.url.encode())
-    setopt(HTTPHEADER, t.headers)
-    setopt(ACCEPT_ENCODING, t.encoding.encode())  # decoded as the header asks
-    setopt(TIMEOUT_MS, left_ms)  # the whole transfer: the request's deadline
-    setopt(CONNECTTIMEOUT_MS, max(1, min(left_ms, int(req.connect_timeout * 1000))))
+    settle(setopt, max_redirects, ca)
+    configure_kept(setopt, t, {})
+
+
+def settle(setopt: Callable[..., Any], max_redirects: int, ca: str) -> None:
+    """The options every request of a fetcher shares, set once on a new (or reset) handle."""
     setopt(NOSIGNAL, 1)
-    setopt(FOLLOWLOCATION, 1 if req.allow_redirects else 0)
     setopt(MAXREDIRS, max_redirects)
-    setopt(MAXFILESIZE_LARGE, req.max_bytes)  # a declared length over it: refused unread
     setopt(CAINFO, ca.encode())
     setopt(SUPPRESS_CONNECT_HEADERS, 1)  # a proxy's CONNECT answer is not the page
     setopt(COOKIEFILE, b"")  # the cookie engine: a redirect's Set-Cookie goes on
-    setopt(COOKIELIST, b"ALL")  # ... within this request only
+
+
+def plain(t: Transfer) -> bool:
+    """Whether `t` is a GET without body or cookie: the options it leaves on a handle are
+    all in `configure_kept`'s `held`, so the next request can set only what differs."""
+    return t.send is None and not t.cookie and t.req.method.upper() == "GET"
+
+
+def configure_kept(setopt: Callable[..., Any], t: Transfer, held: dict[int, Any]) -> None:
+    """Set transfer `t`'s own options on a handle that holds `held` (option -> the value
+    last set; empty for a handle just made or reset, whose shared options `settle` set):
+    only those whose value differs, and every request's cookie list erased (the engine
+    keeps cookies across requests and resets alike). A transfer that is not `plain` sets its
+    method, body and cookie besides: its handle must be reset before its next request."""
+    req = t.req
+    left_ms = max(1, int(req.timeout * 1000))
+    for opt, value in (
+        (URL, t.url.encode()),
+        (HTTPHEADER, t.headers),
+        (ACCEPT_ENCODING, t.encoding.encode()),  # decoded as the header asks
+        (TIMEOUT_MS, left_ms),  # the whole transfer: the request's deadline
+        (CONNECTTIMEOUT_MS, max(1, min(left_ms, int(req.connect_timeout * 1000)))),
+        (FOLLOWLOCATION, 1 if req.allow_redirects else 0),
+        (MAXFILESIZE_LARGE, req.max_bytes),  # a declared length over it: refused unread
+        (PROXY, (req.proxy or "").encode()),  # "": never the environment's proxy
+    ):
+        if held.get(opt, _UNSET) != value:
+            setopt(opt, value)
+            held[opt] = value
+    setopt(COOKIELIST, b"ALL")  # a redirect's cookies go on within this request only
     if t.cookie:
         setopt(COOKIE, t.cookie.encode())
-    setopt(PROXY, (req.proxy or "").encode())  # "": never the environment's proxy
-    method = req.method.upper()
+    method, body = req.method.upper(), t.send
     if method == "HEAD":
         setopt(NOBODY, 1)
     elif body is not None or method == "POST":
@@ -97,10 +125,12 @@ def configure(setopt: Callable[..., Any], t: Transfer, max_redirects: int, ca: s
 class Handles:
     """Easy handles not in use, one per request in flight, reused with their connections
     (`make` builds one); a handle whose transfer failed is closed, its connection not
-    trusted again."""
+    trusted again. A handle that worked is reset (every option back to libcurl's default)
+    unless `keep(handle)` says its options can stay for the next request."""
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, make: Callable[[], Any], keep: Callable[[Any], bool] | None = None) -> None:
         self.make = make
+        self.keep = keep  # whether a handle goes back as it is (None: every one reset)
         self.idle: list[Any] = []  # list.pop/append are atomic
 
     def lend(self, use: Callable[[Any], T]) -> T:
@@ -113,7 +143,8 @@ class Handles:
             raise
         # an interruption (a killed greenlet, gevent.Timeout) skips both: the transfer may
         # still run in a pool thread, so the handle is dropped untouched, freed when unused
-        c.reset()  # every option back to its default; connections and caches kept
+        if self.keep is None or not self.keep(c):
+            c.reset()  # every option back to its default; connections and caches kept
         self.idle.append(c)
         return out
 
@@ -189,11 +220,13 @@ class Transfer:
         detection left to it."""
         head, history = self.final()
         headers = urllib3.HTTPHeaderDict(head)
+        content = b"".join(self.chunks)
+        self.chunks = []  # a kept handle's callback holds this transfer until its next one
         return Response(
             url=final,
             status=status,
             headers=headers,
-            content=b"".join(self.chunks),
+            content=content,
             elapsed=time.monotonic() - start,
             declared_encoding=header_charset(headers.get("content-type", "")),
             history=history,
