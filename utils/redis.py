@@ -25,6 +25,7 @@ from redis.retry import Retry
 
 from config import get_settings, is_cluster_url
 from utils.process import pid
+from utils.redis_pool import LeanPool, lean_kwargs
 from utils.slots import SlotsLost, lost_now
 
 log = logging.getLogger("chaincrawl.redis")
@@ -264,72 +265,6 @@ def be_patient(patience: float, notify: Notify | None = None) -> None:
     reset_clients()
 
 
-class LeanPool(redis.ConnectionPool):
-    """redis-py's connection pool with a lighter checkout: every command (and pipeline)
-    takes a connection and gives it back, and redis-py 8 does it with four calls to its
-    metrics recorder, a pool-name lookup, a deprecation wrapper and an event dispatch around
-    each, about 9 us a command on a gevent worker. Here the same steps without them, where
-    they do nothing: redis-py's OpenTelemetry metrics off in this process when the pool is
-    built, no client-side cache, no streaming credential provider (whose re-auth the
-    release event triggers). The steps kept are redis-py's own: the pid check (a forked
-    child never uses its parent's sockets), the lock, the connection made or reused,
-    connected, checked for unread bytes or a closed socket (reconnected then), and given
-    back unless another process owns it or it was marked for reconnect. Any other pool
-    (metrics on, a cache, a credential provider) takes redis-py's own path."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        try:
-            from redis.observability.recorder import _get_or_create_collector
-
-            metrics = _get_or_create_collector() is not None
-        except ImportError:  # a redis-py whose internals moved: its own path throughout
-            metrics = True
-        self.lean = (
-            not metrics
-            and self.cache is None
-            and self.connection_kwargs.get("credential_provider") is None
-        )
-
-    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.lean or args or kwargs:
-            return super().get_connection(*args, **kwargs)
-        self._checkpid()
-        with self._lock:
-            try:
-                connection = self._available_connections.pop()
-            except IndexError:
-                connection = self.make_connection()
-            self._in_use_connections.add(connection)
-        try:
-            connection.connect()
-            try:
-                if connection.can_read() and not self.maint_notifications_enabled():
-                    raise redis.ConnectionError("Connection has data")
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                connection.disconnect()
-                connection.connect()
-                if connection.can_read() and not self.maint_notifications_enabled():
-                    raise redis.ConnectionError("Connection not ready") from None
-        except BaseException:
-            self.release(connection)
-            raise
-        return connection
-
-    def release(self, connection: Any) -> None:
-        if not self.lean or not self.owns_connection(connection):
-            return super().release(connection)
-        self._checkpid()
-        with self._lock:
-            try:
-                self._in_use_connections.remove(connection)
-            except KeyError:  # not this pool's (reset meanwhile): dropped, as redis-py does
-                return
-            if connection.should_reconnect():
-                connection.disconnect()
-            self._available_connections.append(connection)
-
-
 def get_redis(url: str | None = None) -> redis.Redis:
     """A shared, thread-safe client (redis-py pools connections per client); a
     `RedisCluster` for a cluster URL (typed as `redis.Redis`: callers use the common commands).
@@ -350,7 +285,12 @@ def get_redis(url: str | None = None) -> redis.Redis:
                     if _patience is not None:
                         extra = {"retry": PatientRetry(_patience), "retry_on_error": OUTAGE_ERRORS}
                     pool = LeanPool.from_url(
-                        url, health_check_interval=30, retry_on_timeout=True, **_TIMEOUTS, **extra
+                        url,
+                        health_check_interval=30,
+                        retry_on_timeout=True,
+                        **_TIMEOUTS,
+                        **extra,
+                        **lean_kwargs(),
                     )
                     client = redis.Redis(connection_pool=pool)
                     client.auto_close_connection_pool = True  # as Redis.from_url's own
