@@ -77,10 +77,15 @@ _FRAME = re.compile(r"^(?P<fn>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 def parse_raw(path: Path) -> list[tuple[str, list[tuple[str, str]], int]]:
     """[(thread name, [(function, file), ...root first], samples)] from py-spy raw output."""
     out = []
+    held = ""  # a stack whose frame name held a line break, up to it
     for line in path.read_text(errors="replace").splitlines():
         if not line.strip():
             continue
-        stack, _, n = line.rpartition(" ")
+        stack, _, n = (held + line).rpartition(" ")
+        if not n.isdigit():  # the stack goes on on the next line
+            held += line + " "
+            continue
+        held = ""
         parts = stack.split(";")
         has_thread = parts[0].startswith("thread (")
         thread = parts[0].partition(":")[2].strip() if has_thread else ""
