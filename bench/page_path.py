@@ -17,8 +17,11 @@ or an EVAL's body to the `.lua` files whose code it holds). The worker records t
 one (as long as the crawl's) and the crawl itself, each dumped by SIGUSR2. Reported:
 
 - trigger: every checkout file `chains.run()` calls into, in order of first call;
-- page: the files called by the task greenlet that ran the root page (from the message's
-  arrival to its ack);
+- page: the files called by the task greenlet that ran the root page's last attempt (from
+  the message's arrival to its ack): the root task is the run's one task at the chain's root
+  step (the worker's `task_prerun` signal names each greenlet's task, run and step), and on
+  a busy machine it may wait for a limit or a lease and run again, so its last attempt, the
+  one that committed, is read whatever the load;
 - consumer: the files the consumer called in the crawl window and not in the idle one (the
   message taken off the broker);
 - store: the drainer thread's files in the crawl window and not in the idle one (the outbox
@@ -68,8 +71,13 @@ class Recorder:
         self.funcs: dict[tuple[int, str], set[str]] = {}
         self.roots: dict[int, str] = {}
         self.shas: dict[int, list[str]] = {}
+        self.tasks: dict[int, list[dict[str, Any]]] = {}  # the Celery tasks a greenlet ran
+        self.alive: dict[int, Any] = {}  # each greenlet recorded, held: its id not reused
         self.n = 0
         self.off = False  # while a take reads the scripts: the recorder's own calls
+        from utils.wire import RUN, STEP
+
+        self._meta_keys = (RUN, STEP)  # a task message's run id and step, in its meta
         self._current: Any = None
         try:
             from greenlet import getcurrent
@@ -100,6 +108,7 @@ class Recorder:
         self.n += 1
         self.seen[key] = self.n
         if g not in self.roots:
+            self.alive[g] = self._current()
             bottom = frame
             while bottom.f_back is not None:
                 bottom = bottom.f_back
@@ -107,6 +116,26 @@ class Recorder:
                 f"{threading.current_thread().name} {_rel(bottom.f_code.co_filename)}:"
                 f"{bottom.f_code.co_name} {_rel(f)}:{code.co_name}"
             )
+
+    def task_started(self, task_id: str, wire: Any) -> None:
+        """A Celery task starts in this greenlet (the worker's `task_prerun`): its id, and
+        the run and step its message's meta names."""
+        meta = wire if isinstance(wire, dict) else {}
+        run, step = self._meta_keys
+        cur = self._current()
+        self.alive.setdefault(id(cur), cur)
+        self.tasks.setdefault(id(cur), []).append(
+            {"id": task_id, "run": meta.get(run, ""), "step": meta.get(step, ""), "state": ""}
+        )
+
+    def task_ended(self, task_id: str, state: str, retval: Any) -> None:
+        """Its end (`task_postrun`): SUCCESS with `run_page`'s outcome, or RETRY (a wait or a
+        retry: the same task id runs again as a new message)."""
+        for t in reversed(self.tasks.get(id(self._current()), [])):
+            if t["id"] == task_id:
+                t["state"] = state or ""
+                t["outcome"] = retval if isinstance(retval, str) else ""
+                break
 
     def install(self) -> None:
         sys.setprofile(self.hook)
@@ -123,7 +152,9 @@ class Recorder:
 
     def _take(self) -> dict[str, Any]:
         seen, roots, shas, funcs = self.seen, self.roots, self.shas, self.funcs
+        tasks = self.tasks
         self.seen, self.roots, self.shas, self.funcs = {}, {}, {}, {}
+        self.tasks, self.alive = {}, {}
         by: dict[int, list[tuple[int, str]]] = {}
         for (g, f), n in seen.items():
             if funcs[(g, f)] <= IMPORT_ONLY:  # imported in the window, no function of it ran
@@ -145,6 +176,7 @@ class Recorder:
                     if gg == g and not funcs[(g, f)] <= IMPORT_ONLY
                 },
                 "scripts": sorted({s for sha in shas.get(g, []) for s in scripts.get(sha, [sha])}),
+                "tasks": tasks.get(g, []),
             }
             for g, files in by.items()
         }
@@ -207,6 +239,16 @@ if os.environ.get(OUT_ENV):
         Path(f"{os.environ[OUT_ENV]}.{_dumps[0]}.json").write_text(json.dumps(data))
 
     signal.signal(signal.SIGUSR2, _dump)
+    from celery import signals as _signals
+
+    def _prerun(task_id: str = "", args: Any = (), **_: Any) -> None:
+        _recorder.task_started(task_id, args[1] if len(args) > 1 else None)
+
+    def _postrun(task_id: str = "", state: str = "", retval: Any = None, **_: Any) -> None:
+        _recorder.task_ended(task_id, state, retval)
+
+    _signals.task_prerun.connect(_prerun, weak=False)
+    _signals.task_postrun.connect(_postrun, weak=False)
     _recorder.install()
     from worker import app
 
@@ -304,11 +346,14 @@ def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
     pages = [  # pages of their own (not batch entries), in the order they ran
         g for g in tasks if "base_task.py" in g["files"] and "lifecycle/batch.py" not in g["files"]
     ]
-    pages.sort(key=lambda g: g["first"])
-    # the root page: the first to run that raised nothing (on a busy machine the first try may
-    # wait for a limit or a lease and run again: an error's path is not a page's)
-    page = next((g for g in pages if "exceptions.py" not in g["files"]), pages[0])
-    batch = [f for g in tasks for f in g["files"] if f not in page["files"]]
+    page, attempts = root_page(pages, handle.run_id, chain.root.id)
+    batch = [
+        f
+        for g in tasks
+        if "lifecycle/batch.py" in g["files"]
+        for f in g["files"]
+        if f not in page["files"]
+    ]
     trig = [f for g in sorted(trigger.values(), key=lambda g: g["first"]) for f in g["files"]]
     drainer = [g for g in crawl.values() if g["root"].startswith("outbox-drainer ")]
     store = [f for g in drainer for f in g["files"]]
@@ -341,6 +386,8 @@ def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
             "scripts": page["scripts"],
             "root": page["root"],
             "funcs": page["funcs"],
+            "task": page["tasks"][-1],
+            "attempts": attempts,
         },
         "consumer": {
             "files": list(dict.fromkeys(consumer)),
@@ -358,6 +405,25 @@ def _read_path(ps: Any, pool: str | None) -> dict[str, Any]:
         "background": background,
         "windows": {"crawl": crawl, "idle": idle, "trigger": trigger},
     }
+
+
+def root_page(pages: list[dict[str, Any]], run_id: str, step: str) -> tuple[dict[str, Any], int]:
+    """The root page's last attempt, and how many attempts the window holds. The root task is
+    the one task of the run at its root step (one seed); on a busy machine it may wait for a
+    limit or a lease (a Celery retry: the same task id, a new message, a new greenlet) before
+    the attempt that commits. Its last attempt is the one read, whatever ran before it; it
+    must have ended in success."""
+    ids = {t["id"] for g in pages for t in g["tasks"] if t["run"] == run_id and t["step"] == step}
+    if len(ids) != 1:
+        raise RuntimeError(f"expected one root task of run {run_id} at step {step!r}: {ids}")
+    (tid,) = ids
+    runs = sorted(
+        (g for g in pages if any(t["id"] == tid for t in g["tasks"])), key=lambda g: g["first"]
+    )
+    page = runs[-1]
+    if len(page["tasks"]) != 1 or page["tasks"][0]["state"] != "SUCCESS":
+        raise RuntimeError(f"the root task's last attempt did not succeed alone: {page['tasks']}")
+    return page, len(runs)
 
 
 def bottom_layer(f: str) -> bool:
