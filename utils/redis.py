@@ -462,15 +462,19 @@ def reset_clients() -> None:
         _clients.clear()
 
 
-def eval_script(client: redis.Redis, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+def eval_script(
+    client: redis.Redis, script: Any, keys: Sequence[Any], args: Sequence[Any], **options: Any
+) -> Any:
     """One registered script's call (`script.sha`): EVALSHA, and on NOSCRIPT (a restarted or
     flushed server) EVAL of its code, which the node that answered NOSCRIPT caches. Not
     `Script.__call__`: its SCRIPT LOAD goes to every master of a cluster (a round trip each,
-    and an error while any master is down, though only one lost the script)."""
+    and an error while any master is down, though only one lost the script). `options` go to
+    `execute_command` (`NEVER_DECODE=True`: a binary reply, whatever the client decodes)."""
     try:
-        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **options)
     except redis.exceptions.NoScriptError:
-        return client.eval(as_str(script.script), len(keys), *keys, *args)
+        code = as_str(script.script)
+        return client.execute_command("EVAL", code, len(keys), *keys, *args, **options)
 
 
 def eval_scripts(

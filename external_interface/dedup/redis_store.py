@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 from hiredis import pack_command
@@ -38,7 +38,7 @@ from external_interface.dedup.layout import (
 )
 from monitor.metrics import aggregator
 from utils.lua import load_lua
-from utils.redis import is_cluster
+from utils.redis import eval_script, is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,13 @@ _ONE_OP = struct.Struct(">QH")  # a bucket's only op: sub-bucket << 40 | fp, con
 
 
 _Call = tuple[list[str], list[bytes], list[list[int]]]  # bucket keys, their ops, op positions
+
+
+class _Script(NamedTuple):
+    """What `utils.redis.eval_script` runs: the script's code and its SHA1."""
+
+    script: str
+    sha: str
 
 
 class RedisDedup(DedupBase):
@@ -105,6 +112,7 @@ class RedisDedup(DedupBase):
         )
         self._layout: Layout | None = None
         self._sha = hashlib.sha1(SCRIPT.encode()).hexdigest()
+        self._script = _Script(SCRIPT, self._sha)
         self.cluster = is_cluster(client)
 
     # -- layout / meta --------------------------------------------------------------------
@@ -171,8 +179,7 @@ class RedisDedup(DedupBase):
         head = (mode, now, lay.subs, lay.pending)
         failed = self._send(todo, head, out, epoch)
         if failed and all(isinstance(e, redis.exceptions.NoScriptError) for _, e in failed):
-            self.client.script_load(SCRIPT)  # the server lost it (restart, SCRIPT FLUSH)
-            failed = self._send(iter([c for c, _ in failed]), head, out, epoch)
+            failed = self._reload([c for c, _ in failed], head, out, epoch)
         if failed:
             raise failed[0][1]
         return out
@@ -248,6 +255,27 @@ class RedisDedup(DedupBase):
         if keys:
             yield keys, args, order
 
+    def _reload(
+        self, calls: list[_Call], head: tuple[int, ...], out: list[Seen], epoch: int
+    ) -> list[tuple[_Call, Exception]]:
+        """The calls a master lost the script for (a restart, SCRIPT FLUSH): the first of each
+        master runs alone by `eval_script` (EVAL there, which caches it on that master alone,
+        not SCRIPT LOAD on every master: a round trip each, and an error while any is down),
+        the others are sent again as EVALSHA. -> the failures, as `_send`'s."""
+        cluster = cast(RedisCluster, self.client)
+        done: set[str] = set()
+        rest: list[_Call] = []
+        for call in calls:
+            keys, args, _ = call
+            name = cluster.get_node_from_key(keys[0]).name if self.cluster else ""
+            if name in done:
+                rest.append(call)
+                continue
+            done.add(name)
+            reply = eval_script(self.client, self._script, keys, [*head, *args], NEVER_DECODE=True)
+            _decode(call, reply, out, epoch)
+        return self._send(iter(rest), head, out, epoch) if rest else []
+
     def _send(
         self, todo: Iterator[_Call], head: tuple[int, ...], out: list[Seen], epoch: int
     ) -> list[tuple[_Call, Exception]]:
@@ -270,7 +298,6 @@ class RedisDedup(DedupBase):
 
         sent: list[tuple[_Call, Any]] = []
         failed: list[tuple[_Call, Exception]] = []
-        new, statuses, unpack = tuple.__new__, _STATUSES, _OP.iter_unpack
         try:
             for call in todo:
                 keys, args, _ = call
@@ -285,10 +312,7 @@ class RedisDedup(DedupBase):
                 except redis.exceptions.ResponseError as e:
                     failed.append((call, e))
                     continue
-                for idx, data in zip(call[2], reply, strict=True):
-                    for i, (st, hr) in zip(idx, unpack(data), strict=True):
-                        if st:
-                            out[i] = new(Seen, (statuses[st], epoch + hr))
+                _decode(call, reply, out, epoch)
             return failed
         except BaseException:
             for _, conn in conns.values():
@@ -328,6 +352,15 @@ class RedisDedup(DedupBase):
         for i in range(0, len(keys), 1000):
             self.client.unlink(*keys[i : i + 1000])
         self._layout = None
+
+
+def _decode(call: _Call, reply: list[bytes], out: list[Seen], epoch: int) -> None:
+    """A call's reply (per bucket, its ops' status and first-seen hour) into `out`."""
+    new, statuses, unpack = tuple.__new__, _STATUSES, _OP.iter_unpack
+    for idx, data in zip(call[2], reply, strict=True):
+        for i, (st, hr) in zip(idx, unpack(data), strict=True):
+            if st:
+                out[i] = new(Seen, (statuses[st], epoch + hr))
 
 
 def _glob_escape(s: str) -> str:

@@ -1,6 +1,6 @@
 """A script a node lost (a restarted or flushed master) is cached again on that node alone:
-the commit and `eval_scripts` run it there by EVAL, with no SCRIPT LOAD on the other masters
-(a round trip each, and an error while any of them is down)."""
+the commit, `eval_scripts` and the dedup store run it there by EVAL, with no SCRIPT LOAD on the
+other masters (a round trip each, and an error while any of them is down)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from config import Settings
+from external_interface.dedup import MemoryDedup, RedisDedup
 from ledger.state import RunState
 from utils.redis import cluster_client, eval_scripts
 
@@ -109,3 +110,35 @@ def test_a_registered_script_after_noscript_reloads_on_its_keys_node_alone(
     assert home.script_exists(script.sha) == [True]
     plain = masters[0].register_script("return ARGV[1]")  # one Redis: redis-py's own Script
     assert plain(args=["z"]) == b"z"
+
+
+def test_the_dedup_store_after_noscript_reloads_on_each_master_that_lost_it_alone(
+    redis_cluster, key_prefix
+) -> None:
+    client = cluster_client(redis_cluster.url)
+    store = RedisDedup("noscript", cast(redis.Redis, client), prefix=key_prefix, capacity=100_000)
+    twin = MemoryDedup()
+    ids = [f"item-{i}" for i in range(3000)]
+    assert store.mark_many(ids[:1500]) == twin.mark_many(ids[:1500])  # the script on every master
+    masters = [n.client() for n in redis_cluster.masters()]
+    port_of = {int(m.connection_pool.connection_kwargs["port"]): m for m in masters}
+    sha = store._script.sha
+    lost = masters[0]
+    lost.script_flush()  # one master restarted: many of a batch's calls meet NOSCRIPT there
+    _reset(masters)
+    assert store.mark_many(ids) == twin.mark_many(ids)  # half seen, half new
+    assert [_script_calls(m) for m in masters] == [0, 0, 0]  # no SCRIPT LOAD anywhere
+    evals = [int(m.info("commandstats").get("cmdstat_eval", {}).get("calls", 0)) for m in masters]
+    assert evals == [1, 0, 0]  # one call ran by EVAL on the master that lost it, the rest EVALSHA
+    assert lost.script_exists(sha) == [True]
+    for m in masters:
+        m.script_flush()  # every master lost it: one EVAL on each
+    _reset(masters)
+    probe = [f"item-{i}" for i in range(2000, 4000)]
+    assert store.check_many(probe) == twin.check_many(probe)
+    assert [_script_calls(m) for m in masters] == [0, 0, 0]
+    stats = [m.info("commandstats") for m in masters]
+    assert [int(st["cmdstat_eval"]["calls"]) for st in stats] == [1, 1, 1]
+    assert all(int(st["cmdstat_evalsha"]["calls"]) > 1 for st in stats)
+    assert [m.script_exists(sha) for m in port_of.values()] == [[True]] * 3
+    store.clear()
