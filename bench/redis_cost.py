@@ -42,7 +42,11 @@ repeats are comparable.
   server runs 50-100x slower, so the CPU figures of that run are not printed;
 - **each master** (with `--cluster`): its commands, commands' time and process CPU a page, and
   its share of each (`per_master`), and the `MONITOR` crawl's commands a page by family on each
-  master (`commands_by_family_per_master_per_page`: which keys load which master); the replicas' CPU a page summed. `--wait-replicas N` gives
+  master (`commands_by_family_per_master_per_page`: which keys load which master); the replicas' CPU a page summed.
+  The busiest master's load (commands' time) over the mean is given for each measured crawl
+  (`busiest_master_vs_mean_per_crawl`, the max and median over the crawls): each crawl is a new
+  run that may land on another master, so the one over the crawls summed
+  (`busiest_master_vs_mean_crawls_summed`) reads more even than any one run was. `--wait-replicas N` gives
   the workers `CHAINCRAWL_REDIS_WAIT_REPLICAS=N`: every commit waits for its replica, as a
   deployment that will not lose an acknowledged page runs;
 - **pages/s** (`throughput`): the measured crawls' pages over their wall clock (from the run's
@@ -85,6 +89,8 @@ from bench.feature_cost import HEALTHY, QUEUES, FeatureSite
 from bench.redis_counts import (
     Monitor,
     Usage,
+    balance,
+    busiest_vs_mean,
     commandstats,
     connections,
     per_master,
@@ -378,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                     "commands_per_page": round(sum(s["calls"]) / r.pages, 2),
                     "usec_per_page": round(sum(s["usec"]) / r.pages, 1),
                     "redis_process_us_per_page": round(1e6 * sum(s["cpu"]) / r.pages, 1),
+                    # this crawl's own (its runs'): the busiest master's load over the mean
+                    "busiest_master_vs_mean": busiest_vs_mean(s["usec"]),
                 }
             )
             print(json.dumps({"crawl": i + 1, **rows[-1]}), flush=True)
@@ -508,11 +516,13 @@ def main(argv: list[str] | None = None) -> int:
             },
             "redis_process_us_per_page": round(1e6 * cpu / pages, 1),
             "connections_per_page": round(conns / pages, 4),
+            # the shares of the measured crawls summed per master
             "cpu_share_per_master": [m["cpu_share"] for m in masters],
             "load_share_per_master": [m["usec_share"] for m in masters],
-            "busiest_master_vs_mean": round(
-                max(m["usec_share"] for m in masters) * len(masters), 2
-            ),
+            # the busiest master's load over the mean: each crawl's (a run's balance), their
+            # max and median, and of the crawls summed (more even when their runs landed on
+            # different masters: not one run's)
+            **balance(spent),
             # each master's commands, commands' time and process CPU a page, and its shares
             "per_master": masters,
             "replicas_process_us_per_page": round(

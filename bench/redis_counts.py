@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
@@ -279,3 +281,25 @@ def per_master(spent: list[dict[str, Any]], pages: int) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
+
+
+def busiest_vs_mean(usec: Sequence[float]) -> float:
+    """The busiest master's commands' time over the masters' mean (1.0: even; 3.0: all of it
+    on one of three masters; 0.0 when nothing ran)."""
+    total = sum(usec)
+    return round(max(usec) * len(usec) / total, 2) if total else 0.0
+
+
+def balance(spent: list[dict[str, Any]]) -> dict[str, Any]:
+    """The busiest master over the mean (`busiest_vs_mean`) of each measured crawl apart, the
+    max and median of those, and of the crawls' time summed per master. Each crawl is a new
+    run (or runs), which may land on another master: the summed figure reads more even than
+    any one crawl was, and only the per-crawl ones are a run's balance."""
+    per = [busiest_vs_mean(s["usec"]) for s in spent]
+    summed = [sum(col) for col in zip(*(s["usec"] for s in spent), strict=True)]
+    return {
+        "busiest_master_vs_mean_per_crawl": per,
+        "busiest_master_vs_mean_max_over_crawls": max(per),
+        "busiest_master_vs_mean_median_over_crawls": round(statistics.median(per), 2),
+        "busiest_master_vs_mean_crawls_summed": busiest_vs_mean(summed),
+    }

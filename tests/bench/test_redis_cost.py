@@ -31,7 +31,9 @@ def test_a_small_crawl_reports_a_pages_cost_and_the_backlog(capsys) -> None:
     assert out["calls_by_command_per_page"]["evalsha"] > 0  # the commit script, counted once
     assert out["commands_in_scripts_per_page"] > 0
     assert out["redis_process_us_per_page"] > 0 and out["broker_redis_us_per_page"] > 0
-    assert out["cpu_share_per_master"] == [1.0] and out["busiest_master_vs_mean"] == 1.0
+    assert out["cpu_share_per_master"] == [1.0] and crawl["busiest_master_vs_mean"] == 1.0
+    assert out["busiest_master_vs_mean_per_crawl"] == [1.0]
+    assert out["busiest_master_vs_mean_crawls_summed"] == 1.0
     backlog = out["outbox_backlog"]
     assert backlog["items_waiting"] == crawl["stored"]  # one item a page, none stored
     assert backlog["items_per_entry"] > 1  # a batch's entries of one step and type: one
@@ -49,6 +51,26 @@ def test_callgrind_counts_the_state_stores_instructions_over_the_measured_crawl(
     # server's start-up (uninstrumented) nor a count per call
     assert 20_000 < out["redis_instructions_per_page"] < 1_000_000
     assert "redis_process_us_per_page" not in out  # meaningless under valgrind
+
+
+def test_the_balance_is_each_crawls_own_beside_the_crawls_summed() -> None:
+    """Three one-run crawls whose runs landed on different masters: each crawl's busiest master
+    is its run's (2.7, 2.4 and 1.2 times the mean); their time summed per master reads 1.3,
+    more even than two of the three crawls were."""
+    usec = [[90, 5, 5], [10, 10, 80], [30, 30, 40]]
+    spent: list[dict[str, Any]] = [{"usec": u, "calls": u, "cpu": u} for u in usec]
+    assert redis_counts.balance(spent) == {
+        "busiest_master_vs_mean_per_crawl": [2.7, 2.4, 1.2],
+        "busiest_master_vs_mean_max_over_crawls": 2.7,
+        "busiest_master_vs_mean_median_over_crawls": 2.4,
+        "busiest_master_vs_mean_crawls_summed": 1.3,
+    }
+    summed_shares = [m["usec_share"] for m in redis_counts.per_master(spent, 100)]
+    assert round(max(summed_shares) * 3, 2) == 1.3  # the per-master shares are the summed ones
+    assert redis_counts.busiest_vs_mean([7]) == 1.0  # one Redis
+    assert redis_counts.busiest_vs_mean([0, 0, 0]) == 0.0  # nothing ran
+    two = redis_counts.balance(spent[:2])  # an even count: the median between the two
+    assert two["busiest_master_vs_mean_median_over_crawls"] == 2.55
 
 
 def test_the_monitor_counts_a_known_crawls_calls_commands_and_families(
