@@ -389,28 +389,29 @@ def test_a_stop_ends_an_idle_drainers_long_block_at_once(
     """An idle drainer blocks up to MAX_IDLE_BLOCK (20 s) in one XREADGROUP; a stop unblocks
     it (CLIENT UNBLOCK: answered as a timeout) rather than waiting it out, and an entry
     written just before the stop is stored, not left pending. (The client's socket timeout
-    is the workers' 30 s: a block stays under two thirds of it.)"""
+    is the workers' 30 s: a block stays under two thirds of it.) Only this test's connections
+    are looked at (by their client name): the test Redis is shared, and another test's drainer
+    may be blocked on it at the same time."""
     assert MAX_IDLE_BLOCK >= 10
-    client = redis.Redis.from_url(redis_url, socket_timeout=30)
+    name = f"stop-ends-block-{key_prefix}"
+    client = redis.Redis.from_url(redis_url, socket_timeout=30, client_name=name)
+
+    def blocked() -> list[dict[str, Any]]:
+        return [
+            c
+            for c in rds.client_list()
+            if c.get("name") == name and c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
+        ]
+
     d = Drainer(client, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0)
     blocks = record_blocks(d)
     d.start_thread()
     wait_until(lambda: int(MAX_IDLE_BLOCK * 1000) in blocks, 60, "a long idle block")
-    wait_until(
-        lambda: [
-            c
-            for c in rds.client_list()
-            if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
-        ],
-        10,
-        "blocked",
-    )
+    wait_until(blocked, 10, "blocked")
     started = time.monotonic()
     d.stop(timeout=30)
     assert time.monotonic() - started < 5  # not the block's 20 s
-    assert not [
-        c for c in rds.client_list() if c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
-    ]
+    assert not blocked()
     d = Drainer(client, key_prefix, [jsonl], batch=1000, interval=60.0, idle_flush=0)
     d.start_thread()
     wait_until(lambda: d.reader.unblockable, 10, "the reader's client id")
