@@ -343,26 +343,24 @@ def test_a_long_brpop_is_unblocked_at_close_and_loses_nothing(
         with contextlib.suppress(TimeoutError):  # the BRPOP is sent and stays in flight
             conn.drain_events(timeout=0.3)
         assert ch._in_poll
-        blocked = [
-            c for c in rds.client_list() if c.get("cmd") == "brpop" and "b" in c.get("flags", "")
-        ]
-        assert len(blocked) == 1
+        # this channel's connection only: other tests' consumers share the Redis
+        host, port = ch._in_poll._sock.getsockname()[:2]
+        mine = f"{host}:{port}"
+
+        def blocked() -> list[dict[str, Any]]:
+            return [
+                c
+                for c in rds.client_list()
+                if c.get("cmd") == "brpop" and "b" in c.get("flags", "") and c["addr"] == mine
+            ]
+
+        assert len(blocked()) == 1
         before = kombu_guard.counts["unblocked"]
         started = time.monotonic()
         conn.release()  # closes the channel
         assert time.monotonic() - started < 5  # kombu alone: the BRPOP's 60 s
         assert kombu_guard.counts["unblocked"] == before + 1
-        wait_for(
-            lambda: (
-                not [
-                    c
-                    for c in rds.client_list()
-                    if c.get("cmd") == "brpop" and "b" in c.get("flags", "")
-                ]
-            ),
-            timeout=10,
-            what="no BRPOP left blocked",
-        )
+        wait_for(lambda: not blocked(), timeout=10, what="no BRPOP left blocked")
     finally:
         with contextlib.suppress(Exception):
             conn.release()
