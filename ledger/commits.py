@@ -37,6 +37,15 @@ def _committed(reply: list[Any], calls: Sequence[CommitCall]) -> list[Committed 
     return out
 
 
+def answered(replies: Sequence[Any], calls: Sequence[CommitCall]) -> list[Committed | None] | None:
+    """What the script call of `calls` (one run's, queued first) answered in `replies`, the
+    pipeline's replies `run_commits` gives when the pipeline raised: None if it did not
+    answer (so whether they committed is not known)."""
+    if not replies or not isinstance(replies[0], list):
+        return None
+    return _committed(replies[0], calls)
+
+
 class Commits(Runs):
     """A task's begin and commit, exactly once per task id."""
 
@@ -225,11 +234,13 @@ class Commits(Runs):
         calls: Sequence[CommitCall],
         pipe_pre: Any = None,
         pipe_extra: Any = None,
+        replies: list[Any] | None = None,
     ) -> list[Committed | None]:
         """Send commit calls (`commit_call`) in one round trip: one script call per
         run, so a batch's counters, EXPIREs and `last` are written once, summed over its
         pages, and each task id still commits at most once. `pipe_pre` adds commands before
-        them, `pipe_extra` after. EVALSHA straight into the pipeline: a registered `Script`
+        them, `pipe_extra` after; `replies` gets the pipeline's replies, errors included (a
+        cluster pipeline writes what the masters that answer take while it raises). EVALSHA straight into the pipeline: a registered `Script`
         would make redis-py send SCRIPT EXISTS in a round trip of its own first."""
         groups: dict[str, list[int]] = {}
         for n, c in enumerate(calls):
@@ -253,6 +264,8 @@ class Commits(Runs):
         if pipe_extra is not None:
             pipe_extra(pipe)
         res = pipe.execute(raise_on_error=False)
+        if replies is not None:
+            replies += res
         out: list[Committed | None] = [None] * len(calls)
         ended: list[str] = []  # on a cluster: runs the scripts completed, to drop from active
         error: Exception | None = None

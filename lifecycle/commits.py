@@ -29,7 +29,7 @@ from ledger.model import Chain, fan_out
 from ledger.state import CommitCall, Committed, Kid, RunState, StagedAt
 from lifecycle.endpoints import EndpointSpec, Follow, Item
 from lifecycle.runtime import Runtime, pause_before_requeue
-from monitor.metrics import TaskMetrics, aggregator
+from monitor.metrics import TaskMetrics, aggregator, unwritten
 from utils.logsafe import safe_text
 from utils.process import new_id, note_tasks_done
 from utils.redis import REPLICAS, NotReplicated, get_redis
@@ -271,18 +271,24 @@ def send_commits(
         if sync:
             _tail_sync[0] = now
     taken: dict[str, Any] = {}
+    sent: list[list[str]] = []  # the keys of each metrics call, first in the pipeline
+    replies: list[Any] = []
 
     def pre(pipe: Any) -> None:
         # sums on a lost slot range (a site's metrics keys) stay pending: in the commit's
         # pipeline they would fail the commit of a run whose own slots are served
         lost = known_lost(state.r)
         keep = (lambda k: lost_for(lost, k) is not None) if lost else None
-        taken.update(agg.drain_into(pipe, keep))
+        taken.update(agg.drain_into(pipe, keep, sent))
 
     try:
-        results = state.run_commits(calls, pipe_pre=pre if sync else None, pipe_extra=pipe_extra)
+        results = state.run_commits(
+            calls, pipe_pre=pre if sync else None, pipe_extra=pipe_extra, replies=replies
+        )
     except Exception:
-        agg.restore(taken)
+        # the sums the masters took stay written (the commit is tried again, its sums not):
+        # kept, they would be added twice; a pipeline that answered nothing keeps them all
+        agg.restore(unwritten(taken, sent, replies))
         raise
     done = [res for res in results if res is not None]
     if rid and done:

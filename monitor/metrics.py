@@ -42,11 +42,12 @@ _ADD = "\n".join(
 )
 
 
-def add_sums(pipe: Any, sums: Mapping[str, Mapping[str, int]]) -> None:
+def add_sums(pipe: Any, sums: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
     """Queue `sums` (key -> field -> n, added to the hash's fields) on `pipe`: one script call
     for every key (one a key on a cluster pipeline, the keys' slots differ). EVAL, not EVALSHA:
     a flushed or restarted server has nothing to lose a flush to (NOSCRIPT in a commit's
-    pipeline would be its error), and the body is sent once an interval."""
+    pipeline would be its error), and the body is sent once an interval. Returns the keys of
+    each call queued, in order (`unwritten`)."""
     calls: list[tuple[list[str], list[Any]]] = []
     for key, counts in sums.items():
         fields = [(f, n) for f, n in counts.items() if n]
@@ -57,11 +58,31 @@ def add_sums(pipe: Any, sums: Mapping[str, Mapping[str, int]]) -> None:
             args += (f, n)
         calls.append(([key], args))
     if not calls:
-        return
+        return []
     if not isinstance(pipe, ClusterPipeline):
         calls = [([k for ks, _ in calls for k in ks], [a for _, args in calls for a in args])]
     for keys, args in calls:
         pipe.execute_command("EVAL", _ADD, len(keys), *keys, *args)
+    return [keys for keys, _ in calls]
+
+
+def unwritten(
+    taken: Mapping[str, Mapping[str, int]], sent: list[list[str]], replies: list[Any]
+) -> dict[str, Mapping[str, int]]:
+    """Of the sums `taken` and queued first on a pipeline that failed (`sent`: the keys of
+    each call, `add_sums`), those not written: the calls whose reply is an error. A cluster
+    pipeline writes the calls of the masters that answer while the pipeline as a whole
+    raises (another master's call, or any other command in it, failed): kept for the next
+    try, those would be added twice. No `replies` (the pipeline raised before any): all."""
+    if not replies:
+        return dict(taken)
+    failed = {
+        k
+        for n, keys in enumerate(sent)
+        for k in keys
+        if n >= len(replies) or isinstance(replies[n], Exception)
+    }
+    return {k: c for k, c in taken.items() if k in failed}
 
 
 def task_key(task: str, s: Settings | None = None) -> str:
@@ -159,16 +180,22 @@ class Aggregator:
         return taken
 
     def drain_into(
-        self, pipe: Any, keep: Callable[[str], bool] | None = None
+        self,
+        pipe: Any,
+        keep: Callable[[str], bool] | None = None,
+        sent: list[list[str]] | None = None,
     ) -> dict[str, Counter[str]]:
         """Queue every pending sum on `pipe` (`add_sums`; but those whose key `keep` says
-        to keep: left pending); returns what was taken, for `restore` if the pipeline fails."""
+        to keep: left pending); returns what was taken, for `restore` if the pipeline fails
+        (`sent` gets the keys of each call queued: what `unwritten` restores)."""
         taken = self._take()
         if keep is not None:
             kept = {k: c for k, c in taken.items() if keep(k)}
             taken = {k: c for k, c in taken.items() if k not in kept}
             self.restore(kept)
-        add_sums(pipe, taken)
+        calls = add_sums(pipe, taken)
+        if sent is not None:
+            sent += calls
         return taken
 
     def restore(self, taken: Mapping[str, Mapping[str, int]]) -> None:

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 import lifecycle.commits
+import monitor.metrics
 from ledger.publish import Load
 from ledger.records import Committed
 from lifecycle.commits import TAIL_SYNC_EVERY, send_commits
 from monitor.metrics import Aggregator
+from utils.redis import NotReplicated
 
 
 class Pipe:
@@ -52,7 +54,9 @@ class State:
     def compact_settled(self, rids: list[str]) -> None:
         pass
 
-    def run_commits(self, calls: Any, pipe_pre: Any = None, pipe_extra: Any = None) -> Any:
+    def run_commits(
+        self, calls: Any, pipe_pre: Any = None, pipe_extra: Any = None, replies: Any = None
+    ) -> Any:
         log: list[tuple[Any, ...]] = []
         if pipe_pre is not None:
             pipe_pre(Pipe(log))
@@ -116,4 +120,63 @@ def test_the_commit_that_completes_the_run_writes_what_its_process_left_pending(
     assert commit(rt, state, agg, 20) == 0  # throttled: pending
     assert commit(rt, state, agg, 0) == 0  # seen 20, throttled, but it completed the run
     assert sorted(state.flushed) == [("m:site", "succeeded", 2), ("m:task", "succeeded", 2)]
+    assert not agg.pending()
+
+
+class PartlyFailing(State):
+    """A pipeline whose commit script and metrics sums are written, but one command after them
+    (another master's sums or extras) fails: the whole call raises, as `run_commits` does."""
+
+    def __init__(self, fail_at: int | None) -> None:
+        super().__init__()
+        self.fail_at = fail_at  # which queued metrics call fails (None: a later extra)
+        self.written: list[tuple[Any, ...]] = []
+
+    def run_commits(
+        self, calls: Any, pipe_pre: Any = None, pipe_extra: Any = None, replies: Any = None
+    ) -> Any:
+        log: list[tuple[Any, ...]] = []
+        pipe = Pipe(log)
+        per_call: list[list[tuple[Any, ...]]] = []
+
+        def execute_command(*args: Any) -> None:
+            before = len(log)
+            Pipe.execute_command(pipe, *args)
+            per_call.append(log[before:])
+
+        pipe.execute_command = execute_command  # type: ignore[method-assign]
+        if pipe_pre is not None:
+            pipe_pre(pipe)
+        out: list[Any] = []
+        for n, adds in enumerate(per_call):
+            if n == self.fail_at:
+                out.append(ConnectionError("a master away"))
+            else:
+                self.written += adds
+                out.append(1)
+        out.append([0, 0])  # the commit script's reply: committed
+        out.append(ConnectionError("an extra on a master away") if self.fail_at is None else 1)
+        if replies is not None:
+            replies.extend(out)
+        if self.fail_at == -1:  # all written, too few replicas confirmed
+            raise NotReplicated("0 of 1 replicas")
+        raise next(r for r in out if isinstance(r, Exception))
+
+
+@pytest.mark.parametrize("fail_at", [0, 1, None, -1])
+def test_a_partial_pipeline_failure_after_the_commit_writes_no_sum_twice(
+    setup: tuple[Any, State, Aggregator], fail_at: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit script succeeded on the run's master, another part of its pipeline (a sum
+    on another master, or an extra) failed, or its replicas did not confirm it: the sums
+    written are not kept for the next flush (they would be added twice), only those whose
+    call failed are."""
+    rt, _, agg = setup
+    monkeypatch.setattr(monitor.metrics, "ClusterPipeline", Pipe)  # one call a key
+    state = PartlyFailing(fail_at)
+    agg.add(("m:task", "m:site"), {"succeeded": 1})
+    with pytest.raises(NotReplicated if fail_at == -1 else ConnectionError):
+        send_commits(rt, state, "r1", [])  # type: ignore[arg-type]
+    agg.flush(SimpleNamespace(pipeline=lambda transaction=False: Pipe(state.written)))
+    assert sorted(state.written) == [("m:site", "succeeded", 1), ("m:task", "succeeded", 1)]
     assert not agg.pending()
