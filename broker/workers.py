@@ -172,8 +172,9 @@ class TaskSets:
         pipe.delete(self.alive_key(worker))
         pipe.execute()
 
-    def mark_unknown(self, tids: Iterable[str], pipe: Any = None) -> None:
-        """Task ids a worker refused as unknown: the sweeper leaves them alone; counted."""
+    def mark_unknown(self, tids: Iterable[str], pipe: Any = None, count: bool = True) -> None:
+        """Task ids a worker refused as unknown: the sweeper leaves them alone; counted
+        (unless `count` is off: `count_unknown` then, once a task)."""
         tids = [t for t in tids if t]
         if not tids:
             return
@@ -182,9 +183,13 @@ class TaskSets:
         p.zadd(self.unknown_key, dict.fromkeys(tids, now))
         p.zremrangebyscore(self.unknown_key, "-inf", now - UNKNOWN_KEEP)
         p.expire(self.unknown_key, UNKNOWN_KEEP)
-        p.hincrby(self.metrics_key, "unknown_tasks", len(tids))
+        if count:
+            self.count_unknown(len(tids), p)
         if pipe is None:
             p.execute()
+
+    def count_unknown(self, n: int, pipe: Any) -> None:
+        pipe.hincrby(self.metrics_key, "unknown_tasks", n)
 
     # -- the readers' side
 

@@ -8,7 +8,9 @@ re-send it every few seconds and the run would never end. Instead, in one round 
 task commits as `failed` (its run's `outstanding` drops, so the run ends), its dead letter
 says which task and what to do ("restart the workers so they load ..."; `deadletter replay`
 after the restart runs it), the task id is marked unknown (the sweeper leaves it alone) and
-counted (`metrics:broker` `unknown_tasks`, and the task's `failed:NotRegistered`).
+counted (`metrics:broker` `unknown_tasks`, and the task's `failed:NotRegistered`) once the
+commit answers that it committed: a redelivery (a batch's, a re-send's) writes the same dead
+letter again and counts nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from broker.workers import TaskSets
 from config import Settings
+from ledger.commits import answered
 from ledger.publish import send_kid
 from ledger.state import RunState
 from lifecycle.endpoints import queue_for
@@ -73,12 +76,30 @@ def dead_letter_unknown(
     metrics.outcome("started")
     metrics.outcome("failed", ERROR_TYPE)
 
-    def extra(pipe: Any) -> None:
+    def extra(pipe: Any) -> None:  # written again by a redelivery: the same
         dls.add(dl, pipe)
-        sets.mark_unknown([tid], pipe)
-        metrics.flush(pipe, task, task.split(".", 1)[0], s)
+        sets.mark_unknown([tid], pipe, count=False)
 
-    res = state.commit(rid=rid, tid=tid, step=step, outcome="failed", pipe_extra=extra)
+    def count() -> None:  # once a task: after the commit answered that it committed
+        pipe = state.r.pipeline(transaction=False)
+        sets.count_unknown(1, pipe)
+        metrics.flush(pipe, task, task.split(".", 1)[0], s)
+        pipe.execute()
+
+    call = state.commit_call(rid=rid, tid=tid, step=step, outcome="failed")
+    replies: list[Any] = []
+    try:
+        res = state.run_commits([call], pipe_extra=extra, replies=replies)[0]
+    except Exception:
+        got = answered(replies, [call])
+        if got is not None and got[0] is not None:  # committed, an extra failed: counted now
+            try:
+                count()
+            except Exception as exc:
+                log.warning("counting unknown task %s failed: %s", tid, exc)
+        raise
+    if res is not None:
+        count()
     log.error(
         "%s does not know task %r (task id %s, run %s): dead-lettered; %s",
         who,
