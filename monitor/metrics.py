@@ -11,7 +11,9 @@ whose keys live on different slots). While a run's backlog is shallow
 0.25 s a process until the backlog is below the process's slots, then every one; the commit
 that completes the run writes its process's sums at once), so a run's metrics are complete
 when the run is, or at most one interval later (another process's last commits of the run
-that left them pending). A killed worker loses at most one interval of metrics; run counters
+that left them pending). A pipeline that fails part-way (a cluster's masters that answer
+take their calls) keeps for the next try only the sums whose call failed (`unwritten`), so
+none is added twice. A killed worker loses at most one interval of metrics; run counters
 are exact either way (they live in the commit script). Stored fields are unchanged.
 """
 
