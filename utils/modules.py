@@ -4,6 +4,10 @@ Site and chain discovery import every module of a package tree. A module that ra
 import (a syntax error, a typo'd name, an invalid `Item`) is recorded as a `BrokenModule`,
 named in one line with the file and line to fix and the exception, and the walk goes on with
 the rest of the tree: the processes work with every other module.
+
+`load_object("package.module:name")` is the plugin load of the registries that name an
+implementation by its path: the module is imported when the implementation is first needed, so
+a process that never builds it (a triggering script) does not import it or its libraries.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -92,3 +97,11 @@ def import_tree(
             continue
         names.append(info.name)
     return names, broken
+
+
+def load_object(path: str) -> Any:
+    """The object a `"package.module:name"` path names, its module imported on first use."""
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"not a 'package.module:name' path: {path!r}")
+    return getattr(importlib.import_module(module), name)

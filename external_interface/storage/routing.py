@@ -6,7 +6,9 @@ entry it came in). Sinks must be idempotent: the drainer may hand the same entry
 crash, an outage or a race with another drainer, and a sink either upserts by the type's unique
 key (MongoDB, HTTP) or skips entries it already holds (JSON Lines). What sinks share (the
 `Sink` interface, errors, origins, key sanitising, policies) is in
-`external_interface.storage.sinks.base`; this module imports the sinks, never the reverse.
+`external_interface.storage.sinks.base`. The registry names each sink by its module path
+(`SinkPlugin`): a sink's module is imported when that sink is first built, so a process that
+only declares item types (a triggering script) imports none of them.
 
 Routing: every item type goes to the default sinks (`settings.sinks`, e.g. "jsonl,mongo")
 unless a per-type policy names its own. Policies come from code (`configure_type`) and from
@@ -45,11 +47,7 @@ from external_interface.storage.sinks.base import (
     sanitize_key,
     sanitize_keys,
 )
-from external_interface.storage.sinks.http import HttpSink
-from external_interface.storage.sinks.jsonl import JsonlSink
-from external_interface.storage.sinks.kafka import KafkaSink
-from external_interface.storage.sinks.mongo import MongoSink
-from external_interface.storage.sinks.postgres import PostgresSink
+from utils.modules import load_object
 from utils.registry import Registry, UnknownNameError
 
 __all__ = [  # the shared types are re-exported: this module is where users meet storage
@@ -60,6 +58,7 @@ __all__ = [  # the shared types are re-exported: this module is where users meet
     "Sink",
     "SinkError",
     "SinkFactory",
+    "SinkPlugin",
     "SinkRouter",
     "TypePolicy",
     "build_sinks",
@@ -109,29 +108,37 @@ SinkFactory = Callable[[Settings, Policies], Sink]
 sink_registry: Registry[SinkFactory] = Registry("sink")
 
 
-@sink_registry.register("jsonl")
-def _jsonl(settings: Settings, policies: Policies) -> Sink:
-    return JsonlSink.from_settings(settings, policies)
+class SinkPlugin:
+    """A sink's factory named by its class's path, `"package.module:Class"`: the module is
+    imported (and the class's `from_settings` called) when the sink is first built."""
+
+    def __init__(self, path: str, *, policies: bool = True) -> None:
+        self.path = path
+        self.policies = policies  # whether from_settings takes the type policies
+
+    def load(self) -> Any:
+        return load_object(self.path)
+
+    def __call__(self, settings: Settings, policies: Policies) -> Sink:
+        cls = self.load()
+        sink: Sink = (
+            cls.from_settings(settings, policies) if self.policies else cls.from_settings(settings)
+        )
+        return sink
+
+    def __repr__(self) -> str:
+        return f"SinkPlugin({self.path!r})"
 
 
-@sink_registry.register("mongo")
-def _mongo(settings: Settings, policies: Policies) -> Sink:
-    return MongoSink.from_settings(settings, policies)
-
-
-@sink_registry.register("postgres")
-def _postgres(settings: Settings, policies: Policies) -> Sink:
-    return PostgresSink.from_settings(settings, policies)
-
-
-@sink_registry.register("http")
-def _http(settings: Settings, policies: Policies) -> Sink:
-    return HttpSink.from_settings(settings)
-
-
-@sink_registry.register("kafka")
-def _kafka(settings: Settings, policies: Policies) -> Sink:
-    return KafkaSink.from_settings(settings)
+_SINKS = "external_interface.storage.sinks"
+for _name, _plugin in {
+    "jsonl": SinkPlugin(f"{_SINKS}.jsonl:JsonlSink"),
+    "mongo": SinkPlugin(f"{_SINKS}.mongo:MongoSink"),
+    "postgres": SinkPlugin(f"{_SINKS}.postgres:PostgresSink"),
+    "http": SinkPlugin(f"{_SINKS}.http:HttpSink", policies=False),
+    "kafka": SinkPlugin(f"{_SINKS}.kafka:KafkaSink", policies=False),
+}.items():
+    sink_registry.add(_name, _plugin)
 
 
 def split_names(text: str) -> list[str]:

@@ -160,3 +160,13 @@ def test_check_sinks_names_the_setting_of_an_unknown_sink(tmp_path, monkeypatch)
         monkeypatch.undo()
         reset_storage_settings()
     assert not (tmp_path / "items").exists()  # nothing built
+
+
+def test_each_sink_is_named_by_a_path_that_resolves() -> None:
+    names = storage.sink_registry.names()
+    assert names == ["http", "jsonl", "kafka", "mongo", "postgres"]
+    for name in names:
+        plugin = storage.sink_registry.get(name)
+        assert isinstance(plugin, storage.SinkPlugin)
+        cls = plugin.load()  # its client library is imported only when the sink is built
+        assert cls.name == name and callable(cls.from_settings)
