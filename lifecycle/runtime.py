@@ -17,26 +17,32 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from config import Settings, get_settings
 from external_interface.dedup import RedisDedup
-from external_interface.fetch import Fetcher, default_fetcher
-from external_interface.fetch.cache import HttpCache
-from external_interface.fetch.robots import RobotsPolicy, fetch_with
 from external_interface.resources.base import Provider, load_providers, provider_name, providers
 from ledger.model import Chain, chain_from_dict
 from ledger.publish import BATCH_CPU_MIN, Load, Publisher, batch_size
 from ledger.state import RunState
 from lifecycle.endpoints import BROWSER, EndpointSpec, queue_for
+from utils.modules import load_object
 from utils.process import RankedSlots, gevent_patched, pid
 from utils.redis import get_redis
 from utils.wire import PRIORITY
 
+if TYPE_CHECKING:
+    from external_interface.fetch import Fetcher
+    from external_interface.fetch.robots import RobotsPolicy
+
 PROVIDER_ORDER = ("proxy", "device_id", "user_agent", "cookie", "sign")
 CHAINS_KEPT = 256  # parsed chain definitions of recent runs
+# The fetch stack is a plugin loaded by path when the process first fetches: a process that
+# only starts runs (a triggering script) imports no fetcher, pycurl or parsel.
+FETCHER = "external_interface.fetch.select:settings_fetcher"
+ROBOTS = "external_interface.fetch.robots:settings_policy"
 RUNS_SEEN_KEPT = 1024  # runs whose outstanding count this process remembers
 HOLD_TTL = 1.0  # seconds a run's cancelled/paused answer is reused
 
@@ -70,11 +76,7 @@ class Runtime:
         """The fetch layer, behind the development HTTP cache when `CHAINCRAWL_HTTP_CACHE` is
         set (never consulted otherwise)."""
         if self._fetcher is None:
-            s = self.settings
-            cache = HttpCache.from_settings(s)
-            self._fetcher = default_fetcher(
-                s.max_redirects, s.fetcher, s.fetch_slots, cache, s.ca_bundle
-            )
+            self._fetcher = load_object(FETCHER)(self.settings)
         return self._fetcher
 
     def robots(self) -> RobotsPolicy | None:
@@ -82,9 +84,7 @@ class Runtime:
         if self._robots is None and self.settings.robots:
             with self._lock:
                 if self._robots is None:
-                    fetch = fetch_with(self.fetcher(), self.settings)
-                    client = get_redis(self.settings.redis_url)
-                    self._robots = RobotsPolicy(client, fetch, self.settings)
+                    self._robots = load_object(ROBOTS)(self.fetcher(), self.settings)
         return self._robots
 
     def provider(self, name: str, site: str, platform: str) -> Provider:

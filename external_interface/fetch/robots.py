@@ -135,6 +135,11 @@ def fetch_with(
     return fetch
 
 
+def settings_policy(fetcher: Fetcher, settings: Settings) -> RobotsPolicy:
+    """The policy of a worker's runtime: robots.txt through `fetcher`, cached in its Redis."""
+    return RobotsPolicy(get_redis(settings.redis_url), fetch_with(fetcher, settings), settings)
+
+
 class RobotsPolicy:
     """Decides whether a URL may be fetched, from its origin's robots.txt (module docstring)."""
 

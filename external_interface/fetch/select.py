@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from config import SITE_VARS, site_env
+from config import SITE_VARS, Settings, site_env
 from exceptions import ConfigError
 from external_interface.fetch.base import Fetcher, FetchRequest
 from external_interface.fetch.cache import CachingFetcher, HttpCache
@@ -146,3 +146,9 @@ def default_fetcher(
     if slots > 0:
         inner = LimitedFetcher(inner, slots)
     return CachingFetcher(inner, cache) if cache is not None else inner
+
+
+def settings_fetcher(s: Settings) -> Fetcher:
+    """`default_fetcher` as the settings ask for it: what a worker's runtime fetches through."""
+    cache = HttpCache.from_settings(s)
+    return default_fetcher(s.max_redirects, s.fetcher, s.fetch_slots, cache, s.ca_bundle)
