@@ -159,11 +159,15 @@ class Committer:
                 pipe.execute()
             return []
         results = send_commits(self.rt, self.state, self.rid, calls, pipe_extra)
+        recounted = False
         for call, res, name in zip(calls, results, tasks, strict=True):
             if res is not None or read_back:
                 self.stage(call.args.tid, res)
             if res is None and name and call.args.outcome == "succeeded":
                 recount_duplicate(self.rt, name, call.args.n_items)
+                recounted = True
+        if recounted:  # its `succeeded` may have gone with the commit: no second one shown
+            flush_quietly(self.state.r)
         return results
 
     def stage(self, tid: str, res: Committed | None = None) -> None:
@@ -305,6 +309,16 @@ def send_commits(
             except redis.exceptions.RedisError as exc:
                 log.warning("metrics flush failed (kept for the next try): %s", exc)
     return results
+
+
+def flush_quietly(r: Any) -> None:
+    """The process's pending metrics written now (a duplicate's recount: the `succeeded` it
+    undoes may have gone with its commit, and a reader right after the run would count it),
+    logged instead of raised: the flush thread tries again."""
+    try:
+        aggregator().flush(r)
+    except redis.exceptions.RedisError as exc:
+        log.warning("metrics flush failed (kept for the next try): %s", exc)
 
 
 def compact_quietly(state: RunState, rids: list[str]) -> None:

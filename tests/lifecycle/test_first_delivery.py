@@ -124,3 +124,18 @@ def test_a_cancel_reaches_the_next_begin_through_a_commit_and_a_begin_reads_noth
     assert deliver(page, "c") == "cancelled"  # read again: cancelled, not fetched
     assert page.fetched == ["a", "b"]  # type: ignore[attr-defined]
     assert rt.known_hold("r1") == "cancelled"
+
+
+def test_a_refused_copy_is_not_left_counted_succeeded_until_the_next_flush(
+    page: SiteTask, settings: Settings, rds: redis.Redis
+) -> None:
+    """The copy's `succeeded` went with its commit's pipeline: its recount as a duplicate is
+    written at once, not a flush interval later (a reader right after the run saw 1 too many)."""
+    state = RunState(rds, settings)
+    state.create_run("r1", "c", CHAIN, 5)
+    state.add_dispatched("r1", "local.detail", 1)
+    assert state.commit(rid="r1", tid="t1", step="local.detail", outcome="succeeded")
+    deliver(page, "t1")  # an unflagged copy: runs, its commit refused
+    m = rds.hgetall(settings.key("metrics", "task", TASK))  # no flush in between
+    assert int(m.get(b"succeeded", 0)) == 0, m
+    assert int(m.get(b"duplicate", 0)) == 1, m
