@@ -40,6 +40,18 @@ def get(m: dict, name: str, **labels: str) -> float:
     return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def moved(before: dict, after: dict, task: str) -> dict[str, float]:
+    """The samples of `task` that changed between two scrapes, by name and other labels."""
+    out = {}
+    for (name, labels), v in after.items():
+        if ("task", task) in labels and not name.endswith("_bucket"):
+            d = v - before.get((name, labels), 0.0)
+            if d:
+                rest = ",".join(f"{k}={x}" for k, x in labels if k not in ("site", "task"))
+                out[f"{name}{{{rest}}}"] = d
+    return out
+
+
 def test_status_during_a_run_and_metrics_after_it(start_worker, cc_env) -> None:
     s = get_settings()
     start_worker(concurrency=4, name="mon")
@@ -72,11 +84,14 @@ def test_status_during_a_run_and_metrics_after_it(start_worker, cc_env) -> None:
         def delta(name: str, m: dict = lab, **more: str) -> float:
             return get(after, name, **m, **more) - get(before, name, **m, **more)
 
-        assert delta("chaincrawl_tasks_total", outcome="succeeded") == n, task
-        assert delta("chaincrawl_http_responses_total", status="200") == n, task
-        assert delta("chaincrawl_task_latency_seconds_count") == n, task
-        assert delta("chaincrawl_task_latency_seconds_bucket", le="+Inf") == n, task
-        assert delta("chaincrawl_response_bytes_total") > 0, task
+        # on a failure, what else moved for the task (a duplicate, a retry, a redelivery...)
+        # and the run's counters (resent by the sweeper): which path ran a page twice
+        why = (task, moved(before, after, task), p.totals)
+        assert delta("chaincrawl_tasks_total", outcome="succeeded") == n, why
+        assert delta("chaincrawl_http_responses_total", status="200") == n, why
+        assert delta("chaincrawl_task_latency_seconds_count") == n, why
+        assert delta("chaincrawl_task_latency_seconds_bucket", le="+Inf") == n, why
+        assert delta("chaincrawl_response_bytes_total") > 0, why
     items = sum(
         get(after, "chaincrawl_items_total", site="testsite", task=t)
         - get(before, "chaincrawl_items_total", site="testsite", task=t)
