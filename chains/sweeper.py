@@ -141,7 +141,7 @@ class Sweeper:
             get_redis(s.redis_url),
             get_redis(s.broker_url),
             s.broker_key_prefix,
-            lambda kid: send_kid(app, kid, queue_for),
+            lambda kid: send_kid(app, kid, queue_for, redelivered=True),  # begins look it up
             s,
             restore=restore,
             **kw,

@@ -215,9 +215,18 @@ def broker_priority(prio: int, broker_url: str | None = None) -> int:
 
 
 def send_kid(
-    app: Any, kid: Mapping[str, Any], queue_for: Callable[[str], str], producer: Any = None
+    app: Any,
+    kid: Mapping[str, Any],
+    queue_for: Callable[[str], str],
+    producer: Any = None,
+    *,
+    redelivered: bool = False,
 ) -> None:
-    """Send one task message (`Kid.encode()` form) through the app: a seed, a re-send."""
+    """Send one task message (`Kid.encode()` form) through the app: a seed, a re-send.
+
+    `redelivered`: the message is flagged as the broker flags a restored one, so its begin
+    looks up the run's done set (a first delivery does not: lifecycle/page.py). The sweeper's
+    re-sends are, since a task it thought lost may have committed meanwhile."""
     meta = kid["meta"]
     opts: dict[str, Any] = {
         "task_id": kid["id"],
@@ -225,6 +234,8 @@ def send_kid(
         "kwargsrepr": "{}",
         "queue": meta.get(QUEUE) or queue_for(kid["task"]),
     }
+    if redelivered:  # a message property: kombu's Redis transport keeps it, Celery reads it
+        opts["delivery_info"] = {"redelivered": True}
     if PRIORITY in meta:
         opts["priority"] = broker_priority(meta[PRIORITY])
     if producer is not None:

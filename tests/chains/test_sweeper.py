@@ -13,6 +13,7 @@ import orjson
 import pytest
 import redis
 from celery import Celery
+from celery.worker.request import Request
 
 from base_task import queue_for
 from chains.sweeper import BATCH_TASK, Sweeper, broker_task_ids, message_ids
@@ -778,3 +779,29 @@ def test_a_clean_mark_on_a_lost_slot_range_fails_no_pass(
     assert sw.sweep_once() == 1 and [k["id"] for k in sent] == [seed]
     sw.mark_clean([rid])
     assert rds.type(sw.clean_key(rid)) == b"hash"  # not written either
+
+
+def test_a_re_send_arrives_flagged_redelivered_so_its_begin_looks_up_the_done_set(
+    app: Celery, rds: redis.Redis, settings: Settings
+) -> None:
+    """A task the sweeper thought lost may have committed meanwhile: its re-send carries the
+    flag a restored message carries, which is what makes a begin look up the done set
+    (a first delivery skips it). A seed goes out unflagged."""
+    sweeper = Sweeper.for_app(app, settings)
+    assert sweeper is not None
+    resent, seed = uuid.uuid4().hex, uuid.uuid4().hex
+    sweeper.send({"id": resent, "task": "demo.h5.feed", "params": {}, "meta": {"run": "r"}})
+    send_kid(
+        app, {"id": seed, "task": "demo.h5.feed", "params": {}, "meta": {"run": "r"}}, queue_for
+    )
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(queue_for("demo.h5.feed"), no_ack=True)
+        try:
+            flags = {}
+            for _ in range(2):
+                m = queue.get(timeout=10)
+                req = Request(m, app=app)  # what a worker makes of it: task.request.delivery_info
+                flags[req.id] = req.delivery_info["redelivered"]
+        finally:
+            queue.close()
+    assert flags == {resent: True, seed: False}
