@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -256,6 +256,27 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_aof_written(
+    client: redis.Redis, timeout: float = 30.0, pause_writes: bool = False
+) -> None:
+    """Return once every write `client`'s server answered so far is in its append-only file
+    (`aof_buffer_length` 0), so that a SIGKILL right after loses none of them: with
+    `appendfsync everysec` Redis answers a write and holds it in memory for up to 2 s while
+    the last second's fsync still runs (a slow or busy disk). `pause_writes`: the server
+    first refuses new writes (`CLIENT PAUSE ... WRITE`, for `timeout`), so that none is
+    answered between this wait and the kill (its clients still writing). TimeoutError past
+    `timeout`."""
+    if pause_writes:
+        client.execute_command("CLIENT", "PAUSE", int(timeout * 1000), "WRITE")
+    deadline = time.monotonic() + timeout
+    while int(cast(dict[str, Any], client.info("persistence"))["aof_buffer_length"]) > 0:
+        if time.monotonic() > deadline:
+            if pause_writes:
+                client.execute_command("CLIENT", "UNPAUSE")
+            raise TimeoutError(f"the writes in the append-only file: not within {timeout}s")
+        time.sleep(0.05)
 
 
 def stop_pidfile(pidfile: Path, sig: int = signal.SIGTERM, timeout: float = 30.0) -> bool:

@@ -34,7 +34,7 @@ from tests.testsite import chains as tchains
 from tests.testsite.server import PAGES, PER_PAGE, REVIEW_PAGES, REVIEWS_PER_PAGE
 from utils.keyspace import Keyspace
 from utils.redis import NotReplicated, cluster_client, get_redis, reset_clients
-from utils.servers import RedisClusterServer
+from utils.servers import RedisClusterServer, wait_aof_written
 from utils.slots import lost_ranges
 
 pytestmark = pytest.mark.integration
@@ -532,20 +532,15 @@ def _storing_run(
 def _kill_master(cluster: RedisClusterServer, port: int) -> list[Any]:
     """Kill the master on `port` and its replica (its slots lost); the nodes, to start again.
 
-    Each node has first written every write so far to its append-only file: with
-    `appendfsync everysec` Redis postpones a write (up to 2 s) while the last fsync is still
-    running, and answers meanwhile, so on a busy disk a SIGKILL lost the last writes (the
-    lost run's stream, its pending entry), and its entry, stored once the nodes were back,
-    was counted nowhere (`KeyError: 'stored'`)."""
+    Each node has first written every write so far to its append-only file
+    (`wait_aof_written`): on a busy disk a SIGKILL right after the writes lost the last of
+    them (the lost run's stream, its pending entry), and its entry, stored once the nodes
+    were back, was counted nowhere (`KeyError: 'stored'`)."""
     nodes = [n for n in cluster.nodes
              if n.port == port or n.client().info("replication").get("master_port") == port]  # fmt: skip
     for n in nodes:
         with n.client() as c:
-
-            def written(c: redis.Redis = c) -> bool:
-                return cast(dict[str, Any], c.info("persistence"))["aof_buffer_length"] == 0
-
-            wait_for(written, 30, "the writes in the append-only file")
+            wait_aof_written(c)
     for n in nodes:
         n.kill()
     return nodes

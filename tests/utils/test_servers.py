@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from utils.servers import RedisClusterServer, free_port
+from utils.servers import RedisClusterServer, RedisServer, free_port, wait_aof_written
 
 pytestmark = pytest.mark.integration
 
@@ -55,3 +55,23 @@ def _listening(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_answered_writes_are_in_the_append_only_file_before_a_kill(tmp_path) -> None:
+    """After the wait, a SIGKILL loses no answered write; with `pause_writes`, a write sent
+    after the wait is not answered before the kill."""
+    server = RedisServer(tmp_path / "r").start()
+    try:
+        r = redis.Redis.from_url(server.url)
+        for i in range(200):
+            r.set(f"k{i}", "v" * 1000)
+        wait_aof_written(r, pause_writes=True)
+        late = redis.Redis.from_url(server.url, socket_timeout=1)
+        with pytest.raises(redis.TimeoutError):
+            late.set("late", "1")  # held by the pause
+        server.kill()
+        server.start()
+        r = redis.Redis.from_url(server.url)
+        assert r.dbsize() == 200 and r.get("late") is None
+    finally:
+        server.stop()
