@@ -24,7 +24,7 @@ from cli.parser import READ_ONLY
 from config import ROOT, Settings
 from tests.cli.test_demo_smoke import own_env
 from utils.redis import hostport
-from utils.servers import RedisServer, free_port
+from utils.servers import RedisServer, free_port, wait_aof_written
 
 
 def test_ensure_redis_starts_it_with_the_generated_password(tmp_path: Path) -> None:
@@ -135,8 +135,11 @@ def test_a_killed_embedded_redis_is_started_again_with_its_data(tmp_path: Path) 
         assert procs.ensure_redis(s) == "started"
         r = redis.Redis.from_url(s.redis_url)
         for _ in range(500):
-            r.incr("acked")  # each answered: in the append-only file before the answer
+            r.incr("acked")
         r.rpush("list", *range(100))
+        # answered is not yet written: with `appendfsync everysec` a busy disk has Redis hold
+        # the writes of up to 2 s in memory (docs/cli.md); this test is about the restart
+        wait_aof_written(r)
         first = int((var / "redis" / "redis.pid").read_text())
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: (var / "redis" / "redis.pid").read_text().strip() != str(first)
