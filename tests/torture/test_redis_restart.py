@@ -7,10 +7,11 @@ stopped, kept down for a few seconds, and started again on the same port and dat
 - `term` (SIGTERM, a clean shutdown): Redis writes and fsyncs the whole append-only log before
   it exits, so every acknowledged write survives. Asserted: nothing lost AND nothing stored
   twice: the same checks as the SIGKILL-workers torture.
-- `kill` (SIGKILL of redis-server): what Redis had written to the log is in the page cache and
-  survives a process crash; `everysec` only risks the last second on an OS crash or power
-  loss, or when a slow disk made Redis postpone a write. Asserted: nothing lost (every item,
-  every counter). Raw duplicates (an item written to the JSONL file again after Redis forgot
+- `kill` (SIGKILL of redis-server), not waited for the log: what Redis had written to the log is
+  in the page cache and survives a process crash, but with `everysec` a slow disk has Redis
+  answer writes and hold them in memory for up to 2 s while the last fsync runs, and the kill
+  loses those (the broker's, the state's and the outbox's alike: one Redis). Asserted:
+  nothing lost (every item, every counter). Raw duplicates (an item written to the JSONL file again after Redis forgot
   that it had been acknowledged) are reported, not asserted: with a real loss of the last
   second the store keeps exactly-once per key only through `read_items` (latest per key).
 
