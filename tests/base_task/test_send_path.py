@@ -17,7 +17,6 @@ from celery import Celery
 from celery.exceptions import Reject
 from kombu import Connection
 
-import ledger.publish
 import lifecycle.batch
 from base_task import SiteTask
 from chains.sweeper import message_ids
@@ -317,7 +316,6 @@ def test_raw_envelopes_are_kombu_messages(
 def test_a_publish_failure_after_the_commit_requeues_and_keeps_the_children(
     rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ledger.publish, "DROP_BATCH", 1)  # every send drops its entry at once
     state = RunState(rds, settings)
     state.create_run("r1", "c", b"{}", 5)
     state.add_dispatched("r1", "s", 1)
@@ -389,11 +387,10 @@ def test_an_unreachable_state_store_pauses_the_slot_before_requeueing(
 
 
 def test_a_page_committed_alone_inside_a_batch_sends_its_children_with_the_batchs_publish(
-    rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: pytest.MonkeyPatch
+    rds: redis.Redis, settings: Settings, app: Celery
 ) -> None:
     """A skipped, failed or cancelled entry of a batch commits at once (its dead letter and
     metrics go with it) and hands what its commit staged to the batch: one publish for all."""
-    monkeypatch.setattr(ledger.publish, "DROP_BATCH", 1)  # every send drops its entry at once
     state = RunState(rds, settings)
     state.create_run("r1", "c", b"{}", 5)
     state.add_dispatched("r1", "s", 2)
@@ -413,41 +410,3 @@ def test_a_page_committed_alone_inside_a_batch_sends_its_children_with_the_batch
     again = Committer(rt, state, "r1", TASK)  # a second delivery of the same skip
     again.add(call, TASK)
     assert again.commit(read_back=False) == [None] and again.groups == []
-
-
-def test_sent_childrens_staged_entries_are_dropped_in_batches(
-    rds: redis.Redis, settings: Settings, app: Celery, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One HDEL for `DROP_BATCH` publishes' staged entries (or for all of them once the oldest
-    is `DROP_AGE` old), not one a publish; a send that fails leaves its entry staged."""
-    monkeypatch.setattr(ledger.publish, "DROP_BATCH", 3)
-    state = RunState(rds, settings)
-    state.create_run("r1", "c", b"{}", 9)
-    state.add_dispatched("r1", "s", 5)
-    pub = Publisher(app, settings, queue_for)
-    key = state.staged_key("r1")
-
-    def page(tid: str) -> None:
-        res = commit(state, tid, [kid(1)])
-        assert res is not None
-        pub.publish(state, [(res.staged, state.staged_at("r1", tid))], res.outstanding)
-
-    rds.config_resetstat()
-    page("t1")
-    page("t2")
-    assert sorted(rds.hkeys(key)) == [b"t1", b"t2"]  # sent; their entries dropped later
-    page("t3")
-    assert rds.hlen(key) == 0
-    hdels = int(rds.info("commandstats")["cmdstat_hdel"]["calls"])
-    assert hdels == 3 + 1  # the commits' ledger HDELs, one HDEL of the three staged entries
-    monkeypatch.setattr(pub, "plan", lambda *a, **kw: 1 / 0)  # a send that fails
-    res = commit(state, "t4", [kid(4)])
-    assert res is not None
-    with pytest.raises(ZeroDivisionError):
-        pub.publish(state, [(res.staged, state.staged_at("r1", "t4"))], res.outstanding)
-    assert len(state.staged("r1", "t4")) == 1  # still staged for the redelivery
-    monkeypatch.undo()
-    monkeypatch.setattr(ledger.publish, "DROP_AGE", 0.0)  # the oldest sent entry is due
-    page("t5")
-    page("t6")
-    assert sorted(rds.hkeys(key)) == [b"t4"]  # t5 dropped with t6's send; t4 never sent

@@ -14,7 +14,6 @@ import orjson
 import pytest
 import redis
 
-import ledger.publish
 from base_task import SiteTask
 from chains import Chain, step
 from config import Settings, get_settings, reset_settings
@@ -67,9 +66,8 @@ def deliver(task: SiteTask, tid: str, redelivered: bool = False) -> str:
 
 
 def test_an_unflagged_copy_of_a_committed_task_is_refused_and_sends_what_was_staged(
-    page: SiteTask, settings: Settings, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    page: SiteTask, settings: Settings, rds: redis.Redis
 ) -> None:
-    monkeypatch.setattr(ledger.publish, "DROP_BATCH", 1)  # a send drops its staged entry at once
     state = RunState(rds, settings)
     state.create_run("r1", "c", CHAIN, 5)
     state.add_dispatched("r1", "local.detail", 1)
