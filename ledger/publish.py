@@ -58,15 +58,6 @@ BATCH_SLOT_FACTOR = 2  # messages per worker slot the backlog must still make wh
 BATCH_CPU_BOUND = 0.85  # share of a core wanted recently from which the worker is CPU-bound
 CPU_WINDOW = 0.1  # seconds over which `Load.busy` measures
 DEFAULT_SLOTS = 16  # a process that is not a worker (a client, a test) sizes for this
-# The staged entries of sent children are dropped in batches: one HDEL of up to this many
-# tasks' entries, sent with a publish once that many are due or the oldest has waited
-# `DROP_AGE` seconds (one HDEL a publish was 0.8-0.9 Redis commands a page). An entry left a
-# little longer only matters to a copy of its (committed) task delivered meanwhile: that copy
-# sends the children again that have not committed yet, as after a crash between the send and
-# the delete; commits stay exactly once, and the sweeper counts a staged child as present only
-# while its task's message is in the broker.
-DROP_BATCH = 16
-DROP_AGE = 0.5
 
 
 # -- how much of a core this process wants (what `Load.busy` reads) ---------------------------
@@ -265,7 +256,7 @@ class Message:
 class Publisher:
     """Sends committed children. On a Redis broker they are LPUSHed as ready Celery
     protocol-2 messages in kombu's Redis transport format, all in one pipeline together with
-    the delete of their staged entries (batched, `DROP_BATCH`): no `send_task`, no kombu client per publish, no task-sent
+    the delete of their staged entries: no `send_task`, no kombu client per publish, no task-sent
     event. Other brokers go through kombu's producer batch."""
 
     def __init__(
@@ -281,41 +272,6 @@ class Publisher:
         self.sep = opts.get("sep", "\x06\x16")
         self.steps = sorted(opts.get("priority_steps") or (0, 3, 6, 9))
         self.origin = f"gen{os.getpid()}@{socket.gethostname()}"
-        self._sent: list[StagedAt] = []  # staged entries of children sent, not yet dropped
-        self._sent_at = 0.0  # when the oldest of them was sent
-        self._sent_lock = threading.Lock()
-
-    def _to_drop(self, ats: list[StagedAt], now: float) -> tuple[list[StagedAt], list[StagedAt]]:
-        """(what a publish that sends children staged at `ats` drops with its send, what it
-        keeps for a later one once sent). A task's kids list (without a run) goes at once;
-        fields of a run's staged hash are batched: all that are due go once `DROP_BATCH` are
-        or the oldest is `DROP_AGE` old. Kept ones are added only once sent (`_sent_ok`): a
-        failed send leaves its children staged for the redelivery."""
-        now_ = [a for a in ats if not a.field]
-        fields = [a for a in ats if a.field]
-        with self._sent_lock:
-            old = self._sent
-            due = len(old) + len(fields) >= DROP_BATCH or (
-                bool(old) and now - self._sent_at >= DROP_AGE
-            )
-            if not due:
-                return now_, fields
-            self._sent = []
-        return now_ + old + fields, []
-
-    def _sent_ok(self, fields: list[StagedAt], now: float) -> None:
-        if fields:
-            with self._sent_lock:
-                if not self._sent:
-                    self._sent_at = now
-                self._sent.extend(fields)
-
-    def flush_sent(self, r: Any) -> None:
-        """Drop the staged entries of every child sent so far (a test, a worker stopping)."""
-        with self._sent_lock:
-            ats, self._sent = self._sent, []
-        if ats:
-            drop_staged(r, ats)
 
     def plan(
         self, kids: list[dict[str, Any]], outstanding: int, spread: bool = True
@@ -360,11 +316,10 @@ class Publisher:
         front: Sequence[dict[str, Any]] = (),
     ) -> None:
         """Send the staged children of `groups` ((messages, where they are staged)), then
-        drop them from there (batched: `_to_drop`). Anything raised leaves them staged for a redelivery to send. `front`:
+        drop them from there. Anything raised leaves them staged for a redelivery to send. `front`:
         entries a batch did not start, due already, so on a Redis broker they go to the head
         of their queues (the next BRPOP takes them) instead of behind the whole backlog."""
-        now = time.monotonic()
-        ats, keep = self._to_drop([at for staged, at in groups if staged], now)
+        ats = [at for staged, at in groups if staged]
         # orjson, not TaskEnvelope.decode: a batch sends these dicts as they are, no copy each
         kids = [orjson.loads(m) for staged, _ in groups for m in staged]
         if not kids and not front:
@@ -382,7 +337,6 @@ class Publisher:
             if same and ats:
                 drop_staged(pipe, ats)
             pipe.execute()
-            self._sent_ok(keep, now)
             if not same and ats:
                 drop_staged(state.r, ats)
             return
@@ -400,7 +354,6 @@ class Publisher:
                     producer=producer,
                     **opts,
                 )
-        self._sent_ok(keep, now)
         if ats:
             drop_staged(state.r, ats)
 
