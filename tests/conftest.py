@@ -6,14 +6,14 @@ from __future__ import annotations
 import fcntl
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 import sites
-from config import ROOT, get_settings, reset_settings, settings_classes
+from config import ROOT, Settings, get_settings, reset_settings, settings_classes
 from lifecycle import runtime
 from settings import base as settings_base
 from tests.polite_site import PoliteSite
@@ -89,6 +89,24 @@ _SETTINGS_VARS = frozenset(
 
 def _settings_var(name: str) -> bool:
     return name.startswith(settings_base.PREFIX) or name in _SETTINGS_VARS
+
+
+@pytest.fixture
+def process_settings(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Settings]:
+    """The process's settings (every part of a page reads them) on this test's Redis and key
+    prefix, with `CHAINCRAWL_<NAME>=value` overrides: `process_settings(MAX_REDELIVERIES="2")`.
+    Put back after the test (monkeypatch's undo, then `_process_settings_restored`)."""
+
+    def use(**env: str) -> Settings:
+        base = {"REDIS_URL": redis_url, "BROKER_URL": redis_url, "KEY_PREFIX": key_prefix}
+        for k, v in {**base, **env}.items():
+            monkeypatch.setenv(f"{settings_base.PREFIX}{k}", v)
+        reset_settings()
+        return get_settings()
+
+    return use
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ next begins through the reply of the process's next commit."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -16,7 +16,7 @@ import redis
 
 from base_task import SiteTask
 from chains import Chain, step
-from config import Settings, get_settings, reset_settings
+from config import Settings
 from ledger.state import Kid, RunState
 from lifecycle import runtime
 from lifecycle.endpoints import get_endpoint
@@ -28,18 +28,9 @@ META = {"run": "r1", "step": "local.detail"}
 
 
 @pytest.fixture
-def settings(
-    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Settings]:
+def settings(process_settings: Callable[..., Settings]) -> Settings:
     """The process's settings (every part of a page reads them), on this test's Redis."""
-    for k, v in {"REDIS_URL": redis_url, "BROKER_URL": redis_url, "KEY_PREFIX": key_prefix}.items():
-        monkeypatch.setenv(f"CHAINCRAWL_{k}", v)
-    reset_settings()
-    try:
-        yield get_settings()
-    finally:
-        monkeypatch.undo()
-        reset_settings()
+    return process_settings()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ its own (docs/reliability.md). Only a worker's death is a redelivery."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -16,7 +16,7 @@ from celery.exceptions import Reject, Retry
 import lifecycle.lost
 from base_task import SiteTask
 from chains import Chain, step
-from config import Settings, get_settings, reset_settings
+from config import Settings
 from exceptions import Throttled
 from ledger.state import RunState
 from lifecycle import runtime
@@ -33,22 +33,12 @@ CHAIN = orjson.dumps(Chain("c", step(TASK)).to_dict())
 
 
 @pytest.fixture
-def settings(
-    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Settings]:
+def settings(process_settings: Callable[..., Settings]) -> Settings:
     """The process's settings (every part of a page reads them): WAIT for a replica this
     lone Redis does not have, so every change goes unconfirmed."""
-    env = {"REDIS_URL": redis_url, "BROKER_URL": redis_url, "KEY_PREFIX": key_prefix,
-           "REDIS_WAIT_REPLICAS": "1", "REDIS_WAIT_TIMEOUT": "0.01",
-           "MAX_REDELIVERIES": str(CAP)}  # fmt: skip
-    for k, v in env.items():
-        monkeypatch.setenv(f"CHAINCRAWL_{k}", v)
-    reset_settings()
-    try:
-        yield get_settings()
-    finally:
-        monkeypatch.undo()
-        reset_settings()
+    return process_settings(
+        REDIS_WAIT_REPLICAS="1", REDIS_WAIT_TIMEOUT="0.01", MAX_REDELIVERIES=str(CAP)
+    )
 
 
 @pytest.fixture
